@@ -1,0 +1,2 @@
+"""dspark-kit."""
+__version__ = "0.1.0"

@@ -1,0 +1,288 @@
+"""The recipe: one typed YAML file that is the single source of truth.
+
+Every stage reads its settings from a `Recipe`; values that depend on other
+values (full-attention indices, num_speculative_tokens, exported layer ids,
+draft window) are computed here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+TINY_VERIFIER = "builtin:tiny-qwen3"
+DEFAULT_RECIPE = "recipes/tiny-cpu.yaml"
+
+
+class RecipeError(ValueError):
+    """A recipe problem, phrased as one line naming the field and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class VerifierCfg(_Section):
+    path: str = Field(TINY_VERIFIER, description="HF dir or hub id; builtin:tiny-qwen3 = embedded tiny model")
+    served_name: str | None = Field(None, description="served model id (default: path)")
+    thinking: bool = Field(False, description="chat template thinking mode, same in regen/prepare/bench")
+    trust_remote_code: bool = False
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+
+
+class DataCfg(_Section):
+    source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, ultrachat|magpie|gsm8k, or a jsonl/json/parquet path")
+    split: str | None = None
+    subset: str | None = None
+    limit: int | None = Field(None, ge=1)
+    seq_length: int = Field(2048, ge=1, description="prepare truncates to this; train total_seq_len")
+    num_workers: int = Field(1, ge=1)
+
+
+class RegenCfg(_Section):
+    enabled: bool = True
+    endpoints: list[str] = Field(default_factory=list, description="OpenAI base URLs; empty = start a server")
+    concurrency: int = Field(64, ge=1)
+    max_tokens: int = Field(8192, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = 42
+    request_timeout: float = Field(600.0, gt=0)
+    max_retries: int = Field(5, ge=0)
+
+
+class HiddenStatesCfg(_Section):
+    mode: Literal["offline", "online"] = "offline"
+    backend: Literal["local", "vllm"] = "local"
+    target_layer_ids: list[int] | None = Field(None, description="verifier layer ids; default [2, N//2, N-3]")
+    storage_path: str = Field("/tmp/hidden_states", description="vLLM shared_storage_path for online/vllm")
+    endpoint: str | None = Field(None, description="existing hidden-state server base URL (online)")
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    batch_tokens: int = Field(8192, ge=1)
+
+
+class DraftCfg(_Section):
+    arch: Literal["qwen3", "llama"] = "qwen3"
+    block_size: int = Field(8, ge=2)
+    num_layers: int = Field(5, ge=1)
+    mask_token_id: int | None = Field(None, ge=0, description="None = resolve from the tokenizer")
+    markov_rank: int = Field(256, ge=0)
+    markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
+    confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    attention: Literal["full", "sliding"] = "full"
+    sliding_window: int = Field(2048, ge=1)
+    full_attention_indices: list[int] | None = Field(None, description="only with attention: sliding")
+    attn_impl: Literal["auto", "sdpa", "simple_flex_attention", "eager"] = "auto"
+    draft_vocab_size: int | None = Field(None, ge=1)
+
+
+class TrainCfg(_Section):
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(3e-4, gt=0)
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    loss: dict[str, float] = Field(default_factory=lambda: {"ce": 0.7, "tv": 0.3})
+    loss_implementation: Literal["auto", "fused", "eager"] = "auto"
+    confidence_head_alpha: float = Field(1.0, ge=0)
+    max_anchors: int = Field(256, ge=1)
+    logger: Literal["tensorboard", "none", "wandb", "trackio"] = "tensorboard"
+    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    nproc: int = Field(1, ge=1)
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    master_addr: str = "127.0.0.1"
+    master_port: int = Field(29500, ge=1, le=65535)
+    devices: str | None = Field(None, description="visible device ids, e.g. '0,1'")
+    seed: int = 42
+    checkpoint_freq: float = Field(1, gt=0)
+    num_workers: int = Field(0, ge=0)
+    train_data_ratio: float = Field(0.9, gt=0, le=1)
+    max_steps: int | None = Field(None, ge=1)
+    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to speculators train")
+
+
+class ServeCfg(_Section):
+    engine: Literal["local", "vllm", "vllm-ascend"] = "local"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    hidden_states_port: int = Field(9736, ge=1, le=65535)
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enforce_eager: bool = False
+    compilation_config: dict[str, Any] | None = None
+    reasoning_parser: str | None = None
+    checkpoint: str = Field("checkpoint_best", description="path, checkpoint_best, latest or epoch number")
+    num_speculative_tokens: int | None = Field(None, ge=1, description="None = block_size - 1")
+    draft_window_size: int | Literal["auto", "off"] = "auto"
+    devices: str | None = None
+    seed: int = 42
+    extra_args: list[str] = Field(default_factory=list)
+    startup_timeout: float = Field(900.0, gt=0)
+
+
+class BenchCfg(_Section):
+    num_prompts: int = Field(10, ge=1)
+    concurrency: int = Field(10, ge=1)
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+
+class EvalCfg(_Section):
+    num_prompts: int = Field(8, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    context_lengths: list[int] = Field(default_factory=list)
+    confidence_threshold: float | None = Field(None, ge=0, le=1)
+
+
+class Recipe(_Section):
+    name: str = "unnamed"
+    workdir: str = "runs/unnamed"
+    verifier: VerifierCfg = Field(default_factory=VerifierCfg)
+    data: DataCfg = Field(default_factory=DataCfg)
+    regen: RegenCfg = Field(default_factory=RegenCfg)
+    hidden_states: HiddenStatesCfg = Field(default_factory=HiddenStatesCfg)
+    draft: DraftCfg = Field(default_factory=DraftCfg)
+    train: TrainCfg = Field(default_factory=TrainCfg)
+    serve: ServeCfg = Field(default_factory=ServeCfg)
+    bench: BenchCfg = Field(default_factory=BenchCfg)
+    eval: EvalCfg = Field(default_factory=EvalCfg)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Recipe:
+        d = self.draft
+        if d.full_attention_indices is not None:
+            if d.attention == "full":
+                raise ValueError(
+                    "draft.full_attention_indices: only meaningful with draft.attention: sliding "
+                    "(attention: full already uses every layer)"
+                )
+            bad = [i for i in d.full_attention_indices if not 0 <= i < d.num_layers]
+            if bad:
+                raise ValueError(
+                    f"draft.full_attention_indices: {bad} outside [0, {d.num_layers}) "
+                    f"(draft.num_layers={d.num_layers})"
+                )
+        ids = self.hidden_states.target_layer_ids
+        if ids is not None and (not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids)):
+            raise ValueError(
+                "hidden_states.target_layer_ids: need distinct non-negative layer ids, got " f"{ids}"
+            )
+        k = self.serve.num_speculative_tokens
+        if k is not None and k > d.block_size:
+            raise ValueError(
+                f"serve.num_speculative_tokens: {k} > draft.block_size {d.block_size} "
+                "(a draft proposes at most block_size tokens)"
+            )
+        if self.train.node_rank >= self.train.nnodes:
+            raise ValueError(f"train.node_rank: {self.train.node_rank} must be < train.nnodes {self.train.nnodes}")
+        return self
+
+    # ---- derived values: computed here, never re-typed elsewhere ----------
+    @property
+    def full_attention_indices(self) -> list[int]:
+        if self.draft.attention == "full":
+            return list(range(self.draft.num_layers))
+        return list(self.draft.full_attention_indices or [])
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.serve.num_speculative_tokens or self.draft.block_size - 1
+
+    @property
+    def served_model_name(self) -> str:
+        return self.verifier.served_name or self.verifier.path
+
+    def target_layer_ids(self, num_hidden_layers: int) -> list[int]:
+        """Verifier layer ids the draft reads (vLLM convention, see REFERENCE §2)."""
+        ids = self.hidden_states.target_layer_ids
+        if ids is None:
+            n = num_hidden_layers
+            ids = sorted({2, n // 2, n - 3}) if n >= 6 else sorted({1, n // 2, n - 1})
+        bad = [i for i in ids if i >= num_hidden_layers]
+        if bad:
+            raise RecipeError(
+                f"hidden_states.target_layer_ids: {bad} >= verifier num_hidden_layers "
+                f"{num_hidden_layers}; valid ids are 0..{num_hidden_layers - 1}"
+            )
+        return list(ids)
+
+    def exported_layer_ids(self, num_hidden_layers: int) -> list[int]:
+        """What a hidden-state server exports: targets + N (last layer, pre-norm)."""
+        return [*self.target_layer_ids(num_hidden_layers), num_hidden_layers]
+
+    @property
+    def training_window(self) -> int:
+        """Context span the draft saw in training: its draft_window_size floor."""
+        if self.draft.attention == "sliding" and len(self.full_attention_indices) < self.draft.num_layers:
+            return min(self.draft.sliding_window, self.data.seq_length)
+        return self.data.seq_length
+
+    def workdir_path(self, override: str | Path | None = None) -> Path:
+        return Path(override or self.workdir).resolve()
+
+
+# ---- loading ---------------------------------------------------------------
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check spelling; `dspark-kit recipe show` lists valid keys)"
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise RecipeError(f"--set {item!r}: expected section.key=value, e.g. --set train.epochs=3")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise RecipeError(f"--set {item!r}: empty key")
+    return path, yaml.safe_load(raw) if raw.strip() else None
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for p in path[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise RecipeError(f"--set {item!r}: {p} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def recipe_from_dict(data: dict, source: str = "<dict>") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        raise RecipeError(f"{source}: {_format_error(e)}") from None
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
+    path = Path(path or DEFAULT_RECIPE)
+    if not path.exists():
+        raise RecipeError(f"recipe {path}: file not found (pass -r PATH; examples in recipes/)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise RecipeError(f"recipe {path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {path}: top level must be a mapping of sections")
+    data = apply_overrides(data, overrides or [])
+    return recipe_from_dict(data, str(path))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return yaml.safe_dump(json.loads(recipe.model_dump_json()), sort_keys=False)

@@ -1,0 +1,204 @@
+"""The embedded tiny verifier: a Qwen3 causal LM built locally, no hub.
+
+`ensure_tiny_verifier()` returns a HF model directory (config.json,
+model.safetensors, tokenizer files with a Qwen3-style chat template that has a
+thinking switch). It is built deterministically on first use from the shipped
+corpus (byte-level BPE + ~a minute of training on 2 cores) and cached; a
+content hash of the build settings names the cache entry, so a change to the
+corpus or the settings builds a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from dspark_kit.chat import encode, render
+from dspark_kit.recipe import TINY_VERIFIER
+from dspark_kit.tiny_data import conversations, thinking_reply
+
+# Qwen3's template, reduced to what the tiny model needs: reasoning of earlier
+# assistant turns is dropped from history (as Qwen3 does), and
+# enable_thinking=false pre-fills an empty think block.
+CHAT_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{%- set content = m.content -%}{%- set reasoning = '' -%}"
+    "{%- if '</think>' in content -%}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- endif -%}"
+    "{%- if loop.index0 > ns.last_user and reasoning -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|MASK|>"]
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 4096
+    corpus_rows: int = 4000
+    train_steps: int = 360
+    batch_size: int = 16
+    lr: float = 3e-3
+    seed: int = 0
+    version: int = 1  # bump when the build code changes meaning
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DSPARK_KIT_CACHE", Path.home() / ".cache" / "dspark-kit"))
+
+
+def spec_hash(spec: TinySpec) -> str:
+    blob = json.dumps(asdict(spec), sort_keys=True) + CHAT_TEMPLATE
+    blob += (Path(__file__).parent / "assets" / "words.txt").read_text()
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def resolve_verifier_path(path: str) -> str:
+    """Map the recipe's verifier path to something transformers can load."""
+    if path == TINY_VERIFIER:
+        return str(ensure_tiny_verifier())
+    return path
+
+
+def ensure_tiny_verifier(spec: TinySpec = TinySpec(), root: Path | None = None, log=print) -> Path:
+    out = (root or cache_root()) / f"tiny-qwen3-{spec_hash(spec)}"
+    if (out / "model.safetensors").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / "model.safetensors").exists():
+            return out
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        t0 = time.time()
+        log(f"building the tiny verifier (first use, ~1 min) -> {out}")
+        tok = build_tokenizer(spec)
+        tok.save_pretrained(tmp)
+        model = train_tiny_model(spec, tok, log=log)
+        model.save_pretrained(tmp)
+        (tmp / "dspark_kit_tiny.json").write_text(json.dumps(asdict(spec), indent=1))
+        tmp.rename(out)
+        log(f"tiny verifier ready in {time.time() - t0:.0f}s")
+    return out
+
+
+def _render_corpus(spec: TinySpec) -> list[list[dict[str, str]]]:
+    """Chats in both template modes so the model learns the think switch."""
+    rng = random.Random(spec.seed + 1)
+    chats = conversations(spec.corpus_rows, seed=spec.seed)
+    for i in range(0, len(chats), 3):  # a third of them in thinking style
+        prompt, reply = thinking_reply(rng)
+        chats[i] = [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+    return chats
+
+
+def build_tokenizer(spec: TinySpec):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from dspark_kit.tiny_data import sentence
+
+    rng = random.Random(spec.seed)
+    texts = [m["content"] for c in _render_corpus(spec)[:2000] for m in c]
+    texts += [sentence(rng) for _ in range(500)] + ["user assistant system\n"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size - len(SPECIALS),
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        mask_token="<|MASK|>",
+        additional_special_tokens=["<|im_start|>", "<think>", "</think>"],
+        model_max_length=spec.max_position_embeddings,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _config(spec: TinySpec, vocab: int):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.hidden_size // spec.num_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+        bos_token_id=None,
+        eos_token_id=2,  # <|im_end|>
+        pad_token_id=0,
+    )
+
+
+def train_tiny_model(spec: TinySpec, tok, log=print):
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(spec.seed)
+    assert tok.convert_tokens_to_ids("<|im_end|>") == 2, "special token order changed"
+    vocab = ((len(tok) + 63) // 64) * 64
+    model = Qwen3ForCausalLM(_config(spec, vocab))
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    chats = _render_corpus(spec)
+    seqs = []
+    for msgs in chats:
+        thinking = "</think>" in msgs[-1]["content"]
+        seqs.append(torch.tensor(encode(tok, render(tok, msgs, thinking))))
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, spec.lr, total_steps=spec.train_steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(spec.seed)
+    model.train()
+    for step in range(spec.train_steps):
+        idx = torch.randint(len(seqs), (spec.batch_size,), generator=gen).tolist()
+        batch = torch.nn.utils.rnn.pad_sequence([seqs[i] for i in idx], batch_first=True, padding_value=-100)
+        labels = batch.clone()
+        inputs = batch.clamp(min=0)
+        out = model(input_ids=inputs, attention_mask=(batch != -100).long(), labels=labels)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 100 == 0 or step == spec.train_steps - 1:
+            log(f"  tiny verifier step {step:4d}/{spec.train_steps} loss {out.loss.item():.3f}")
+    model.eval()
+    return model
