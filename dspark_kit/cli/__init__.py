@@ -1,0 +1,36 @@
+"""`dspark-kit` command line: thin Typer wrappers over library functions.
+
+Each module listed in COMMAND_MODULES defines `register(app)`; keep the list
+in pipeline order so `--help` reads like the pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="dspark-kit",
+    help=(
+        "From a verifier LLM to a served DSpark draft. Stages: regen -> prepare -> "
+        "hidden-states -> train -> eval -> serve -> bench -> report. Every stage reads one "
+        "recipe (-r recipes/X.yaml, --set section.key=value) and runs on a laptop CPU with "
+        "the embedded tiny verifier (recipes/tiny-cpu.yaml)."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+COMMAND_MODULES = [
+    "recipe_cmd",
+    "stages",
+]
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"dspark_kit.cli.{_name}").register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,47 @@
+"""Options and error handling shared by every command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from dspark_kit.recipe import DEFAULT_RECIPE, Recipe, RecipeError, load_recipe
+
+console = Console(stderr=True)
+
+RecipeOpt = Annotated[
+    Path, typer.Option("-r", "--recipe", help="Recipe YAML (see recipes/).", show_default=True)
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a recipe value, e.g. --set train.epochs=3 (repeatable)."),
+]
+WorkdirOpt = Annotated[
+    Path | None, typer.Option("--workdir", "-w", help="Run directory (default: the recipe's workdir).")
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the exact command(s) and exit.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+DEFAULT_RECIPE_PATH = Path(DEFAULT_RECIPE)
+
+
+def fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def load(recipe: Path, sets: list[str] | None) -> Recipe:
+    try:
+        return load_recipe(recipe, sets or [])
+    except RecipeError as e:
+        fail(str(e))
+        raise  # unreachable
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")

@@ -1,0 +1,41 @@
+"""`dspark-kit recipe show|validate`."""
+
+from __future__ import annotations
+
+import typer
+
+from dspark_kit.cli.common import DEFAULT_RECIPE_PATH, JsonOpt, RecipeOpt, SetOpt, emit_json, load
+from dspark_kit.recipe import dump_recipe
+
+
+def register(app: typer.Typer) -> None:
+    sub = typer.Typer(help="Inspect and validate recipes.", no_args_is_help=True)
+
+    @sub.command("show")
+    def show(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
+        """Print the fully resolved recipe (defaults + overrides) and derived values."""
+        r = load(recipe, set_)
+        derived = {
+            "full_attention_indices": r.full_attention_indices,
+            "num_speculative_tokens": r.num_speculative_tokens,
+            "training_window": r.training_window,
+            "served_model_name": r.served_model_name,
+        }
+        if json_out:
+            emit_json({"recipe": r.model_dump(mode="json"), "derived": derived})
+            return
+        typer.echo(dump_recipe(r))
+        typer.echo("# derived")
+        for k, v in derived.items():
+            typer.echo(f"# {k}: {v}")
+
+    @sub.command("validate")
+    def validate(recipes: list[str] = typer.Argument(..., help="Recipe files.")) -> None:
+        """Validate recipe files; exit 2 with a field-named error on the first bad one."""
+        from pathlib import Path
+
+        for p in recipes:
+            load(Path(p), None)
+            typer.echo(f"ok  {p}")
+
+    app.add_typer(sub, name="recipe")

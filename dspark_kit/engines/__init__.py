@@ -1,0 +1,61 @@
+"""Engines behind one small interface.
+
+An engine turns a recipe + role into a `ServerPlan` (argv + env + where it
+listens); `dspark_kit.lifecycle` starts, health-checks and stops any plan the
+same way. Roles: `chat` (regen / bench without a draft), `hidden-states`
+(verifier hidden-state extraction, REFERENCE §4), `spec` (verifier + DSpark
+draft). Engines: `local` (our FastAPI server, CPU/CUDA/NPU via transformers),
+`vllm` (CUDA), `vllm-ascend` (NPU).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Role = Literal["chat", "hidden-states", "spec"]
+EngineName = Literal["local", "vllm", "vllm-ascend"]
+
+
+@dataclass
+class ServerPlan:
+    argv: list[str]
+    host: str
+    port: int
+    env: dict[str, str] = field(default_factory=dict)  # added to os.environ
+    health_path: str = "/health"
+    notes: list[str] = field(default_factory=list)  # warnings to show the user
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def shell_line(self) -> str:
+        """The exact command as one copy-pasteable line (for --dry-run)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    # speculative decoding counters for this request (vLLM /metrics semantics)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+
+class Generator(Protocol):
+    """What the local engine needs from a decoding backend."""
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop_ids: frozenset[int] = frozenset(),
+    ) -> GenerationResult: ...
