@@ -26,8 +26,10 @@ from dspark_kit.recipe import TINY_VERIFIER
 from dspark_kit.tiny_data import conversations, thinking_reply
 
 # Qwen3's template, reduced to what the tiny model needs: reasoning of earlier
-# assistant turns is dropped from history (as Qwen3 does), and
-# enable_thinking=false pre-fills an empty think block.
+# assistant turns is dropped from history, the final assistant turn always
+# carries a (possibly empty) think block, and enable_thinking=false pre-fills
+# an empty one -- so, as with Qwen3, multi-turn history renders differently
+# from the incremental render.
 CHAT_TEMPLATE = (
     "{%- set ns = namespace(last_user=-1) -%}"
     "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
@@ -38,7 +40,7 @@ CHAT_TEMPLATE = (
     "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') -%}"
     "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
     "{%- endif -%}"
-    "{%- if loop.index0 > ns.last_user and reasoning -%}"
+    "{%- if loop.index0 > ns.last_user and (loop.last or reasoning) -%}"
     "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' -}}"
     "{%- else -%}{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
@@ -60,7 +62,7 @@ class TinySpec:
     intermediate_size: int = 384
     max_position_embeddings: int = 4096
     corpus_rows: int = 4000
-    train_steps: int = 360
+    train_steps: int = 600
     batch_size: int = 16
     lr: float = 3e-3
     seed: int = 0
