@@ -1,0 +1,122 @@
+"""`prepare`, `hidden-states`, `train` and `run`: thin wrappers over dspark_kit.pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from dspark_kit.cli.common import (
+    DEFAULT_RECIPE_PATH, DryRunOpt, JsonOpt, RecipeOpt, SetOpt, WorkdirOpt, console, emit_json, fail, load,
+)
+
+
+def _workdir(recipe, workdir: Path | None) -> Path:
+    return recipe.workdir_path(workdir)
+
+
+def _run_one(name: str, recipe, workdir: Path, json_out: bool) -> None:
+    from dspark_kit.manifest import update_manifest
+    from dspark_kit.pipeline import REGISTRY
+
+    try:
+        summary = REGISTRY[name].run(recipe, workdir)
+    except (ValueError, OSError, RuntimeError) as e:
+        fail(f"{name}: {e}", 1)
+    update_manifest(workdir, recipe, name, summary=summary)
+    if json_out:
+        emit_json(summary)
+    else:
+        for k, v in summary.items():
+            typer.echo(f"{k}: {v}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def prepare(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
+                json_out: JsonOpt = False) -> None:
+        """Tokenize chats with the verifier's chat template; write DIR/prepared (speculators Arrow + token_freq.pt).
+
+        Input: DIR/regen.jsonl when it exists, else the recipe's data.source. Loss mask = assistant
+        tokens only; thinking mode from verifier.thinking.
+        """
+        r = load(recipe, set_)
+        _run_one("prepare", r, _workdir(r, workdir), json_out)
+
+    @app.command("hidden-states")
+    def hidden_states(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
+                      json_out: JsonOpt = False) -> None:
+        """Verifier hidden states for every prepared row -> DIR/prepared/hidden_states/hs_{i}.safetensors.
+
+        Resumable: valid files are skipped, corrupt ones regenerated. Layer ids: the recipe's
+        target_layer_ids plus the last layer N (vLLM convention, pre-norm).
+        """
+        r = load(recipe, set_)
+        _run_one("hidden-states", r, _workdir(r, workdir), json_out)
+
+    @app.command()
+    def train(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
+              dry_run: DryRunOpt = False, json_out: JsonOpt = False) -> None:
+        """Train the DSpark draft with the real speculators trainer -> DIR/checkpoints.
+
+        --dry-run prints the exact command (torchrun when train.nproc > 1 or nnodes > 1; one line
+        per node), including device env such as ASCEND_RT_VISIBLE_DEVICES on Ascend.
+        """
+        r = load(recipe, set_)
+        wd = _workdir(r, workdir)
+        if dry_run:
+            from dspark_kit.pipeline import train_plan, verifier_path, verifier_num_layers
+            from dspark_kit.train import build_train_args, node_plans
+
+            endpoint = r.hidden_states.endpoint or (
+                f"http://{r.serve.host}:{r.serve.hidden_states_port}" if r.hidden_states.mode == "online" else None)
+            plan = train_plan(r, wd, endpoint)
+            if r.train.nnodes > 1:
+                from dspark_kit.devices import detect_device
+
+                vp = verifier_path(r)
+                dev = detect_device(r.train.device)
+                args = build_train_args(r, wd, verifier_path=vp, device=dev, hidden_states_endpoint=endpoint,
+                                        num_hidden_layers=verifier_num_layers(vp, r.verifier.trust_remote_code))
+                lines = [f"# node {i}\n{p.shell_line()}" for i, p in enumerate(node_plans(r, args, dev))]
+                typer.echo("\n".join(lines))
+            else:
+                typer.echo(plan.shell_line())
+            return
+        _run_one("train", r, wd, json_out)
+
+    @app.command()
+    def run(
+        recipe: Annotated[Path, typer.Argument(help="Recipe YAML.")] = DEFAULT_RECIPE_PATH,
+        set_: SetOpt = None,
+        workdir: WorkdirOpt = None,
+        stages: Annotated[str | None, typer.Option("--stages", help="Comma list, e.g. prepare,hidden-states,train.")] = None,
+        start: Annotated[str | None, typer.Option("--from", help="Rerun from this stage on (it and everything after).")] = None,
+        force: Annotated[bool, typer.Option("--force", help="Rerun every selected stage.")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Run the pipeline: regen -> prepare -> hidden-states -> train -> eval -> serve -> bench -> report.
+
+        Finished stages are fingerprinted in DIR/state.json: a rerun skips unchanged stages, reruns
+        changed ones and everything downstream, and resumes an interrupted stage.
+        """
+        from dspark_kit.pipeline import run_pipeline
+
+        r = load(recipe, set_)
+        wd = _workdir(r, workdir)
+        try:
+            rows = run_pipeline(r, wd, stages.split(",") if stages else None, start, force,
+                                log=lambda m: console.print(f"[bold cyan]{m}[/]"))
+        except (ValueError, OSError, RuntimeError) as e:
+            fail(str(e), 1)
+        if json_out:
+            emit_json({"workdir": str(wd), "stages": rows})
+            return
+        table = Table(title=f"dspark-kit run — {wd}")
+        for col in ("stage", "status", "seconds", "figure"):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(row["stage"], row["status"], f"{row['seconds']:.1f}", str(row["figure"]))
+        console.print(table)

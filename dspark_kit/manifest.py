@@ -1,0 +1,84 @@
+"""`<workdir>/manifest.json`: what ran, with which code, on what, how.
+
+Resolved recipe, per-stage argv and summaries, package versions, project git
+SHA + dirty flag, host, devices and seeds. Secrets (API keys) are redacted
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from dspark_kit.recipe import Recipe
+
+SECRET_FLAGS = ("--api-key",)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a in SECRET_FLAGS:
+            out.append(a)
+            hide = True
+        elif any(a.startswith(f + "=") for f in SECRET_FLAGS):
+            out.append(a.split("=", 1)[0] + "=***")
+        else:
+            out.append(a)
+    return out
+
+
+def git_info(repo: Path | None = None) -> dict:
+    repo = repo or Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                  timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"sha": sha, "dirty": bool(status) if status is not None else None}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def load_manifest(workdir: Path) -> dict:
+    f = Path(workdir) / "manifest.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def update_manifest(workdir: Path, recipe: Recipe, stage: str | None = None, **stage_fields) -> dict:
+    from dspark_kit.devices import describe
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    m = load_manifest(workdir)
+    m["recipe"] = recipe.model_dump(mode="json")
+    m.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    m["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    m["git"] = git_info()
+    m["host"] = {"hostname": socket.gethostname(), "platform": platform.platform()}
+    if "devices" not in m:
+        m["devices"] = describe(recipe.train.device)
+    m["seeds"] = {"train": recipe.train.seed, "regen": recipe.regen.seed, "serve": recipe.serve.seed}
+    if stage:
+        entry = m.setdefault("stages", {}).setdefault(stage, {})
+        if "argv" in stage_fields:
+            stage_fields["argv"] = redact_argv(list(stage_fields["argv"]))
+        entry.update(stage_fields)
+    _atomic_write(workdir / "manifest.json", json.dumps(m, indent=2, default=str))
+    return m

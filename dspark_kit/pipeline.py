@@ -1,0 +1,247 @@
+"""Stages as library functions, and `run`: a resumable pipeline over them.
+
+Each stage takes (recipe, workdir) and returns a summary dict with one key
+figure. `run` records a fingerprint per finished stage (hash of the recipe
+sections it reads + upstream fingerprints) in `<workdir>/state.json`; a rerun
+skips unchanged stages, reruns changed ones and everything downstream, and
+interrupted stages resume by themselves (regen skips written rows, hidden
+states skip valid files, training resumes from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark_kit.recipe import Recipe
+
+STAGES = ["regen", "prepare", "hidden-states", "train", "eval", "serve", "bench", "report"]
+
+
+@dataclass
+class Stage:
+    name: str
+    sections: tuple[str, ...]  # recipe sections whose change invalidates the stage
+    run: Callable[[Recipe, Path], dict]
+    key: str  # summary field shown in the final table
+
+
+def verifier_path(recipe: Recipe) -> str:
+    from dspark_kit.tiny import resolve_verifier_path
+
+    return resolve_verifier_path(recipe.verifier.path)
+
+
+def verifier_num_layers(path: str, trust_remote_code: bool = False) -> int:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return getattr(cfg, "text_config", cfg).num_hidden_layers
+
+
+def regen_file(workdir: Path) -> Path:
+    return workdir / "regen.jsonl"
+
+
+# ---- stages -----------------------------------------------------------------
+
+
+def stage_regen(recipe: Recipe, workdir: Path) -> dict:
+    from dspark_kit.regen import run_regen
+
+    return run_regen(recipe, regen_file(workdir), resume=True)
+
+
+def prepare_input_rows(recipe: Recipe, workdir: Path):
+    """Regen output when present, else the recipe's data source as is."""
+    from dspark_kit.prepare import read_jsonl
+
+    f = regen_file(workdir)
+    if f.exists():
+        return read_jsonl(f), sum(1 for line in f.open() if line.strip())
+    from dspark_kit.sources import iter_source
+
+    rows = [{"messages": msgs} for _, msgs in iter_source(recipe.data)]
+    return rows, len(rows)
+
+
+def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
+    from dspark_kit.prepare import prepare
+
+    rows, total = prepare_input_rows(recipe, workdir)
+    s = prepare(
+        rows, verifier_path(recipe), workdir / "prepared",
+        seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking,
+        num_workers=recipe.data.num_workers, seed=recipe.train.seed,
+        trust_remote_code=recipe.verifier.trust_remote_code, total=total,
+        meta={"verifier": recipe.verifier.path, "source": str(regen_file(workdir)) if regen_file(workdir).exists() else recipe.data.source},
+    )
+    return s.as_dict()
+
+
+def stage_hidden_states(recipe: Recipe, workdir: Path) -> dict:
+    if recipe.hidden_states.mode == "online":
+        return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
+    if recipe.hidden_states.backend != "local":
+        from dspark_kit.hidden_states_vllm import run_offline_vllm
+
+        return run_offline_vllm(recipe, workdir)
+    from dspark_kit.devices import detect_device
+    from dspark_kit.hidden_states import generate_offline
+
+    vp = verifier_path(recipe)
+    n = verifier_num_layers(vp, recipe.verifier.trust_remote_code)
+    device = detect_device(recipe.train.device)
+    s = generate_offline(
+        workdir / "prepared", vp, recipe.exported_layer_ids(n), device=device,
+        dtype="float32" if device == "cpu" else recipe.verifier.dtype,
+        out_dtype=recipe.hidden_states.dtype, trust_remote_code=recipe.verifier.trust_remote_code,
+    )
+    return s.as_dict()
+
+
+def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None = None):
+    from dspark_kit.devices import detect_device
+    from dspark_kit.train import build_train_args, launch_plan
+
+    vp = verifier_path(recipe)
+    device = detect_device(recipe.train.device)
+    args = build_train_args(
+        recipe, workdir, verifier_path=vp,
+        num_hidden_layers=verifier_num_layers(vp, recipe.verifier.trust_remote_code),
+        device=device, hidden_states_endpoint=hidden_states_endpoint,
+    )
+    return launch_plan(recipe, args, device)
+
+
+def stage_train(recipe: Recipe, workdir: Path) -> dict:
+    from dspark_kit.manifest import update_manifest
+    from dspark_kit.train import read_val_metrics, run_training
+
+    t0 = time.time()
+    if recipe.hidden_states.mode == "online":
+        from dspark_kit.online import hidden_state_server
+
+        ctx = hidden_state_server(recipe, workdir)
+    else:
+        from contextlib import nullcontext
+
+        ctx = nullcontext(None)
+    with ctx as endpoint:
+        plan = train_plan(recipe, workdir, endpoint)
+        update_manifest(workdir, recipe, "train", argv=plan.argv, env=plan.env)
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        code = run_training(plan, workdir / "logs" / "train.log")
+    if code != 0:
+        raise RuntimeError(f"speculators train exited with {code}; see {workdir / 'logs' / 'train.log'}")
+    metrics = read_val_metrics(workdir / "checkpoints") or {}
+    return {"seconds": round(time.time() - t0, 1), **metrics}
+
+
+def _lazy(module: str, func: str) -> Callable[[Recipe, Path], dict]:
+    def call(recipe: Recipe, workdir: Path) -> dict:
+        import importlib
+
+        return getattr(importlib.import_module(module), func)(recipe, workdir)
+
+    return call
+
+
+REGISTRY: dict[str, Stage] = {
+    s.name: s
+    for s in [
+        Stage("regen", ("verifier", "data", "regen"), stage_regen, "rows"),
+        Stage("prepare", ("verifier", "data"), stage_prepare, "rows_out"),
+        Stage("hidden-states", ("verifier", "hidden_states"), stage_hidden_states, "generated"),
+        Stage("train", ("draft", "train", "hidden_states"), stage_train, "val/accept_len_epoch"),
+        Stage("eval", ("eval", "serve"), _lazy("dspark_kit.evaluate", "stage_eval"), "acceptance_length"),
+        Stage("serve", ("serve",), _lazy("dspark_kit.serve_stage", "stage_serve_check"), "engine"),
+        Stage("bench", ("bench", "serve"), _lazy("dspark_kit.bench", "stage_bench"), "acceptance_length"),
+        Stage("report", (), _lazy("dspark_kit.report", "stage_report"), "path"),
+    ]
+}
+
+
+# ---- fingerprints and state -------------------------------------------------
+
+
+def fingerprint(recipe: Recipe, stage: Stage, upstream: str) -> str:
+    dump = recipe.model_dump(mode="json")
+    blob = json.dumps({k: dump[k] for k in stage.sections}, sort_keys=True) + upstream
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_state(workdir: Path) -> dict:
+    f = workdir / "state.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def save_state(workdir: Path, state: dict) -> None:
+    f = workdir / "state.json"
+    tmp = f.with_name("state.json.tmp")
+    tmp.write_text(json.dumps(state, indent=2, default=str))
+    tmp.replace(f)
+
+
+def resolve_stages(stages: list[str] | None, start: str | None) -> list[str]:
+    chosen = stages or list(STAGES)
+    unknown = [s for s in chosen if s not in REGISTRY]
+    if unknown:
+        raise ValueError(f"--stages: unknown {unknown}; choose from {', '.join(STAGES)}")
+    chosen = [s for s in STAGES if s in chosen]  # pipeline order
+    if start:
+        if start not in chosen:
+            raise ValueError(f"--from {start}: not among the selected stages {chosen}")
+        chosen = chosen[chosen.index(start):]
+    return chosen
+
+
+def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None, start: str | None = None,
+                 force: bool = False, log=print) -> list[dict]:
+    """Run stages in order; returns one row per stage for the summary table."""
+    from dspark_kit.manifest import update_manifest
+
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    chosen = resolve_stages(stages, start)
+    state = load_state(workdir)
+    update_manifest(workdir, recipe)
+    upstream, dirty, rows = "", force, []
+    forced_from = chosen[0] if start else None
+    for name in STAGES:
+        stage = REGISTRY[name]
+        fp = fingerprint(recipe, stage, upstream)
+        prev = state.get(name, {})
+        if name not in chosen:
+            # an unselected stage keeps its recorded fingerprint as the upstream of the next
+            upstream = prev.get("fingerprint", fp) if prev.get("status") == "done" else fp
+            continue
+        dirty = dirty or name == forced_from
+        if not dirty and prev.get("status") == "done" and prev.get("fingerprint") == fp:
+            rows.append({"stage": name, "status": "skipped (unchanged)", "seconds": 0.0,
+                         "figure": prev.get("figure")})
+            upstream = fp
+            continue
+        dirty = True  # everything downstream of a rerun stage reruns
+        log(f"==> {name}")
+        state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
+        save_state(workdir, state)
+        t0 = time.time()
+        try:
+            summary = stage.run(recipe, workdir)
+        except BaseException:
+            state[name]["status"] = "failed"
+            save_state(workdir, state)
+            raise
+        secs = round(time.time() - t0, 1)
+        figure = summary.get(stage.key)
+        state[name] = {"status": "done", "fingerprint": fp, "seconds": secs, "figure": figure}
+        save_state(workdir, state)
+        update_manifest(workdir, recipe, name, seconds=secs, summary=summary)
+        rows.append({"stage": name, "status": "done", "seconds": secs, "figure": figure})
+        upstream = fp
+    return rows
