@@ -124,7 +124,7 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
 
     t0 = time.time()
     if recipe.hidden_states.mode == "online":
-        from dspark_kit.online import hidden_state_server
+        from dspark_kit.servers import hidden_state_server
 
         ctx = hidden_state_server(recipe, workdir)
     else:

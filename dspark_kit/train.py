@@ -97,7 +97,7 @@ def build_train_args(
         "--optimizer", t.optimizer,
         "--lr", str(t.lr),
         "--epochs", str(t.epochs),
-        "--checkpoint-freq", str(t.checkpoint_freq),
+        "--checkpoint-freq", f"{t.checkpoint_freq:g}",
         "--seed", str(t.seed),
         "--logger", t.logger,
         "--num-workers", str(t.num_workers),

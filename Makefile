@@ -1,0 +1,52 @@
+# dspark-kit: `make demo` and `make test` are all a newcomer needs.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.stamp-install
+RECIPE  ?= recipes/tiny-cpu.yaml
+WORKDIR ?=
+WD      := $(if $(WORKDIR),--workdir $(WORKDIR),)
+PYTEST_ARGS ?=
+
+.PHONY: help install demo test lint regen prepare hidden train eval serve bench report bench-perf clean
+
+help: ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv and install dspark-kit (idempotent)
+
+# --system-site-packages: reuse an Ascend/CUDA host's torch, torch_npu, vllm, vllm-ascend.
+# torch is pinned and installed only when missing (a range would pull a CUDA build).
+# speculators/hs-connectors go in with --no-deps: their metadata pulls torchvision and
+# torchaudio (never imported) which drag in other torch builds; pyproject lists what
+# they really import.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few minutes)
+	$(BIN)/dspark-kit run $(RECIPE) $(WD)
+
+test: install ## run the test suite
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install ## ruff
+	$(BIN)/ruff check dspark_kit tests
+
+regen prepare train eval bench: install ## one stage: make train RECIPE=recipes/X.yaml
+	$(BIN)/dspark-kit $@ -r $(RECIPE) $(WD)
+
+hidden: install
+	$(BIN)/dspark-kit hidden-states -r $(RECIPE) $(WD)
+
+serve: install
+	$(BIN)/dspark-kit serve -r $(RECIPE) --role spec $(WD)
+
+report: install
+	$(BIN)/dspark-kit report $(or $(WORKDIR),runs/tiny-cpu)
+
+clean: ## remove run outputs (keeps .venv)
+	rm -rf runs

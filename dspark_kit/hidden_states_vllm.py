@@ -1,0 +1,46 @@
+"""Offline hidden states through an extraction server (vLLM, vLLM-Ascend or our local engine).
+
+The work itself is speculators' own `generate-offline-data`; we start the
+server from the recipe, build its exact command, and shard it over nodes with
+`--world-size/--rank` (one command per node in dry runs).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dspark_kit.recipe import Recipe
+from dspark_kit.train import openai_v1
+
+
+def offline_command(recipe: Recipe, workdir: Path, endpoint: str, verifier: str,
+                    world_size: int = 1, rank: int = 0) -> list[str]:
+    return [
+        sys.executable, "-m", "speculators", "generate-offline-data",
+        "--model", verifier,
+        "--endpoint", openai_v1(endpoint),
+        "--preprocessed-data", str(Path(workdir) / "prepared"),
+        "--concurrency", str(recipe.regen.concurrency),
+        "--validate-outputs",
+        "--world-size", str(world_size),
+        "--rank", str(rank),
+    ]
+
+
+def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
+    from dspark_kit.pipeline import verifier_path
+    from dspark_kit.servers import hidden_state_server
+
+    t0 = time.time()
+    with hidden_state_server(recipe, workdir) as url:
+        # the served model id must be the verifier path the trainer will use
+        argv = offline_command(recipe, workdir, url, recipe.verifier.served_name or verifier_path(recipe),
+                               recipe.train.nnodes, recipe.train.node_rank)
+        code = subprocess.run(argv, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"speculators generate-offline-data exited with {code}")
+    files = len(list((Path(workdir) / "prepared" / "hidden_states").glob("hs_*.safetensors")))
+    return {"generated": files, "seconds": round(time.time() - t0, 1), "argv": argv}

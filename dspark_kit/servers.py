@@ -1,0 +1,48 @@
+"""Start the server a stage needs (or reuse a given endpoint) for the stage's duration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dspark_kit.engines import Role, ServerPlan
+from dspark_kit.recipe import Recipe
+
+
+def server_plan(recipe: Recipe, role: Role, port: int | None = None, checkpoint: str | None = None) -> ServerPlan:
+    """The recipe's engine (serve.engine) for `role`."""
+    engine = recipe.serve.engine
+    if engine == "local":
+        from dspark_kit.engines.local import plan_local
+
+        return plan_local(recipe, role, port=port, checkpoint=checkpoint)
+    from dspark_kit.engines.vllm import plan_vllm
+
+    return plan_vllm(recipe, role, engine=engine, port=port, checkpoint=checkpoint)
+
+
+@contextmanager
+def running_server(recipe: Recipe, role: Role, workdir: Path, port: int | None = None,
+                   checkpoint: str | None = None) -> Iterator[str]:
+    """Yield the base URL of a healthy server for `role`; stop it afterwards."""
+    from dspark_kit.lifecycle import ManagedServer
+
+    plan = server_plan(recipe, role, port=port, checkpoint=checkpoint)
+    log = Path(workdir) / "logs" / f"{role}-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with ManagedServer(plan, log) as srv:
+        srv.wait_healthy(recipe.serve.startup_timeout)
+        yield plan.base_url
+
+
+@contextmanager
+def hidden_state_server(recipe: Recipe, workdir: Path) -> Iterator[str]:
+    """hidden_states.endpoint when given, else a started extraction server."""
+    if recipe.hidden_states.endpoint:
+        yield recipe.hidden_states.endpoint
+        return
+    from dspark_kit.lifecycle import free_port
+
+    with running_server(recipe, "hidden-states", workdir, port=free_port()) as url:
+        yield url

@@ -1,0 +1,103 @@
+import json
+
+import pytest
+
+from dspark_kit.conversations import ConversationError, normalize
+from dspark_kit.prepare import prepare, read_jsonl, tokenize_conversation
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_verifier):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_verifier)
+
+
+def trained_text(tok, ids, mask):
+    return tok.decode([i for i, m in zip(ids, mask) if m])
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_single_turn_mask_is_the_assistant_reply(tok, thinking):
+    msgs = [{"role": "user", "content": "Count from 1 to 3."}, {"role": "assistant", "content": "1, 2, 3."}]
+    rows, fanned = tokenize_conversation(tok, msgs, thinking)
+    assert not fanned and len(rows) == 1
+    ids, mask = rows[0]
+    text = trained_text(tok, ids, mask)
+    assert text.startswith("<think>\n\n</think>\n\n1, 2, 3.") if thinking else text.startswith("1, 2, 3.")
+    assert "Count from" not in text and "<|im_start|>" not in text
+
+
+def test_history_that_renders_differently_fans_out_one_row_per_turn(tok):
+    # The last turn gets a think block, earlier ones do not (Qwen3 rule): the
+    # incremental render is not a prefix of the full one, so one row per turn.
+    msgs = [
+        {"role": "user", "content": "Repeat after me: one."}, {"role": "assistant", "content": "one."},
+        {"role": "user", "content": "Repeat after me: two."}, {"role": "assistant", "content": "two."},
+    ]
+    rows, fanned = tokenize_conversation(tok, msgs, thinking=False)
+    assert fanned and len(rows) == 2
+    assert trained_text(tok, *rows[0]).startswith("one.")
+    second = trained_text(tok, *rows[1])
+    assert second.startswith("two.") and "one." not in second
+    assert "one." in tok.decode(rows[1][0])  # history is still there as context
+
+
+def test_trailing_user_turn_is_dropped_and_no_assistant_is_rejected(tok):
+    with pytest.raises(ConversationError, match="no assistant turn"):
+        tokenize_conversation(tok, [{"role": "user", "content": "hi"}], False)
+    rows, _ = tokenize_conversation(tok, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                          {"role": "user", "content": "c"}], False)
+    assert "c<|im_end|>" not in tok.decode(rows[0][0])
+
+
+@pytest.mark.parametrize("row, reason", [
+    ({}, "no 'conversations'"),
+    ({"conversations": []}, "empty"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "unknown role"),
+    ({"messages": [{"role": "assistant", "content": "x"}]}, "no user turn"),
+    ("not an object", "row must be an object"),
+])
+def test_normalize_rejects_with_a_reason(row, reason):
+    with pytest.raises(ConversationError, match=reason):
+        normalize(row)
+
+
+def test_formats_agree():
+    sharegpt = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
+    openai = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    pair = {"prompt": "q", "response": "a"}
+    assert normalize(sharegpt) == normalize(openai) == normalize(pair)
+
+
+def test_prepare_writes_speculators_format_and_counts_rejects(tmp_path, tiny_verifier):
+    import torch
+    from datasets import load_from_disk
+
+    src = tmp_path / "in.jsonl"
+    good = {"conversations": [{"from": "human", "value": "Count from 1 to 5."}, {"from": "gpt", "value": "1, 2, 3, 4, 5."}]}
+    long = {"messages": [{"role": "user", "content": "Repeat after me: " + "the cat " * 80},
+                         {"role": "assistant", "content": "the cat " * 80}]}
+    lines = [json.dumps(good)] * 6 + [json.dumps(long), json.dumps({"messages": []}), "{not json"]
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "prepared"
+    s = prepare(read_jsonl(src), str(tiny_verifier), out, seq_length=64, thinking=False, num_workers=2)
+    assert s.conversations_in == 9
+    assert s.rows_out == 7 and sum(s.rejected.values()) == 2
+    assert s.truncated == 1
+    ds = load_from_disk(str(out))
+    assert set(ds.column_names) >= {"input_ids", "loss_mask", "seq_len"}
+    assert all(n <= 64 for n in ds["seq_len"])
+    freq = torch.load(out / "token_freq.pt", weights_only=True)
+    trained = sum(int(sum(m)) for m in ds["loss_mask"])
+    assert sum(freq.values()) == trained  # counts cover loss_mask == 1 only
+    meta = json.loads((out / "prepare_meta.json").read_text())
+    assert meta["thinking"] is False and meta["seq_length"] == 64
+
+
+def test_prepare_with_nothing_trainable_is_a_clear_error(tmp_path, tiny_verifier):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(ValueError, match="no trainable rows.*no assistant turn"):
+        prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "p", seq_length=64, thinking=False)
+    assert not (tmp_path / "p").exists()  # nothing half-written that looks complete

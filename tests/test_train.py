@@ -1,0 +1,89 @@
+"""The speculators train command is built from the recipe, never typed by hand."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from dspark_kit.recipe import load_recipe
+from dspark_kit.train import build_train_args, launch_plan, node_plans
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = "/mnt/cephfs/models/Qwen3-30B-A3B/Qwen/Qwen3-30B-A3B"
+
+
+def _flag(args, name):
+    i = args.index(name)
+    vals = []
+    for a in args[i + 1:]:
+        if a.startswith("--"):
+            break
+        vals.append(a)
+    return vals
+
+
+@pytest.fixture()
+def ascend():
+    return load_recipe(REPO / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml")
+
+
+def test_seed_training_flags_all_appear(ascend, tmp_path):
+    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu",
+                            hidden_states_endpoint="http://localhost:9736")
+    expect = {
+        "--speculator-type": ["dspark"], "--block-size": ["8"], "--max-anchors": ["256"],
+        "--target-layer-ids": ["1", "12", "23", "34", "45"], "--epochs": ["2"], "--checkpoint-freq": ["1"],
+        "--lr": ["0.0003"], "--on-missing": ["generate"], "--on-generate": ["delete"], "--seed": ["42"],
+        "--num-layers": ["5"], "--draft-arch": ["qwen3"], "--mask-token-id": ["151669"],
+        "--markov-rank": ["256"], "--markov-head-type": ["vanilla"], "--confidence-head-alpha": ["1.0"],
+        "--full-attention-indices": ["0", "1", "2", "3", "4"], "--logger": ["tensorboard"],
+        "--draft-attn-impl": ["sdpa"], "--total-seq-len": ["8192"],
+        "--vllm-endpoint": ["http://localhost:9736/v1"], "--verifier-name-or-path": [SEED],
+    }
+    for flag, vals in expect.items():
+        assert _flag(args, flag) == vals, flag
+    assert json.loads(_flag(args, "--loss-fn")[0]) == {"ce": 0.7, "tv": 0.3}
+    assert "--enable-confidence-head" in args and "--confidence-head-with-markov" in args
+    assert _flag(args, "--data-path") == [str(tmp_path / "prepared")]
+
+
+def test_args_parse_with_speculators_own_resolver(ascend, tmp_path):
+    from speculators.train.config import TrainConfig
+
+    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="cpu",
+                            hidden_states_endpoint="http://h:1/v1")
+    cfg = TrainConfig.resolve(args).flatten()
+    assert cfg["speculator_type"] == "dspark" and cfg["block_size"] == 8
+    assert cfg["full_attention_indices"] == [0, 1, 2, 3, 4] and cfg["target_layer_ids"] == [1, 12, 23, 34, 45]
+    assert cfg["optimizer"] == "adamw" and cfg["draft_attn_impl"] == "sdpa" and cfg["loss_implementation"] == "eager"
+
+
+def test_torchrun_and_ascend_env(ascend, tmp_path):
+    plan = launch_plan(ascend, ["--x"], "npu")
+    line = plan.shell_line()
+    assert "torch.distributed.run" in plan.argv and "--nproc_per_node=2" in plan.argv
+    assert plan.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in plan.env
+    assert plan.env["HCCL_OP_EXPANSION_MODE"] == "AIV"
+    assert shlex.split(line)[-1] == "--x" and "dspark_kit.train_entry" in line
+
+
+def test_multinode_prints_one_command_per_node(ascend):
+    ascend.train.nnodes = 2
+    ascend.train.master_addr = "10.0.0.1"
+    plans = node_plans(ascend, [], "npu")
+    assert [p.argv[p.argv.index("--nnodes=2") + 1] for p in plans] == ["--node_rank=0", "--node_rank=1"]
+    assert all("--master_addr=10.0.0.1" in p.argv for p in plans)
+
+
+def test_sliding_attention_passes_only_listed_layers(tiny_recipe, tmp_path):
+    tiny_recipe.draft.attention = "sliding"
+    tiny_recipe.draft.num_layers = 3
+    tiny_recipe.draft.full_attention_indices = [0]
+    args = build_train_args(tiny_recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu")
+    assert _flag(args, "--full-attention-indices") == ["0"] and _flag(args, "--on-missing") == ["raise"]
+
+
+def test_online_without_endpoint_is_an_error(ascend, tmp_path):
+    with pytest.raises(ValueError, match="hidden_states.mode online"):
+        build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu")
