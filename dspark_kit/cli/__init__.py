@@ -26,6 +26,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "recipe_cmd",
     "stages",
+    "serve",
 ]
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,211 @@
+"""Find and check the DSpark checkpoint a server will load.
+
+speculators' save_path layout: `<save_path>/<epoch>/{model.safetensors,
+config.json}` per epoch, plus symlinks `epochN_end` and `checkpoint_best`.
+Serving the wrong directory, a K above the trained slots, other layer ids or
+another verifier all load fine and silently ruin acceptance (REFERENCE §8), so
+`validate_checkpoint` names each mismatch with both values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from dspark_kit.recipe import Recipe
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """One line naming the checkpoint setting and the fix."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Literal["error", "warning"]
+    code: str
+    message: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def is_complete(path: Path) -> bool:
+    return (path / CONFIG).is_file() and (path / WEIGHTS).is_file()
+
+
+def complete_epochs(save_path: Path) -> list[int]:
+    """Epoch directories that hold both config.json and model.safetensors."""
+    if not save_path.is_dir():
+        return []
+    return sorted(int(p.name) for p in save_path.iterdir()
+                  if p.name.isdigit() and p.is_dir() and not p.is_symlink() and is_complete(p))
+
+
+def _available(save_path: Path) -> str:
+    epochs = complete_epochs(save_path)
+    names = sorted(p.name for p in save_path.iterdir() if p.is_symlink()) if save_path.is_dir() else []
+    listed = [str(e) for e in epochs] + names
+    return ", ".join(listed) if listed else "none"
+
+
+def resolve_checkpoint(checkpoints: str | Path, which: str | int | Path = "checkpoint_best") -> Path:
+    """Absolute checkpoint directory (symlinks resolved) for a serve.checkpoint value.
+
+    `which`: "checkpoint_best" / "epochN_end" (speculators symlinks), "latest"
+    (highest complete epoch), an epoch number, or a path. `checkpoints` is the
+    save_path or a checkpoint directory itself.
+    """
+    base = Path(checkpoints).expanduser()
+    if isinstance(which, Path) or (isinstance(which, str) and ("/" in which or which.startswith("~"))):
+        target = Path(which).expanduser()
+    elif is_complete(base) and which == "checkpoint_best":
+        target = base  # already a checkpoint directory
+    elif which == "latest":
+        epochs = complete_epochs(base)
+        if not epochs:
+            raise CheckpointError(
+                f"serve.checkpoint latest: no complete epoch (config.json + {WEIGHTS}) under {base}; "
+                "train first or pass --checkpoint PATH")
+        target = base / str(epochs[-1])
+    elif isinstance(which, int) or (isinstance(which, str) and which.isdigit()):
+        target = base / str(int(which))
+    else:
+        target = base / str(which)
+    if not target.exists():
+        if not base.is_dir():
+            raise CheckpointError(f"serve.checkpoint {which}: {base} does not exist; train first "
+                                  "(dspark-kit train) or pass --checkpoint PATH")
+        raise CheckpointError(
+            f"serve.checkpoint {which}: {target} not found; available in {base}: "
+            f"{_available(base)} (pass --checkpoint NAME|EPOCH|latest|PATH)")
+    target = target.resolve()
+    if not (target / CONFIG).is_file():
+        raise CheckpointError(f"serve.checkpoint {which}: {target} has no {CONFIG}; "
+                              "point at an epoch directory of speculators' save_path")
+    return target
+
+
+def read_config(path: Path) -> dict:
+    try:
+        return json.loads((Path(path) / CONFIG).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read {CONFIG} ({e})") from None
+
+
+def trained_slots(cfg: dict) -> int | None:
+    """Draft positions the checkpoint was trained to propose."""
+    methods = (cfg.get("speculators_config") or {}).get("proposal_methods") or []
+    for m in methods:
+        if isinstance(m, dict) and isinstance(m.get("speculative_tokens"), int):
+            return m["speculative_tokens"]
+    block = cfg.get("block_size")
+    if not isinstance(block, int):
+        return None
+    return block if cfg.get("sample_from_anchor", True) else block - 1
+
+
+def stored_verifier(cfg: dict) -> str | None:
+    return ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+
+
+def _same_path(a: str, b: str) -> bool:
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def _check_weights(path: Path) -> Finding | None:
+    weights = path / WEIGHTS
+    if not weights.is_file():
+        return Finding("error", "weights-missing", f"{weights} missing: the epoch did not finish saving; "
+                                                   "serve another epoch (--checkpoint latest)")
+    try:
+        from safetensors import safe_open
+
+        # opening validates the header against the file size: a truncated save fails here
+        with safe_open(str(weights), framework="pt") as f:
+            keys = list(f.keys())
+    except Exception as e:  # noqa: BLE001 - any read failure means a broken file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return Finding("error", "weights-unreadable", f"{weights} unreadable ({msg}); re-save or pick another epoch")
+    if not keys:
+        return Finding("error", "weights-empty", f"{weights} holds no tensors")
+    return None
+
+
+def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: int | None,
+                        verifier_path: str | None = None) -> list[Finding]:
+    """Everything that makes this checkpoint wrong for this recipe; [] = fine.
+
+    `verifier_path` is the recipe's resolved verifier (resolve_verifier_path);
+    `verifier_num_layers` None skips the layer-id check with a warning.
+    """
+    path = Path(path)
+    out: list[Finding] = []
+    try:
+        cfg = read_config(path)
+    except CheckpointError as e:
+        return [Finding("error", "config-missing", str(e))]
+
+    kind = cfg.get("speculators_model_type")
+    if kind != "dspark":
+        out.append(Finding("error", "not-dspark", f"{path}/{CONFIG}: speculators_model_type is {kind!r}, "
+                                                  "expected 'dspark' (serve a DSpark checkpoint)"))
+
+    block = cfg.get("block_size")
+    if isinstance(block, int) and block != recipe.draft.block_size:
+        out.append(Finding("warning", "block-size", f"checkpoint block_size {block} != recipe "
+                                                    f"draft.block_size {recipe.draft.block_size}"))
+    slots = trained_slots(cfg)
+    k = recipe.num_speculative_tokens
+    if slots is None:
+        out.append(Finding("warning", "slots-unknown", f"{CONFIG} records neither speculative_tokens nor "
+                                                       f"block_size; cannot check num_speculative_tokens {k}"))
+    elif k > slots:
+        out.append(Finding("error", "k-above-slots", f"serve.num_speculative_tokens {k} > trained slots {slots} "
+                                                     f"(checkpoint); set serve.num_speculative_tokens <= {slots}"))
+
+    mask = cfg.get("mask_token_id")
+    if not isinstance(mask, int):
+        out.append(Finding("error", "mask-missing", f"{CONFIG} has no mask_token_id ({mask!r}); "
+                                                    "retrain with draft.mask_token_id set"))
+    elif recipe.draft.mask_token_id is not None and mask != recipe.draft.mask_token_id:
+        out.append(Finding("error", "mask-mismatch", f"checkpoint mask_token_id {mask} != recipe "
+                                                     f"draft.mask_token_id {recipe.draft.mask_token_id}"))
+
+    ids = cfg.get("aux_hidden_state_layer_ids", cfg.get("target_layer_ids"))
+    if verifier_num_layers is None:
+        out.append(Finding("warning", "layers-unchecked", f"verifier num_hidden_layers unknown; checkpoint "
+                                                          f"layer ids {ids} not compared with the recipe"))
+    else:
+        want = recipe.target_layer_ids(verifier_num_layers)
+        if ids is None or list(ids) != want:
+            out.append(Finding("error", "layer-ids", f"checkpoint aux_hidden_state_layer_ids {ids} != recipe "
+                                                     f"target layer ids {want}; the draft reads other layers"))
+
+    stored = stored_verifier(cfg)
+    if verifier_path is not None:
+        if not stored:
+            out.append(Finding("warning", "verifier-unrecorded", f"{CONFIG} records no verifier name_or_path; "
+                                                                 f"cannot confirm it was trained on {verifier_path}"))
+        elif not _same_path(stored, verifier_path):
+            out.append(Finding("error", "verifier-mismatch", f"checkpoint verifier {stored} != recipe verifier "
+                                                             f"{verifier_path}; serve the verifier it was trained on"))
+        elif not Path(stored).is_absolute() and Path(stored).exists():
+            out.append(Finding("warning", "verifier-relative", f"checkpoint stores a relative verifier path "
+                                                               f"{stored}; it breaks when loaded from elsewhere"))
+
+    bad = _check_weights(path)
+    if bad:
+        out.append(bad)
+    return out
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == "error"]

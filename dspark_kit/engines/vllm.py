@@ -1,0 +1,190 @@
+"""`vllm serve` plans for every role, on CUDA (vllm) and Ascend NPU (vllm-ascend).
+
+vLLM is not importable here: this module only builds the command line and the
+environment (REFERENCE §4-5), reading versions from package metadata.
+Roles: chat (plain verifier), hidden-states (extract_hidden_states +
+ExampleHiddenStatesConnector, as speculators' launch_vllm.py builds it), spec
+(verifier + DSpark draft).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dspark_kit import versions
+from dspark_kit.checkpoints import read_config, trained_slots
+from dspark_kit.engines import Role, ServerPlan
+from dspark_kit.engines.vllm_spec import choose_k, decide_window
+from dspark_kit.recipe import Recipe
+
+ENGINES = ("vllm", "vllm-ascend")
+ROLES = ("chat", "hidden-states", "spec")
+HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
+# seed article §6.1.0: the HCCL port range its regen server used
+HCCL_PORT_RANGE = "18500-18749"
+
+
+class PlanError(ValueError):
+    """One line naming the setting and the fix."""
+
+
+def compact_json(obj: Any) -> str:
+    """JSON for a CLI argument: no spaces, key order as built (deterministic)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def verifier_config(verifier: str) -> dict | None:
+    """The verifier's config: a local config.json, else the HF cache; never the network."""
+    path = Path(verifier).expanduser() / "config.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+    if Path(verifier).expanduser().is_absolute() or verifier.count("/") != 1:
+        return None  # not a hub id: nothing cached to look at
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(verifier, local_files_only=True).to_dict()
+    except Exception:  # noqa: BLE001 - not cached here
+        return None
+
+
+def num_layers_of(cfg: dict | None) -> int | None:
+    if not cfg:
+        return None
+    n = (cfg.get("text_config") or cfg).get("num_hidden_layers")
+    return n if isinstance(n, int) else None
+
+
+def engine_env(recipe: Recipe, engine: str) -> dict[str, str]:
+    devices = recipe.serve.devices
+    if engine == "vllm-ascend":
+        env = {
+            "HCCL_SOCKET_IFNAME": "lo",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "HCCL_NPU_SOCKET_PORT_RANGE": HCCL_PORT_RANGE,
+            "HCCL_OP_EXPANSION_MODE": "AIV",
+        }
+        if devices:  # NPUs are picked with ASCEND_RT_VISIBLE_DEVICES, never CUDA_VISIBLE_DEVICES
+            env["ASCEND_RT_VISIBLE_DEVICES"] = devices
+        return env
+    return {"CUDA_VISIBLE_DEVICES": devices} if devices else {}
+
+
+def hidden_states_args(recipe: Recipe, num_hidden_layers: int) -> list[str]:
+    """What speculators' launch_vllm.py adds: export targets + N, file connector, no chunked prefill."""
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": recipe.exported_layer_ids(num_hidden_layers)}
+        },
+    }
+    kv = {
+        "kv_connector": HIDDEN_STATES_CONNECTOR,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": recipe.hidden_states.storage_path},
+    }
+    return ["--speculative-config", compact_json(spec), "--kv-transfer-config", compact_json(kv),
+            "--no-enable-chunked-prefill"]
+
+
+def _installed(installed_versions: dict[str, str | None] | None, name: str) -> str | None:
+    if installed_versions is None:
+        return versions.installed(name)
+    return installed_versions.get(name)
+
+
+def spec_args(
+    recipe: Recipe,
+    engine: str,
+    checkpoint: str | Path,
+    installed_versions: dict[str, str | None] | None,
+    workdir: Path,
+    vcfg: dict | None,
+    window_support: versions.Support | None,
+) -> tuple[list[str], list[str]]:
+    ckpt = Path(checkpoint).expanduser().resolve()
+    notes: list[str] = []
+    version = _installed(installed_versions, engine)
+    gate = versions.dspark_gate(engine, version)
+    if gate.ok is False:
+        notes.append(gate.message)
+    slots = trained_slots(read_config(ckpt)) if (ckpt / "config.json").is_file() else None
+    k, k_notes = choose_k(recipe, engine, version, slots)
+    notes += k_notes
+    args = ["--speculative-config",
+            compact_json({"method": "dspark", "model": str(ckpt), "num_speculative_tokens": k})]
+    if window_support is None:
+        installed_here = engine == "vllm-ascend" and version is not None
+        window_support = versions.ascend_dspark_window_support() if installed_here else "unknown"
+    decision = decide_window(recipe, engine, workdir, "dspark", window_support, vcfg)
+    notes += decision.notes
+    if decision.window is not None:
+        args += ["--additional-config", compact_json({"draft_window_size": decision.window})]
+    return args, notes
+
+
+def plan_vllm(
+    recipe: Recipe,
+    role: Role,
+    engine: str = "vllm",
+    port: int | None = None,
+    checkpoint: str | Path | None = None,
+    installed_versions: dict[str, str | None] | None = None,
+    *,
+    num_hidden_layers: int | None = None,
+    workdir: str | Path | None = None,
+    window_support: versions.Support | None = None,
+) -> ServerPlan:
+    """A `vllm serve VERIFIER ...` plan. installed_versions None = read package metadata;
+    num_hidden_layers None = read the verifier's local config.json; window_support None =
+    inspect the installed vllm-ascend."""
+    if engine not in ENGINES:
+        raise PlanError(f"--engine {engine!r}: plan_vllm serves vllm or vllm-ascend")
+    if role not in ROLES:
+        raise PlanError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
+    from dspark_kit.tiny import resolve_verifier_path
+
+    s = recipe.serve
+    verifier = resolve_verifier_path(recipe.verifier.path)
+    vcfg = verifier_config(verifier)
+    if port is None:
+        port = s.hidden_states_port if role == "hidden-states" else s.port
+    served = recipe.verifier.served_name or verifier
+    argv = ["vllm", "serve", verifier,
+            "--served-model-name", served,
+            "--host", s.host, "--port", str(port),
+            "--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if s.max_model_len is not None:
+        argv += ["--max-model-len", str(s.max_model_len)]
+    argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}", "--seed", str(s.seed)]
+    if recipe.verifier.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    if s.compilation_config:
+        argv += ["--compilation-config", compact_json(s.compilation_config)]
+    if s.reasoning_parser and role != "hidden-states":
+        argv += ["--reasoning-parser", s.reasoning_parser]
+
+    notes: list[str] = []
+    if role == "hidden-states":
+        n = num_hidden_layers if num_hidden_layers is not None else num_layers_of(vcfg)
+        if n is None:
+            raise PlanError(f"verifier {verifier}: no config.json here (local dir or HF cache) to read "
+                            "num_hidden_layers from; run where the verifier is, or download its config")
+        argv += hidden_states_args(recipe, n)
+    elif role == "spec":
+        if checkpoint is None:
+            raise PlanError("--checkpoint: role spec needs a DSpark checkpoint directory")
+        args, spec_notes = spec_args(recipe, engine, checkpoint, installed_versions,
+                                     recipe.workdir_path(workdir), vcfg, window_support)
+        argv += args
+        notes += spec_notes
+    argv += list(s.extra_args)
+    return ServerPlan(argv=argv, host=s.host, port=port, env=engine_env(recipe, engine), notes=notes)

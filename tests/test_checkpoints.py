@@ -1,0 +1,156 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dspark_kit.checkpoints import (
+    CheckpointError,
+    complete_epochs,
+    errors,
+    resolve_checkpoint,
+    trained_slots,
+    validate_checkpoint,
+)
+from dspark_kit.recipe import recipe_from_dict
+
+N_LAYERS = 4
+
+
+def write_ckpt(path: Path, verifier: str, *, block=8, slots=None, mask=5, ids=(1, 2, 3),
+               kind="dspark", weights=True) -> Path:
+    """A checkpoint laid out like speculators 0.9.0 saves one (config keys as it writes them)."""
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "architectures": ["DSparkDraftModel"],
+        "aux_hidden_state_layer_ids": list(ids),
+        "block_size": block,
+        "mask_token_id": mask,
+        "sample_from_anchor": True,
+        "speculators_model_type": kind,
+        "speculators_config": {
+            "algorithm": kind,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": slots or block}],
+            "verifier": {"architectures": ["Qwen3ForCausalLM"], "name_or_path": verifier},
+        },
+    }
+    (path / "config.json").write_text(json.dumps(cfg))
+    if weights:
+        save_file({"fc.weight": torch.zeros(4, 4), "markov_head.markov_w1.weight": torch.ones(8, 2)},
+                  str(path / "model.safetensors"))
+    return path
+
+
+def recipe(**draft):
+    return recipe_from_dict({"draft": {"block_size": 8, **draft},
+                             "hidden_states": {"target_layer_ids": [1, 2, 3]}})
+
+
+@pytest.fixture
+def save_path(tmp_path: Path) -> Path:
+    sp = tmp_path / "checkpoints"
+    for e in (0, 1, 2):
+        write_ckpt(sp / str(e), "/v")
+    (sp / "3").mkdir()  # epoch 3 still being written: no weights yet
+    (sp / "3" / "config.json").write_text("{}")
+    os.symlink("1", sp / "checkpoint_best")
+    os.symlink("0", sp / "epoch0_end")
+    return sp
+
+
+def test_resolve_names_epochs_and_paths(save_path: Path, tmp_path: Path):
+    assert complete_epochs(save_path) == [0, 1, 2]
+    assert resolve_checkpoint(save_path) == (save_path / "1").resolve()  # checkpoint_best -> 1
+    assert resolve_checkpoint(save_path, "latest") == (save_path / "2").resolve()  # 3 is incomplete
+    assert resolve_checkpoint(save_path, "epoch0_end") == (save_path / "0").resolve()
+    assert resolve_checkpoint(save_path, 2) == (save_path / "2").resolve()
+    assert resolve_checkpoint(save_path, "2") == (save_path / "2").resolve()
+    assert resolve_checkpoint(tmp_path, str(save_path / "0")) == (save_path / "0").resolve()
+    # a checkpoint directory passed as the base is served as is
+    assert resolve_checkpoint(save_path / "2") == (save_path / "2").resolve()
+    assert resolve_checkpoint(save_path).is_absolute()
+
+
+def test_resolve_errors_list_what_exists(save_path: Path, tmp_path: Path):
+    with pytest.raises(CheckpointError, match=r"serve.checkpoint 7: .* available in .*0, 1, 2, checkpoint_best"):
+        resolve_checkpoint(save_path, 7)
+    with pytest.raises(CheckpointError, match="no complete epoch"):
+        resolve_checkpoint(tmp_path / "empty", "latest")
+    with pytest.raises(CheckpointError, match="does not exist; train first"):
+        resolve_checkpoint(tmp_path / "nothing")
+
+
+def test_trained_slots_prefers_recorded_tokens():
+    assert trained_slots({"block_size": 8, "speculators_config": {"proposal_methods": [
+        {"speculative_tokens": 8}]}}) == 8
+    assert trained_slots({"block_size": 8, "sample_from_anchor": False}) == 7
+    assert trained_slots({}) is None
+
+
+def test_valid_checkpoint_has_no_findings(tmp_path: Path):
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    ck = write_ckpt(tmp_path / "0", str(verifier))
+    assert validate_checkpoint(ck, recipe(), N_LAYERS, str(verifier)) == []
+
+
+@pytest.mark.parametrize("kwargs,rk,code", [
+    ({"kind": "dflash"}, {}, "not-dspark"),
+    ({"block": 4}, {}, "k-above-slots"),  # recipe K = 7 > 4 slots
+    ({"mask": None}, {}, "mask-missing"),
+    ({}, {"mask_token_id": 9}, "mask-mismatch"),
+    ({"ids": (1, 2)}, {}, "layer-ids"),
+    ({"weights": False}, {}, "weights-missing"),
+])
+def test_each_mismatch_is_an_error(tmp_path: Path, kwargs, rk, code):
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    ck = write_ckpt(tmp_path / "0", str(verifier), **kwargs)
+    found = errors(validate_checkpoint(ck, recipe(**rk), N_LAYERS, str(verifier)))
+    assert code in [f.code for f in found]
+
+
+def test_messages_name_both_values(tmp_path: Path):
+    ck = write_ckpt(tmp_path / "0", "/models/other", ids=(1, 2))
+    found = {f.code: f.message for f in validate_checkpoint(ck, recipe(), N_LAYERS, "/models/mine")}
+    assert "[1, 2]" in found["layer-ids"] and "[1, 2, 3]" in found["layer-ids"]
+    assert "/models/other" in found["verifier-mismatch"] and "/models/mine" in found["verifier-mismatch"]
+
+
+def test_truncated_weights_and_missing_config(tmp_path: Path):
+    ck = write_ckpt(tmp_path / "0", "/v")
+    data = (ck / "model.safetensors").read_bytes()
+    (ck / "model.safetensors").write_bytes(data[:-16])
+    assert "weights-unreadable" in [f.code for f in validate_checkpoint(ck, recipe(), N_LAYERS, "/v")]
+    (tmp_path / "1").mkdir()
+    assert [f.code for f in validate_checkpoint(tmp_path / "1", recipe(), N_LAYERS)] == ["config-missing"]
+
+
+def test_unknown_layer_count_is_a_warning(tmp_path: Path):
+    ck = write_ckpt(tmp_path / "0", "/v")
+    found = validate_checkpoint(ck, recipe(), None, "/v")
+    assert [(f.level, f.code) for f in found] == [("warning", "layers-unchecked")]
+
+
+@pytest.mark.slow
+def test_real_speculators_checkpoint_validates(tmp_path: Path):
+    """A checkpoint written by speculators itself, on a tiny random Qwen3 verifier."""
+    from speculators.models.dspark.core import DSparkDraftModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=N_LAYERS,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256)
+    verifier = tmp_path / "verifier"
+    Qwen3ForCausalLM(cfg).save_pretrained(verifier)
+    draft = DSparkDraftModel.from_training_args(
+        cfg, verifier_name_or_path=str(verifier), target_layer_ids=[1, 2, 3], block_size=8,
+        draft_vocab_size=256, mask_token_id=5, num_layers=1, draft_attn_impl="sdpa", markov_rank=8)
+    draft.save_pretrained(tmp_path / "checkpoints" / "0")
+    ck = resolve_checkpoint(tmp_path / "checkpoints", "latest")
+    assert validate_checkpoint(ck, recipe(), N_LAYERS, str(verifier)) == []
+    # and K above its 8 trained slots would be caught from the real config
+    assert trained_slots(json.loads((ck / "config.json").read_text())) == 8
+    wrong = validate_checkpoint(ck, recipe(mask_token_id=6), N_LAYERS, str(verifier))
+    assert [f.code for f in wrong] == ["mask-mismatch"]

@@ -1,0 +1,153 @@
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from test_checkpoints import write_ckpt
+from typer.testing import CliRunner
+
+from dspark_kit.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    """A recipe with a local 4-layer verifier dir and a checkpoint_best trained on it."""
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 4}))
+    workdir = tmp_path / "run"
+    ckpt = write_ckpt(workdir / "checkpoints" / "0", str(verifier))
+    os.symlink("0", workdir / "checkpoints" / "checkpoint_best")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "workdir": str(workdir),
+        "verifier": {"path": str(verifier)},
+        "draft": {"block_size": 8},
+        "hidden_states": {"target_layer_ids": [1, 2, 3]},
+        "serve": {"engine": "vllm", "port": 8123},
+    }))
+    return recipe, workdir, ckpt, verifier
+
+
+def run(*args):
+    return runner.invoke(app, ["serve", *map(str, args)])
+
+
+def test_chat_dry_run_prints_the_exact_line(setup):
+    recipe, _, _, verifier = setup
+    res = run("-r", recipe, "--role", "chat", "--engine", "vllm-ascend", "--set", "serve.devices=4,5", "--dry-run")
+    assert res.exit_code == 0, res.output
+    line = res.stdout.strip().splitlines()[-1]
+    words = shlex.split(line)
+    assert words[0] == "ASCEND_RT_VISIBLE_DEVICES=4,5" and "CUDA_VISIBLE_DEVICES=4,5" not in words
+    i = words.index("vllm")
+    assert words[i:i + 3] == ["vllm", "serve", str(verifier)]
+    assert words[words.index("--port") + 1] == "8123"
+
+
+def test_spec_dry_run_json_resolves_and_validates(setup):
+    recipe, _, ckpt, _ = setup
+    res = run("-r", recipe, "--role", "spec", "--dry-run", "--json", "--port", "9001")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["checkpoint"] == str(ckpt.resolve()) and out["findings"] == []
+    spec = json.loads(out["argv"][out["argv"].index("--speculative-config") + 1])
+    assert spec == {"method": "dspark", "model": str(ckpt.resolve()), "num_speculative_tokens": 7}
+    assert out["base_url"] == "http://127.0.0.1:9001"
+    assert out["shell_line"].endswith(shlex.join(out["argv"][-2:]))
+    assert any("version unknown" in n for n in out["notes"])  # vllm is not installed here
+
+
+def test_spec_checkpoint_errors_stop(setup):
+    recipe, workdir, _, verifier = setup
+    write_ckpt(workdir / "checkpoints" / "1", str(verifier), ids=(1, 2))
+    res = run("-r", recipe, "--role", "spec", "--checkpoint", "1", "--dry-run")
+    assert res.exit_code == 2
+    assert "layer-ids" in res.output and "vllm serve" not in res.stdout
+    res = run("-r", recipe, "--role", "spec", "--checkpoint", "5", "--dry-run")
+    assert res.exit_code == 2 and "serve.checkpoint 5" in res.output
+
+
+def test_spec_warnings_print_but_continue(setup):
+    recipe, workdir, _, verifier = setup
+    write_ckpt(workdir / "checkpoints" / "2", str(verifier), block=8)
+    res = run("-r", recipe, "--role", "spec", "--checkpoint", "latest", "--set", "draft.block_size=7", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "block-size" in res.stderr and str((workdir / "checkpoints" / "2").resolve()) in res.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--role", "leader"], "--role"),
+    (["--role", "chat", "--engine", "sglang"], "--engine"),
+    (["--role", "chat", "--checkpoint", "latest"], "--checkpoint"),
+    (["--role", "chat", "--set", "serve.port=0"], "serve.port"),
+])
+def test_bad_input_is_one_line_error(setup, args, message):
+    recipe = setup[0]
+    res = run("-r", recipe, *args, "--dry-run")
+    assert res.exit_code == 2 and message in res.output
+
+
+def test_local_engine_dispatch(setup):
+    recipe = setup[0]
+    res = run("-r", recipe, "--role", "chat", "--engine", "local", "--port", "8999", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "dspark_kit.engines.local_server" in res.stdout and "--port 8999" in res.stdout
+
+
+FAKE_VLLM = """#!{python}
+import sys, http.server
+args = sys.argv[1:]
+host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer((host, port), H).serve_forever()
+"""
+
+
+def test_serve_starts_waits_healthy_and_stops_on_ctrl_c(setup, tmp_path: Path):
+    """A stand-in `vllm` on PATH (a real HTTP server on 127.0.0.1): start, health, URL, Ctrl-C, clean stop."""
+    recipe, workdir, _, _ = setup
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vllm"
+    fake.write_text(FAKE_VLLM.format(python=sys.executable))
+    fake.chmod(0o755)
+    from dspark_kit.lifecycle import free_port
+
+    port = free_port()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_kit", "serve", "-r", str(recipe), "--role", "chat",
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=Path(__file__).parents[1], text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() is not None else url
+        assert httpx.get(url + "/health", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.time() + 5
+        while time.time() < deadline:  # the server is gone after a clean stop
+            try:
+                httpx.get(url + "/health", timeout=0.5)
+            except httpx.TransportError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("server still answering after serve exited")
+        assert (workdir / "logs" / "serve-chat.log").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

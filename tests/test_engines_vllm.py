@@ -1,0 +1,262 @@
+"""vLLM / vLLM-Ascend plans against the seed article's commands (003_*, §6.1.0, §6.1.2, §8.1, FAQ Q6)."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from dspark_kit.engines.vllm import PlanError, plan_vllm
+from dspark_kit.engines.vllm_spec import decide_window
+from dspark_kit.recipe import recipe_from_dict
+
+SEED_VERIFIER = "/mnt/cephfs/models/Qwen3-30B-A3B/Qwen/Qwen3-30B-A3B"
+SEED_LAYERS = [1, 12, 23, 34, 45]
+ASCEND_ENV = {"HCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo",
+              "HCCL_NPU_SOCKET_PORT_RANGE": "18500-18749", "HCCL_OP_EXPANSION_MODE": "AIV"}
+JSON_FLAGS = {"--speculative-config", "--kv-transfer-config", "--compilation-config", "--additional-config"}
+
+
+def flags(argv: list[str]) -> tuple[str, dict]:
+    """(model, {flag: value or True}) from `vllm serve MODEL ...` or `python -m ...api_server --model M`."""
+    if argv[:2] == ["vllm", "serve"]:
+        model, rest = argv[2], argv[3:]
+    else:
+        rest = argv[3:]
+        model = rest[rest.index("--model") + 1]
+    out: dict = {}
+    i = 0
+    while i < len(rest):
+        key = rest[i]
+        if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            value = rest[i + 1]
+            out[key] = json.loads(value) if key in JSON_FLAGS else value
+            i += 2
+        else:
+            out[key] = True
+            i += 1
+    out.pop("--model", None)
+    return model, out
+
+
+def assert_matches_seed(plan, seed_cmd: str, allowed_extra: set[str]):
+    seed_model, seed = flags(shlex.split(seed_cmd))
+    model, ours = flags(plan.argv)
+    assert model == seed_model
+    for key, value in seed.items():
+        assert ours.get(key) == value, f"{key}: ours {ours.get(key)!r} != seed {value!r}"
+    assert set(ours) - set(seed) <= allowed_extra, set(ours) - set(seed)
+
+
+def seed_recipe(**serve):
+    return recipe_from_dict({
+        "verifier": {"path": SEED_VERIFIER, "trust_remote_code": True},
+        "data": {"seq_length": 8192},
+        "draft": {"block_size": 8, "num_layers": 5},
+        "hidden_states": {"target_layer_ids": SEED_LAYERS},
+        "serve": {"engine": "vllm-ascend", **serve},
+    })
+
+
+def test_chat_service_matches_seed_6_1_0():
+    r = recipe_from_dict({
+        "verifier": {"path": SEED_VERIFIER, "served_name": "qwen3-30b-a3b", "trust_remote_code": True},
+        "serve": {"tensor_parallel_size": 2, "max_model_len": 16384, "gpu_memory_utilization": 0.9,
+                  "seed": 42, "devices": "6,7"}})
+    plan = plan_vllm(r, "chat", engine="vllm-ascend", port=8005, installed_versions={})
+    seed = (f"python -m vllm.entrypoints.openai.api_server --model {SEED_VERIFIER} "
+            "--served-model-name qwen3-30b-a3b --tensor-parallel-size 2 --port 8005 --max-model-len 16384 "
+            "--trust-remote-code --gpu-memory-utilization 0.9 --seed 42")
+    assert_matches_seed(plan, seed, {"--host"})
+    assert plan.env == {**ASCEND_ENV, "ASCEND_RT_VISIBLE_DEVICES": "6,7"}
+    assert plan.port == 8005 and plan.notes == []
+
+
+def test_hidden_state_server_matches_seed_6_1_2(tmp_path: Path):
+    # the verifier's config comes from a local config.json (48 layers, qwen3_moe): no hub
+    verifier = tmp_path / "Qwen3-30B-A3B"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_hidden_layers": 48}))
+    r = seed_recipe(tensor_parallel_size=2, devices="0,1",
+                    compilation_config={"cudagraph_capture_sizes": [2, 4, 8, 16], "cudagraph_mode": "PIECEWISE"})
+    r.verifier.path = str(verifier)
+    plan = plan_vllm(r, "hidden-states", engine="vllm-ascend", installed_versions={})
+    # what speculators' launch_vllm.py builds from the seed's invocation (--include-last-layer appends 48)
+    seed = (f"vllm serve {verifier} --tensor-parallel-size 2 --trust-remote-code --port 9736 "
+            """--compilation-config '{"cudagraph_capture_sizes":[2,4,8,16],"cudagraph_mode":"PIECEWISE"}' """
+            "--seed 42 --no-enable-chunked-prefill "
+            """--speculative-config '{"method":"extract_hidden_states","num_speculative_tokens":1,"""
+            """"draft_model_config":{"hf_config":{"eagle_aux_hidden_state_layer_ids":[1,12,23,34,45,48]}}}' """
+            """--kv-transfer-config '{"kv_connector":"ExampleHiddenStatesConnector","kv_role":"kv_producer","""
+            """"kv_connector_extra_config":{"shared_storage_path":"/tmp/hidden_states"}}'""")
+    assert_matches_seed(plan, seed, {"--host", "--served-model-name", "--gpu-memory-utilization"})
+    # compact, deterministic JSON: byte-identical to the seed's spelling
+    assert '{"cudagraph_capture_sizes":[2,4,8,16],"cudagraph_mode":"PIECEWISE"}' in plan.argv
+    assert plan.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in plan.env
+    # explicit layer count wins and changes the exported last layer
+    other = plan_vllm(r, "hidden-states", engine="vllm-ascend", num_hidden_layers=50, installed_versions={})
+    assert flags(other.argv)[1]["--speculative-config"]["draft_model_config"]["hf_config"][
+        "eagle_aux_hidden_state_layer_ids"] == [*SEED_LAYERS, 50]
+
+
+def test_hidden_states_needs_a_layer_count():
+    with pytest.raises(PlanError, match="num_hidden_layers"):
+        plan_vllm(seed_recipe(), "hidden-states", engine="vllm", installed_versions={})
+
+
+def test_spec_serve_matches_seed_8_1(tmp_path: Path):
+    ckpt = tmp_path / "checkpoints" / "1"
+    ckpt.mkdir(parents=True)
+    r = seed_recipe(tensor_parallel_size=2, gpu_memory_utilization=0.85, max_model_len=8192, enforce_eager=True,
+                    draft_window_size="off")
+    r.verifier.served_name = "qwen3-30b-a3b"
+    plan = plan_vllm(r, "spec", engine="vllm-ascend", port=8014, checkpoint=ckpt,
+                     installed_versions={"vllm-ascend": "0.24.0rc1"})
+    seed = (f"vllm serve {SEED_VERIFIER} --port 8014 --served-model-name qwen3-30b-a3b "
+            "--tensor-parallel-size 2 --gpu-memory-utilization 0.85 --max-model-len 8192 --enforce-eager "
+            f"--trust-remote-code --speculative-config "
+            f"""'{{"method":"dspark","model":"{ckpt.resolve()}","num_speculative_tokens":7}}'""")
+    assert_matches_seed(plan, seed, {"--host", "--seed"})
+    assert plan.notes == []
+
+
+def test_spec_serve_matches_seed_faq_q6(tmp_path: Path):
+    save = tmp_path / "checkpoints"
+    for e in (0, 1):
+        (save / str(e)).mkdir(parents=True)
+        (save / str(e) / "config.json").write_text(json.dumps({"block_size": 8}))
+        (save / str(e) / "model.safetensors").write_bytes(b"")
+    from dspark_kit.checkpoints import resolve_checkpoint
+
+    latest = resolve_checkpoint(save, "latest")
+    r = seed_recipe(tensor_parallel_size=2, max_model_len=40960, reasoning_parser="qwen3",
+                    compilation_config={"cudagraph_capture_sizes": [7, 8], "cudagraph_mode": "PIECEWISE"},
+                    draft_window_size="off")
+    plan = plan_vllm(r, "spec", engine="vllm-ascend", port=8646, checkpoint=latest,
+                     installed_versions={"vllm-ascend": "0.24.0rc1"})
+    seed = (f"vllm serve {SEED_VERIFIER}/ --tensor-parallel-size 2 --port 8646 --max-model-len 40960 "
+            "--trust-remote-code --reasoning-parser qwen3 "
+            """--compilation-config '{"cudagraph_capture_sizes":[7, 8],"cudagraph_mode":"PIECEWISE"}' """
+            f"""--speculative-config '{{"method":"dspark","model":"{save / '1'}","num_speculative_tokens":7}}'""")
+    seed = seed.replace(f"{SEED_VERIFIER}/", SEED_VERIFIER, 1)
+    assert_matches_seed(plan, seed, {"--host", "--seed", "--served-model-name", "--gpu-memory-utilization"})
+    # 40960 > the 8192 training window, full-attention draft, no window: the long-context warning
+    assert any("max_model_len 40960 > training window 8192" in n for n in plan.notes)
+
+
+def test_trust_remote_code_and_cuda_env():
+    r = seed_recipe(devices="2,3")
+    r.verifier.trust_remote_code = False
+    plan = plan_vllm(r, "chat", engine="vllm", installed_versions={})
+    assert "--trust-remote-code" not in plan.argv
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    r.serve.reasoning_parser = "qwen3"
+    assert "--reasoning-parser" in plan_vllm(r, "chat", engine="vllm", installed_versions={}).argv
+    assert "--reasoning-parser" not in plan_vllm(r, "hidden-states", engine="vllm", num_hidden_layers=48,
+                                                 installed_versions={}).argv
+    r.serve.extra_args = ["--max-num-seqs", "16"]
+    assert plan_vllm(r, "chat", engine="vllm", installed_versions={}).argv[-2:] == ["--max-num-seqs", "16"]
+
+
+@pytest.mark.parametrize("version,k,noted", [
+    ("0.26.0", 8, True),  # PR 47419 guard: K below the block is rejected
+    ("0.25.2", 7, False),
+    ("0.27.1", 7, False),
+    (None, 7, True),  # unknown: keep the recipe's K, say so
+])
+def test_k_follows_installed_cuda_vllm(tmp_path: Path, version, k, noted):
+    plan = plan_vllm(seed_recipe(), "spec", engine="vllm", checkpoint=tmp_path,
+                     installed_versions={"vllm": version})
+    spec = flags(plan.argv)[1]["--speculative-config"]
+    assert spec == {"method": "dspark", "model": str(tmp_path.resolve()), "num_speculative_tokens": k}
+    assert any("num_speculative_tokens" in n for n in plan.notes) is noted
+
+
+def test_old_vllm_gets_a_gate_note(tmp_path: Path):
+    plan = plan_vllm(seed_recipe(), "spec", engine="vllm", checkpoint=tmp_path, installed_versions={"vllm": "0.23.1"})
+    assert any("lacks speculative method dspark" in n for n in plan.notes)
+
+
+# ---- draft_window_size rules, case by case ---------------------------------
+
+def window(tmp_path, setting, engine="vllm-ascend", support="yes", method="dspark", vcfg=None, **recipe_over):
+    data = {"data": {"seq_length": 4096}, "serve": {"draft_window_size": setting}}
+    for k, v in recipe_over.items():
+        section, key = k.split("__")
+        data.setdefault(section, {})[key] = v
+    return decide_window(recipe_from_dict(data), engine, tmp_path, method, support, vcfg)
+
+
+def test_window_int_at_or_above_training_window(tmp_path):
+    d = window(tmp_path, 4096)
+    assert d.window == 4096 and d.notes == []
+
+
+def test_window_below_training_window_warns(tmp_path):
+    d = window(tmp_path, 1024)
+    assert d.window == 1024 and any("1024 < training window 4096" in n for n in d.notes)
+
+
+def test_window_auto_uses_tune_result_then_training_window(tmp_path):
+    assert window(tmp_path, "auto").window == 4096
+    sliding = window(tmp_path, "auto", draft__attention="sliding", draft__sliding_window=512)
+    assert sliding.window == 512  # training window of a sliding-window draft
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "window_tune.json").write_text(json.dumps({"recommended_window": 6144}))
+    d = window(tmp_path, "auto")
+    assert d.window == 6144 and any("window_tune.json" in n for n in d.notes)
+
+
+def test_window_off_and_mtp_omit(tmp_path):
+    assert window(tmp_path, "off").window is None
+    d = window(tmp_path, 4096, method="mtp")
+    assert d.window is None and any("mtp" in n for n in d.notes)
+
+
+def test_window_deepseek_v4_native_draft_warns(tmp_path):
+    d = window(tmp_path, 4096, vcfg={"model_type": "deepseek_v4"})
+    assert d.window == 4096 and any("DeepSeek-V4" in n for n in d.notes)
+    assert not any("DeepSeek-V4" in n for n in window(tmp_path, 4096, vcfg={"model_type": "qwen3_moe"}).notes)
+
+
+def test_window_needs_the_dspark_apply_point(tmp_path):
+    d = window(tmp_path, 4096, support="no")
+    assert d.window is None and any("14596" in n for n in d.notes)
+    d = window(tmp_path, 4096, support="unknown")
+    assert d.window == 4096 and any("could not check" in n for n in d.notes)
+
+
+def test_cuda_never_gets_a_window(tmp_path):
+    d = window(tmp_path, 2048, engine="vllm")
+    assert d.window is None
+    assert sum("ignored" in n for n in d.notes) == 1
+    assert window(tmp_path, "auto", engine="vllm").notes == []
+
+
+def test_long_context_warning_only_without_sliding_layers(tmp_path):
+    d = window(tmp_path, "auto", engine="vllm", serve__max_model_len=32768)
+    assert any("32768 > training window 4096" in n for n in d.notes)
+    d = window(tmp_path, "auto", engine="vllm", serve__max_model_len=32768,
+               draft__attention="sliding", draft__sliding_window=1024)
+    assert not any("max_model_len" in n for n in d.notes)
+    assert window(tmp_path, "auto", engine="vllm", serve__max_model_len=4096).notes == []
+
+
+def test_plan_carries_the_window_only_on_ascend(tmp_path: Path):
+    r = seed_recipe(draft_window_size=8192)
+    plan = plan_vllm(r, "spec", engine="vllm-ascend", checkpoint=tmp_path, window_support="yes",
+                     installed_versions={"vllm-ascend": "0.24.0rc1"})
+    i = plan.argv.index("--additional-config")
+    assert plan.argv[i + 1] == '{"draft_window_size":8192}'
+    cuda = plan_vllm(r, "spec", engine="vllm", checkpoint=tmp_path, installed_versions={"vllm": "0.25.0"})
+    assert "--additional-config" not in cuda.argv
+    no_apply = plan_vllm(r, "spec", engine="vllm-ascend", checkpoint=tmp_path, window_support="no",
+                         installed_versions={"vllm-ascend": "0.24.0rc1"})
+    assert "--additional-config" not in no_apply.argv
+
+
+def test_spec_needs_a_checkpoint_and_valid_names():
+    with pytest.raises(PlanError, match="--checkpoint"):
+        plan_vllm(seed_recipe(), "spec", engine="vllm", installed_versions={})
+    with pytest.raises(PlanError, match="--engine"):
+        plan_vllm(seed_recipe(), "chat", engine="sglang")
