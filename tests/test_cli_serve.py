@@ -129,7 +129,7 @@ def test_serve_starts_waits_healthy_and_stops_on_ctrl_c(setup, tmp_path: Path):
     port = free_port()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.Popen([sys.executable, "-m", "dspark_kit", "serve", "-r", str(recipe), "--role", "chat",
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                             "--port", str(port), "--set", "serve.startup_timeout=30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=Path(__file__).parents[1], text=True)
     try:
         url = proc.stdout.readline().strip()
