@@ -1,0 +1,240 @@
+"""speculators fix registry: probes pass on 0.9.0, catch the pre-fix code, patches repair it."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_kit import patches
+
+speculators = pytest.importorskip("speculators")
+
+
+@pytest.fixture()
+def mp(monkeypatch):
+    """monkeypatch whose undo runs after our patches are reverted (ordering matters)."""
+    yield monkeypatch
+    patches.revert_all()
+
+
+def _probe(name: str, device: str = "cpu") -> patches.ProbeResult:
+    fix = next(f for f in patches.FIXES if f.name == name)
+    return patches._run_probe(fix, device)
+
+
+def _old_version(func, old: str, new: str):
+    """Rebuild `func` from its source with `old` replaced: the pre-fix speculators code."""
+    source = textwrap.dedent(inspect.getsource(func))
+    assert old in source, f"speculators changed: {old!r} not in {func.__qualname__}"
+    source = source.replace(old, new)
+    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))
+    namespace = dict(sys.modules[func.__module__].__dict__)
+    exec(compile(source, f"<pre-fix {func.__qualname__}>", "exec"), namespace)  # noqa: S102
+    return namespace[func.__name__]
+
+
+def _random_block_case(blocks=3, block=4, vocab=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, blocks * block, vocab, generator=gen) * 3
+    targets = torch.randn(1, blocks * block, vocab, generator=gen) * 3
+    targets[..., :3] += logits[..., :3]  # some agreement so prefixes are not all empty
+    mask = (torch.rand(1, blocks * block, generator=gen) > 0.2).float()
+    conf = torch.randn(1, blocks * block, generator=gen)
+    return logits, targets, conf, mask
+
+
+def _metrics_now(logits, targets, conf, mask, block=4):
+    from speculators.losses import resolve_loss_config
+    from speculators.models.dspark import metrics
+
+    return metrics.compute_metrics(
+        logits, targets, conf, mask, block,
+        loss_config=resolve_loss_config('{"ce": 0.7, "tv": 0.3}', "eager"),
+        tv_loss_fn=resolve_loss_config("tv", "eager")["tv"][0],
+        sample_from_anchor=True,
+    )  # fmt: skip
+
+
+def test_model_probes_pass_on_installed_speculators():
+    for result in patches.probe_all("cpu")[:3]:
+        assert result.ok, result
+
+
+def test_pos0_decay_probe_catches_old_decay_and_patch_restores_loss(mp):
+    from speculators.models.dspark import metrics
+
+    case = _random_block_case()
+    reference_loss, _ = _metrics_now(*case)
+
+    def dflash_only_decay(pos_idx, gamma, **_kwargs):  # pre-PR#798: slot 0 weight 0
+        w = torch.exp(-((pos_idx - 1).clamp(min=0)) / gamma)
+        return w * (pos_idx != 0).to(w.dtype)
+
+    mp.setattr(metrics, "dflash_loss_decay", dflash_only_decay)
+    assert not _probe("pos0-decay").ok
+    assert float(_metrics_now(*case)[0]) != pytest.approx(float(reference_loss))
+    assert "pos0-decay" in patches.apply_for_training("cpu")
+    assert _probe("pos0-decay").ok
+    assert float(_metrics_now(*case)[0]) == pytest.approx(float(reference_loss), rel=1e-6)
+
+
+def test_markov_probe_catches_shifted_prev_tokens_and_patch_unshifts(mp):
+    from speculators.models.dspark.core import DSparkDraftModel
+
+    shifted = _old_version(
+        DSparkDraftModel.forward,
+        "    prev_token_ids = block_tokens\n",
+        "    prev_token_ids = torch.cat([block_tokens[:, :1], block_tokens[:, :-1]], dim=1)\n",
+    )
+    mp.setattr(DSparkDraftModel, "forward", shifted)
+    result = _probe("markov-prev-token")
+    assert not result.ok, result
+    assert "markov-prev-token" in patches.apply_for_training("cpu")
+    assert _probe("markov-prev-token").ok
+
+
+def test_slot0_metrics_probe_catches_skipped_slot0_and_patch_recounts(mp):
+    from speculators.models.dspark import core, metrics
+
+    case = _random_block_case()
+    _, reference = _metrics_now(*case)
+    skip_slot0 = _old_version(
+        metrics.compute_metrics,
+        "start_pos = 0 if sample_from_anchor else 1",
+        "start_pos = 1  # pre-PR#805: DFlash slot-0 skip",
+    )
+    mp.setattr(metrics, "compute_metrics", skip_slot0)
+    mp.setattr(core, "compute_metrics", skip_slot0)
+    assert not _probe("slot0-metrics").ok
+    assert "slot0-metrics" in patches.apply_for_training("cpu")
+    assert _probe("slot0-metrics").ok
+    _, repaired = _metrics_now(*case)
+    for key in ("accept_len", "eal", "full_acc", "position_0_acc", "confidence_cumprod_bias"):
+        got = float(repaired[f"{key}_sum"] / repaired[f"{key}_total"])
+        want = float(reference[f"{key}_sum"] / reference[f"{key}_total"])
+        assert got == pytest.approx(want, abs=1e-5), key
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="checks the cpu-only behaviour")
+def test_cpu_device_patches_are_exactly_the_reference_set(mp):
+    before = {r.name: r.ok for r in patches.probe_all("cpu")}
+    applied = patches.apply_for_training("cpu")
+    assert set(applied) == {n for n, ok in before.items() if not ok}
+    assert {"device-local-rank", "device-trainer-type", "device-checkpointer"} <= set(applied)
+    assert all(r.ok for r in patches.probe_all("cpu"))
+    assert patches.apply_for_training("cpu") == []  # idempotent
+    from speculators.train import checkpointer, trainer
+
+    assert trainer.get_local_rank() == "cpu"
+    assert checkpointer.get_current_device() == "cpu"
+    torch.accelerator.synchronize()  # no-op instead of an error
+    patches.revert_all()
+    assert not _probe("device-local-rank").ok
+
+
+def test_a_crashing_probe_is_reported_not_raised(mp):
+    from speculators.models.dspark import metrics
+
+    mp.setattr(metrics, "compute_metrics", lambda *a, **k: 1 / 0)
+    result = _probe("slot0-metrics")
+    assert not result.ok and "ZeroDivisionError" in result.detail
+
+
+# ---- real speculators training on CPU after apply_for_training("cpu") ------
+
+TRAIN_SCRIPT = """
+import sys
+from dspark_kit.patches import apply_for_training
+print("APPLIED", apply_for_training("cpu"), flush=True)
+from speculators.train.cli import main
+from speculators.train.config import TrainConfig
+main(TrainConfig.resolve(sys.argv[1:]))
+"""
+
+
+def _write_tiny_dataset(out: Path, verifier: Path, rows: int = 16) -> list[int]:
+    """prepared rows + hidden states in the vLLM layer-id convention (ids 1,2,3 + N=4)."""
+    from datasets import Dataset
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dspark_kit.chat import encode, render
+    from dspark_kit.tiny_data import conversations
+
+    tok = AutoTokenizer.from_pretrained(verifier)
+    model = AutoModelForCausalLM.from_pretrained(verifier, dtype=torch.float32).eval()
+    n = model.config.num_hidden_layers
+    targets = [1, 2, 3]
+    last_layer_out = {}
+    model.model.layers[-1].register_forward_hook(
+        lambda _m, _i, out: last_layer_out.__setitem__(
+            "h", out[0] if isinstance(out, tuple) else out
+        )
+    )
+    columns = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    (out / "hidden_states").mkdir(parents=True)
+    for i, chat in enumerate(conversations(rows, seed=3)):
+        prompt = encode(tok, render(tok, chat[:1], False, add_generation_prompt=True))
+        ids = encode(tok, render(tok, chat[:2], False))[:128]
+        mask = [0] * len(prompt) + [1] * (len(ids) - len(prompt))
+        with torch.no_grad():
+            hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        layers = [hs[k][0] for k in targets] + [last_layer_out["h"].reshape(len(ids), -1)]
+        stacked = torch.stack(layers, dim=1).to(torch.bfloat16).contiguous()
+        assert stacked.shape == (len(ids), len(targets) + 1, model.config.hidden_size)
+        save_file(
+            {"hidden_states": stacked, "token_ids": torch.tensor(ids, dtype=torch.int64)},
+            str(out / "hidden_states" / f"hs_{i}.safetensors"),
+        )
+        columns["input_ids"].append(ids)
+        columns["loss_mask"].append(mask)
+        columns["seq_len"].append(len(ids))
+    dataset = Dataset.from_dict(columns)
+    dataset.set_format(
+        type="torch"
+    )  # speculators reads torch-formatted rows (as prepare-data saves)
+    dataset.save_to_disk(str(out))
+    assert n == 4
+    return targets
+
+
+@pytest.mark.slow
+def test_real_speculators_training_runs_on_cpu_after_patches(tmp_path, tiny_verifier):
+    from transformers import AutoTokenizer
+
+    data = tmp_path / "prepared"
+    targets = _write_tiny_dataset(data, tiny_verifier)
+    mask_id = AutoTokenizer.from_pretrained(tiny_verifier).convert_tokens_to_ids("<|MASK|>")
+    save = tmp_path / "checkpoints"
+    argv = [
+        "--verifier-name-or-path", str(tiny_verifier), "--data-path", str(data),
+        "--save-path", str(save), "--speculator-type", "dspark",
+        "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--optimizer", "adamw",
+        "--epochs", "1", "--num-layers", "1", "--block-size", "4", "--max-anchors", "16",
+        "--total-seq-len", "128", "--num-workers", "0", "--log-dir", str(tmp_path / "logs"),
+        "--full-attention-indices", "0", "--mask-token-id", str(mask_id),
+        "--target-layer-ids", *map(str, targets), "--loss-fn", '{"ce": 0.7, "tv": 0.3}',
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-c", TRAIN_SCRIPT, *argv],
+        check=False, capture_output=True, text=True, env=env, timeout=180,
+    )  # fmt: skip
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "device-local-rank" in proc.stdout, tail
+    checkpoint = save / "0"
+    assert (checkpoint / "model.safetensors").exists(), tail
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["block_size"] == 4 and config["speculators_model_type"] == "dspark"
+    assert time.time() - t0 < 120
