@@ -26,6 +26,8 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "recipe_cmd",
     "stages",
+    "bench",
+    "report",
     "serve",
 ]
 

@@ -1,0 +1,327 @@
+"""Load generator for an OpenAI-compatible chat server (vLLM, vLLM-Ascend, local).
+
+Streams responses so TTFT and TPOT are real, counts output tokens from the
+final usage chunk, and reads speculative-decoding acceptance from `/metrics`
+deltas (scraped before and after the run). A server that ignores `stream`
+and answers with one JSON body still works: TTFT is then the full latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dspark_kit.conversations import ConversationError, normalize
+from dspark_kit.prom import MetricsError, spec_decode_delta
+from dspark_kit.recipe import Recipe
+
+SCHEMA = "dspark-kit.bench/1"
+BUILTIN_DATASET = "builtin"
+BUILTIN_SEED = 9173  # not the corpus seed the tiny verifier was trained on
+
+
+class BenchError(RuntimeError):
+    """One line naming the flag / server problem and the fix."""
+
+
+# ---- prompts ---------------------------------------------------------------
+
+
+def _first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """System turns + the first user turn: what the verifier answers from scratch."""
+    out = []
+    for m in messages:
+        out.append(m)
+        if m["role"] == "user":
+            return out
+    return out
+
+
+def load_prompts(dataset: str, num_prompts: int, seed: int = 0) -> list[list[dict[str, str]]]:
+    """`builtin` (shipped tiny corpus) or a jsonl of chat rows (regen output, OpenAI messages)."""
+    if dataset == BUILTIN_DATASET:
+        from dspark_kit.tiny_data import conversations
+
+        return [_first_turn(c) for c in conversations(num_prompts, seed=BUILTIN_SEED + seed)]
+    path = Path(dataset)
+    if not path.is_file():
+        raise BenchError(f"--dataset {dataset}: file not found (pass a regen .jsonl or 'builtin')")
+    prompts = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            prompts.append(_first_turn(normalize(json.loads(line))))
+        except (json.JSONDecodeError, ConversationError):
+            continue  # unusable rows are skipped, as in prepare
+    if not prompts:
+        raise BenchError(f"--dataset {dataset}: no usable chat rows (need conversations/messages/prompt)")
+    random.Random(seed).shuffle(prompts)
+    return prompts[:num_prompts]
+
+
+# ---- one request -------------------------------------------------------------
+
+
+@dataclass
+class RequestRecord:
+    ok: bool = False
+    error: str | None = None
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    streamed: bool = False
+    itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.ttft_s is None or self.output_tokens < 1:
+            return None
+        if not self.streamed:  # no first-token time: whole latency over all tokens
+            return self.latency_s / self.output_tokens
+        if self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def _delta_text(choice: dict) -> str:
+    delta = choice.get("delta") or choice.get("message") or {}
+    parts = [delta.get(k) for k in ("content", "reasoning_content", "reasoning")]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def _apply_usage(rec: RequestRecord, usage: dict | None) -> None:
+    if usage:
+        rec.output_tokens = int(usage.get("completion_tokens") or 0)
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+
+
+async def chat_request(client: httpx.AsyncClient, url: str, payload: dict) -> RequestRecord:
+    """POST one chat completion, streamed when the server streams."""
+    rec = RequestRecord()
+    start = time.perf_counter()
+    last = start
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=payload) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode(errors="replace")[:200]
+                rec.error = f"HTTP {resp.status_code}: {body}"
+                return rec
+            if "text/event-stream" not in resp.headers.get("content-type", ""):
+                data = json.loads(await resp.aread())
+                rec.latency_s = time.perf_counter() - start
+                rec.ttft_s = rec.latency_s
+                _apply_usage(rec, data.get("usage"))
+                rec.ok = True
+                return rec
+            rec.streamed = True
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data_str = line[5:].strip()
+                if data_str == "[DONE]":
+                    break
+                event = json.loads(data_str)
+                if "error" in event:
+                    rec.error = str(event["error"])[:200]
+                    return rec
+                now = time.perf_counter()
+                if any(_delta_text(c) for c in event.get("choices") or []):
+                    chunks += 1
+                    if rec.ttft_s is None:
+                        rec.ttft_s = now - start
+                    else:
+                        rec.itl_s.append(now - last)
+                    last = now
+                _apply_usage(rec, event.get("usage"))
+        rec.latency_s = time.perf_counter() - start
+        if rec.ttft_s is None:
+            rec.ttft_s = rec.latency_s
+        if rec.output_tokens == 0:  # no usage chunk: one token per chunk is the best guess
+            rec.output_tokens = chunks
+        rec.ok = True
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        rec.error = f"{type(e).__name__}: {e}"[:200]
+    return rec
+
+
+# ---- the run -----------------------------------------------------------------
+
+
+def _rejects_streaming(rec: RequestRecord) -> bool:
+    """A 400 that names `stream`: the server only answers whole JSON bodies."""
+    return bool(rec.error and rec.error.startswith("HTTP 400") and "stream" in rec.error.lower())
+
+
+async def _scrape(client: httpx.AsyncClient, base_url: str) -> str | None:
+    try:
+        r = await client.get(f"{base_url}/metrics")
+    except httpx.HTTPError:
+        return None
+    return r.text if r.status_code == 200 else None
+
+
+async def _pick_model(client: httpx.AsyncClient, base_url: str, preferred: str) -> str:
+    """The recipe's served name when the server lists it, else the server's first model."""
+    try:
+        r = await client.get(f"{base_url}/v1/models")
+        ids = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        ids = []
+    return preferred if preferred in ids or not ids else ids[0]
+
+
+async def run_load(base_url: str, model: str | None, prompts: list[list[dict[str, str]]], *,
+                   concurrency: int, max_tokens: int, temperature: float, thinking: bool,
+                   timeout: float = 600.0) -> dict[str, Any]:
+    """Send every prompt with at most `concurrency` in flight; returns records + metrics."""
+    base_url = base_url.rstrip("/")
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        try:
+            await client.get(f"{base_url}/v1/models", timeout=10)
+        except httpx.HTTPError as e:
+            raise BenchError(f"--base-url {base_url}: server not reachable ({type(e).__name__}); "
+                             "start it with `dspark-kit serve` or pass the right --base-url") from None
+        model = model or await _pick_model(client, base_url, "")
+        before = await _scrape(client, base_url)
+        sem = asyncio.Semaphore(concurrency)
+        use_stream = [True]  # flipped once if the server rejects streaming
+
+        async def one(msgs: list[dict[str, str]]) -> RequestRecord:
+            payload = {
+                "model": model, "messages": msgs, "max_tokens": max_tokens,
+                "temperature": temperature,
+                "chat_template_kwargs": {"enable_thinking": thinking},
+            }
+            streamed = {"stream": True, "stream_options": {"include_usage": True}}
+            url = f"{base_url}/v1/chat/completions"
+            async with sem:
+                if use_stream[0]:
+                    rec = await chat_request(client, url, payload | streamed)
+                    if not _rejects_streaming(rec):
+                        return rec
+                    use_stream[0] = False
+                return await chat_request(client, url, payload)
+
+        t0 = time.perf_counter()
+        records = await asyncio.gather(*(one(p) for p in prompts))
+        duration = time.perf_counter() - t0
+        after = await _scrape(client, base_url)
+    spec = spec_decode_delta(before, after) if before is not None and after is not None else None
+    return {"model": model, "records": records, "duration_s": duration,
+            "spec_decode": spec, "metrics_available": after is not None}
+
+
+def _stats(prefix: str, values_s: list[float]) -> dict[str, float | None]:
+    ms = sorted(v * 1000.0 for v in values_s)
+    if not ms:
+        return {f"mean_{prefix}_ms": None, f"median_{prefix}_ms": None, f"p99_{prefix}_ms": None}
+    p99 = ms[min(len(ms) - 1, max(0, round(0.99 * (len(ms) - 1))))]
+    return {f"mean_{prefix}_ms": statistics.fmean(ms), f"median_{prefix}_ms": statistics.median(ms),
+            f"p99_{prefix}_ms": p99}
+
+
+def summarize(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:
+    ok = [r for r in records if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    summary: dict[str, Any] = {
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "errors": sorted({r.error for r in records if r.error})[:5],
+        "duration_s": duration_s,
+        "total_input_tokens": sum(r.prompt_tokens for r in ok),
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration_s if duration_s > 0 else None,
+        "output_throughput": out_tokens / duration_s if duration_s > 0 else None,
+        "streamed": bool(ok) and all(r.streamed for r in ok),
+    }
+    summary |= _stats("ttft", [r.ttft_s for r in ok if r.ttft_s is not None])
+    summary |= _stats("tpot", [t for r in ok if (t := r.tpot_s) is not None])
+    summary |= _stats("itl", [g for r in ok for g in r.itl_s])
+    summary |= _stats("e2el", [r.latency_s for r in ok])
+    return summary
+
+
+def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = None,
+              out_dir: str | Path | None = None, *, num_prompts: int | None = None,
+              concurrency: int | None = None, max_tokens: int | None = None,
+              dataset: str = BUILTIN_DATASET, model: str | None = None) -> dict[str, Any]:
+    """Benchmark a running server; writes `<out_dir>/bench_<label>.json` + `.md`, returns the result."""
+    b = recipe.bench
+    base_url = (base_url or f"http://{recipe.serve.host}:{recipe.serve.port}").rstrip("/")
+    label = label or recipe.name
+    if not label.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise BenchError(f"--label {label!r}: use letters, digits, '-', '_' or '.' (it names the output file)")
+    n = num_prompts or b.num_prompts
+    conc = concurrency or b.concurrency
+    max_tok = max_tokens or b.max_tokens
+    prompts = load_prompts(dataset, n)
+
+    async def _go() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=10) as c:
+            chosen = model or await _pick_model(c, base_url, recipe.served_model_name)
+        return await run_load(base_url, chosen, prompts, concurrency=conc, max_tokens=max_tok,
+                              temperature=b.temperature, thinking=recipe.verifier.thinking)
+
+    try:
+        load = asyncio.run(_go())
+    except httpx.HTTPError as e:
+        raise BenchError(f"--base-url {base_url}: {type(e).__name__}: {e}") from None
+    except MetricsError as e:
+        raise BenchError(str(e)) from None
+    result: dict[str, Any] = {
+        "schema": SCHEMA, "source": "dspark-kit", "label": label, "base_url": base_url,
+        "model": load["model"], "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "dataset": dataset, "num_prompts": len(prompts), "concurrency": conc,
+        "max_tokens": max_tok, "temperature": b.temperature, "thinking": recipe.verifier.thinking,
+        "num_speculative_tokens": recipe.num_speculative_tokens,
+        "metrics_available": load["metrics_available"], "spec_decode": load["spec_decode"],
+    }
+    result |= summarize(load["records"], load["duration_s"])
+    if result["completed"] == 0:
+        raise BenchError(f"bench: all {len(prompts)} requests failed ({'; '.join(result['errors'])}); "
+                         "check the server log and the model name")
+    out = Path(out_dir) if out_dir else recipe.workdir_path() / "bench"
+    write_result(result, out)
+    return result
+
+
+def write_result(result: dict[str, Any], out_dir: Path) -> Path:
+    """`bench_<label>.json` + `.md` in out_dir (temp file then rename)."""
+    from dspark_kit.report import bench_markdown
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"bench_{result['label']}.json"
+    for target, text in ((path, json.dumps(result, indent=2)),
+                         (path.with_suffix(".md"), bench_markdown([result]))):
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(text + "\n")
+        tmp.replace(target)
+    return path
+
+
+def stage_bench(recipe: Recipe, workdir: Path) -> dict[str, Any]:
+    """Pipeline stage: serve verifier + draft (role spec) on a free port, benchmark it, stop it."""
+    import re
+
+    from dspark_kit.lifecycle import free_port
+    from dspark_kit.servers import running_server
+
+    label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(recipe.serve.checkpoint).name) or "spec"
+    with running_server(recipe, "spec", workdir, port=free_port()) as url:
+        r = run_bench(recipe, url, label=f"spec-{label}", out_dir=Path(workdir) / "bench")
+    spec = r["spec_decode"] or {}
+    return {"acceptance_length": spec.get("acceptance_length"), "output_throughput": r["output_throughput"],
+            "mean_tpot_ms": r["mean_tpot_ms"], "path": str(Path(workdir) / "bench" / f"bench_{r['label']}.json")}

@@ -1,0 +1,85 @@
+"""`dspark-kit bench` and `dspark-kit bench --compare`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dspark_kit.cli.common import (
+    DEFAULT_RECIPE_PATH,
+    JsonOpt,
+    RecipeOpt,
+    SetOpt,
+    emit_json,
+    fail,
+    load,
+)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        files: Annotated[list[Path] | None, typer.Argument(
+            help="With --compare: bench JSON files (ours or `vllm bench serve --save-result`).")] = None,
+        recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
+        set_: SetOpt = None,
+        base_url: Annotated[str | None, typer.Option(
+            "--base-url", help="Running server, e.g. http://127.0.0.1:8000 (default: recipe serve.host:port).")] = None,
+        num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1, help="Default: bench.num_prompts.")] = None,
+        concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Requests in flight (default: bench.concurrency).")] = None,
+        max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Per request (default: bench.max_tokens).")] = None,
+        dataset: Annotated[str, typer.Option(
+            "--dataset", help="'builtin' (shipped tiny prompts) or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
+        label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
+        out: Annotated[Path | None, typer.Option(
+            "--out", help="Output dir (default <workdir>/bench); with --compare a .md file or a dir.")] = None,
+        compare: Annotated[bool, typer.Option(
+            "--compare", help="Compare result files instead of benchmarking: prints a markdown table; --out also writes it + a per-position PNG.")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Benchmark a running chat server: throughput, TTFT/TPOT/ITL and spec-decode acceptance.
+
+        Acceptance comes from /metrics counter deltas (vllm:spec_decode_*), scraped
+        before and after: acceptance length = 1 + accepted / drafts. Start the server
+        first (`dspark-kit serve`), then e.g.:
+
+          dspark-kit bench -r recipes/tiny-cpu.yaml --label ckpt1
+
+          dspark-kit bench --compare runs/x/bench/bench_ckpt0.json runs/x/bench/bench_ckpt1.json --out cmp.md
+        """
+        from dspark_kit.bench import BenchError, run_bench
+        from dspark_kit.prom import MetricsError
+        from dspark_kit.report import compare as compare_results
+
+        if compare:
+            if not files or len(files) < 1:
+                fail("--compare: pass one or more bench JSON files, e.g. --compare A.json B.json")
+            try:
+                md, written = compare_results(files, out)
+            except MetricsError as e:
+                fail(str(e))
+            if json_out:
+                emit_json({"markdown": md, "written": [str(p) for p in written]})
+                return
+            typer.echo(md)
+            for p in written:
+                typer.echo(f"wrote {p}", err=True)
+            return
+        if files:
+            fail(f"unexpected arguments {[str(f) for f in files]}: result files need --compare")
+        r = load(recipe, set_)
+        try:
+            result = run_bench(r, base_url, label, out, num_prompts=num_prompts, concurrency=concurrency,
+                               max_tokens=max_tokens, dataset=dataset)
+        except (BenchError, MetricsError) as e:
+            fail(str(e))
+        if json_out:
+            emit_json(result)
+            return
+        from dspark_kit.report import bench_markdown
+
+        typer.echo(bench_markdown([result]))
+        out_dir = out or r.workdir_path() / "bench"
+        typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)

@@ -1,0 +1,197 @@
+"""Spec-decode acceptance from Prometheus `/metrics` scrapes (REFERENCE §6).
+
+vLLM (and our local engine) export monotonically increasing counters; a
+benchmark scrapes before and after and turns the deltas into acceptance
+length, acceptance rate and per-position rates. Also imports the JSON that
+`vllm bench serve --save-result` writes, into the same result schema.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
+
+
+class MetricsError(ValueError):
+    """Scrapes that cannot be compared (one line: what happened and what to do)."""
+
+
+@dataclass
+class SpecCounters:
+    """Spec-decode counters of one scrape, summed over engines (and models)."""
+
+    num_drafts: float = 0.0
+    num_draft_tokens: float = 0.0
+    num_accepted_tokens: float = 0.0
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+    found: bool = False  # any spec-decode counter present at all
+
+
+def _base_name(sample_name: str) -> str | None:
+    """Counter name without `_total`; None for `_created` timestamps.
+
+    prometheus_client strips `_total` from a typed counter's family name but
+    keeps it on samples; untyped exports keep it everywhere. Samples are
+    normalised so both forms match.
+    """
+    if sample_name.endswith("_created"):
+        return None
+    return sample_name.removesuffix("_total")
+
+
+def iter_samples(text: str):
+    """(base name, labels, value) for every sample in a text exposition."""
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as e:  # the parser has no error type of its own
+        raise MetricsError(f"/metrics: not Prometheus text exposition ({e})") from None
+    for fam in families:
+        for s in fam.samples:
+            name = _base_name(s.name)
+            if name is not None:
+                yield name, s.labels, s.value
+
+
+def sum_counter(text: str, name: str, model_name: str | None = None,
+                by_label: str | None = None) -> float | dict[str, float]:
+    """Sum a counter over label sets; `by_label` keeps one sum per value of that label."""
+    base = name.removesuffix("_total")
+    total = 0.0
+    grouped: dict[str, float] = {}
+    for sample, labels, value in iter_samples(text):
+        if sample != base:
+            continue
+        if model_name is not None and labels.get("model_name", model_name) != model_name:
+            continue
+        if by_label is None:
+            total += value
+        elif by_label in labels:
+            grouped[labels[by_label]] = grouped.get(labels[by_label], 0.0) + value
+    return total if by_label is None else grouped
+
+
+def parse_spec_counters(text: str, model_name: str | None = None) -> SpecCounters:
+    c = SpecCounters()
+    for sample, labels, value in iter_samples(text):
+        if sample not in SPEC_COUNTERS:
+            continue
+        if model_name is not None and labels.get("model_name", model_name) != model_name:
+            continue
+        c.found = True
+        if sample == DRAFTS:
+            c.num_drafts += value
+        elif sample == DRAFT_TOKENS:
+            c.num_draft_tokens += value
+        elif sample == ACCEPTED:
+            c.num_accepted_tokens += value
+        elif "position" in labels:
+            pos = int(labels["position"])
+            c.accepted_per_pos[pos] = c.accepted_per_pos.get(pos, 0.0) + value
+    return c
+
+
+def spec_metrics(drafts: float, draft_tokens: float, accepted: float,
+                 accepted_per_pos: dict[int, float] | list[float]) -> dict[str, Any]:
+    """Acceptance figures from counts (REFERENCE §6); rates are fractions in [0, 1]."""
+    per_pos = (accepted_per_pos if isinstance(accepted_per_pos, list)
+               else [accepted_per_pos[k] for k in sorted(accepted_per_pos)])
+    return {
+        "num_drafts": int(drafts),
+        "num_draft_tokens": int(draft_tokens),
+        "num_accepted_tokens": int(accepted),
+        "acceptance_length": 1.0 + accepted / drafts if drafts else None,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "per_position_acceptance_rates": [a / drafts for a in per_pos] if drafts else [],
+    }
+
+
+def spec_decode_delta(before: str, after: str, model_name: str | None = None) -> dict[str, Any] | None:
+    """Acceptance over the window between two scrapes; None when the server has no drafts.
+
+    Raises MetricsError when a counter went down (the server restarted between
+    the scrapes, so the deltas would be meaningless).
+    """
+    b = parse_spec_counters(before, model_name)
+    a = parse_spec_counters(after, model_name)
+    if not a.found:
+        return None
+    pairs = {
+        "num_drafts": (b.num_drafts, a.num_drafts),
+        "num_draft_tokens": (b.num_draft_tokens, a.num_draft_tokens),
+        "num_accepted_tokens": (b.num_accepted_tokens, a.num_accepted_tokens),
+    }
+    positions = sorted(set(b.accepted_per_pos) | set(a.accepted_per_pos))
+    for p in positions:
+        pairs[f"accepted_per_pos[{p}]"] = (b.accepted_per_pos.get(p, 0.0), a.accepted_per_pos.get(p, 0.0))
+    dropped = [k for k, (x, y) in pairs.items() if y < x]
+    if dropped:
+        raise MetricsError(
+            f"/metrics: counters decreased ({', '.join(dropped)}): the server restarted during "
+            "the benchmark; rerun the benchmark against a server that stays up"
+        )
+    d = {k: y - x for k, (x, y) in pairs.items()}
+    if d["num_drafts"] <= 0:
+        return None
+    per_pos = [d[f"accepted_per_pos[{p}]"] for p in positions]
+    return spec_metrics(d["num_drafts"], d["num_draft_tokens"], d["num_accepted_tokens"], per_pos)
+
+
+# ---- `vllm bench serve --save-result` import -------------------------------
+
+_VLLM_LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+                      for s in ("mean", "median", "p99")]
+
+
+def import_vllm_bench(path: str | Path) -> dict[str, Any]:
+    """Read a `vllm bench serve --save-result` JSON into our bench result schema."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MetricsError(f"{path}: cannot read vLLM bench JSON ({e})") from None
+    if not isinstance(raw, dict) or "output_throughput" not in raw:
+        raise MetricsError(f"{path}: no output_throughput key; expected `vllm bench serve --save-result` output")
+    spec = None
+    if raw.get("spec_decode_num_drafts") is not None:
+        drafts = raw["spec_decode_num_drafts"]
+        rate_pct = raw.get("spec_decode_acceptance_rate")  # vLLM stores a percentage
+        spec = {
+            "num_drafts": int(drafts),
+            "num_draft_tokens": int(raw.get("spec_decode_draft_tokens") or 0),
+            "num_accepted_tokens": int(raw.get("spec_decode_accepted_tokens") or 0),
+            "acceptance_length": raw.get("spec_decode_acceptance_length"),
+            "acceptance_rate": rate_pct / 100.0 if rate_pct is not None else None,
+            "per_position_acceptance_rates": list(raw.get("spec_decode_per_position_acceptance_rates") or []),
+        }
+    result: dict[str, Any] = {
+        "schema": "dspark-kit.bench/1",
+        "source": "vllm-bench-serve",
+        "source_file": str(path),
+        "label": raw.get("label") or path.stem,
+        "model": raw.get("model_id"),
+        "date": raw.get("date"),
+        "num_prompts": raw.get("num_prompts"),
+        "concurrency": raw.get("max_concurrency"),
+        "completed": raw.get("completed"),
+        "failed": raw.get("failed"),
+        "duration_s": raw.get("duration"),
+        "total_input_tokens": raw.get("total_input_tokens"),
+        "total_output_tokens": raw.get("total_output_tokens"),
+        "request_throughput": raw.get("request_throughput"),
+        "output_throughput": raw.get("output_throughput"),
+        "streamed": True,
+        "spec_decode": spec,
+    }
+    for k in _VLLM_LATENCY_KEYS:
+        result[k] = raw.get(k)
+    return result

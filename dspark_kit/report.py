@@ -1,0 +1,278 @@
+"""Run report: training curves, per-epoch validation, eval and bench tables.
+
+`build_report(run_dir)` reads what a run left behind (tensorboard events from
+speculators' logger, `checkpoints/<epoch>/val_metrics.json`, `eval/*.json`,
+`bench/*.json`) and writes `run_dir/report/report.md` + PNGs. Anything missing
+is listed as "not run". Also renders the checkpoint comparison table used by
+`dspark-kit bench --compare`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dspark_kit.prom import MetricsError, import_vllm_bench
+
+NA = "–"
+TRAIN_LOSS_TAG = "train/loss"
+VAL_PREFIX = "val/"
+# speculators 0.9.0 (train/trainer.py val_epoch, models/dspark/metrics.py): `<metric>_epoch`
+VAL_ROWS = [("loss_epoch", "val loss"), ("accept_len_epoch", "accept_len"),
+            ("accept_rate_epoch", "accept_rate"), ("full_acc_epoch", "full_acc"),
+            ("eal_epoch", "greedy accept_len (eal)")]
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return NA
+    if isinstance(v, float):
+        return f"{v:.{digits}f}" if abs(v) >= 0.01 or v == 0 else f"{v:.2g}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ---- bench results -----------------------------------------------------------
+
+
+def load_bench_result(path: str | Path) -> dict[str, Any]:
+    """Our bench JSON or a `vllm bench serve --save-result` JSON, as our schema."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MetricsError(f"{path}: cannot read bench JSON ({e})") from None
+    if isinstance(raw, dict) and str(raw.get("schema", "")).startswith("dspark-kit.bench/"):
+        return raw
+    return import_vllm_bench(path)
+
+
+def bench_markdown(results: list[dict[str, Any]]) -> str:
+    """Seed §8.2 layout: one row per metric, one column per result."""
+    specs = [r.get("spec_decode") or {} for r in results]
+    n_pos = max((len(s.get("per_position_acceptance_rates") or []) for s in specs), default=0)
+
+    def row(name: str, values: list[str]) -> list[str]:
+        return [name, *values]
+
+    def rate_pct(s: dict) -> str:
+        return _fmt(s["acceptance_rate"] * 100, 2) if s.get("acceptance_rate") is not None else NA
+
+    rows = [
+        row("acceptance length", [_fmt(s.get("acceptance_length")) for s in specs]),
+        row("acceptance rate (%)", [rate_pct(s) for s in specs]),
+    ]
+    for k in range(n_pos):
+        vals = [(s.get("per_position_acceptance_rates") or []) for s in specs]
+        rows.append(row(f"pos{k} rate", [_fmt(v[k], 4) if k < len(v) else NA for v in vals]))
+    rows += [
+        row("output throughput (tok/s)", [_fmt(r.get("output_throughput"), 1) for r in results]),
+        row("mean TPOT (ms)", [_fmt(r.get("mean_tpot_ms"), 1) for r in results]),
+        row("mean TTFT (ms)", [_fmt(r.get("mean_ttft_ms"), 1) for r in results]),
+        row("drafts / accepted", [f"{s['num_drafts']} / {s['num_accepted_tokens']}" if s else NA
+                                  for s in specs]),
+        row("requests ok / failed", [f"{r.get('completed', NA)} / {r.get('failed', NA)}" for r in results]),
+        row("concurrency", [_fmt(r.get("concurrency")) for r in results]),
+    ]
+    table = _table(["metric", *[str(r.get("label", f"run{i}")) for i, r in enumerate(results)]], rows)
+    notes = []
+    if any(not r.get("spec_decode") for r in results):
+        notes.append(f"{NA} in acceptance rows: the server reported no speculative drafts "
+                     "(no draft configured, or /metrics unavailable).")
+    if any(r.get("streamed") is False for r in results):
+        notes.append("A server that did not stream: TTFT = full latency, TPOT = latency / output tokens.")
+    return table + "".join(f"\n\n{n}" for n in notes)
+
+
+def per_position_png(results: list[dict[str, Any]], path: Path) -> Path | None:
+    from dspark_kit.plots import grouped_bars
+
+    series = {str(r.get("label")): list((r.get("spec_decode") or {}).get("per_position_acceptance_rates") or [])
+              for r in results}
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    return grouped_bars(path, series, title="Per-position acceptance (serving)",
+                        xlabel="draft position", ylabel="accepted / drafts")
+
+
+def compare(paths: list[str | Path], out: str | Path | None = None) -> tuple[str, list[Path]]:
+    """Markdown comparison of bench results; with `out` also writes it (+ PNG). Returns (md, files)."""
+    results = [load_bench_result(p) for p in paths]
+    seen: dict[str, int] = {}
+    for r in results:  # two files with one label would make columns ambiguous
+        n = seen[r["label"]] = seen.get(r["label"], 0) + 1
+        if n > 1:
+            r["label"] = f"{r['label']}#{n}"
+    md = bench_markdown(results)
+    if out is None:
+        return md, []
+    out = Path(out)
+    md_path = out if out.suffix == ".md" else out / "compare.md"
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    png = per_position_png(results, md_path.with_suffix(".png"))
+    body = md + (f"\n\n![per-position acceptance]({png.name})" if png else "")
+    _write(md_path, body + "\n")
+    return md, [md_path, *([png] if png else [])]
+
+
+# ---- training logs -----------------------------------------------------------
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[float, int, float]]]:
+    """tag -> [(wall_time, step, value)] over every event file under log_dir."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    dirs = sorted({p.parent for p in log_dir.rglob("events.out.tfevents*")}) if log_dir.is_dir() else []
+    merged: dict[str, list[tuple[float, int, float]]] = {}
+    for d in dirs:
+        acc = EventAccumulator(str(d), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            merged.setdefault(tag, []).extend((e.wall_time, e.step, e.value) for e in acc.Scalars(tag))
+    for events in merged.values():
+        events.sort()
+    return merged
+
+
+def val_by_epoch(run_dir: Path, scalars: dict[str, list]) -> dict[int, dict[str, float]]:
+    """epoch -> {metric_epoch: value}; val_metrics.json wins over tensorboard order."""
+    epochs: dict[int, dict[str, float]] = {}
+    for tag, events in scalars.items():
+        if tag.startswith(VAL_PREFIX):
+            for i, (_, _, v) in enumerate(events):  # one val event per epoch, in time order
+                epochs.setdefault(i, {})[tag[len(VAL_PREFIX):]] = v
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir():
+        for d in ckpts.iterdir():
+            f = d / "val_metrics.json"
+            if d.name.isdigit() and not d.is_symlink() and f.is_file():
+                try:
+                    epochs[int(d.name)] = {k: float(v) for k, v in json.loads(f.read_text()).items()
+                                           if isinstance(v, (int, float))}
+                except (json.JSONDecodeError, OSError):
+                    continue
+    return dict(sorted(epochs.items()))
+
+
+def epoch_markdown(epochs: dict[int, dict[str, float]], best: str | None = None) -> str:
+    """Seed §7.1 layout: one row per metric, one column per epoch."""
+    cols = sorted(epochs)
+    header = ["metric", *[f"epoch {e}" + (" (best)" if best == str(e) else "") for e in cols]]
+    rows = [[name, *[_fmt(epochs[e].get(key)) for e in cols]] for key, name in VAL_ROWS
+            if any(key in epochs[e] for e in cols)]
+    positions = sorted({int(k.split("_")[1]) for e in cols for k in epochs[e]
+                        if k.startswith("position_") and k.endswith("_acc_epoch")})
+    rows += [[f"pos{p} acc", *[_fmt(epochs[e].get(f"position_{p}_acc_epoch")) for e in cols]]
+             for p in positions]
+    return _table(header, rows)
+
+
+# ---- eval results ------------------------------------------------------------
+
+
+def _eval_rows(obj: Any, name: str) -> list[tuple[str, dict]]:
+    """Every dict that carries acceptance_length, named by file (+ context length)."""
+    if isinstance(obj, dict):
+        if "acceptance_length" in obj:
+            ctx = obj.get("context_length")
+            return [(f"{name} @ {ctx}" if ctx is not None else name, obj)]
+        return [r for k, v in obj.items() for r in _eval_rows(v, name)]
+    if isinstance(obj, list):
+        return [r for v in obj for r in _eval_rows(v, name)]
+    return []
+
+
+def eval_markdown(files: list[Path]) -> str | None:
+    rows = []
+    for f in files:
+        try:
+            rows += _eval_rows(json.loads(f.read_text()), f.stem)
+        except (OSError, json.JSONDecodeError):
+            rows.append((f.stem, {"acceptance_length": "unreadable"}))
+    if not rows:
+        return None
+    body = [[n, _fmt(d.get("acceptance_length")),
+             ", ".join(_fmt(x) for x in d.get("per_position_acceptance") or []) or NA] for n, d in rows]
+    return _table(["eval", "acceptance length", "per-position acceptance"], body)
+
+
+# ---- the report ----------------------------------------------------------------
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write `run_dir/report/report.md` (or `out`) with PNGs in run_dir/report; returns its path."""
+    from dspark_kit.plots import lines
+
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"RUN_DIR {run_dir}: not a directory (pass the recipe's workdir)")
+    rep = run_dir / "report"
+    md_path = Path(out).resolve() if out else rep / "report.md"
+    link = lambda p: os.path.relpath(p, md_path.parent)
+    parts = [f"# dspark-kit report: {run_dir.name}", f"Run directory: `{run_dir}`"]
+
+    scalars = read_scalars(run_dir / "logs")
+    epochs = val_by_epoch(run_dir, scalars)
+    best_link = run_dir / "checkpoints" / "checkpoint_best"
+    best = os.readlink(best_link) if best_link.is_symlink() else None
+    parts.append("## Training (teacher-forced validation per epoch)")
+    if epochs:
+        parts.append(epoch_markdown(epochs, best))
+        parts.append("Teacher-forced `accept_len` is not serving acceptance: the bench "
+                     "acceptance length below is the gold standard.")
+    else:
+        parts.append("not run (no `logs/` tensorboard events or `checkpoints/*/val_metrics.json`)")
+    if scalars.get(TRAIN_LOSS_TAG):
+        ev = scalars[TRAIN_LOSS_TAG]
+        png = lines(rep / "train_loss.png", {"train loss": ([s for _, s, _ in ev], [v for *_, v in ev])},
+                    title="Training loss", xlabel="step", ylabel="loss")
+        parts.append(f"![train loss]({link(png)})")
+    al = [(e, m["accept_len_epoch"]) for e, m in epochs.items() if "accept_len_epoch" in m]
+    if al:
+        png = lines(rep / "val_accept_len.png", {"val accept_len": ([e for e, _ in al], [v for _, v in al])},
+                    title="Validation accept_len (teacher-forced)", xlabel="epoch",
+                    ylabel="accept_len", markers=True)
+        parts.append(f"![val accept_len]({link(png)})")
+
+    parts.append("## Offline eval")
+    eval_md = eval_markdown(sorted((run_dir / "eval").glob("*.json")))
+    parts.append(eval_md or "not run (no `eval/*.json`)")
+
+    parts.append("## Serving benchmark")
+    bench_files = sorted((run_dir / "bench").glob("*.json"))
+    results, bad = [], []
+    for f in bench_files:
+        try:
+            results.append(load_bench_result(f))
+        except MetricsError as e:
+            bad.append(str(e))
+    if results:
+        parts.append(bench_markdown(results))
+        png = per_position_png(results, rep / "bench_per_position.png")
+        if png:
+            parts.append(f"![per-position acceptance]({link(png)})")
+    else:
+        parts.append("not run (no `bench/*.json`; run `dspark-kit bench`)")
+    parts += [f"skipped: {b}" for b in bad]
+    _write(md_path, "\n\n".join(parts) + "\n")
+    return md_path
+
+
+def stage_report(recipe, workdir: Path) -> dict[str, Any]:
+    """Pipeline stage: the report of the recipe's run directory."""
+    return {"path": str(build_report(workdir))}

@@ -1,0 +1,260 @@
+"""Load generator against real HTTP servers on 127.0.0.1 (aiohttp stubs for SSE/JSON/faults)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import typer
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from typer.testing import CliRunner
+
+from dspark_kit.bench import BenchError, load_prompts, run_bench
+from dspark_kit.recipe import recipe_from_dict
+
+TOKENS_PER_REPLY = 6
+FIRST_TOKEN_DELAY = 0.15
+TOKEN_GAP = 0.03
+# spec-decode counters each request adds: 4 drafts of 3 tokens, accepted per position 3, 2, 1
+DRAFTS, DRAFT_TOKENS, PER_POS = 4, 12, (3, 2, 1)
+
+
+class StubServer:
+    """An OpenAI chat server that streams (SSE), answers JSON, or rejects streaming like
+    our local engine; /metrics exposes vLLM spec-decode counters via prometheus_client."""
+
+    def __init__(self, mode: str = "stream", restart_after: int | None = None, served_before: int = 0):
+        self.mode, self.restart_after = mode, restart_after
+        self.bodies: list[dict] = []
+        self._new_registry(start=served_before)  # counts from requests before the benchmark
+
+    def _new_registry(self, start: int) -> None:
+        self.reg = CollectorRegistry()
+        lab = ["model_name", "engine"]
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "", lab, registry=self.reg).labels("stub", "0")
+        self.tokens = Counter("vllm:spec_decode_num_draft_tokens", "", lab, registry=self.reg).labels("stub", "0")
+        self.acc = Counter("vllm:spec_decode_num_accepted_tokens", "", lab, registry=self.reg).labels("stub", "0")
+        pp = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "", [*lab, "position"], registry=self.reg)
+        self.per_pos = [pp.labels("stub", "0", str(i)) for i in range(len(PER_POS))]
+        for _ in range(start):
+            self._count()
+
+    def _count(self) -> None:
+        self.drafts.inc(DRAFTS)
+        self.tokens.inc(DRAFT_TOKENS)
+        self.acc.inc(sum(PER_POS))
+        for c, v in zip(self.per_pos, PER_POS):
+            c.inc(v)
+
+    async def models(self, request):
+        return web.json_response({"object": "list", "data": [{"id": "stub", "object": "model"}]})
+
+    async def metrics(self, request):
+        return web.Response(body=generate_latest(self.reg), content_type="text/plain")
+
+    async def chat(self, request):
+        body = await request.json()
+        self.bodies.append(body)
+        if self.restart_after is not None and len(self.bodies) == self.restart_after:
+            self._new_registry(start=0)  # counters back to zero, as after a crash + restart
+        self._count()
+        usage = {"prompt_tokens": 7, "completion_tokens": TOKENS_PER_REPLY, "total_tokens": 7 + TOKENS_PER_REPLY}
+        if body.get("stream") and self.mode == "reject-stream":
+            return web.json_response({"error": {"message": "stream: not supported"}}, status=400)
+        if not body.get("stream") or self.mode == "json":
+            await asyncio.sleep(FIRST_TOKEN_DELAY + TOKEN_GAP * (TOKENS_PER_REPLY - 1))
+            return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": "w " * 6},
+                                                   "finish_reason": "stop"}], "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(FIRST_TOKEN_DELAY)
+        for i in range(TOKENS_PER_REPLY):
+            if i:
+                await asyncio.sleep(TOKEN_GAP)
+            chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+        return resp
+
+
+@pytest.fixture
+def serve():
+    """Start a StubServer on a free loopback port in a thread; yields (stub, base_url)."""
+    started = []
+
+    def _start(stub: StubServer):
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        state = {}
+
+        async def boot():
+            app = web.Application()
+            app.add_routes([web.get("/v1/models", stub.models), web.get("/metrics", stub.metrics),
+                            web.post("/v1/chat/completions", stub.chat)])
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            state["runner"] = runner
+            state["port"] = runner.addresses[0][1]
+            ready.set()
+
+        thread = threading.Thread(target=lambda: (loop.run_until_complete(boot()), loop.run_forever()), daemon=True)
+        thread.start()
+        assert ready.wait(10)
+        started.append((loop, thread, state))
+        return stub, f"http://127.0.0.1:{state['port']}"
+
+    yield _start
+    for loop, thread, state in started:
+        asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def _recipe(tmp_path, thinking=False):
+    return recipe_from_dict({"name": "t", "workdir": str(tmp_path / "run"), "verifier": {"thinking": thinking},
+                             "bench": {"num_prompts": 6, "concurrency": 3, "max_tokens": 16, "temperature": 0.0}})
+
+
+def test_streaming_latency_and_acceptance(serve, tmp_path):
+    stub, url = serve(StubServer("stream", served_before=5))  # earlier traffic must not count
+    r = run_bench(_recipe(tmp_path, thinking=True), url, label="ckpt1")
+    assert r["completed"] == 6 and r["failed"] == 0 and r["streamed"] is True
+    assert r["total_output_tokens"] == 6 * TOKENS_PER_REPLY
+    assert r["mean_ttft_ms"] >= FIRST_TOKEN_DELAY * 1000 * 0.9
+    # TPOT excludes the first token: about one TOKEN_GAP per extra token, far below TTFT
+    assert TOKEN_GAP * 1000 * 0.8 <= r["mean_tpot_ms"] < FIRST_TOKEN_DELAY * 1000
+    assert r["median_itl_ms"] >= TOKEN_GAP * 1000 * 0.8
+    s = r["spec_decode"]
+    n = 6
+    assert s["num_drafts"] == n * DRAFTS
+    assert s["acceptance_length"] == pytest.approx(1 + sum(PER_POS) / DRAFTS)
+    assert s["acceptance_rate"] == pytest.approx(sum(PER_POS) / DRAFT_TOKENS)
+    assert s["per_position_acceptance_rates"] == pytest.approx([v / DRAFTS for v in PER_POS])
+    body = stub.bodies[0]
+    assert body["model"] == "stub"  # recipe's served name is not listed: first served model
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}
+    assert body["stream_options"] == {"include_usage": True} and body["temperature"] == 0.0
+    out = tmp_path / "run" / "bench"
+    assert json.loads((out / "bench_ckpt1.json").read_text())["label"] == "ckpt1"
+    assert "acceptance length" in (out / "bench_ckpt1.md").read_text()
+
+
+@pytest.mark.parametrize("mode", ["json", "reject-stream"])
+def test_non_streaming_servers(serve, tmp_path, mode):
+    stub, url = serve(StubServer(mode))
+    r = run_bench(_recipe(tmp_path), url, label=mode, out_dir=tmp_path / "o")
+    assert r["completed"] == 6 and r["streamed"] is False
+    assert r["total_output_tokens"] == 6 * TOKENS_PER_REPLY
+    # without streaming the first token time is unknown: TTFT is the whole latency
+    assert r["mean_ttft_ms"] == pytest.approx(r["mean_e2el_ms"])
+    if mode == "reject-stream":  # one rejected streamed try, then plain JSON for everything
+        assert sum(1 for b in stub.bodies if b.get("stream")) <= 3
+        assert sum(1 for b in stub.bodies if not b.get("stream")) == 6
+
+
+def test_restarted_server_is_an_error(serve, tmp_path):
+    _, url = serve(StubServer("json", restart_after=4, served_before=20))
+    with pytest.raises(BenchError, match="restarted"):
+        run_bench(_recipe(tmp_path), url, label="x", out_dir=tmp_path / "o")
+
+
+def test_unreachable_server(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BenchError, match="--base-url"):
+        run_bench(_recipe(tmp_path), f"http://127.0.0.1:{port}", label="x", out_dir=tmp_path / "o")
+
+
+def test_prompts_from_jsonl(tmp_path):
+    p = tmp_path / "regen.jsonl"
+    rows = [{"id": "a", "conversations": [{"from": "human", "value": "hi 1"}, {"from": "gpt", "value": "yo"},
+                                         {"from": "human", "value": "again"}]},
+            {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi 2"}]},
+            {"nothing": True}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    prompts = load_prompts(str(p), 10)
+    assert sorted(m[-1]["content"] for m in prompts) == ["hi 1", "hi 2"]
+    assert all(m[-1]["role"] == "user" for m in prompts)
+    assert len(load_prompts("builtin", 4)) == 4
+    with pytest.raises(BenchError, match="--dataset"):
+        load_prompts(str(tmp_path / "missing.jsonl"), 3)
+
+
+def test_cli_bench_then_compare(serve, tmp_path):
+    from dspark_kit.cli import bench as bench_cli
+
+    app = typer.Typer()
+    bench_cli.register(app)
+    app.command("noop")(lambda: None)  # keep `bench` a named subcommand
+    _, url = serve(StubServer("stream"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: t\nworkdir: {tmp_path / 'run'}\nbench: {{num_prompts: 3, concurrency: 3}}\n")
+    runner = CliRunner()
+    for label in ("a", "b"):
+        res = runner.invoke(app, ["bench", "-r", str(recipe), "--base-url", url, "--label", label, "--json"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["label"] == label
+    a, b = (tmp_path / "run" / "bench" / f"bench_{x}.json" for x in "ab")
+    res = runner.invoke(app, ["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "cmp.md")])
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.stdout.splitlines() if line.startswith("| metric"))
+    assert header.split("|")[2:4] == [" a ", " b "]
+    assert (tmp_path / "cmp.md").is_file() and (tmp_path / "cmp.png").stat().st_size > 1000
+    res = runner.invoke(app, ["bench", "--compare"])
+    assert res.exit_code == 2
+
+
+@pytest.mark.slow
+def test_against_local_engine(tmp_path):
+    """Real local engine (role chat, tiny verifier): the client falls back to JSON if it won't stream."""
+    import sys
+
+    from dspark_kit.engines import ServerPlan
+    from dspark_kit.lifecycle import ManagedServer, free_port
+    from dspark_kit.tiny import ensure_tiny_verifier
+
+    model = ensure_tiny_verifier()
+    port = free_port()
+    plan = ServerPlan([sys.executable, "-m", "dspark_kit.engines.local_server", "--model", str(model),
+                       "--role", "chat", "--port", str(port), "--device", "cpu"], "127.0.0.1", port)
+    recipe = recipe_from_dict({"name": "it", "workdir": str(tmp_path / "run"),
+                               "bench": {"num_prompts": 2, "concurrency": 2, "max_tokens": 8}})
+    with ManagedServer(plan, tmp_path / "server.log") as server:
+        server.wait_healthy(180)
+        r = run_bench(recipe, server.base_url, label="local")
+    assert r["completed"] == 2 and r["failed"] == 0
+    assert 0 < r["total_output_tokens"] <= 2 * 8
+    assert r["output_throughput"] > 0 and r["mean_e2el_ms"] > 0
+    assert r["metrics_available"] is True
+    assert r["spec_decode"] is None  # role chat has no draft
+
+
+def test_pipeline_stage_uses_spec_server(serve, tmp_path, monkeypatch):
+    """stage_bench benchmarks the server `running_server(recipe, "spec", ...)` yields."""
+    from contextlib import contextmanager
+
+    import dspark_kit.servers
+    from dspark_kit.bench import stage_bench
+
+    _, url = serve(StubServer("stream"))
+    roles = []
+
+    @contextmanager
+    def fake_running_server(recipe, role, workdir, port=None, checkpoint=None):
+        roles.append(role)
+        yield url
+
+    monkeypatch.setattr(dspark_kit.servers, "running_server", fake_running_server)
+    s = stage_bench(_recipe(tmp_path), tmp_path / "run")
+    assert roles == ["spec"]
+    assert s["acceptance_length"] == pytest.approx(1 + sum(PER_POS) / DRAFTS)
+    assert json.loads(Path(s["path"]).read_text())["label"] == "spec-checkpoint_best"

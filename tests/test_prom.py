@@ -1,0 +1,112 @@
+"""Prometheus parsing and spec-decode deltas (REFERENCE §6)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from dspark_kit.prom import (
+    MetricsError,
+    import_vllm_bench,
+    parse_spec_counters,
+    spec_decode_delta,
+    sum_counter,
+)
+
+
+def _exposition(per_engine: dict[str, dict], model: str = "m") -> str:
+    """Real prometheus_client output: typed counters with `_total` + `_created` samples."""
+    reg = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    drafts = Counter("vllm:spec_decode_num_drafts", "d", labels, registry=reg)
+    tokens = Counter("vllm:spec_decode_num_draft_tokens", "t", labels, registry=reg)
+    acc = Counter("vllm:spec_decode_num_accepted_tokens", "a", labels, registry=reg)
+    per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "p", [*labels, "position"], registry=reg)
+    for engine, c in per_engine.items():
+        drafts.labels(model, engine).inc(c["drafts"])
+        tokens.labels(model, engine).inc(c["tokens"])
+        acc.labels(model, engine).inc(sum(c["per_pos"]))
+        for pos, v in enumerate(c["per_pos"]):
+            per_pos.labels(model, engine, str(pos)).inc(v)
+    return generate_latest(reg).decode()
+
+
+def test_sums_over_engines_and_ignores_created():
+    text = _exposition({"0": {"drafts": 10, "tokens": 30, "per_pos": [6, 3, 1]},
+                        "1": {"drafts": 5, "tokens": 15, "per_pos": [4, 2, 0]}})
+    assert "_created" in text  # the parser must not add creation timestamps to counts
+    c = parse_spec_counters(text)
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (15, 45, 16)
+    assert c.accepted_per_pos == {0: 10, 1: 5, 2: 1}
+    assert sum_counter(text, "vllm:spec_decode_num_drafts_total") == 15
+    assert sum_counter(text, "vllm:spec_decode_num_drafts", by_label="engine") == {"0": 10, "1": 5}
+
+
+def test_untyped_total_names_parse_like_typed_ones():
+    untyped = (
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="a"} 4\n'
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="b"} 100\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="a",position="1"} 2\n'
+    )
+    c = parse_spec_counters(untyped, model_name="a")
+    assert c.num_drafts == 4 and c.accepted_per_pos == {1: 2}
+    assert parse_spec_counters(untyped).num_drafts == 104
+
+
+def test_delta_formulas():
+    before = _exposition({"0": {"drafts": 10, "tokens": 30, "per_pos": [5, 2, 1]}})
+    after = _exposition({"0": {"drafts": 30, "tokens": 90, "per_pos": [17, 8, 3]}})
+    d = spec_decode_delta(before, after)
+    # deltas: drafts 20, draft tokens 60, accepted (12+6+2)=20, per pos [12, 6, 2]
+    assert d["num_drafts"] == 20 and d["num_accepted_tokens"] == 20
+    assert d["acceptance_length"] == pytest.approx(1 + 20 / 20)
+    assert d["acceptance_rate"] == pytest.approx(20 / 60)
+    assert d["per_position_acceptance_rates"] == pytest.approx([0.6, 0.3, 0.1])
+    # invariant from REFERENCE §6: sum of per-position rates + 1 = acceptance length
+    assert sum(d["per_position_acceptance_rates"]) + 1 == pytest.approx(d["acceptance_length"])
+
+
+def test_restart_detected():
+    before = _exposition({"0": {"drafts": 50, "tokens": 150, "per_pos": [20, 10, 5]}})
+    after = _exposition({"0": {"drafts": 3, "tokens": 9, "per_pos": [1, 0, 0]}})
+    with pytest.raises(MetricsError, match="restarted"):
+        spec_decode_delta(before, after)
+
+
+def test_no_spec_decode_or_no_drafts_gives_none():
+    plain = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+    assert spec_decode_delta(plain, plain) is None
+    same = _exposition({"0": {"drafts": 3, "tokens": 9, "per_pos": [1, 0, 0]}})
+    assert spec_decode_delta(same, same) is None
+
+
+def test_garbage_is_a_clear_error():
+    with pytest.raises(MetricsError, match="/metrics"):
+        parse_spec_counters("this is { not prometheus")
+
+
+def test_import_vllm_bench(tmp_path):
+    raw = {
+        "date": "20260720-062517", "backend": "openai-chat", "model_id": "qwen3", "num_prompts": 10,
+        "max_concurrency": 10, "duration": 12.5, "completed": 10, "failed": 0,
+        "total_input_tokens": 900, "total_output_tokens": 1200, "request_throughput": 0.8,
+        "output_throughput": 95.6, "mean_ttft_ms": 300.0, "median_ttft_ms": 290.0, "p99_ttft_ms": 410.0,
+        "mean_tpot_ms": 94.2, "median_tpot_ms": 93.0, "p99_tpot_ms": 120.0,
+        "spec_decode_acceptance_rate": 12.72, "spec_decode_acceptance_length": 1.891,
+        "spec_decode_num_drafts": 10832, "spec_decode_draft_tokens": 75824,
+        "spec_decode_accepted_tokens": 9647,
+        "spec_decode_per_position_acceptance_rates": [0.493, 0.227, 0.098],
+    }
+    p = tmp_path / "vllm.json"
+    p.write_text(json.dumps(raw))
+    r = import_vllm_bench(p)
+    assert r["output_throughput"] == 95.6 and r["mean_tpot_ms"] == 94.2 and r["concurrency"] == 10
+    s = r["spec_decode"]
+    assert s["acceptance_rate"] == pytest.approx(0.1272)  # vLLM stores percent, we store a fraction
+    assert s["num_drafts"] == 10832 and s["num_accepted_tokens"] == 9647
+    assert s["per_position_acceptance_rates"] == [0.493, 0.227, 0.098]
+    p.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(MetricsError, match="output_throughput"):
+        import_vllm_bench(p)
