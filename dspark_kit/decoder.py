@@ -1,0 +1,191 @@
+"""Reference DSpark decoder: greedy speculative decoding, offline and lossless.
+
+`SpecGenerator` drafts with a DSpark checkpoint (dspark_kit.draft_model) and
+verifies with the transformers verifier under a KV cache, accepting the longest
+prefix that matches the verifier's greedy choice plus one bonus token. Its
+output is token-for-token the verifier's greedy output; its counters follow
+vLLM's /metrics semantics (REFERENCE §6), so acceptance measured here is
+comparable with a served vLLM run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dspark_kit.draft_model import DSparkDraft, confident_prefix
+from dspark_kit.engines import GenerationResult
+
+
+@dataclass
+class SpecResult(GenerationResult):
+    verifier_forwards: int = 0
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class Verifier:
+    """A causal LM with a KV cache that also returns aux hidden states.
+
+    Layer ids follow vLLM: id k < N is the input of layer k
+    (`output_hidden_states[k]`); id N is the last layer's output before the
+    final norm, captured with a hook because HF's last entry is post-norm.
+    """
+
+    def __init__(self, path: str | Path, layer_ids: list[int] | None = None, device: str = "cpu"):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
+        self.device = torch.device(device)
+        self.num_layers: int = self.model.config.num_hidden_layers
+        self.layer_ids = list(layer_ids or [])
+        bad = [i for i in self.layer_ids if not 0 <= i <= self.num_layers]
+        if bad:
+            raise ValueError(f"aux_hidden_state_layer_ids: {bad} outside 0..{self.num_layers} for verifier {path}")
+        self._last_out: torch.Tensor | None = None
+        self.model.model.layers[-1].register_forward_hook(self._keep_last_output)
+
+    def _keep_last_output(self, _module, _inputs, output):
+        self._last_out = output[0] if isinstance(output, tuple) else output
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.no_grad()
+    def forward(self, ids: list[int], cache, start_pos: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [n, V] and concatenated aux states [n, len(ids)*H] for new tokens."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        pos = torch.arange(start_pos, start_pos + len(ids), device=self.device).view(1, -1)
+        out = self.model(
+            input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True,
+            output_hidden_states=bool(self.layer_ids),
+        )
+        aux = None
+        if self.layer_ids:
+            states = [self._last_out if k == self.num_layers else out.hidden_states[k] for k in self.layer_ids]
+            aux = torch.cat(states, dim=-1)[0]
+        return out.logits[0].float(), aux
+
+
+def _emit(new: list[int], out: list[int], max_new: int, stop_ids: frozenset[int]) -> str | None:
+    """Append tokens to out; return a finish reason once generation must end."""
+    for t in new:
+        out.append(t)
+        if t in stop_ids:
+            return "stop"
+        if len(out) >= max_new:
+            return "length"
+    return None
+
+
+class VerifierGenerator:
+    """Verifier-only decoding (greedy or sampled): the lossless reference."""
+
+    def __init__(self, verifier: Verifier):
+        self.verifier = verifier
+
+    def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset()) -> SpecResult:
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        cache, out, forwards = self.verifier.new_cache(), [], 0
+        feed, pos, reason = list(prompt_ids), 0, None
+        while reason is None:
+            logits, _ = self.verifier.forward(feed, cache, pos)
+            forwards += 1
+            pos += len(feed)
+            nxt = _pick(logits[-1], temperature, gen)
+            reason = _emit([nxt], out, max_new_tokens, stop_ids)
+            feed = [nxt]
+        return SpecResult(out, reason, verifier_forwards=forwards, wall_s=time.perf_counter() - t0)
+
+
+def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> int:
+    if temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen)[0])
+
+
+class SpecGenerator:
+    """Greedy DSpark speculative decoding (implements engines.Generator)."""
+
+    def __init__(
+        self,
+        verifier: Verifier,
+        draft: DSparkDraft,
+        num_speculative_tokens: int | None = None,
+        draft_window_size: int | None = None,
+        confidence_threshold: float | None = None,
+        kernel_block_size: int = 16,
+    ):
+        self.verifier, self.draft = verifier, draft
+        self.k = num_speculative_tokens or draft.block_size
+        if not 1 <= self.k <= draft.block_size:
+            raise ValueError(
+                f"num_speculative_tokens: {self.k} outside 1..{draft.block_size} (the checkpoint's trained slots)"
+            )
+        self.window = draft_window_size
+        self.kernel_block_size = kernel_block_size
+        self.confidence_threshold = confidence_threshold
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        verifier_path: str | Path,
+        checkpoint_path: str | Path,
+        num_speculative_tokens: int | None = None,
+        draft_window_size: int | None = None,
+        device: str = "cpu",
+        confidence_threshold: float | None = None,
+    ) -> SpecGenerator:
+        draft = DSparkDraft.load(checkpoint_path, verifier_path, device)
+        verifier = Verifier(verifier_path, draft.target_layer_ids, device)
+        return cls(verifier, draft, num_speculative_tokens, draft_window_size, confidence_threshold)
+
+    def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset()) -> SpecResult:
+        if temperature > 0:  # lossless speculative sampling is out of scope here
+            res = VerifierGenerator(self.verifier).generate(prompt_ids, max_new_tokens, temperature, seed, stop_ids)
+            res.notes.append("temperature > 0: verifier-only sampling, no drafting")
+            return res
+        if not prompt_ids:
+            raise ValueError("prompt_ids: empty prompt (need at least one token)")
+        t0 = time.perf_counter()
+        v, d = self.verifier, self.draft
+        res = SpecResult([], "length", accepted_per_pos=[0] * self.k)
+        cache = v.new_cache()
+        logits, aux = v.forward(list(prompt_ids), cache, 0)  # prefill
+        res.verifier_forwards = 1
+        ctx_feats = d.context_features(aux)
+        anchor, p = int(logits[-1].argmax()), len(prompt_ids)  # p = anchor position
+        reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids)
+        while reason is None:
+            num_slots = min(self.k, max_new_tokens - len(res.token_ids))
+            ctx_pos = torch.arange(p, device=d.device)
+            block = d.draft(ctx_feats, ctx_pos, anchor, p, num_slots, self.window, self.kernel_block_size)
+            keep = confident_prefix(block.confidence, self.confidence_threshold) or num_slots
+            drafted = block.tokens[:keep]
+            logits, aux = v.forward([anchor, *drafted], cache, p)
+            res.verifier_forwards += 1
+            target = logits.argmax(-1).tolist()  # target[j] = verifier's token p+j+1
+            n_acc = 0
+            while n_acc < len(drafted) and drafted[n_acc] == target[n_acc]:
+                n_acc += 1
+            res.num_drafts += 1
+            res.num_draft_tokens += len(drafted)
+            res.num_accepted_tokens += n_acc
+            for i in range(n_acc):
+                res.accepted_per_pos[i] += 1
+            # Keep anchor + accepted drafts in cache and context; drop rejected ones.
+            if len(drafted) > n_acc:
+                cache.crop(n_acc - len(drafted))  # negative: drop the rejected tail
+            ctx_feats = torch.cat([ctx_feats, d.context_features(aux[: n_acc + 1])])
+            anchor, p = target[n_acc], p + n_acc + 1
+            reason = _emit([*drafted[:n_acc], anchor], res.token_ids, max_new_tokens, stop_ids)
+        res.finish_reason = reason
+        res.wall_s = time.perf_counter() - t0
+        return res

@@ -1,0 +1,200 @@
+"""A speculators DSpark checkpoint, run the way vLLM drafts with it (REFERENCE §9).
+
+The weights are loaded through speculators' own `DSparkDraftModel` and its own
+submodules are reused, so training and inference share one definition; only
+the inference wiring lives here:
+
+- context features `hidden_norm(fc(aux))` of verified tokens are the K/V
+  inputs of every draft layer (k_norm on K, no input_layernorm), RoPE at the
+  context tokens' own positions;
+- the block `[anchor, MASK x (K-1)]` sits at positions p..p+K-1 and attends
+  bidirectionally to itself (causally on sliding layers unless the config
+  says non-causal), exactly like the training mask;
+- one parallel pass gives base logits; the Markov bias is then chained
+  slot by slot: prev = anchor, slot i adds bias(prev), takes argmax,
+  prev = chosen (sample_from_anchor: slot i predicts token p+i+1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark_kit.window import window_start
+
+
+class DraftLoadError(ValueError):
+    """A checkpoint that cannot be loaded; str(e) names the file and the fix."""
+
+
+@dataclass
+class DraftBlock:
+    tokens: list[int]  # proposed verifier-vocabulary ids, len == num_slots
+    logits: torch.Tensor  # [num_slots, draft_vocab] base + Markov bias
+    base_logits: torch.Tensor  # [num_slots, draft_vocab]
+    confidence: list[float] | None  # per-slot sigmoid(confidence logit)
+
+
+def chain_prev_tokens(anchor: int, chosen: list[int]) -> list[int]:
+    """Markov prev ids per slot: slot i is conditioned on the token at p+i.
+
+    Module-level so a test can swap in the old off-by-one chain and check that
+    the consistency test notices.
+    """
+    return [anchor, *chosen]
+
+
+def load_dspark_model(checkpoint: str | Path, verifier_path: str | Path, device: str = "cpu"):
+    """speculators' DSparkDraftModel in float32, its verifier path resolved."""
+    from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
+
+    ckpt = Path(checkpoint)
+    if not (ckpt / "config.json").exists():
+        raise DraftLoadError(f"checkpoint {ckpt}: no config.json (pass a checkpoint dir, e.g. WORKDIR/checkpoints/checkpoint_best)")
+    raw = json.loads((ckpt / "config.json").read_text())
+    if raw.get("speculators_model_type") != "dspark":
+        raise DraftLoadError(
+            f"checkpoint {ckpt}: speculators_model_type is {raw.get('speculators_model_type')!r}, expected 'dspark'"
+        )
+    config = DSparkSpeculatorConfig.from_pretrained(str(ckpt))
+    # The stored verifier path may be relative to wherever training ran.
+    config.speculators_config.verifier.name_or_path = str(Path(verifier_path).resolve())
+    # Explicit masks below; sdpa runs everywhere (flex attention needs a compiler).
+    config.transformer_layer_config._attn_implementation = "sdpa"
+    model = DSparkDraftModel.from_pretrained(str(ckpt), config=config, dtype=torch.float32)
+    return model.to(device=device, dtype=torch.float32).eval()
+
+
+class DSparkDraft:
+    """Inference wrapper around a loaded DSparkDraftModel."""
+
+    def __init__(self, model):
+        self.model = model
+        cfg = model.config
+        tl = cfg.transformer_layer_config
+        if not cfg.sample_from_anchor:
+            raise DraftLoadError("checkpoint: sample_from_anchor=false (DFlash layout) is not supported by this decoder")
+        self.block_size: int = cfg.block_size
+        self.mask_token_id: int = model.mask_token_id
+        self.target_layer_ids: list[int] = list(model.target_layer_ids)
+        self.sliding_window: int | None = model.sliding_window
+        self.sliding_layers = set(model.sliding_window_indices)
+        self.sliding_non_causal: bool = bool(cfg.sliding_window_non_causal)
+        self.hidden_size: int = tl.hidden_size
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def load(cls, checkpoint: str | Path, verifier_path: str | Path, device: str = "cpu") -> DSparkDraft:
+        return cls(load_dspark_model(checkpoint, verifier_path, device))
+
+    # ---- vocabulary ---------------------------------------------------------
+    def to_verifier_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        d2t = self.model.d2t
+        if not self.model.use_draft_vocab or d2t is None:
+            return draft_ids
+        return draft_ids + d2t[draft_ids]  # d2t holds offsets (EAGLE convention)
+
+    # ---- forward pieces -----------------------------------------------------
+    @torch.no_grad()
+    def context_features(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """[n, len(target ids) * hidden] concatenated aux states -> [n, hidden]."""
+        return self.model.hidden_norm(self.model.fc(aux_hidden.to(self.device, torch.float32)))
+
+    def _layer_masks(self, ctx_pos: torch.Tensor, anchor_pos: int, num_slots: int) -> dict[bool, torch.Tensor]:
+        """Boolean [1, 1, K, n_ctx + K] masks (True = attend), full and sliding."""
+        n = ctx_pos.numel()
+        block = torch.ones(num_slots, num_slots, dtype=torch.bool, device=self.device)
+        full = torch.cat([torch.ones(num_slots, n, dtype=torch.bool, device=self.device), block], 1)
+        masks = {False: full[None, None]}
+        if self.sliding_layers:
+            in_win = (ctx_pos >= anchor_pos - self.sliding_window).to(self.device)
+            ctx = in_win.view(1, n).expand(num_slots, n)
+            blk = block if self.sliding_non_causal else torch.tril(block)
+            masks[True] = torch.cat([ctx, blk], 1)[None, None]
+        return masks
+
+    @torch.no_grad()
+    def block_hidden(self, ctx_feats: torch.Tensor, ctx_pos: torch.Tensor, anchor: int, anchor_pos: int, num_slots: int) -> torch.Tensor:
+        """Final-normed hidden states [num_slots, hidden] of one drafted block."""
+        m = self.model
+        ids = torch.full((1, num_slots), self.mask_token_id, dtype=torch.long, device=self.device)
+        ids[0, 0] = anchor
+        x = m.embed_tokens(ids)
+        block_pos = torch.arange(anchor_pos, anchor_pos + num_slots, device=self.device)
+        positions = torch.cat([ctx_pos.to(self.device), block_pos]).view(1, -1)
+        cos_sin = m.rotary_emb(x, positions)
+        masks = self._layer_masks(ctx_pos, anchor_pos, num_slots)
+        target = ctx_feats.view(1, -1, self.hidden_size)
+        for i, layer in enumerate(m.layers):
+            x = layer(
+                hidden_states=x,
+                target_hidden=target,
+                attention_mask=masks[i in self.sliding_layers],
+                position_ids=positions,
+                position_embeddings=cos_sin,
+            )
+        return m.norm(x)[0]
+
+    @torch.no_grad()
+    def markov_bias(self, prev_ids: list[int], hidden: torch.Tensor) -> torch.Tensor:
+        """Bias for slot len(prev_ids)-1 given the prev chain so far (any head type)."""
+        head = self.model.markov_head
+        prev = torch.tensor([prev_ids], dtype=torch.long, device=self.device)
+        return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, : len(prev_ids)])[0, -1]
+
+    @torch.no_grad()
+    def confidence(self, prev_id: int, hidden_k: torch.Tensor) -> float:
+        m = self.model
+        feats = hidden_k
+        if m.config.confidence_head_with_markov and m.markov_head is not None:
+            prev = m.markov_head.prev_embeddings(torch.tensor([prev_id], device=self.device))[0]
+            feats = torch.cat([hidden_k, prev.to(hidden_k.dtype)])
+        return float(torch.sigmoid(m.confidence_head(feats[None]))[0])
+
+    @torch.no_grad()
+    def draft(
+        self,
+        ctx_feats: torch.Tensor,
+        ctx_pos: torch.Tensor,
+        anchor: int,
+        anchor_pos: int,
+        num_slots: int,
+        window: int | None = None,
+        kernel_block_size: int = 16,
+    ) -> DraftBlock:
+        """Propose num_slots tokens after `anchor` (at anchor_pos) from the context."""
+        if not 1 <= num_slots <= self.block_size:
+            raise ValueError(f"num_speculative_tokens: {num_slots} outside 1..{self.block_size} (draft block_size)")
+        if window is not None:  # draft KV window: reads only, token level
+            keep = ctx_pos >= window_start(ctx_pos.numel(), window, kernel_block_size)
+            ctx_feats, ctx_pos = ctx_feats[keep], ctx_pos[keep]
+        hidden = self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots)
+        base = self.model.lm_head(hidden)
+        logits = base.clone()
+        chosen: list[int] = []
+        conf: list[float] | None = [] if self.model.confidence_head is not None else None
+        for i in range(num_slots):
+            prev_chain = chain_prev_tokens(anchor, chosen)[: i + 1]
+            if self.model.markov_head is not None:
+                logits[i] = base[i] + self.markov_bias(prev_chain, hidden)
+            if conf is not None:
+                conf.append(self.confidence(prev_chain[-1], hidden[i]))
+            pick = self.to_verifier_ids(logits[i].argmax().view(1))
+            chosen.append(int(pick[0]))
+        return DraftBlock(tokens=chosen, logits=logits, base_logits=base, confidence=conf)
+
+
+def confident_prefix(confidence: list[float] | None, threshold: float | None) -> int | None:
+    """How many drafted tokens to verify: stop once prod(sigmoid) < threshold."""
+    if confidence is None or threshold is None:
+        return None
+    survive, n = 1.0, 0
+    for c in confidence:
+        survive *= c
+        if survive < threshold:
+            break
+        n += 1
+    return max(n, 1)  # always verify at least one drafted token

@@ -1,0 +1,105 @@
+"""Draft KV window arithmetic, as vLLM-Ascend computes it (REFERENCE §5).
+
+The draft attends only to the last ~W tokens of its context; the verifier keeps
+full attention. Windows start on a kernel-block boundary, so a windowed length
+lies in [min(seq, W - K), W + b - 1]. KV *writes* (slot_mapping) are never
+windowed: only the block table the draft's attention reads is.
+
+W = draft_window_size, b = kernel (KV cache) block size, K = future_offset:
+0 for dflash/dspark (the block's queries are not in the cache yet),
+num_speculative_tokens for eagle3 (its cache grows K tokens while drafting).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+WINDOWED_METHODS = ("dspark", "dflash", "eagle3")
+
+
+def future_offset(method: str, num_speculative_tokens: int) -> int:
+    """K for a speculative method: only eagle3 drafts into its own cache."""
+    if method not in WINDOWED_METHODS:
+        raise ValueError(f"method: {method!r} unknown; expected one of {', '.join(WINDOWED_METHODS)}")
+    return num_speculative_tokens if method == "eagle3" else 0
+
+
+def max_window_blocks(window: int, block_size: int) -> int:
+    return math.ceil(window / block_size) + 1
+
+
+def window_start(seq_len: int, window: int, block_size: int, future_offset: int = 0) -> int:
+    """First token position the draft still attends to (a block boundary)."""
+    _check(window, block_size, future_offset)
+    return (max(seq_len + future_offset - window, 0) // block_size) * block_size
+
+
+@dataclass
+class WindowPlan:
+    seq_lens: list[int]
+    windowed_lens: list[int]
+    start_blocks: list[int]
+    needed_blocks: list[int]
+    window: int
+    block_size: int
+    future_offset: int
+    max_window_blocks: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_window(seq_lens: torch.Tensor | list[int], window: int, block_size: int, future_offset: int = 0) -> WindowPlan:
+    """Vectorised window arithmetic for a batch of sequence lengths."""
+    _check(window, block_size, future_offset)
+    seq = torch.as_tensor(seq_lens, dtype=torch.long)
+    start = ((seq + future_offset - window).clamp(min=0) // block_size) * block_size
+    windowed = seq - start
+    cap = max_window_blocks(window, block_size)
+    needed = ((windowed + block_size - 1) // block_size).clamp(max=cap)
+    return WindowPlan(
+        seq_lens=seq.tolist(),
+        windowed_lens=windowed.tolist(),
+        start_blocks=(start // block_size).tolist(),
+        needed_blocks=needed.tolist(),
+        window=window,
+        block_size=block_size,
+        future_offset=future_offset,
+        max_window_blocks=cap,
+    )
+
+
+def gather_block_table(block_table: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
+    """Windowed block table for the draft's attention reads.
+
+    Row r is shifted left by start_blocks[r]; columns at or past
+    needed_blocks[r] are zeroed. The result has max_window_blocks columns
+    (fewer when the table itself is narrower). The full table is still the one
+    used for slot_mapping (KV writes).
+    """
+    rows, cols = block_table.shape
+    width = min(plan.max_window_blocks, cols)
+    start = torch.as_tensor(plan.start_blocks, dtype=torch.long).view(rows, 1)
+    needed = torch.as_tensor(plan.needed_blocks, dtype=torch.long).view(rows, 1)
+    col = torch.arange(width, dtype=torch.long).view(1, width)
+    src = (start + col).clamp(max=cols - 1)
+    gathered = torch.gather(block_table, 1, src)
+    return torch.where(col < needed, gathered, torch.zeros_like(gathered))
+
+
+def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slot of each (row, position): always from the full, unwindowed table."""
+    blocks = torch.gather(block_table, 1, positions // block_size)
+    return blocks * block_size + positions % block_size
+
+
+def _check(window: int, block_size: int, future_offset: int) -> None:
+    if window < 1:
+        raise ValueError(f"draft_window_size: must be >= 1, got {window}")
+    if block_size < 1:
+        raise ValueError(f"block_size: must be >= 1, got {block_size}")
+    if future_offset < 0:
+        raise ValueError(f"future_offset: must be >= 0, got {future_offset}")
