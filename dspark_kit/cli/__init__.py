@@ -29,6 +29,8 @@ COMMAND_MODULES = [
     "bench",
     "report",
     "serve",
+    "doctor",
+    "preflight",
 ]
 
 for _name in COMMAND_MODULES:

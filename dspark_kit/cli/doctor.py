@@ -1,0 +1,70 @@
+"""`dspark-kit doctor`: what this machine has and which speculators patches training will apply."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dspark_kit.cli.common import JsonOpt, emit_json
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("doctor")
+    def doctor(
+        device: Annotated[
+            str,
+            typer.Option(
+                "--device", help="auto, cpu, cuda or npu: the device whose probes to run."
+            ),
+        ] = "auto",
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Show the device, package versions and each speculators fix probe.
+
+        Every probe runs the installed speculators code on a tiny input (Markov
+        prev_token, slot-0 loss weight, slot-0 metrics, no cuda assumptions on
+        this device). A failing probe is not an error: `dspark-kit train`
+        applies the named patch in every training process. Always exits 0.
+        """
+        from rich.console import Console
+        from rich.table import Table
+
+        from dspark_kit import devices, patches
+
+        info = devices.describe(device)
+        results = patches.probe_all(info["device"])
+        summaries = {f.name: f.summary for f in patches.FIXES}
+        rows = [
+            {
+                "name": r.name,
+                "ok": r.ok,
+                "detail": r.detail,
+                "fix": summaries[r.name],
+                "action": "none" if r.ok else f"train applies patch {r.name}",
+            }
+            for r in results
+        ]
+        if json_out:
+            emit_json({**info, "probes": rows})
+            return
+        out = Console()
+        out.print(
+            f"device: [bold]{info['device']}[/] x{info['count']} ({', '.join(info['names'])})"
+        )
+        versions = Table(title="versions")
+        versions.add_column("package")
+        versions.add_column("version")
+        for name, version in info["versions"].items():
+            versions.add_row(name, version or "[dim]not installed[/]")
+        out.print(versions)
+        probes = Table(title=f"speculators probes on {info['device']}")
+        for col in ("probe", "state", "detail"):
+            probes.add_column(col, overflow="fold")
+        for row in rows:
+            state = "[green]ok[/]" if row["ok"] else "[yellow]patched by train[/]"
+            probes.add_row(row["name"], state, f"{row['fix']}: {row['detail']}")
+        out.print(probes)
+        pending = [r["name"] for r in rows if not r["ok"]]
+        if pending:
+            out.print(f"dspark-kit train will apply patches: {', '.join(pending)}")

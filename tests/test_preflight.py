@@ -1,0 +1,226 @@
+"""preflight: each REFERENCE §8 pitfall planted in a copy of the tiny recipe or its artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dspark_kit.preflight import has_errors, run_preflight
+from dspark_kit.recipe import dump_recipe
+
+HIDDEN, LAYERS = 128, 4  # the tiny verifier
+
+
+def _write_checkpoint(root: Path, verifier: Path, mask_id: int, **overrides) -> Path:
+    epoch = root / "checkpoints" / "0"
+    epoch.mkdir(parents=True)
+    config = {
+        "speculators_model_type": "dspark", "block_size": 4, "sample_from_anchor": True,
+        "mask_token_id": mask_id, "aux_hidden_state_layer_ids": [1, 2, 3],
+        "transformer_layer_config": {"layer_types": ["full_attention"]},
+        "speculators_config": {"proposal_methods": [{"speculative_tokens": 4}],
+                               "verifier": {"name_or_path": str(verifier)}},
+    }  # fmt: skip
+    config.update(overrides)
+    (epoch / "config.json").write_text(json.dumps(config))
+    save_file({"fc.weight": torch.zeros(2, 2)}, str(epoch / "model.safetensors"))
+    os.symlink("0", root / "checkpoints" / "checkpoint_best")
+    return epoch
+
+
+def _write_regen(root: Path, reply: str = "the reply", **metadata) -> None:
+    row = {"id": "regen-0", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": reply}],
+           "metadata": {"idx": 0, "finish_reasons": ["stop"], "endpoint": "http://127.0.0.1:9/v1", **metadata}}  # fmt: skip
+    (root / "regen.jsonl").write_text(json.dumps(row) + "\n")
+
+
+def _write_hidden_states(root: Path, layers: int = LAYERS) -> None:
+    hs_dir = root / "prepared" / "hidden_states"
+    hs_dir.mkdir(parents=True, exist_ok=True)
+    save_file({"hidden_states": torch.zeros(5, layers, HIDDEN, dtype=torch.bfloat16),
+               "token_ids": torch.arange(5)}, str(hs_dir / "hs_0.safetensors"))  # fmt: skip
+    (root / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": False}))
+
+
+@pytest.fixture()
+def mask_id(tiny_verifier) -> int:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_verifier).convert_tokens_to_ids("<|MASK|>")
+
+
+@pytest.fixture()
+def recipe(tiny_recipe):
+    tiny_recipe.serve.max_model_len = 512  # within 2x of the 256-token training window
+    return tiny_recipe
+
+
+@pytest.fixture()
+def run(tmp_path, tiny_verifier, mask_id) -> Path:
+    """A clean run dir: regen output, prepared meta, hidden states, one checkpoint."""
+    _write_regen(tmp_path)
+    _write_hidden_states(tmp_path)
+    _write_checkpoint(tmp_path, tiny_verifier, mask_id)
+    return tmp_path
+
+
+def _pitfalls(findings, level=None) -> set[int]:
+    return {f.pitfall for f in findings if level is None or f.level == level}
+
+
+def _rewrite_config(run: Path, **changes) -> None:
+    path = run / "checkpoints" / "0" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_clean_run_has_no_findings(recipe, run):
+    assert run_preflight(recipe, run, probes=False) == []
+
+
+def test_shipped_tiny_recipe_has_no_errors_on_an_empty_workdir(tiny_recipe, tmp_path):
+    findings = run_preflight(tiny_recipe, tmp_path / "fresh", probes=False)
+    assert not has_errors(findings), findings
+
+
+def test_pitfall_1_shifted_markov_prev_token(recipe, run, monkeypatch):
+    from speculators.models.dspark.core import DSparkDraftModel
+    from test_patches import _old_version
+
+    shifted = _old_version(
+        DSparkDraftModel.forward,
+        "    prev_token_ids = block_tokens\n",
+        "    prev_token_ids = torch.cat([block_tokens[:, :1], block_tokens[:, :-1]], dim=1)\n",
+    )
+    assert 1 not in _pitfalls(run_preflight(recipe, run))
+    monkeypatch.setattr(DSparkDraftModel, "forward", shifted)
+    assert 1 in _pitfalls(run_preflight(recipe, run))
+
+
+def test_pitfall_2_sliding_layers(recipe, run):
+    recipe.draft.num_layers = 3
+    recipe.draft.attention = "sliding"
+    recipe.draft.full_attention_indices = [0]
+    findings = run_preflight(recipe, run, probes=False)
+    assert any(f.pitfall == 2 and f.level == "warning" and "[1, 2]" in f.message for f in findings)
+    recipe.draft.full_attention_indices = [0, 3]  # assignment skips the recipe cross-check
+    assert 2 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_2_checkpoint_trained_with_sliding_layers(recipe, run):
+    _rewrite_config(run, transformer_layer_config={"layer_types": ["sliding_attention"]})
+    assert 2 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_3_regen_by_another_model(recipe, run):
+    _write_regen(run, model="qwen3-8b")
+    assert 3 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_3_checkpoint_trained_on_another_verifier(recipe, run):
+    _rewrite_config(run, speculators_config={"proposal_methods": [{"speculative_tokens": 4}],
+                                             "verifier": {"name_or_path": "/models/Qwen3-8B"}})  # fmt: skip
+    assert 3 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_4_thinking_replies_with_thinking_off(recipe, run):
+    _write_regen(run, reply="<think>\nfirst restate it\n</think>\n\nthe reply")
+    assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_4_empty_think_block_is_not_thinking(recipe, run):
+    _write_regen(run, reply="<think>\n\n</think>\n\nthe reply")
+    assert 4 not in _pitfalls(run_preflight(recipe, run, probes=False))
+
+
+def test_pitfall_4_prepared_with_other_mode(recipe, run):
+    (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
+    assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_5_hidden_states_with_other_layer_count(recipe, run):
+    _write_hidden_states(run, layers=LAYERS - 1)
+    assert 5 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_5_checkpoint_reads_other_layers(recipe, run):
+    _rewrite_config(run, aux_hidden_state_layer_ids=[0, 1, 2])
+    assert 5 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_6_k_above_trained_slots(recipe, run):
+    _rewrite_config(run, speculators_config={"proposal_methods": [{"speculative_tokens": 2}],
+                                             "verifier": {"name_or_path": str(_verifier(run))}})  # fmt: skip
+    recipe.serve.num_speculative_tokens = 3
+    assert 6 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    recipe.serve.num_speculative_tokens = 5  # above block_size 4 (assignment skips the validator)
+    assert 6 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def _verifier(run: Path) -> str:
+    cfg = json.loads((run / "checkpoints" / "0" / "config.json").read_text())
+    return cfg["speculators_config"]["verifier"]["name_or_path"]
+
+
+def test_pitfall_7_mask_is_a_text_token_or_out_of_vocab(recipe, run, tiny_verifier):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_verifier)
+    recipe.draft.mask_token_id = tok.convert_tokens_to_ids(tok.tokenize("hello")[0])
+    assert 7 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    recipe.draft.mask_token_id = 10**6
+    assert 7 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_7_checkpoint_mask_differs_from_tokenizer(recipe, run, mask_id):
+    _rewrite_config(run, mask_token_id=mask_id - 1)
+    assert 7 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated", "absent-epoch"])
+def test_pitfall_8_wrong_or_incomplete_checkpoint(recipe, run, fault):
+    weights = run / "checkpoints" / "0" / "model.safetensors"
+    if fault == "missing":
+        weights.unlink()
+    elif fault == "truncated":
+        weights.write_bytes(weights.read_bytes()[:40])
+    else:
+        recipe.serve.checkpoint = "7"
+    assert 8 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_9_window_below_training_window(recipe, run):
+    recipe.serve.engine = "vllm-ascend"
+    recipe.serve.draft_window_size = 64
+    assert 9 in _pitfalls(run_preflight(recipe, run, probes=False), "warning")
+    recipe.serve.draft_window_size = 256
+    assert 9 not in _pitfalls(run_preflight(recipe, run, probes=False))
+
+
+def test_pitfall_10_long_serving_context_without_window(recipe, run):
+    recipe.serve.engine = "vllm"
+    recipe.serve.max_model_len = 8192
+    assert 10 in _pitfalls(run_preflight(recipe, run, probes=False), "warning")
+    recipe.serve.engine = "vllm-ascend"  # draft_window_size auto -> a window is passed
+    assert 10 not in _pitfalls(run_preflight(recipe, run, probes=False))
+
+
+def test_cli_exit_codes_and_json(recipe, run, tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    path = tmp_path / "r.yaml"
+    path.write_text(dump_recipe(recipe))
+    ok = CliRunner().invoke(app, ["preflight", "-r", str(path), "--workdir", str(run), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["ok"] is True
+    (run / "checkpoints" / "0" / "model.safetensors").unlink()
+    bad = CliRunner().invoke(app, ["preflight", "-r", str(path), "--workdir", str(run), "--json"])
+    assert bad.exit_code == 1
+    report = json.loads(bad.stdout)
+    assert report["ok"] is False and any(f["pitfall"] == 8 for f in report["findings"])
