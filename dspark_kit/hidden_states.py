@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from dspark_kit.progress import note
+
 
 @dataclass
 class HiddenStatesSummary:
@@ -132,7 +134,7 @@ def generate_offline(
     dtype: str = "float32",
     out_dtype: str = "bfloat16",
     trust_remote_code: bool = False,
-    log=print,
+    log=note,
 ) -> HiddenStatesSummary:
     from datasets import load_from_disk
 

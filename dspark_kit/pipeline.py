@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_kit.progress import note
 from dspark_kit.recipe import Recipe
 
 STAGES = ["regen", "prepare", "hidden-states", "train", "eval", "serve", "bench", "report"]
@@ -157,7 +158,7 @@ REGISTRY: dict[str, Stage] = {
         Stage("regen", ("verifier", "data", "regen"), stage_regen, "rows"),
         Stage("prepare", ("verifier", "data"), stage_prepare, "rows_out"),
         Stage("hidden-states", ("verifier", "hidden_states"), stage_hidden_states, "generated"),
-        Stage("train", ("draft", "train", "hidden_states"), stage_train, "val/accept_len_epoch"),
+        Stage("train", ("draft", "train", "hidden_states"), stage_train, "accept_len_epoch"),
         Stage("eval", ("eval", "serve"), _lazy("dspark_kit.evaluate", "stage_eval"), "acceptance_length"),
         Stage("serve", ("serve",), _lazy("dspark_kit.serve_stage", "stage_serve_check"), "engine"),
         Stage("bench", ("bench", "serve"), _lazy("dspark_kit.bench", "stage_bench"), "acceptance_length"),
@@ -201,7 +202,7 @@ def resolve_stages(stages: list[str] | None, start: str | None) -> list[str]:
 
 
 def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None, start: str | None = None,
-                 force: bool = False, log=print) -> list[dict]:
+                 force: bool = False, log=note) -> list[dict]:
     """Run stages in order; returns one row per stage for the summary table."""
     from dspark_kit.manifest import update_manifest
 

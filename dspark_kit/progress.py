@@ -46,3 +46,8 @@ def progress_bar(label: str, total: int | None, unit: str = "it") -> Iterator[_B
             _Rate(unit), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
     with Progress(*cols, console=console, transient=False) as p:
         yield _Bar(p, p.add_task(label, total=total), unit)
+
+
+def note(message: str) -> None:
+    """Human-readable status on stderr, so stdout stays clean for --json."""
+    print(message, file=sys.stderr, flush=True)

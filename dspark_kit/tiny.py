@@ -22,6 +22,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from dspark_kit.chat import encode, render
+from dspark_kit.progress import note
 from dspark_kit.recipe import TINY_VERIFIER
 from dspark_kit.tiny_data import conversations, thinking_reply
 
@@ -90,7 +91,7 @@ def resolve_verifier_path(path: str) -> str:
     return path
 
 
-def ensure_tiny_verifier(spec: TinySpec = TinySpec(), root: Path | None = None, log=print) -> Path:
+def ensure_tiny_verifier(spec: TinySpec = TinySpec(), root: Path | None = None, log=note) -> Path:
     out = (root or cache_root()) / f"tiny-qwen3-{spec_hash(spec)}"
     if (out / "model.safetensors").exists():
         return out
@@ -179,7 +180,7 @@ def _config(spec: TinySpec, vocab: int):
     )
 
 
-def train_tiny_model(spec: TinySpec, tok, log=print):
+def train_tiny_model(spec: TinySpec, tok, log=note):
     import torch
     from transformers import Qwen3ForCausalLM
 

@@ -32,16 +32,17 @@ def tiny_recipe():
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, tiny_verifier) -> Path:
-    """prepare -> hidden-states -> train on the shipped conversations (real speculators).
+    """`dspark-kit run` (the real CLI) of prepare -> hidden-states -> train on the tiny recipe.
 
     Returns the work dir: prepared/, prepared/hidden_states/, checkpoints/, logs/.
     """
-    from dspark_kit.pipeline import run_pipeline
-    from dspark_kit.recipe import load_recipe
-    from dspark_kit.tiny_data import write_regen_style_jsonl
+    import subprocess
+    import sys
 
     wd = tmp_path_factory.mktemp("trained-run")
-    recipe = load_recipe(TINY_RECIPE, ["train.epochs=2"])
-    write_regen_style_jsonl(wd / "regen.jsonl", 96)
-    run_pipeline(recipe, wd, ["prepare", "hidden-states", "train"], log=lambda m: None)
+    cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages",
+           "prepare,hidden-states,train", "--workdir", str(wd), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wd / "run.json").write_text(proc.stdout)
     return wd

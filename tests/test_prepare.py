@@ -76,15 +76,18 @@ def test_prepare_writes_speculators_format_and_counts_rejects(tmp_path, tiny_ver
 
     src = tmp_path / "in.jsonl"
     good = {"conversations": [{"from": "human", "value": "Count from 1 to 5."}, {"from": "gpt", "value": "1, 2, 3, 4, 5."}]}
-    long = {"messages": [{"role": "user", "content": "Repeat after me: " + "the cat " * 80},
-                         {"role": "assistant", "content": "the cat " * 80}]}
-    lines = [json.dumps(good)] * 6 + [json.dumps(long), json.dumps({"messages": []}), "{not json"]
+    long = {"messages": [{"role": "user", "content": "Count from 1 to 90."},
+                         {"role": "assistant", "content": ", ".join(map(str, range(1, 91)))}]}
+    prompt_too_long = {"messages": [{"role": "user", "content": "Repeat after me: " + "the cat " * 80},
+                                    {"role": "assistant", "content": "the cat"}]}
+    lines = [json.dumps(good)] * 6 + [json.dumps(long), json.dumps(prompt_too_long),
+                                      json.dumps({"messages": []}), "{not json"]
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "prepared"
     s = prepare(read_jsonl(src), str(tiny_verifier), out, seq_length=64, thinking=False, num_workers=2)
-    assert s.conversations_in == 9
+    assert s.conversations_in == 10
     assert s.rows_out == 7 and sum(s.rejected.values()) == 2
-    assert s.truncated == 1
+    assert s.truncated == 1 and s.no_trainable_tokens == 1  # the reply fell past seq_length
     ds = load_from_disk(str(out))
     assert set(ds.column_names) >= {"input_ids", "loss_mask", "seq_len"}
     assert all(n <= 64 for n in ds["seq_len"])

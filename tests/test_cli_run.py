@@ -1,0 +1,50 @@
+"""Integration: the real CLI trains a real DSpark draft on the tiny recipe (torchtune style)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+TINY_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_layout_and_checkpoint(trained_run):
+    wd = trained_run
+    summary = json.loads((wd / "run.json").read_text())
+    assert [s["stage"] for s in summary["stages"]] == ["prepare", "hidden-states", "train"]
+    assert (wd / "prepared" / "token_freq.pt").exists()
+    assert list((wd / "prepared" / "hidden_states").glob("hs_*.safetensors"))
+    best = wd / "checkpoints" / "checkpoint_best"
+    assert best.is_symlink() and (best / "model.safetensors").exists()
+    cfg = json.loads((best / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "dspark"
+    assert cfg["block_size"] == 4 and cfg["aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert cfg["transformer_layer_config"]["layer_types"] == ["full_attention"]
+    val = json.loads((best / "val_metrics.json").read_text())
+    assert summary["stages"][-1]["figure"] == pytest.approx(val["accept_len_epoch"])
+    manifest = json.loads((wd / "manifest.json").read_text())
+    assert "dspark_kit.train_entry" in manifest["stages"]["train"]["argv"]
+    assert manifest["devices"]["versions"]["speculators"] == "0.9.0"
+
+
+def test_tensorboard_has_val_accept_len(trained_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((trained_run / "logs").rglob("events.out.tfevents.*"))
+    assert events
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    assert "val/accept_len_epoch" in acc.Tags()["scalars"]
+    assert len(acc.Scalars("val/accept_len_epoch")) == 2  # two epochs
+
+
+def test_rerun_skips_unchanged_stages(trained_run):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages",
+           "prepare,hidden-states,train", "--workdir", str(trained_run), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert {s["status"] for s in json.loads(out)["stages"]} == {"skipped (unchanged)"}
