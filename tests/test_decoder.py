@@ -9,13 +9,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fixtures_decoder import fresh_draft, save_draft, train_draft, training_rows  # noqa: E402
+from fixtures_decoder import fresh_draft, save_draft, train_draft, training_rows
 
-from dspark_kit import draft_model  # noqa: E402
-from dspark_kit.chat import prompt_ids  # noqa: E402
-from dspark_kit.decoder import SpecGenerator, Verifier  # noqa: E402
-from dspark_kit.draft_model import DSparkDraft, confident_prefix  # noqa: E402
-from dspark_kit.tiny import ensure_tiny_verifier  # noqa: E402
+from dspark_kit import draft_model
+from dspark_kit.chat import prompt_ids
+from dspark_kit.decoder import SpecGenerator, Verifier
+from dspark_kit.draft_model import DSparkDraft, confident_prefix
+from dspark_kit.tiny import ensure_tiny_verifier
 
 
 @pytest.fixture(scope="module", autouse=True)

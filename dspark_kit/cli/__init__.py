@@ -25,12 +25,15 @@ app = typer.Typer(
 
 COMMAND_MODULES = [
     "recipe_cmd",
+    "regen",
     "stages",
     "bench",
     "report",
     "serve",
     "doctor",
     "preflight",
+    "eval",
+    "window",
 ]
 
 for _name in COMMAND_MODULES:

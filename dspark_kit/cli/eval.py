@@ -1,0 +1,84 @@
+"""`dspark-kit eval`: offline autoregressive acceptance of a trained checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dspark_kit.cli.common import (
+    DEFAULT_RECIPE_PATH,
+    JsonOpt,
+    RecipeOpt,
+    SetOpt,
+    WorkdirOpt,
+    console,
+    emit_json,
+    fail,
+    load,
+)
+
+
+def parse_int_list(value: str | None, flag: str) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        items = [int(x) for x in value.replace(" ", "").split(",") if x]
+    except ValueError:
+        fail(f"{flag} {value!r}: expected comma-separated integers, e.g. {flag} 512,1024")
+    if any(x < 0 for x in items):
+        fail(f"{flag} {value!r}: values must be >= 0")
+    return items
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_cmd(
+        recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
+        set_: SetOpt = None,
+        workdir: WorkdirOpt = None,
+        checkpoint: Annotated[str | None, typer.Option(
+            "--checkpoint", help="checkpoint_best, latest, an epoch number or a path (default: serve.checkpoint).")] = None,
+        prompts: Annotated[Path | None, typer.Option(
+            "--prompts", help="jsonl of chats (conversations/messages/prompt) or plain text lines.")] = None,
+        from_data: Annotated[bool, typer.Option(
+            "--from-data", help="Take prompts from the recipe's data source instead of <workdir>/regen.jsonl.")] = False,
+        num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1, help="Default: eval.num_prompts.")] = None,
+        max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1, help="Default: eval.max_new_tokens.")] = None,
+        context_lengths: Annotated[str | None, typer.Option(
+            "--context-lengths", help="Also measure at these prompt lengths (earlier chats prepended), e.g. 512,1024.")] = None,
+        draft_window_size: Annotated[str | None, typer.Option(
+            "--draft-window-size", help="N, auto (window_tune.json, else the training window) or off. Default: serve.draft_window_size.")] = None,
+        out: Annotated[Path | None, typer.Option("--out", help="Output dir (default <workdir>/eval).")] = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Measure acceptance offline with the reference DSpark decoder (greedy, lossless).
+
+        Reports what a vLLM server's /metrics would: acceptance length
+        (1 + accepted / drafts), per-position acceptance, tokens per verifier
+        forward and wall time; writes eval.json, eval.md and PNG plots. With
+        --context-lengths it also plots acceptance vs context length with and
+        without the draft KV window. Example:
+
+          dspark-kit eval -r recipes/tiny-cpu.yaml --context-lengths 512,1024
+        """
+        from dspark_kit.checkpoints import CheckpointError
+        from dspark_kit.draft_model import DraftLoadError
+        from dspark_kit.evaluate import EvalError, run_eval
+
+        r = load(recipe, set_)
+        wd = r.workdir_path(workdir)
+        try:
+            summary = run_eval(
+                r, wd, checkpoint, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,
+                max_new_tokens=max_new_tokens, context_lengths=parse_int_list(context_lengths, "--context-lengths"),
+                draft_window_size=draft_window_size, out_dir=out, log=lambda m: console.print(m, highlight=False),
+            )
+        except (EvalError, CheckpointError, DraftLoadError) as e:
+            fail(str(e))
+        if json_out:
+            emit_json(summary)
+            return
+        typer.echo(Path(summary["files"]["markdown"]).read_text())
+        typer.echo(f"acceptance length {summary['acceptance_length']}; files in {Path(summary['files']['json']).parent}")

@@ -1,0 +1,345 @@
+"""Offline autoregressive acceptance: `dspark-kit eval` and `dspark-kit window tune`.
+
+Runs the reference decoder (greedy, lossless) over eval prompts and reports
+what a vLLM server's /metrics would: acceptance length = 1 + accepted/drafts,
+per-position acceptance accepted_per_pos[i]/drafts, plus tokens per verifier
+forward and wall time. Long contexts are built by prepending whole earlier
+conversations (a multi-turn chat) until the prompt reaches the asked length,
+which is where a draft trained on short sequences loses acceptance and a draft
+KV window can win it back (REFERENCE §7, §9).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from dspark_kit.recipe import Recipe
+
+KERNEL_BLOCK_SIZE = 16  # the local decoder's window granularity (vLLM-Ascend uses its KV block size)
+TUNE_FILE = "window_tune.json"
+
+
+class EvalError(ValueError):
+    """One line naming the flag or file and the fix."""
+
+
+# ---- prompts ------------------------------------------------------------------
+
+
+def _rows_to_chats(rows) -> list[list[dict]]:
+    from dspark_kit.conversations import ConversationError, normalize
+
+    chats = []
+    for row in rows:
+        try:
+            chats.append(normalize(row))
+        except ConversationError:
+            continue
+    return chats
+
+
+def load_chats(recipe: Recipe, workdir: Path, prompts_file: Path | None = None, from_data: bool = False,
+               limit: int = 64) -> list[list[dict]]:
+    """Conversations to take eval prompts from: a file, regen.jsonl, or the data source."""
+    if prompts_file is not None:
+        if not prompts_file.is_file():
+            raise EvalError(f"--prompts {prompts_file}: file not found (jsonl rows with conversations/messages/prompt)")
+        lines = [ln for ln in prompts_file.read_text().splitlines() if ln.strip()]
+        rows = []
+        for ln in lines:
+            try:
+                rows.append(json.loads(ln))
+            except json.JSONDecodeError:
+                rows.append({"prompt": ln})  # a plain text line is a prompt
+        chats = _rows_to_chats(rows)
+    elif not from_data and (workdir / "regen.jsonl").is_file():
+        chats = _rows_to_chats(json.loads(ln) for ln in (workdir / "regen.jsonl").read_text().splitlines() if ln.strip())
+    else:
+        from dspark_kit.sources import iter_source
+
+        chats = [msgs for _, msgs in iter_source(recipe.data, limit=limit)]
+    if not chats:
+        raise EvalError("eval prompts: no usable conversation found (pass --prompts FILE or run regen first)")
+    return chats[:limit]
+
+
+def _until_last_user(chat: list[dict]) -> list[dict]:
+    last = max(i for i, m in enumerate(chat) if m["role"] == "user")
+    return chat[: last + 1]
+
+
+def build_prompts(tokenizer, chats: list[list[dict]], num_prompts: int, thinking: bool,
+                  context_length: int = 0, seed: int = 0) -> list[list[int]]:
+    """Prompt token ids; with context_length > 0, earlier chats are prepended as history."""
+    from dspark_kit.chat import prompt_ids
+
+    rng = random.Random(seed)
+    out = []
+    for i, chat in enumerate(chats[:num_prompts]):
+        msgs = _until_last_user(chat)
+        history: list[dict] = []
+        others = [c for j, c in enumerate(chats) if j != i] or [chat]
+        while context_length and len(prompt_ids(tokenizer, history + msgs, thinking)) < context_length:
+            history = list(rng.choice(others)) + history
+        ids = prompt_ids(tokenizer, history + msgs, thinking)
+        if context_length and len(ids) > context_length:  # trim history from the left, keep the prompt whole
+            keep = max(context_length, len(prompt_ids(tokenizer, msgs, thinking)))
+            ids = ids[-keep:]
+        out.append(ids)
+    return out
+
+
+# ---- running ----------------------------------------------------------------
+
+
+def aggregate(results, k: int) -> dict:
+    """vLLM-style acceptance figures summed over a run's requests."""
+    drafts = sum(r.num_drafts for r in results)
+    draft_tokens = sum(r.num_draft_tokens for r in results)
+    accepted = sum(r.num_accepted_tokens for r in results)
+    per_pos = [sum(r.accepted_per_pos[i] for r in results if i < len(r.accepted_per_pos)) for i in range(k)]
+    tokens = sum(len(r.token_ids) for r in results)
+    forwards = sum(getattr(r, "verifier_forwards", 0) for r in results)
+    return {
+        "num_requests": len(results),
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": accepted,
+        "accepted_per_pos": per_pos,
+        "acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
+        "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
+        "per_position_acceptance": [round(a / drafts, 4) for a in per_pos] if drafts else [],
+        "output_tokens": tokens,
+        "verifier_forwards": forwards,
+        "tokens_per_verifier_forward": round(tokens / forwards, 4) if forwards else None,
+        "wall_s": round(sum(getattr(r, "wall_s", 0.0) for r in results), 3),
+    }
+
+
+class EvalSession:
+    """One verifier + draft loaded once, measured under several settings."""
+
+    def __init__(self, recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, device: str = "cpu"):
+        from transformers import AutoTokenizer
+
+        from dspark_kit.checkpoints import resolve_checkpoint
+        from dspark_kit.decoder import Verifier
+        from dspark_kit.draft_model import DSparkDraft
+        from dspark_kit.tiny import resolve_verifier_path
+
+        self.recipe, self.workdir = recipe, workdir
+        self.verifier_path = resolve_verifier_path(recipe.verifier.path)
+        self.checkpoint = resolve_checkpoint(workdir / "checkpoints", checkpoint or recipe.serve.checkpoint)
+        self.draft = DSparkDraft.load(self.checkpoint, self.verifier_path, device)
+        self.verifier = Verifier(self.verifier_path, self.draft.target_layer_ids, device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.verifier_path)
+        self.k = min(recipe.num_speculative_tokens, self.draft.block_size)
+        self.stop_ids = frozenset(t for t in [self.tokenizer.eos_token_id] if t is not None)
+
+    def measure(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
+                confidence_threshold: float | None = None) -> dict:
+        from dspark_kit.decoder import SpecGenerator
+
+        gen = SpecGenerator(self.verifier, self.draft, self.k, window, confidence_threshold, KERNEL_BLOCK_SIZE)
+        results = [gen.generate(p, max_new_tokens, stop_ids=self.stop_ids) for p in prompts]
+        out = aggregate(results, self.k)
+        out["window"] = window
+        out["mean_prompt_tokens"] = round(sum(map(len, prompts)) / len(prompts), 1)
+        return out
+
+
+def resolve_window(setting: int | str | None, recipe: Recipe, workdir: Path) -> int | None:
+    """--draft-window-size N|auto|off -> a window or None (auto: tuned value, else the training window)."""
+    setting = recipe.serve.draft_window_size if setting is None else setting
+    if setting == "off":
+        return None
+    if setting == "auto":
+        tuned = workdir / "eval" / TUNE_FILE
+        if tuned.is_file():
+            value = json.loads(tuned.read_text()).get("recommended_window")
+            return value if isinstance(value, int) and value > 0 else None
+        return recipe.training_window
+    try:
+        value = int(setting)
+    except ValueError:
+        raise EvalError(f"--draft-window-size {setting!r}: expected an integer, auto or off") from None
+    if value < 1:
+        raise EvalError(f"--draft-window-size {value}: must be >= 1 (or off)")
+    return value
+
+
+def run_eval(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, *,
+             prompts_file: Path | None = None, from_data: bool = False, num_prompts: int | None = None,
+             max_new_tokens: int | None = None, context_lengths: list[int] | None = None,
+             draft_window_size: int | str | None = None, out_dir: Path | None = None,
+             device: str = "cpu", log=lambda _msg: None) -> dict:
+    """Measure acceptance; write eval.json, eval.md and plots under out_dir (default <workdir>/eval)."""
+    workdir = Path(workdir)
+    num_prompts = num_prompts or recipe.eval.num_prompts
+    max_new = max_new_tokens or recipe.eval.max_new_tokens
+    ctx_lens = sorted(set(context_lengths if context_lengths is not None else recipe.eval.context_lengths))
+    window = resolve_window(draft_window_size, recipe, workdir)
+    session = EvalSession(recipe, workdir, checkpoint, device)
+    chats = load_chats(recipe, workdir, prompts_file, from_data, limit=max(num_prompts, 16))
+    thinking = recipe.verifier.thinking
+    thr = recipe.eval.confidence_threshold
+
+    short = build_prompts(session.tokenizer, chats, num_prompts, thinking)
+    log(f"eval: {len(short)} prompts, K={session.k}, window={window}")
+    headline = session.measure(short, max_new, window, thr)
+    runs = [{"context_length": 0, **headline}]
+    if ctx_lens:
+        if window is not None:
+            runs.append({"context_length": 0, **session.measure(short, max_new, None, thr)})
+        for length in ctx_lens:
+            prompts = build_prompts(session.tokenizer, chats, num_prompts, thinking, length)
+            for w in dict.fromkeys([None, window]):
+                log(f"eval: context {length} window {w}")
+                runs.append({"context_length": length, **session.measure(prompts, max_new, w, thr)})
+    summary = {
+        "checkpoint": str(session.checkpoint),
+        "verifier": session.verifier_path,
+        "num_speculative_tokens": session.k,
+        "max_new_tokens": max_new,
+        "kernel_block_size": KERNEL_BLOCK_SIZE,
+        "training_window": recipe.training_window,
+        "draft_window_size": window,
+        **{k: headline[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance",
+                                    "tokens_per_verifier_forward", "wall_s", "num_drafts")},
+        "runs": runs,
+    }
+    summary["files"] = write_outputs(summary, Path(out_dir) if out_dir else workdir / "eval")
+    return summary
+
+
+def stage_eval(recipe: Recipe, workdir: Path) -> dict:
+    """Pipeline stage hook (dspark_kit.pipeline)."""
+    s = run_eval(recipe, workdir)
+    return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
+
+
+# ---- outputs ----------------------------------------------------------------
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def markdown(summary: dict) -> str:
+    lines = [
+        f"# Offline eval: {summary['checkpoint']}",
+        "",
+        (f"K={summary['num_speculative_tokens']}, max_new_tokens={summary['max_new_tokens']}, "
+         f"draft window={summary['draft_window_size']}"),
+        "",
+        "| context | prompt tokens | window | acceptance length | per-position | tokens/verifier fwd | wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in summary["runs"]:
+        per = ", ".join(f"{x:.3f}" for x in r["per_position_acceptance"])
+        lines.append(f"| {r['context_length'] or 'short'} | {r['mean_prompt_tokens']} | {r['window'] or 'off'} | "
+                     f"{r['acceptance_length']} | {per} | {r['tokens_per_verifier_forward']} | {r['wall_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
+    from dspark_kit.plots import grouped_bars, lines
+
+    files = {"json": out_dir / "eval.json", "markdown": out_dir / "eval.md", "positions_png": out_dir / "eval_positions.png"}
+    grouped_bars(files["positions_png"], {"acceptance": summary["per_position_acceptance"]},
+                 title="Per-position acceptance (short prompts)", xlabel="draft position", ylabel="accepted / drafts")
+    long_runs = [r for r in summary["runs"] if r["context_length"]]
+    if long_runs:
+        series = {}
+        for w in dict.fromkeys(r["window"] for r in long_runs):
+            pts = sorted((r["context_length"], r["acceptance_length"] or 1.0) for r in long_runs if r["window"] == w)
+            series[f"window {w}" if w else "no window"] = ([x for x, _ in pts], [y for _, y in pts])
+        files["context_png"] = out_dir / "eval_context.png"
+        lines(files["context_png"], series, title="Acceptance length vs context length",
+              xlabel="context tokens", ylabel="acceptance length", markers=True)
+    names = {k: str(v) for k, v in files.items()}
+    _atomic_write(files["markdown"], markdown(summary))
+    _atomic_write(files["json"], json.dumps({**summary, "files": names}, indent=2))
+    return names
+
+
+# ---- window tuning --------------------------------------------------------------
+
+
+def candidate_windows(training_window: int, max_context: int, block: int = KERNEL_BLOCK_SIZE,
+                      allow_below: bool = False) -> list[int]:
+    """Multiples of the kernel block from the training window (or a quarter of it) up to the longest context."""
+    floor = max(block, training_window // 4) if allow_below else training_window
+    first = -(-floor // block) * block
+    out, w = [], first
+    while w < max_context:
+        out.append(w)
+        w *= 2
+    return out or [first]
+
+
+def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, *,
+                candidates: list[int] | None = None, context_lengths: list[int] | None = None,
+                allow_below: bool = False, num_prompts: int | None = None, max_new_tokens: int | None = None,
+                prompts_file: Path | None = None, tolerance: float = 0.02, device: str = "cpu",
+                log=lambda _msg: None) -> dict:
+    """Sweep draft windows over context lengths; write <workdir>/eval/window_tune.json."""
+    tw = recipe.training_window
+    ctx_lens = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw]))
+    cands = sorted(set(candidates or candidate_windows(tw, max(ctx_lens), allow_below=allow_below)))
+    below = [w for w in cands if w < tw]
+    if below and not allow_below:
+        raise EvalError(f"window tune: candidates {below} below the draft's training window {tw} "
+                        "(pass --allow-below to try them anyway)")
+    session = EvalSession(recipe, workdir, checkpoint, device)
+    num_prompts = num_prompts or recipe.eval.num_prompts
+    max_new = max_new_tokens or recipe.eval.max_new_tokens
+    chats = load_chats(recipe, workdir, prompts_file, limit=max(num_prompts, 16))
+    thinking = recipe.verifier.thinking
+    table: dict[str, dict[str, float | None]] = {}
+    prompt_sets = {0: build_prompts(session.tokenizer, chats, num_prompts, thinking)}
+    prompt_sets |= {n: build_prompts(session.tokenizer, chats, num_prompts, thinking, n) for n in ctx_lens}
+    for w in [None, *cands]:
+        key = str(w or "off")
+        table[key] = {}
+        for n, prompts in prompt_sets.items():
+            log(f"window tune: window {key} context {n or 'short'}")
+            table[key][str(n)] = session.measure(prompts, max_new, w)["acceptance_length"]
+    recommended = pick_window(table, ctx_lens, tolerance)
+    result = {
+        "recommended_window": recommended,
+        "training_window": tw,
+        "kernel_block_size": KERNEL_BLOCK_SIZE,
+        "context_lengths": ctx_lens,
+        "candidates": cands,
+        "acceptance_length": table,
+        "checkpoint": str(session.checkpoint),
+        "rule": f"max mean AL over contexts > window, short-context AL within {tolerance} of no window, "
+                f"gain over no window > {tolerance}; else null (leave the window unset)",
+    }
+    _atomic_write(workdir / "eval" / TUNE_FILE, json.dumps(result, indent=2))
+    result["file"] = str(workdir / "eval" / TUNE_FILE)
+    return result
+
+
+def pick_window(table: dict[str, dict[str, float | None]], context_lengths: list[int], tolerance: float) -> int | None:
+    """The window with the best long-context AL that keeps short-context AL; None when windows do not help."""
+    def al(key: str, n: int) -> float:
+        return table[key].get(str(n)) or 1.0
+
+    def long_mean(key: str) -> float:
+        return sum(al(key, n) for n in context_lengths) / len(context_lengths)
+
+    base_short, base_long = al("off", 0), long_mean("off")
+    best, best_score = None, base_long + tolerance
+    for key in table:
+        if key == "off" or al(key, 0) < base_short - tolerance:
+            continue
+        if long_mean(key) > best_score:
+            best, best_score = int(key), long_mean(key)
+    return best

@@ -1,0 +1,132 @@
+"""Offline eval and window tuning on a briefly trained tiny draft."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fixtures_decoder import fresh_draft, save_draft, train_draft
+
+from dspark_kit.cli import app
+from dspark_kit.decoder import SpecResult
+from dspark_kit.evaluate import (
+    EvalError,
+    aggregate,
+    candidate_windows,
+    pick_window,
+    resolve_window,
+    run_eval,
+    tune_window,
+)
+from dspark_kit.recipe import load_recipe
+from dspark_kit.tiny import ensure_tiny_verifier
+
+RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """speculators' save_path layout: checkpoints/0 plus a checkpoint_best symlink."""
+    wd = tmp_path_factory.mktemp("run")
+    vp = ensure_tiny_verifier()
+    save_draft(train_draft(fresh_draft(vp), vp, steps=150), wd / "checkpoints" / "0")
+    (wd / "checkpoints" / "checkpoint_best").symlink_to("0")
+    return wd
+
+
+def recipe(workdir: Path, *sets: str):
+    return load_recipe(RECIPE, [f"workdir={workdir}", "eval.num_prompts=3", "eval.max_new_tokens=16",
+                                "data.limit=24", *sets])
+
+
+def test_aggregate_matches_vllm_formulas():
+    a = SpecResult([1, 2, 3, 4, 5], "stop", num_drafts=2, num_draft_tokens=6, num_accepted_tokens=3,
+                   accepted_per_pos=[2, 1, 0], verifier_forwards=3)
+    b = SpecResult([6, 7], "length", num_drafts=2, num_draft_tokens=6, num_accepted_tokens=1,
+                   accepted_per_pos=[1, 0, 0], verifier_forwards=3)
+    s = aggregate([a, b], 3)
+    assert s["acceptance_length"] == 2.0  # 1 + 4 accepted / 4 drafts
+    assert s["per_position_acceptance"] == [0.75, 0.25, 0.0]
+    assert s["acceptance_rate"] == round(4 / 12, 4)
+    assert s["tokens_per_verifier_forward"] == round(7 / 6, 4)
+
+
+def test_pick_window_rules():
+    table = {"off": {"0": 3.0, "512": 1.5, "1024": 1.2},
+             "256": {"0": 2.5, "512": 2.9, "1024": 2.8},  # loses short-context AL
+             "512": {"0": 3.0, "512": 1.5, "1024": 2.4},
+             "1024": {"0": 3.0, "512": 1.5, "1024": 1.2}}
+    assert pick_window(table, [512, 1024], 0.02) == 512
+    flat = {k: {"0": 3.0, "512": 3.0, "1024": 3.0} for k in ("off", "512")}
+    assert pick_window(flat, [512, 1024], 0.02) is None  # no gain: leave the window unset
+
+
+def test_candidate_windows_respect_training_window():
+    assert candidate_windows(256, 1024, 16) == [256, 512]
+    assert min(candidate_windows(256, 1024, 16, allow_below=True)) < 256
+    assert all(w % 16 == 0 for w in candidate_windows(100, 2000, 16))
+
+
+def test_resolve_window(tmp_path):
+    r = recipe(tmp_path)
+    assert resolve_window("off", r, tmp_path) is None
+    assert resolve_window("96", r, tmp_path) == 96
+    assert resolve_window("auto", r, tmp_path) == r.training_window  # no tune file yet
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "window_tune.json").write_text(json.dumps({"recommended_window": 48}))
+    assert resolve_window("auto", r, tmp_path) == 48
+    with pytest.raises(EvalError, match="--draft-window-size"):
+        resolve_window("big", r, tmp_path)
+
+
+def test_run_eval_outputs_and_context_sweep(workdir):
+    r = recipe(workdir)
+    s = run_eval(r, workdir, context_lengths=[160], draft_window_size="32")
+    assert s["acceptance_length"] > 1.0
+    assert abs(1 + sum(s["per_position_acceptance"]) - s["acceptance_length"]) < 1e-3
+    assert s["num_speculative_tokens"] == r.num_speculative_tokens
+    long_runs = [x for x in s["runs"] if x["context_length"] == 160]
+    assert sorted(x["window"] or 0 for x in long_runs) == [0, 32]
+    assert all(150 <= x["mean_prompt_tokens"] <= 200 for x in long_runs)
+    files = {k: Path(v) for k, v in s["files"].items()}
+    assert {"json", "markdown", "positions_png", "context_png"} <= files.keys()
+    assert all(f.is_file() and f.stat().st_size > 0 for f in files.values())
+    assert json.loads(files["json"].read_text())["acceptance_length"] == s["acceptance_length"]
+    assert Path(s["checkpoint"]) == (workdir / "checkpoints" / "0").resolve()
+
+
+def test_tune_writes_recommendation(workdir):
+    r = recipe(workdir, "data.seq_length=64")  # training window 64 so the tiny contexts exceed it
+    with pytest.raises(EvalError, match="--allow-below"):
+        tune_window(r, workdir, candidates=[32, 64], context_lengths=[160])
+    res = tune_window(r, workdir, candidates=[64, 128], context_lengths=[160], num_prompts=2, max_new_tokens=12)
+    saved = json.loads((workdir / "eval" / "window_tune.json").read_text())
+    assert "recommended_window" in saved and saved["recommended_window"] in (None, 64, 128)
+    assert set(saved["acceptance_length"]) == {"off", "64", "128"}
+    assert res["recommended_window"] == saved["recommended_window"]
+
+
+def test_cli_eval_json_and_errors(workdir):
+    runner = CliRunner()
+    base = ["eval", "-r", str(RECIPE), "--set", f"workdir={workdir}", "--set", "data.limit=24",
+            "--num-prompts", "2", "--max-new-tokens", "8", "--draft-window-size", "off"]
+    res = runner.invoke(app, [*base, "--json", "--out", str(workdir / "cli_eval")])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["draft_window_size"] is None
+    assert (workdir / "cli_eval" / "eval.md").is_file()
+    bad = runner.invoke(app, [*base, "--checkpoint", "7"])
+    assert bad.exit_code == 2 and "checkpoint" in bad.output
