@@ -25,7 +25,6 @@ app = typer.Typer(
 
 COMMAND_MODULES = [
     "recipe_cmd",
-    "regen",
     "stages",
     "bench",
     "report",
