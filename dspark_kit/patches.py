@@ -7,9 +7,8 @@ speculators 0.9.0 ships (a), (c), (d); (b) is still partial (REFERENCE §3).
 Every fix here has a probe that runs the *installed* code on a tiny input and
 checks the result; the patch is applied only when the probe fails, so a newer
 speculators is used as is and an older tree gets exactly the missing fix.
-
 Call `apply_for_training(device)` in every training process before
-speculators' train main runs.
+speculators' train main runs (dspark_kit.train_entry does).
 """
 
 from __future__ import annotations
@@ -367,6 +366,11 @@ def _run_probe(fix: Fix, device: str) -> ProbeResult:
 def _prepare_device(device: str) -> None:
     if device == "npu":
         importlib.import_module("torch_npu")  # registers torch.npu; no transfer_to_npu
+
+
+def probe(name: str, device: str = "cpu") -> ProbeResult:
+    """Run one fix's probe by name (e.g. "markov-prev-token")."""
+    return _run_probe(next(f for f in FIXES if f.name == name), device)
 
 
 def probe_all(device: str | None = None) -> list[ProbeResult]:

@@ -94,8 +94,7 @@ def _regen_rows(path: Path, limit: int = 2000) -> list[dict]:
 def check_markov(ctx: _Context) -> list[Finding]:
     from dspark_kit import patches
 
-    fix = next(f for f in patches.FIXES if f.name == "markov-prev-token")
-    result = patches._run_probe(fix, "cpu")
+    result = patches.probe("markov-prev-token", "cpu")
     if result.ok:
         return []
     return [Finding(1, "warning", f"installed speculators fails the Markov prev_token probe ({result.detail}); "

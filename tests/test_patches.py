@@ -27,8 +27,7 @@ def mp(monkeypatch):
 
 
 def _probe(name: str, device: str = "cpu") -> patches.ProbeResult:
-    fix = next(f for f in patches.FIXES if f.name == name)
-    return patches._run_probe(fix, device)
+    return patches.probe(name, device)
 
 
 def _old_version(func, old: str, new: str):

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import JsonOpt, emit_json
+from dspark_kit.cli.common import JsonOpt, emit_json, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -32,7 +32,10 @@ def register(app: typer.Typer) -> None:
 
         from dspark_kit import devices, patches
 
-        info = devices.describe(device)
+        try:
+            info = devices.describe(device)
+        except (ValueError, RuntimeError) as e:
+            fail(str(e))
         results = patches.probe_all(info["device"])
         summaries = {f.name: f.summary for f in patches.FIXES}
         rows = [
