@@ -10,25 +10,26 @@ from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.recipe import Recipe
 
 
-def server_plan(recipe: Recipe, role: Role, port: int | None = None, checkpoint: str | None = None) -> ServerPlan:
-    """The recipe's engine (serve.engine) for `role`."""
-    engine = recipe.serve.engine
+def server_plan(recipe: Recipe, role: Role, port: int | None = None, checkpoint: str | Path | None = None,
+                workdir: Path | None = None, engine: str | None = None) -> ServerPlan:
+    """The plan for `role` on `engine` (default: the recipe's serve.engine)."""
+    engine = engine or recipe.serve.engine
     if engine == "local":
-        from dspark_kit.engines.local import plan_local
+        from dspark_kit.engines.local import plan_local  # lazily: pulls in the local server stack
 
-        return plan_local(recipe, role, port=port, checkpoint=checkpoint)
+        return plan_local(recipe, role, port=port, checkpoint=str(checkpoint) if checkpoint else None)
     from dspark_kit.engines.vllm import plan_vllm
 
-    return plan_vllm(recipe, role, engine=engine, port=port, checkpoint=checkpoint)
+    return plan_vllm(recipe, role, engine=engine, port=port, checkpoint=checkpoint, workdir=workdir)
 
 
 @contextmanager
 def running_server(recipe: Recipe, role: Role, workdir: Path, port: int | None = None,
-                   checkpoint: str | None = None) -> Iterator[str]:
+                   checkpoint: str | Path | None = None) -> Iterator[str]:
     """Yield the base URL of a healthy server for `role`; stop it afterwards."""
     from dspark_kit.lifecycle import ManagedServer
 
-    plan = server_plan(recipe, role, port=port, checkpoint=checkpoint)
+    plan = server_plan(recipe, role, port=port, checkpoint=checkpoint, workdir=workdir)
     log = Path(workdir) / "logs" / f"{role}-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with ManagedServer(plan, log) as srv:

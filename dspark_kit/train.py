@@ -99,10 +99,11 @@ def build_train_args(
         "--epochs", str(t.epochs),
         "--checkpoint-freq", f"{t.checkpoint_freq:g}",
         "--seed", str(t.seed),
-        "--logger", t.logger,
         "--num-workers", str(t.num_workers),
         "--train-data-ratio", str(t.train_data_ratio),
     ]
+    if t.logger != "none":  # speculators' "no logger" is its default; "none" is not a handler name
+        args += ["--logger", t.logger]
     if recipe.full_attention_indices:
         args += ["--full-attention-indices", *map(str, recipe.full_attention_indices)]
     if d.mask_token_id is not None:

@@ -87,3 +87,9 @@ def test_sliding_attention_passes_only_listed_layers(tiny_recipe, tmp_path):
 def test_online_without_endpoint_is_an_error(ascend, tmp_path):
     with pytest.raises(ValueError, match="hidden_states.mode online"):
         build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu")
+
+
+def test_logger_none_is_left_to_speculators_default(tiny_recipe, tmp_path):
+    tiny_recipe.train.logger = "none"
+    args = build_train_args(tiny_recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu")
+    assert "--logger" not in args

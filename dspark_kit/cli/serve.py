@@ -21,6 +21,8 @@ from dspark_kit.cli.common import (
     load,
 )
 
+from dspark_kit.serve_stage import resolve_and_validate  # noqa: E402
+
 ROLES = ("chat", "hidden-states", "spec")
 ENGINES = ("local", "vllm", "vllm-ascend")
 
@@ -29,27 +31,10 @@ def _warn(message: str) -> None:
     console.print(f"[yellow]warning:[/] {message}", highlight=False)
 
 
-def resolve_and_validate(recipe, workdir: Path, which: str | None) -> tuple[Path, list]:
-    """The checkpoint to serve (absolute) and what is wrong with it for this recipe."""
-    from dspark_kit.checkpoints import resolve_checkpoint, validate_checkpoint
-    from dspark_kit.engines.vllm import num_layers_of, verifier_config
-    from dspark_kit.tiny import resolve_verifier_path
-
-    which = which or recipe.serve.checkpoint
-    path = resolve_checkpoint(workdir / "checkpoints", which)
-    verifier = resolve_verifier_path(recipe.verifier.path)
-    findings = validate_checkpoint(path, recipe, num_layers_of(verifier_config(verifier)), verifier)
-    return path, findings
-
-
 def make_plan(recipe, role: str, engine: str, port: int | None, checkpoint: Path | None, workdir: Path):
-    if engine == "local":
-        from dspark_kit.engines.local import plan_local  # lazily: pulls in the local server stack
+    from dspark_kit.servers import server_plan
 
-        return plan_local(recipe, role, port=port, checkpoint=str(checkpoint) if checkpoint else None)
-    from dspark_kit.engines.vllm import plan_vllm
-
-    return plan_vllm(recipe, role, engine=engine, port=port, checkpoint=checkpoint, workdir=workdir)
+    return server_plan(recipe, role, port=port, checkpoint=checkpoint, workdir=workdir, engine=engine)
 
 
 def register(app: typer.Typer) -> None:
