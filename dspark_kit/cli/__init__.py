@@ -25,6 +25,7 @@ app = typer.Typer(
 
 COMMAND_MODULES = [
     "recipe_cmd",
+    "regen",
     "stages",
     "bench",
     "report",

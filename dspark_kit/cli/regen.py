@@ -1,0 +1,110 @@
+"""`dspark-kit regen`: regenerate a chat dataset's replies with the verifier."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dspark_kit.cli.common import (
+    DEFAULT_RECIPE_PATH,
+    JsonOpt,
+    RecipeOpt,
+    SetOpt,
+    console,
+    emit_json,
+    fail,
+    load,
+)
+
+
+class _Progress:
+    """Rich bar: rows, rows/min, completion tokens/s, ETA and rows per endpoint."""
+
+    def __init__(self, total: int | None, enabled: bool):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(TextColumn("regen"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                            TextColumn("{task.fields[stats]}"), console=console, disable=not enabled)
+        self.task = self.bar.add_task("regen", total=total, stats="")
+        self.t0, self.rows, self.errors, self.tokens = time.time(), 0, 0, 0
+        self.per_endpoint: Counter = Counter()
+
+    def on_row(self, row: dict) -> None:
+        if "error" in row:
+            self.errors += 1
+        else:
+            self.rows += 1
+            self.tokens += row["metadata"]["usage"].get("completion_tokens", 0)
+            self.per_endpoint[row["metadata"]["endpoint"].split("//")[-1]] += 1
+        dt = max(time.time() - self.t0, 1e-6)
+        eps = " ".join(f"{k}:{v}" for k, v in self.per_endpoint.items())
+        stats = f"{self.rows / dt * 60:.0f} rows/min {self.tokens / dt:.0f} tok/s err {self.errors} | {eps}"
+        self.bar.update(self.task, advance=1, stats=stats)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def regen(
+        recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
+        set_: SetOpt = None,
+        outfile: Annotated[Path, typer.Option("--outfile", "-o", help="Output jsonl (one row per conversation).")] = Path("regen.jsonl"),
+        dataset: Annotated[str | None, typer.Option(help="Override data.source: builtin:tiny-chat, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
+        endpoint: Annotated[list[str] | None, typer.Option("--endpoint", "-e", help="OpenAI base URL, e.g. http://10.0.0.5:8000/v1 (repeat for several servers; none = start a local engine).")] = None,
+        model: Annotated[str | None, typer.Option(help="Model id to request (default: first id from GET /v1/models).")] = None,
+        limit: Annotated[int | None, typer.Option(min=1, help="Read at most N source rows.")] = None,
+        concurrency: Annotated[int | None, typer.Option(min=1, help="In-flight requests per endpoint (default regen.concurrency).")] = None,
+        max_tokens: Annotated[int | None, typer.Option(min=1, help="Max new tokens per reply (default regen.max_tokens).")] = None,
+        temperature: Annotated[float | None, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")] = None,
+        top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = None,
+        seed: Annotated[int | None, typer.Option(help="Base seed (per request: seed + 1000*idx + turn).")] = None,
+        resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip rows already in --outfile (and repair a cut last line); --no-resume starts over.")] = True,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Stage 0: regenerate every assistant turn with the verifier (same model and thinking mode that training and serving use, REFERENCE §8).
+
+        User turns are kept, original replies dropped, each reply regenerated in order with the new replies as history. Rows are shared over all --endpoint servers (scale with more servers, not more concurrency); a server that keeps refusing connections is dropped and its rows go to the others. Failed rows (after retries with backoff) are listed in OUTFILE.errors.jsonl; re-running with --resume retries exactly those.
+
+        Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -o runs/tiny/regen.jsonl
+        """
+        from dspark_kit.regen import run_regen
+        from dspark_kit.sources import SourceError
+
+        r = load(recipe, set_)
+        total = limit or r.data.limit
+        progress = _Progress(total, enabled=not json_out and console.is_terminal)
+        try:
+            with progress.bar:
+                summary = run_regen(
+                    r, outfile, endpoints=endpoint, limit=limit, resume=resume, dataset=dataset,
+                    model=model, concurrency=concurrency, max_tokens=max_tokens,
+                    temperature=temperature, top_p=top_p, seed=seed, on_row=progress.on_row)
+        except SourceError as e:
+            fail(str(e))
+        except RuntimeError as e:  # e.g. the local engine did not start
+            fail(str(e).splitlines()[0] + " (full log tail below)\n" + str(e), code=1)
+        if json_out:
+            emit_json(summary)
+        else:
+            console.print(
+                f"regen: {summary['written']} rows written, {summary['failed']} failed, "
+                f"{summary['already_done']} already done -> {summary['outfile']} "
+                f"({summary['rows_per_min']} rows/min, {summary['tokens_per_s']} tok/s)", highlight=False)
+            for ep in summary["endpoints"]:
+                state = f"DEAD: {ep['dead']}" if ep["dead"] else "ok"
+                console.print(f"  {ep['url']}: {ep['rows']} rows, {ep['errors']} errors, {state}", highlight=False)
+            if summary["failed"]:
+                console.print(f"  failures: {summary['errors_file']} (re-run with --resume to retry them)")
+            if summary["skipped_rows"]:
+                console.print(f"  unusable source rows: {summary['skipped_rows']}", highlight=False)
+        if summary["all_endpoints_dead"]:
+            raise typer.Exit(1)

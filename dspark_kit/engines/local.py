@@ -1,0 +1,75 @@
+"""Plan the local engine (our FastAPI server) from a recipe.
+
+The served model id matters: speculators' online trainer refuses a server whose
+/v1/models id differs from the verifier path it was given, so for the builtin
+tiny verifier the id is its resolved directory (what the trainer receives)
+unless verifier.served_name says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from dspark_kit.engines import Role, ServerPlan
+from dspark_kit.recipe import Recipe
+
+
+def num_hidden_layers(verifier_dir: str) -> int:
+    cfg_path = Path(verifier_dir) / "config.json"
+    if cfg_path.exists():
+        cfg = json.loads(cfg_path.read_text())
+    else:  # a hub id: let transformers find the config
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(verifier_dir).to_dict()
+    cfg = cfg.get("text_config", cfg)  # multimodal wrappers nest the LM config
+    return int(cfg["num_hidden_layers"])
+
+
+def plan_local(
+    recipe: Recipe,
+    role: Role,
+    port: int | None = None,
+    host: str | None = None,
+    checkpoint: str | None = None,
+    api_key: str | None = None,
+    extra_args: list[str] | None = None,
+) -> ServerPlan:
+    from dspark_kit.lifecycle import free_port
+    from dspark_kit.tiny import resolve_verifier_path
+
+    verifier = resolve_verifier_path(recipe.verifier.path)
+    host = host or recipe.serve.host
+    if port is None:  # spec serves where users point clients; helper roles take a free port
+        port = free_port(host) if role != "spec" else recipe.serve.port
+    served = recipe.verifier.served_name or verifier
+    argv = [
+        sys.executable, "-m", "dspark_kit.engines.local_server",
+        "--model", verifier, "--role", role, "--host", host, "--port", str(port),
+        "--served-model-name", served,
+        "--device", recipe.train.device,
+        # the local engine decodes in float32 on CPU: bf16 matmuls there are slow and lossy
+        "--dtype", "float32" if recipe.train.device in ("auto", "cpu") else recipe.verifier.dtype,
+    ]
+    notes: list[str] = []
+    if role == "hidden-states":
+        ids = recipe.exported_layer_ids(num_hidden_layers(verifier))
+        argv += ["--layer-ids", ",".join(map(str, ids)),
+                 "--storage-path", recipe.hidden_states.storage_path,
+                 "--hidden-states-dtype", recipe.hidden_states.dtype]
+    if role == "spec":
+        if not checkpoint:
+            raise ValueError("plan_local(role='spec'): pass checkpoint= (a DSpark checkpoint directory)")
+        argv += ["--draft", str(checkpoint),
+                 "--num-speculative-tokens", str(recipe.num_speculative_tokens)]
+        window = recipe.serve.draft_window_size
+        if isinstance(window, int):
+            argv += ["--draft-window-size", str(window)]
+        elif window == "auto":
+            notes.append("draft_window_size auto: the local engine uses the draft's trained attention")
+    argv += list(extra_args or [])
+    # the key travels in the environment, not argv, so `ps` does not show it
+    env = {"DSPARK_KIT_API_KEY": api_key} if api_key else {}
+    return ServerPlan(argv=argv, host=host, port=port, env=env, notes=notes)

@@ -1,0 +1,357 @@
+"""The local engine: an OpenAI-compatible HTTP server over transformers.
+
+Run: `python -m dspark_kit.engines.local_server --model DIR --role chat --port 8000`.
+It speaks the subset of vLLM's API the pipeline uses, with vLLM's names, so
+every client works unchanged against vLLM later:
+  GET /health (no auth), GET /v1/models, POST /v1/chat/completions,
+  POST /v1/completions, GET /metrics (vLLM Prometheus counter names).
+Role `hidden-states` mirrors vLLM's extract_hidden_states + file connector
+(REFERENCE §4): a completions request with prompt token ids writes
+`<storage>/<request-id>.safetensors` and answers with
+`kv_transfer_params.hidden_states_path`; role `spec` decodes with a DSpark draft.
+One decoding thread serves requests in turn (the tiny model is faster that way
+on 2 cores than interleaving), so /health stays responsive while it works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import os
+import re
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+MAX_BODY_BYTES = 16 * 2**20
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we ignore
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    n: int = 1
+    stream: bool = False
+    stop: str | list[str] | None = None
+    return_token_ids: bool = False
+    request_id: str | None = None
+
+
+class ChatRequest(_Req):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class CompletionRequest(_Req):
+    prompt: str | list[int] = Field(min_length=1)
+    max_tokens: int | None = Field(16, ge=1)
+
+
+class EngineMetrics:
+    """vLLM's Prometheus names (REFERENCE §6) so bench code reads either engine."""
+
+    def __init__(self, model_name: str, spec: bool):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+
+        disable_created_metrics()  # vLLM exposes no *_created series either
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name, "engine": "0"}
+        names = list(labels)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()):
+            return Counter(name, doc, [*names, *extra], registry=self.registry)
+
+        self.prompt = counter("vllm:prompt_tokens", "Prefill tokens processed.").labels(**labels)
+        self.generation = counter("vllm:generation_tokens", "Tokens generated.").labels(**labels)
+        self.running = Gauge("vllm:num_requests_running", "Requests in flight.", names,
+                             registry=self.registry).labels(**labels)
+        self.spec = spec
+        if spec:
+            self.drafts = counter("vllm:spec_decode_num_drafts", "Draft proposals.").labels(**labels)
+            self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Drafted tokens.").labels(**labels)
+            self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Accepted tokens.").labels(**labels)
+            self._per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                    "Accepted tokens per draft position.", ("position",))
+            self._labels = labels
+
+    def observe(self, prompt_tokens: int, res) -> None:
+        self.prompt.inc(prompt_tokens)
+        self.generation.inc(len(res.token_ids))
+        if self.spec:
+            self.drafts.inc(res.num_drafts)
+            self.draft_tokens.inc(res.num_draft_tokens)
+            self.accepted.inc(res.num_accepted_tokens)
+            for pos, n in enumerate(res.accepted_per_pos):
+                self._per_pos.labels(**self._labels, position=str(pos)).inc(n)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _cut_at_stop(text: str, stop: str | list[str] | None) -> tuple[str, bool]:
+    stops = [stop] if isinstance(stop, str) else (stop or [])
+    hits = [text.index(s) for s in stops if s and s in text]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+class Engine:
+    """Model, tokenizer, generator and the bookkeeping one server needs."""
+
+    def __init__(self, args: argparse.Namespace, model, tokenizer, generator):
+        self.args, self.model, self.tok, self.generator = args, model, tokenizer, generator
+        self.served_name = args.served_model_name or args.model
+        self.max_len = int(getattr(model.config, "max_position_embeddings", 4096))
+        self.vocab = int(model.config.vocab_size)
+        stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
+        self.stop_ids = frozenset(i for i in stop if isinstance(i, int) and i >= 0)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        self.in_flight = 0
+        self.metrics = EngineMetrics(self.served_name, spec=args.role == "spec")
+        self.storage = Path(args.storage_path).resolve() if args.storage_path else None
+
+    def check_model(self, req: _Req) -> None:
+        if req.model is not None and req.model != self.served_name:
+            raise ApiError(404, f"The model `{req.model}` does not exist; this server serves "
+                                f"`{self.served_name}` (GET /v1/models)", "NotFoundError")
+        if req.n != 1:
+            raise ApiError(400, "n: the local engine returns exactly one choice (n=1)")
+        if req.stream:
+            raise ApiError(400, "stream: not supported by the local engine; send stream=false")
+
+    def check_prompt(self, ids: list[int], max_tokens: int) -> None:
+        bad = [i for i in ids if not 0 <= i < self.vocab]
+        if bad:
+            raise ApiError(400, f"prompt: token ids {bad[:5]} outside [0, {self.vocab})")
+        if len(ids) + max_tokens > self.max_len:
+            raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds "
+                                f"the model's max length {self.max_len}; shorten or lower max_tokens")
+
+    async def run(self, fn, *a):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *a)
+
+    def decode(self, ids: list[int], req: _Req, max_tokens: int) -> dict[str, Any]:
+        kwargs = {"top_p": req.top_p} if req.top_p < 1.0 and self.args.role != "spec" else {}
+        res = self.generator.generate(ids, max_tokens, temperature=req.temperature,
+                                      seed=req.seed, stop_ids=self.stop_ids, **kwargs)
+        text, stopped = _cut_at_stop(self.tok.decode(res.token_ids, skip_special_tokens=False), req.stop)
+        self.metrics.observe(len(ids), res)
+        return {"text": text, "token_ids": res.token_ids,
+                "finish_reason": "stop" if stopped else res.finish_reason}
+
+    def request_file(self, request_id: str) -> Path:
+        if self.storage is None:
+            raise ApiError(400, "hidden states: server started without --storage-path")
+        if not REQUEST_ID_RE.match(request_id):
+            raise ApiError(400, f"request_id {request_id!r}: use letters, digits, '.', '_', '-' only")
+        path = (self.storage / f"{request_id}.safetensors").resolve()
+        if path.parent != self.storage:
+            raise ApiError(400, f"request_id {request_id!r}: escapes the storage directory")
+        return path
+
+    def write_hidden_states(self, ids: list[int], path: Path) -> int:
+        import torch
+        from safetensors.torch import save_file
+
+        from dspark_kit.engines.verifier_generator import extract_hidden_states
+
+        hs, next_token = extract_hidden_states(self.model, ids, self.args.layer_ids)
+        tensors = {"hidden_states": hs.to(getattr(torch, self.args.hidden_states_dtype)).cpu().contiguous(),
+                   "token_ids": torch.tensor(ids, dtype=torch.int64)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = f"{path}.lock"
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:  # readers (hs_connectors) wait on this lock before loading
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            tmp = path.with_name(path.name + ".tmp")
+            save_file(tensors, str(tmp))
+            os.replace(tmp, path)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            os.remove(lock)  # written before we answer: no reader can be waiting on it
+        return next_token
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def create_app(engine: Engine) -> FastAPI:
+    app = FastAPI(title="dspark-kit local engine", docs_url=None, redoc_url=None)
+    args = engine.args
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_r: Request, e: ApiError):
+        return JSONResponse({"error": {"message": e.message, "type": e.kind, "code": e.status}}, e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_r: Request, e: RequestValidationError):
+        msg = "; ".join(f"{'.'.join(str(p) for p in x['loc'][1:]) or 'body'}: {x['msg']}" for x in e.errors())
+        return JSONResponse({"error": {"message": msg, "type": "BadRequestError", "code": 400}}, 400)
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):
+        if (request.url.path != "/health" and args.api_key
+                and request.headers.get("authorization") != f"Bearer {args.api_key}"):
+            return JSONResponse({"error": {"message": "missing or wrong API key (Authorization: "
+                                 "Bearer KEY)", "type": "AuthenticationError", "code": 401}}, 401)
+        size = request.headers.get("content-length")
+        if size and size.isdigit() and int(size) > MAX_BODY_BYTES:
+            return JSONResponse({"error": {"message": f"request body over {MAX_BODY_BYTES} bytes",
+                                 "type": "BadRequestError", "code": 413}}, 413)
+        if request.method == "POST":
+            if engine.in_flight >= args.max_concurrency:
+                return JSONResponse({"error": {"message": f"server busy: {args.max_concurrency} requests "
+                                     "in flight (--max-concurrency); retry later", "type":
+                                     "ServiceUnavailableError", "code": 503}}, 503)
+            engine.in_flight += 1
+            engine.metrics.running.set(engine.in_flight)
+            try:
+                return await call_next(request)
+            finally:
+                engine.in_flight -= 1
+                engine.metrics.running.set(engine.in_flight)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, ctype = engine.metrics.render()
+        return Response(body, media_type=ctype)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": engine.served_name, "object": "model", "created": int(time.time()),
+            "owned_by": "dspark-kit", "root": args.model, "max_model_len": engine.max_len}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest):
+        from dspark_kit.chat import prompt_ids
+        from dspark_kit.conversations import ConversationError, normalize
+
+        engine.check_model(req)
+        try:
+            msgs = normalize({"messages": req.messages})
+        except ConversationError as e:
+            raise ApiError(400, f"messages: {e}") from None
+        thinking = bool(req.chat_template_kwargs.get("enable_thinking", True))
+        ids = prompt_ids(engine.tok, msgs, thinking)
+        max_tokens = req.max_tokens or max(1, engine.max_len - len(ids))
+        engine.check_prompt(ids, max_tokens)
+        out = await engine.run(engine.decode, ids, req, max_tokens)
+        choice = {"index": 0, "message": {"role": "assistant", "content": out["text"]},
+                  "finish_reason": out["finish_reason"], "logprobs": None}
+        body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": int(time.time()), "model": engine.served_name, "choices": [choice],
+                "usage": _usage(len(ids), len(out["token_ids"]))}
+        if req.return_token_ids:
+            body["prompt_token_ids"], choice["token_ids"] = ids, out["token_ids"]
+        return body
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        engine.check_model(req)
+        ids = req.prompt if isinstance(req.prompt, list) else engine.tok(
+            req.prompt, add_special_tokens=False)["input_ids"]
+        engine.check_prompt(ids, req.max_tokens)
+        rid = req.request_id or request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
+        body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                                "model": engine.served_name}
+        if args.role == "hidden-states":
+            path = engine.request_file(rid)
+            await engine.run(engine.write_hidden_states, ids, path)
+            body["kv_transfer_params"] = {"hidden_states_path": str(path)}
+        out = await engine.run(engine.decode, ids, req, req.max_tokens)
+        choice = {"index": 0, "text": out["text"], "finish_reason": out["finish_reason"], "logprobs": None}
+        if req.return_token_ids:
+            choice["prompt_token_ids"], choice["token_ids"] = ids, out["token_ids"]
+        body["choices"], body["usage"] = [choice], _usage(len(ids), len(out["token_ids"]))
+        return body
+
+    return app
+
+
+def build_generator(args, model):
+    from dspark_kit.engines.verifier_generator import VerifierGenerator
+
+    if args.role != "spec":
+        return VerifierGenerator(model, token_delay_s=args.token_delay_ms / 1000)
+    if not args.draft:
+        raise SystemExit("--draft: role spec needs a DSpark checkpoint directory")
+    from dspark_kit.decoder import SpecGenerator  # lazy: written alongside, heavy imports
+
+    return SpecGenerator.from_checkpoint(
+        args.model, args.draft, num_speculative_tokens=args.num_speculative_tokens,
+        draft_window_size=args.draft_window_size, device=args.device)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dspark_kit.engines.local_server",
+                                description="OpenAI-compatible local engine (vLLM API subset).")
+    p.add_argument("--model", required=True, help="verifier HF directory")
+    p.add_argument("--role", choices=["chat", "hidden-states", "spec"], default="chat")
+    p.add_argument("--draft", help="DSpark checkpoint dir (role spec)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None)
+    p.add_argument("--draft-window-size", type=int, default=None)
+    p.add_argument("--layer-ids", type=lambda s: [int(x) for x in s.split(",") if x],
+                   default=None, help="exported layer ids, comma separated (targets + N)")
+    p.add_argument("--storage-path", default=None, help="hidden-state files go here (role hidden-states)")
+    p.add_argument("--hidden-states-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", default=os.environ.get("DSPARK_KIT_API_KEY"))
+    p.add_argument("--max-concurrency", type=int, default=256, help="in-flight requests before 503")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "npu"], default="auto")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU intra-op threads (1 is fastest for small models next to other work; 0 = torch default)")
+    p.add_argument("--token-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # tests
+    args = p.parse_args(argv)
+    if args.role == "hidden-states" and (not args.layer_ids or not args.storage_path):
+        p.error("role hidden-states needs --layer-ids and --storage-path")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    from dspark_kit.engines.verifier_generator import load_verifier
+
+    args = parse_args(argv)
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)  # oversubscribed OpenMP spins: 50x slower on 2 busy cores
+    model, tok = load_verifier(args.model, args.device, args.dtype)
+    engine = Engine(args, model, tok, build_generator(args, model))
+    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning",
+                access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Start, health-check and stop any engine's ServerPlan the same way.
+
+The server runs in its own process group so `stop()` also ends the workers a
+server may fork (vLLM spawns engine cores); its output goes to a log file
+whose tail is quoted in every startup error, because "server did not become
+healthy" is useless without the reason the server printed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Self
+
+from dspark_kit.engines import ServerPlan
+
+
+class ServerStartError(RuntimeError):
+    """The server died or never became healthy; the message quotes its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free right now (bind port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
+
+
+class ManagedServer:
+    """A server subprocess: `with ManagedServer(plan, log) as s: s.wait_healthy(60)`."""
+
+    def __init__(self, plan: ServerPlan, log_path: Path, grace_s: float = 10.0):
+        self.plan = plan
+        self.log_path = Path(log_path)
+        self.grace_s = grace_s
+        self.proc: subprocess.Popen | None = None
+        self._log_file = None
+
+    @property
+    def base_url(self) -> str:
+        return self.plan.base_url
+
+    def start(self) -> Self:
+        if self.proc is not None:
+            return self
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = self.log_path.open("ab")
+        env = {**os.environ, **self.plan.env}
+        self.proc = subprocess.Popen(
+            self.plan.argv,
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # own process group: stop() signals the whole tree
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, timeout: float, poll_s: float = 0.2) -> None:
+        """Block until GET health_path answers 200; raise ServerStartError otherwise."""
+        if self.proc is None:
+            self.start()
+        url = self.plan.base_url + self.plan.health_path
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"server exited with code {code} before becoming healthy "
+                    f"(command: {self.plan.shell_line()}); log {self.log_path} ends with:\n"
+                    + log_tail(self.log_path)
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise ServerStartError(
+                    f"server not healthy at {url} after {timeout:.0f}s (raise "
+                    f"serve.startup_timeout if the model is large); log {self.log_path} ends with:\n"
+                    + log_tail(self.log_path)
+                )
+            time.sleep(poll_s)
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self) -> int | None:
+        """SIGINT, then SIGTERM, then SIGKILL to the whole group; returns the exit code."""
+        if self.proc is None:
+            return None
+        for sig, wait_s in ((signal.SIGINT, self.grace_s), (signal.SIGTERM, self.grace_s / 2)):
+            if self.proc.poll() is not None:
+                break
+            self._signal_group(sig)
+            try:
+                self.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        # The leader may be gone while forked children linger: sweep the group.
+        self._signal_group(signal.SIGKILL)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        return self.proc.returncode
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,119 @@
+"""Chat datasets for regen: builtin corpus, local files, HF presets.
+
+`iter_source(data_cfg)` yields `(idx, messages)` where idx is the row's
+position in the source, so it is stable across runs and `regen --resume` can
+skip finished rows by idx. A row that cannot be normalised is counted under its
+reason in `skipped` and the run goes on: one bad row must not stop 200k.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from dspark_kit.conversations import ConversationError, normalize
+from dspark_kit.recipe import DataCfg
+
+TINY_CHAT = "builtin:tiny-chat"
+TINY_CHAT_ROWS = 512
+
+# name -> (hub id, subset, default split)
+PRESETS: dict[str, tuple[str, str | None, str]] = {
+    "ultrachat": ("HuggingFaceH4/ultrachat_200k", None, "train_sft"),
+    "magpie": ("Magpie-Align/Magpie-Llama-3.1-Pro-300K-Filtered", None, "train"),
+    "gsm8k": ("openai/gsm8k", "main", "train"),
+}
+
+
+class SourceError(ValueError):
+    """The source itself is unusable (missing file, unknown preset)."""
+
+
+def preset_row(preset: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Map a preset's row schema onto one `conversations.normalize` accepts."""
+    if preset == "gsm8k":  # the answer is replaced by the verifier's own
+        question = row.get("question") if isinstance(row, dict) else None
+        if not isinstance(question, str) or not question.strip():
+            raise ConversationError("gsm8k row without a 'question' text")
+        return {"messages": [{"role": "user", "content": question}]}
+    return row  # ultrachat: messages[{role, content}]; magpie: conversations[{from, value}]
+
+
+def _jsonl_rows(path: Path, skipped: Counter) -> Iterator[Any]:
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                skipped[f"invalid JSON line ({e.msg})"] += 1
+                yield None  # keeps idx aligned with the line number of valid rows' neighbours
+
+
+def _file_rows(path: Path, skipped: Counter) -> Iterable[Any]:
+    if not path.exists():
+        raise SourceError(f"data.source {path}: file not found (a jsonl/json/parquet path, "
+                          f"{TINY_CHAT} or one of {', '.join(PRESETS)})")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        from datasets import load_dataset
+
+        return load_dataset("parquet", data_files=str(path), split="train")
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            return _jsonl_rows(path, skipped)  # a .json file that is really jsonl
+        if isinstance(data, dict):  # {"data": [...]} style wrappers
+            data = next((v for v in data.values() if isinstance(v, list)), [data])
+        return data
+    if suffix in (".jsonl", ".ndjson"):
+        return _jsonl_rows(path, skipped)
+    raise SourceError(f"data.source {path}: unsupported extension {suffix!r} (use .jsonl, .json or .parquet)")
+
+
+def _preset_rows(name: str, cfg: DataCfg) -> Iterable[Any]:
+    from datasets import load_dataset
+
+    hub_id, subset, split = PRESETS[name]
+    return load_dataset(hub_id, cfg.subset or subset, split=cfg.split or split)
+
+
+def source_rows(cfg: DataCfg, seed: int, skipped: Counter) -> tuple[str | None, Iterable[Any]]:
+    """(preset name or None, raw rows) for a data section."""
+    src = cfg.source
+    if src == TINY_CHAT:
+        from dspark_kit.tiny_data import conversations
+
+        n = cfg.limit or TINY_CHAT_ROWS
+        return None, ({"messages": m} for m in conversations(n, seed=seed))
+    if src in PRESETS:
+        return src, _preset_rows(src, cfg)
+    if src.startswith("builtin:"):
+        raise SourceError(f"data.source {src!r}: unknown builtin (only {TINY_CHAT})")
+    return None, _file_rows(Path(src).expanduser(), skipped)
+
+
+def iter_source(
+    cfg: DataCfg,
+    skipped: Counter | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """(idx, messages) for each usable row, at most `limit` (or data.limit) rows read."""
+    skipped = skipped if skipped is not None else Counter()
+    limit = limit or cfg.limit
+    preset, rows = source_rows(cfg, seed, skipped)
+    for idx, row in enumerate(rows):
+        if limit is not None and idx >= limit:
+            return
+        if row is None:  # already counted by the reader
+            continue
+        try:
+            yield idx, normalize(preset_row(preset, row) if preset else row)
+        except ConversationError as e:
+            skipped[str(e)] += 1

@@ -1,0 +1,100 @@
+"""ManagedServer with small real servers (python -c) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from dspark_kit.engines import ServerPlan
+from dspark_kit.lifecycle import ManagedServer, ServerStartError, free_port
+
+HEALTH_SERVER = r"""
+import http.server, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print("child", child.pid, flush=True)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+if len(sys.argv) > 2: time.sleep(float(sys.argv[2]))
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def _plan(code: str, *args: str, port: int | None = None) -> ServerPlan:
+    port = port or free_port()
+    return ServerPlan(argv=[sys.executable, "-c", code, str(port), *args], host="127.0.0.1", port=port,
+                      env={"DSPARK_TEST_MARKER": "1"})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); treat it as gone
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def test_free_port_is_bindable():
+    import socket
+
+    p = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", p))
+
+
+def test_healthy_then_stop_kills_the_whole_group(tmp_path):
+    log = tmp_path / "server.log"
+    with ManagedServer(_plan(HEALTH_SERVER, "0.5"), log) as s:
+        t0 = time.time()
+        s.wait_healthy(20)
+        assert time.time() - t0 >= 0.4  # really waited for the delayed bind
+        child = int(log.read_text().split("child ")[1].split()[0])
+        assert _alive(child)
+    assert s.proc.poll() is not None
+    deadline = time.time() + 5
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "forked worker survived stop()"
+
+
+def test_early_exit_quotes_the_log(tmp_path):
+    code = "import sys; print('error: --frobnicate is not a flag', flush=True); sys.exit(3)"
+    s = ManagedServer(_plan(code), tmp_path / "x.log")
+    with pytest.raises(ServerStartError) as e:
+        s.wait_healthy(20)
+    assert "code 3" in str(e.value) and "--frobnicate is not a flag" in str(e.value)
+
+
+def test_timeout_stops_the_server_and_quotes_the_log(tmp_path):
+    code = "import time; print('loading weights 12%', flush=True); time.sleep(600)"
+    s = ManagedServer(_plan(code), tmp_path / "x.log", grace_s=1)
+    with pytest.raises(ServerStartError) as e:
+        s.wait_healthy(1.0)
+    assert "not healthy" in str(e.value) and "loading weights 12%" in str(e.value)
+    assert s.proc.poll() is not None
+
+
+def test_stop_escalates_to_sigkill_when_signals_are_ignored(tmp_path):
+    code = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)")
+    s = ManagedServer(_plan(code), tmp_path / "x.log", grace_s=0.4).start()
+    while "up" not in (tmp_path / "x.log").read_text():
+        time.sleep(0.05)
+    t0 = time.time()
+    assert s.stop() == -signal.SIGKILL
+    assert time.time() - t0 < 5
+
+
+def test_env_is_passed(tmp_path):
+    code = "import os; print('marker=' + os.environ['DSPARK_TEST_MARKER'], flush=True)"
+    s = ManagedServer(_plan(code), tmp_path / "x.log").start()
+    s.proc.wait(10)
+    s.stop()
+    assert "marker=1" in (tmp_path / "x.log").read_text()

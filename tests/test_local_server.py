@@ -1,0 +1,223 @@
+"""The local engine over real HTTP on 127.0.0.1 (uvicorn in a thread, one model load)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+import uvicorn
+
+from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
+from dspark_kit.engines.verifier_generator import load_verifier
+from dspark_kit.lifecycle import free_port
+from dspark_kit.tiny import ensure_tiny_verifier
+
+
+class ThreadServer:
+    def __init__(self, app):
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the engine does: oversubscribed OpenMP crawls on 2 busy cores
+    path = str(ensure_tiny_verifier())
+    model, tok = load_verifier(path, "cpu", "float32")
+    yield path, model, tok
+    torch.set_num_threads(threads)
+
+
+def _serve(verifier, *flags):
+    path, model, tok = verifier
+    args = parse_args(["--model", path, *flags])
+    return ThreadServer(create_app(Engine(args, model, tok, build_generator(args, model))))
+
+
+@pytest.fixture(scope="module")
+def chat_server(verifier):
+    s = _serve(verifier, "--served-model-name", "tiny")
+    yield s
+    s.stop()
+
+
+def _chat(url, content, **extra):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 16,
+            "chat_template_kwargs": {"enable_thinking": False}, "return_token_ids": True, **extra}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+
+
+@pytest.mark.slow
+def test_health_models_and_greedy_chat_match_hf_generate(chat_server, verifier):
+    _, model, tok = verifier
+    assert httpx.get(chat_server.url + "/health").status_code == 200
+    assert [m["id"] for m in httpx.get(chat_server.url + "/v1/models").json()["data"]] == ["tiny"]
+    r = _chat(chat_server.url, "Sort these words alphabetically: pear, apple, cat")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = body["choices"][0]["token_ids"]
+    # independent reference: transformers' own greedy generate on the same prompt ids
+    ref = model.generate(torch.tensor([body["prompt_token_ids"]]), max_new_tokens=16, do_sample=False,
+                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=0)
+    ref_new = ref[0, len(body["prompt_token_ids"]):].tolist()
+    stop_id = tok.convert_tokens_to_ids("<|im_end|>")
+    assert ids == [t for t in ref_new if t != stop_id]
+    assert body["choices"][0]["finish_reason"] == ("stop" if stop_id in ref_new else "length")
+    assert body["choices"][0]["message"]["content"] == tok.decode(ids, skip_special_tokens=False)
+    assert body["usage"] == {"prompt_tokens": len(body["prompt_token_ids"]), "completion_tokens": len(ids),
+                             "total_tokens": len(body["prompt_token_ids"]) + len(ids)}
+
+
+def test_length_finish_seeded_sampling_and_completions(chat_server):
+    r = _chat(chat_server.url, "Continue the story: the cat sat.", max_tokens=2).json()
+    assert r["choices"][0]["finish_reason"] == "length" and len(r["choices"][0]["token_ids"]) == 2
+    a = _chat(chat_server.url, "Count up", temperature=1.0, seed=7).json()["choices"][0]["token_ids"]
+    b = _chat(chat_server.url, "Count up", temperature=1.0, seed=7).json()["choices"][0]["token_ids"]
+    assert a == b
+    c = httpx.post(chat_server.url + "/v1/completions", json={"prompt": [1, 5, 6, 7], "max_tokens": 3,
+                                                              "return_token_ids": True}).json()
+    assert c["choices"][0]["prompt_token_ids"] == [1, 5, 6, 7] and c["usage"]["prompt_tokens"] == 4
+    t = httpx.post(chat_server.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 2}).json()
+    assert t["object"] == "text_completion" and t["usage"]["completion_tokens"] <= 2
+
+
+def _metric(text, name):
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_metrics_count_tokens_with_vllm_names(chat_server):
+    before = httpx.get(chat_server.url + "/metrics").text
+    usage = _chat(chat_server.url, "Sort these words alphabetically: b, a").json()["usage"]
+    after = httpx.get(chat_server.url + "/metrics").text
+    assert 'engine="0"' in after and 'model_name="tiny"' in after
+    gen = _metric(after, "vllm:generation_tokens_total") - _metric(before, "vllm:generation_tokens_total")
+    prompt = _metric(after, "vllm:prompt_tokens_total") - _metric(before, "vllm:prompt_tokens_total")
+    assert (gen, prompt) == (usage["completion_tokens"], usage["prompt_tokens"])
+    assert "vllm:num_requests_running" in after and "vllm:spec_decode" not in after
+
+
+@pytest.mark.parametrize("body, status", [
+    ({"messages": [], "max_tokens": 4}, 400),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400),
+    ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": True}, 400),
+])
+def test_bad_chat_requests_get_4xx_json(chat_server, body, status):
+    r = httpx.post(chat_server.url + "/v1/chat/completions", json=body)
+    assert r.status_code == status and "message" in r.json()["error"]
+
+
+def test_bad_completions_and_oversized_body(chat_server):
+    url = chat_server.url + "/v1/completions"
+    assert httpx.post(url, json={"prompt": [5, 10**7]}).status_code == 400
+    assert httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
+    assert httpx.post(url, content=b"x" * (17 * 2**20)).status_code == 413
+
+
+def test_api_key_everywhere_but_health(verifier):
+    s = _serve(verifier, "--api-key", "sekret")
+    try:
+        assert httpx.get(s.url + "/health").status_code == 200
+        for path in ("/v1/models", "/metrics"):
+            assert httpx.get(s.url + path).status_code == 401
+            assert httpx.get(s.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert httpx.get(s.url + path, headers={"Authorization": "Bearer sekret"}).status_code == 200
+        assert httpx.post(s.url + "/v1/completions", json={"prompt": [1]}).status_code == 401
+    finally:
+        s.stop()
+
+
+def test_503_when_full_and_health_stays_responsive(verifier):
+    s = _serve(verifier, "--max-concurrency", "1", "--token-delay-ms", "60")
+    try:
+        body = {"prompt": [1, 5, 6], "max_tokens": 16}
+        with ThreadPoolExecutor(2) as pool:
+            slow = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=30)
+            time.sleep(0.3)
+            t0 = time.time()
+            assert httpx.get(s.url + "/health").status_code == 200
+            assert time.time() - t0 < 0.5  # decoding runs off the event loop
+            busy = httpx.post(s.url + "/v1/completions", json=body)
+            assert busy.status_code == 503 and "max-concurrency" in busy.json()["error"]["message"]
+            assert slow.result().status_code == 200
+        assert httpx.post(s.url + "/v1/completions", json={**body, "max_tokens": 1}).status_code == 200
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def hs_server(verifier, tmp_path_factory):
+    storage = tmp_path_factory.mktemp("hs")
+    s = _serve(verifier, "--role", "hidden-states", "--layer-ids", "1,2,4", "--storage-path", str(storage))
+    s.storage = storage
+    yield s
+    s.stop()
+
+
+@pytest.mark.slow
+def test_hidden_states_via_speculators_client_match_hf_forward(hs_server, verifier):
+    import openai
+    from hs_connectors.transfer import FileTransfer
+    from speculators.data_generation.offline import check_hidden_states
+    from speculators.data_generation.vllm_client import generate_hidden_states
+
+    path, model, _ = verifier
+    ids = [1, 90, 593, 204, 370, 311, 300, 2, 204]
+    # exactly what speculators' online dataloader does (train/data.py)
+    client = openai.OpenAI(base_url=hs_server.url + "/v1", api_key="EMPTY", max_retries=0)
+    model_id = client.models.list().data[0].id
+    assert model_id == path  # the trainer requires served id == verifier path
+    handle, params = generate_hidden_states(client, model_id, {"input_ids": ids}, max_retries=0)
+    assert handle.startswith(str(hs_server.storage)) and not (handle + ".lock") in str(
+        list(hs_server.storage.iterdir()))
+    loaded = FileTransfer(hs_server.storage).get_generated(params)
+    check_hidden_states(loaded, ids)
+    hs = loaded["hidden_states"]
+    assert hs.shape == (len(ids), 3, 128) and hs.dtype == torch.bfloat16
+    assert loaded["token_ids"].dtype == torch.int64 and loaded["token_ids"].tolist() == ids
+
+    captured = {}
+    hook = model.model.layers[-1].register_forward_hook(lambda m, i, o: captured.setdefault("x", o))
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+    hook.remove()
+    last = captured["x"][0] if isinstance(captured["x"], tuple) else captured["x"]
+    expected = [out.hidden_states[1][0], out.hidden_states[2][0], last[0]]
+    for slot, ref in enumerate(expected):
+        torch.testing.assert_close(hs[:, slot].float(), ref.to(torch.bfloat16).float())
+    # id N is pre-norm: it must differ from HF's post-norm last entry
+    assert not torch.allclose(hs[:, 2].float(), out.hidden_states[-1][0].to(torch.bfloat16).float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("rid", ["../escape", "a/b", "..", "/etc/passwd", "x\\y"])
+def test_hidden_states_request_id_cannot_escape_storage(hs_server, rid):
+    r = httpx.post(hs_server.url + "/v1/completions", json={"prompt": [1, 5], "max_tokens": 1, "request_id": rid})
+    assert r.status_code == 400
+    assert not any(p.suffix == ".safetensors" for p in hs_server.storage.parent.iterdir())
+
+
+def test_hidden_states_header_request_id_names_the_file(hs_server):
+    r = httpx.post(hs_server.url + "/v1/completions", json={"prompt": [1, 5, 6], "max_tokens": 1},
+                   headers={"X-Request-Id": "row-7"})
+    assert r.status_code == 200
+    assert r.json()["kv_transfer_params"]["hidden_states_path"] == str(hs_server.storage / "row-7.safetensors")
+    assert (hs_server.storage / "row-7.safetensors").exists()
+    assert not (hs_server.storage / "row-7.safetensors.lock").exists()

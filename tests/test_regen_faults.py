@@ -1,0 +1,132 @@
+"""Regen against a fault-injecting stub (aiohttp on 127.0.0.1): retries, errors file, dead endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+
+import pytest
+from aiohttp import web
+
+from dspark_kit.lifecycle import free_port
+from dspark_kit.recipe import Recipe
+from dspark_kit.regen import run_regen
+
+BEHAVIOURS = ["ok", "fail-once", "fail-always", "slow", "malformed", "bad-schema", "reject"]
+
+
+class Stub:
+    """Answers by the last user message: the behaviour name is the content."""
+
+    def __init__(self):
+        self.attempts: Counter = Counter()
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        assert ready.wait(10)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def _run(self, ready):
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+        ready.set()
+        self.loop.run_forever()
+
+    async def models(self, _request):
+        return web.json_response({"data": [{"id": "stub"}]})
+
+    async def chat(self, request):
+        body = await request.json()
+        kind = body["messages"][-1]["content"]
+        self.attempts[kind] += 1
+        ok = {"choices": [{"message": {"role": "assistant", "content": f"re:{kind}"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+        if kind == "fail-once" and self.attempts[kind] == 1 or kind == "fail-always":
+            return web.json_response({"error": "boom"}, status=500)
+        if kind == "slow":
+            await asyncio.sleep(2)
+        if kind == "malformed":
+            return web.Response(text='{"choices": [', content_type="application/json")
+        if kind == "bad-schema":
+            return web.json_response({"choices": []})
+        if kind == "reject":
+            return web.json_response({"error": {"message": "bad"}}, status=400)
+        return web.json_response(ok)
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture
+def stub():
+    s = Stub()
+    yield s
+    s.stop()
+
+
+def _recipe(tmp_path, kinds, **regen):
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps({"prompt": k}) + "\n" for k in kinds))
+    return Recipe.model_validate({"data": {"source": str(src)},
+                                  "regen": {"request_timeout": 0.5, "max_retries": 2, **regen}})
+
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_retries_then_errors_file_and_run_finishes(tmp_path, stub):
+    out = tmp_path / "out.jsonl"
+    summary = run_regen(_recipe(tmp_path, BEHAVIOURS), out, endpoints=[stub.url], backoff_base=0.01,
+                        concurrency=4)
+    rows = {r["metadata"]["idx"]: r for r in _lines(out)}
+    assert sorted(rows) == [0, 1]  # ok, fail-once (succeeded on its retry)
+    assert rows[1]["conversations"] == [{"from": "human", "value": "fail-once"}, {"from": "gpt", "value": "re:fail-once"}]
+    assert rows[0]["metadata"]["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    errors = {e["idx"]: e["reason"] for e in _lines(tmp_path / "out.jsonl.errors.jsonl")}
+    assert sorted(errors) == [2, 3, 4, 5, 6]
+    assert "HTTP 500" in errors[2] and "timeout" in errors[3]
+    assert "malformed" in errors[4] and "malformed" in errors[5] and "HTTP 400" in errors[6]
+    assert stub.attempts["fail-always"] == 3 and stub.attempts["slow"] == 3  # 1 + max_retries
+    assert stub.attempts["reject"] == 1  # a 400 is not retried
+    assert summary["written"] == 2 and summary["failed"] == 5 and not summary["all_endpoints_dead"]
+
+
+def test_resume_retries_only_failed_rows(tmp_path, stub):
+    out = tmp_path / "out.jsonl"
+    recipe = _recipe(tmp_path, ["ok", "fail-once", "ok"], max_retries=0)
+    first = run_regen(recipe, out, endpoints=[stub.url], backoff_base=0.01)
+    assert (first["written"], first["failed"]) == (2, 1)
+    second = run_regen(recipe, out, endpoints=[stub.url], backoff_base=0.01)
+    assert (second["written"], second["already_done"], second["skipped_already_done"]) == (1, 2, 2)
+    assert sorted(r["metadata"]["idx"] for r in _lines(out)) == [0, 1, 2]
+
+
+def test_refused_endpoint_leaves_rotation_and_others_take_its_rows(tmp_path, stub):
+    dead = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "out.jsonl"
+    summary = run_regen(_recipe(tmp_path, ["ok"] * 12), out, endpoints=[dead, stub.url], model="stub",
+                        concurrency=3, backoff_base=0.01, dead_after=2)
+    assert sorted(r["metadata"]["idx"] for r in _lines(out)) == list(range(12))
+    by_url = {e["url"]: e for e in summary["endpoints"]}
+    assert "connection refused" in by_url[dead + "/v1"]["dead"] and by_url[dead + "/v1"]["rows"] == 0
+    assert by_url[stub.url]["rows"] == 12 and summary["failed"] == 0
+
+
+def test_only_endpoint_refused_run_finishes_and_reports(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    out = tmp_path / "out.jsonl"
+    summary = run_regen(_recipe(tmp_path, ["ok"] * 5), out, endpoints=[dead], model="m", concurrency=2,
+                        backoff_base=0.01, dead_after=2)
+    assert summary["all_endpoints_dead"] and summary["written"] == 0
+    errors = _lines(tmp_path / "out.jsonl.errors.jsonl")
+    assert errors and all("connection refused" in e["reason"] for e in errors)
