@@ -130,3 +130,21 @@ def test_only_endpoint_refused_run_finishes_and_reports(tmp_path):
     assert summary["all_endpoints_dead"] and summary["written"] == 0
     errors = _lines(tmp_path / "out.jsonl.errors.jsonl")
     assert errors and all("connection refused" in e["reason"] for e in errors)
+
+
+def test_cli_json_summary_and_dry_run(tmp_path, stub):
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+    from dspark_kit.recipe import dump_recipe
+
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(dump_recipe(_recipe(tmp_path, ["ok", "ok", "reject"])))
+    out = tmp_path / "o.jsonl"
+    runner = CliRunner()
+    dry = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "--dry-run", "--json"])
+    assert dry.exit_code == 0 and json.loads(dry.stdout)["endpoints"] == [stub.url] and not out.exists()
+    res = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert (summary["written"], summary["failed"]) == (2, 1) and len(_lines(out)) == 2

@@ -11,6 +11,7 @@ import typer
 
 from dspark_kit.cli.common import (
     DEFAULT_RECIPE_PATH,
+    DryRunOpt,
     JsonOpt,
     RecipeOpt,
     SetOpt,
@@ -52,6 +53,20 @@ class _Progress:
         self.bar.update(self.task, advance=1, stats=stats)
 
 
+def _dry_run(r, endpoints: list[str] | None, json_out: bool) -> None:
+    """Where requests would go; with no endpoint, the local engine command regen would start."""
+    endpoints = list(endpoints or r.regen.endpoints)
+    command = None
+    if not endpoints:
+        from dspark_kit.engines.local import plan_local
+
+        command = plan_local(r, "chat").shell_line()
+    if json_out:
+        emit_json({"endpoints": endpoints, "local_engine_command": command})
+    else:
+        typer.echo(command or "\n".join(f"endpoint {e}" for e in endpoints))
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def regen(
@@ -68,6 +83,7 @@ def register(app: typer.Typer) -> None:
         top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = None,
         seed: Annotated[int | None, typer.Option(help="Base seed (per request: seed + 1000*idx + turn).")] = None,
         resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip rows already in --outfile (and repair a cut last line); --no-resume starts over.")] = True,
+        dry_run: DryRunOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
         """Stage 0: regenerate every assistant turn with the verifier (same model and thinking mode that training and serving use, REFERENCE §8).
@@ -80,6 +96,9 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.sources import SourceError
 
         r = load(recipe, set_)
+        if dry_run:
+            _dry_run(r, endpoint, json_out)
+            return
         total = limit or r.data.limit
         progress = _Progress(total, enabled=not json_out and console.is_terminal)
         try:

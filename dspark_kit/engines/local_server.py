@@ -117,11 +117,13 @@ def _cut_at_stop(text: str, stop: str | list[str] | None) -> tuple[str, bool]:
 class Engine:
     """Model, tokenizer, generator and the bookkeeping one server needs."""
 
-    def __init__(self, args: argparse.Namespace, model, tokenizer, generator):
+    def __init__(self, args: argparse.Namespace, model, tokenizer, generator, config=None):
+        # role spec passes model=None + the config: its generator holds its own verifier
         self.args, self.model, self.tok, self.generator = args, model, tokenizer, generator
+        config = config or model.config
         self.served_name = args.served_model_name or args.model
-        self.max_len = int(getattr(model.config, "max_position_embeddings", 4096))
-        self.vocab = int(model.config.vocab_size)
+        self.max_len = int(getattr(config, "max_position_embeddings", 4096))
+        self.vocab = int(config.vocab_size)
         stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
         self.stop_ids = frozenset(i for i in stop if isinstance(i, int) and i >= 0)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
@@ -153,7 +155,8 @@ class Engine:
         kwargs = {"top_p": req.top_p} if req.top_p < 1.0 and self.args.role != "spec" else {}
         res = self.generator.generate(ids, max_tokens, temperature=req.temperature,
                                       seed=req.seed, stop_ids=self.stop_ids, **kwargs)
-        text, stopped = _cut_at_stop(self.tok.decode(res.token_ids, skip_special_tokens=False), req.stop)
+        shown = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in self.stop_ids else res.token_ids
+        text, stopped = _cut_at_stop(self.tok.decode(shown, skip_special_tokens=False), req.stop)
         self.metrics.observe(len(ids), res)
         return {"text": text, "token_ids": res.token_ids,
                 "finish_reason": "stop" if stopped else res.finish_reason}
@@ -302,11 +305,12 @@ def build_generator(args, model):
         return VerifierGenerator(model, token_delay_s=args.token_delay_ms / 1000)
     if not args.draft:
         raise SystemExit("--draft: role spec needs a DSpark checkpoint directory")
-    from dspark_kit.decoder import SpecGenerator  # lazy: written alongside, heavy imports
+    from dspark_kit.decoder import SpecGenerator  # lazy: heavy imports, only for role spec
+    from dspark_kit.engines.verifier_generator import pick_device
 
     return SpecGenerator.from_checkpoint(
         args.model, args.draft, num_speculative_tokens=args.num_speculative_tokens,
-        draft_window_size=args.draft_window_size, device=args.device)
+        draft_window_size=args.draft_window_size, device=pick_device(args.device))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -347,8 +351,14 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)  # oversubscribed OpenMP spins: 50x slower on 2 busy cores
-    model, tok = load_verifier(args.model, args.device, args.dtype)
-    engine = Engine(args, model, tok, build_generator(args, model))
+    if args.role == "spec":
+        from transformers import AutoConfig, AutoTokenizer
+
+        tok, config = AutoTokenizer.from_pretrained(args.model), AutoConfig.from_pretrained(args.model)
+        engine = Engine(args, None, tok, build_generator(args, None), config=config)
+    else:
+        model, tok = load_verifier(args.model, args.device, args.dtype)
+        engine = Engine(args, model, tok, build_generator(args, model))
     uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning",
                 access_log=False)
 

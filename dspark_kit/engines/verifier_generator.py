@@ -81,9 +81,9 @@ class VerifierGenerator:
             token = _sample(logits[0, -1], temperature, top_p, gen)
             if self.token_delay_s:
                 time.sleep(self.token_delay_s)
+            out.append(token)  # like vLLM (and decoder.py), the stop token is part of the output ids
             if token in stop_ids:
                 return GenerationResult(out, "stop")
-            out.append(token)
             step_ids = torch.tensor([[token]], device=self.device)
         return GenerationResult(out, "length")
 
