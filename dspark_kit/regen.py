@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import os
 import ssl
@@ -82,8 +83,7 @@ class Endpoint:
 
 def normalize_endpoint(url: str) -> str:
     url = url.strip().rstrip("/")
-    if "://" not in url:
-        url = "http://" + url
+    url = url if "://" in url else "http://" + url
     return url if url.endswith("/v1") else url + "/v1"
 
 
@@ -252,7 +252,7 @@ class _Run:
     sink: JsonlSink
     errors: JsonlSink
     on_row: Callable[[dict[str, Any]], None] | None
-    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=1024))
+    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=4096))
     written: int = 0
     failed: int = 0
     completion_tokens: int = 0
@@ -310,17 +310,21 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
 
         async def feed() -> None:
             nonlocal skipped_done
-            for idx, messages in rows:
-                if idx in done:
-                    skipped_done += 1
-                    continue
-                await run.queue.put((idx, messages))
-            await run.queue.join()  # requeued rows included
-            for _ in workers:
-                await run.queue.put(None)
+            try:
+                for idx, messages in rows:
+                    if idx in done:
+                        skipped_done += 1
+                        continue
+                    await run.queue.put((idx, messages))
+                await run.queue.join()  # requeued rows included
+            finally:  # also when reading the source fails: workers must not wait forever
+                for _ in workers:
+                    await run.queue.put(None)
 
         feeder = asyncio.create_task(feed())
         await asyncio.gather(*workers)  # ends on sentinels, or when every endpoint died
+        if feeder.done() and feeder.exception():
+            raise feeder.exception()
         feeder.cancel()
     finally:
         run.sink.close()
@@ -363,7 +367,9 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
     if not resume:
         outfile.with_name(outfile.name + ".errors.jsonl").unlink(missing_ok=True)
     skipped: Counter = Counter()
-    rows = iter_source(data, skipped=skipped, limit=limit)
+    source = iter_source(data, skipped=skipped, limit=limit)
+    first = next(source, None)  # a missing file / unknown preset fails here, before any server starts
+    rows = itertools.chain([first] if first else [], source)
     t0 = time.time()
     endpoints = list(endpoints or cfg.endpoints)
     server = None

@@ -148,3 +148,19 @@ def test_cli_json_summary_and_dry_run(tmp_path, stub):
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert (summary["written"], summary["failed"]) == (2, 1) and len(_lines(out)) == 2
+
+
+def test_bad_source_fails_fast_without_hanging(tmp_path, stub):
+    from dspark_kit.sources import SourceError
+
+    recipe = Recipe.model_validate({"data": {"source": str(tmp_path / "missing.jsonl")}})
+    with pytest.raises(SourceError, match="file not found"):
+        run_regen(recipe, tmp_path / "o.jsonl", endpoints=[stub.url])
+    assert stub.attempts == Counter()
+
+
+def test_endpoint_urls_are_normalised():
+    from dspark_kit.regen import normalize_endpoint
+
+    assert normalize_endpoint("10.0.0.5:8000") == "http://10.0.0.5:8000/v1"
+    assert normalize_endpoint("https://h/v1/") == "https://h/v1"
