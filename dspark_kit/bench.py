@@ -316,11 +316,13 @@ def stage_bench(recipe: Recipe, workdir: Path) -> dict[str, Any]:
     """Pipeline stage: serve verifier + draft (role spec) on a free port, benchmark it, stop it."""
     import re
 
+    from dspark_kit.checkpoints import resolve_checkpoint
     from dspark_kit.lifecycle import free_port
     from dspark_kit.servers import running_server
 
+    ckpt = resolve_checkpoint(Path(workdir) / "checkpoints", recipe.serve.checkpoint)
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(recipe.serve.checkpoint).name) or "spec"
-    with running_server(recipe, "spec", workdir, port=free_port()) as url:
+    with running_server(recipe, "spec", workdir, port=free_port(), checkpoint=ckpt) as url:
         r = run_bench(recipe, url, label=f"spec-{label}", out_dir=Path(workdir) / "bench")
     spec = r["spec_decode"] or {}
     return {"acceptance_length": spec.get("acceptance_length"), "output_throughput": r["output_throughput"],

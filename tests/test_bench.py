@@ -236,25 +236,3 @@ def test_against_local_engine(tmp_path):
     assert r["output_throughput"] > 0 and r["mean_e2el_ms"] > 0
     assert r["metrics_available"] is True
     assert r["spec_decode"] is None  # role chat has no draft
-
-
-def test_pipeline_stage_uses_spec_server(serve, tmp_path, monkeypatch):
-    """stage_bench benchmarks the server `running_server(recipe, "spec", ...)` yields."""
-    from contextlib import contextmanager
-
-    import dspark_kit.servers
-    from dspark_kit.bench import stage_bench
-
-    _, url = serve(StubServer("stream"))
-    roles = []
-
-    @contextmanager
-    def fake_running_server(recipe, role, workdir, port=None, checkpoint=None):
-        roles.append(role)
-        yield url
-
-    monkeypatch.setattr(dspark_kit.servers, "running_server", fake_running_server)
-    s = stage_bench(_recipe(tmp_path), tmp_path / "run")
-    assert roles == ["spec"]
-    assert s["acceptance_length"] == pytest.approx(1 + sum(PER_POS) / DRAFTS)
-    assert json.loads(Path(s["path"]).read_text())["label"] == "spec-checkpoint_best"

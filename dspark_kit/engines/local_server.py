@@ -158,8 +158,12 @@ class Engine:
         shown = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in self.stop_ids else res.token_ids
         text, stopped = _cut_at_stop(self.tok.decode(shown, skip_special_tokens=False), req.stop)
         self.metrics.observe(len(ids), res)
-        return {"text": text, "token_ids": res.token_ids,
-                "finish_reason": "stop" if stopped else res.finish_reason}
+        out = {"text": text, "token_ids": res.token_ids, "finish_reason": "stop" if stopped else res.finish_reason}
+        if self.args.role == "spec":  # the engine's own per-request count (a dspark-kit extension)
+            out["spec_decode"] = {"num_drafts": res.num_drafts, "num_draft_tokens": res.num_draft_tokens,
+                                  "num_accepted_tokens": res.num_accepted_tokens,
+                                  "accepted_per_pos": list(res.accepted_per_pos)}
+        return out
 
     def request_file(self, request_id: str) -> Path:
         if self.storage is None:
@@ -273,6 +277,8 @@ def create_app(engine: Engine) -> FastAPI:
                 "usage": _usage(len(ids), len(out["token_ids"]))}
         if req.return_token_ids:
             body["prompt_token_ids"], choice["token_ids"] = ids, out["token_ids"]
+        if "spec_decode" in out:
+            body["spec_decode"] = out["spec_decode"]
         return body
 
     @app.post("/v1/completions")
@@ -306,11 +312,11 @@ def build_generator(args, model):
     if not args.draft:
         raise SystemExit("--draft: role spec needs a DSpark checkpoint directory")
     from dspark_kit.decoder import SpecGenerator  # lazy: heavy imports, only for role spec
-    from dspark_kit.engines.verifier_generator import pick_device
+    from dspark_kit.verifier import resolve_device
 
     return SpecGenerator.from_checkpoint(
         args.model, args.draft, num_speculative_tokens=args.num_speculative_tokens,
-        draft_window_size=args.draft_window_size, device=pick_device(args.device))
+        draft_window_size=args.draft_window_size, device=resolve_device(args.device))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -344,7 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from dspark_kit.engines.verifier_generator import load_verifier
+    from dspark_kit.verifier import load_tokenizer, load_verifier
 
     args = parse_args(argv)
     if args.threads > 0:
@@ -352,12 +358,12 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)  # oversubscribed OpenMP spins: 50x slower on 2 busy cores
     if args.role == "spec":
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
-        tok, config = AutoTokenizer.from_pretrained(args.model), AutoConfig.from_pretrained(args.model)
+        tok, config = load_tokenizer(args.model), AutoConfig.from_pretrained(args.model)
         engine = Engine(args, None, tok, build_generator(args, None), config=config)
     else:
-        model, tok = load_verifier(args.model, args.device, args.dtype)
+        model, tok = load_verifier(args.model, args.device, args.dtype), load_tokenizer(args.model)
         engine = Engine(args, model, tok, build_generator(args, model))
     uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning",
                 access_log=False)

@@ -1,0 +1,41 @@
+"""Issue 5 integration: local spec server on the trained tiny draft + `dspark-kit bench` against it."""
+
+import httpx
+import pytest
+
+from dspark_kit.checkpoints import resolve_checkpoint
+from dspark_kit.lifecycle import free_port
+from dspark_kit.prom import spec_decode_delta
+from dspark_kit.servers import running_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_metrics_deltas_equal_the_engines_own_count(trained_run, tiny_recipe):
+    from dspark_kit.bench import run_bench
+
+    ckpt = resolve_checkpoint(trained_run / "checkpoints", "checkpoint_best")
+    with running_server(tiny_recipe, "spec", trained_run, port=free_port(), checkpoint=ckpt) as url:
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        before = httpx.get(f"{url}/metrics").text
+        own = {"num_drafts": 0, "num_accepted_tokens": 0, "num_draft_tokens": 0}
+        for prompt in ["Count from 3 to 11.", "Repeat after me: the red fox sees the moon.", "Sort these words alphabetically: tree, apple"]:
+            body = httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
+                "model": model, "max_tokens": 24, "temperature": 0,
+                "messages": [{"role": "user", "content": prompt}]}).json()
+            for k in own:
+                own[k] += body["spec_decode"][k]
+        delta = spec_decode_delta(before, httpx.get(f"{url}/metrics").text)
+        assert own["num_drafts"] > 0
+        assert delta["num_drafts"] == own["num_drafts"]
+        assert delta["num_accepted_tokens"] == own["num_accepted_tokens"]
+        assert delta["acceptance_length"] == pytest.approx(1 + own["num_accepted_tokens"] / own["num_drafts"])
+
+        result = run_bench(tiny_recipe, url, label="tiny-spec", out_dir=trained_run / "bench", num_prompts=4,
+                           concurrency=2, max_tokens=24)
+    spec = result["spec_decode"]
+    rates = spec["per_position_acceptance_rates"]
+    assert len(rates) == tiny_recipe.num_speculative_tokens
+    assert all(a >= b for a, b in zip(rates, rates[1:]))  # a later slot is accepted only after the earlier ones
+    assert 1 + sum(rates) == pytest.approx(spec["acceptance_length"])
+    assert (trained_run / "bench" / "bench_tiny-spec.json").exists()
