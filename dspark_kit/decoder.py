@@ -18,6 +18,7 @@ import torch
 
 from dspark_kit.draft_model import DSparkDraft, confident_prefix
 from dspark_kit.engines import GenerationResult
+from dspark_kit.verifier import LayerTap, load_verifier, sample_token
 
 
 @dataclass
@@ -28,28 +29,14 @@ class SpecResult(GenerationResult):
 
 
 class Verifier:
-    """A causal LM with a KV cache that also returns aux hidden states.
-
-    Layer ids follow vLLM: id k < N is the input of layer k
-    (`output_hidden_states[k]`); id N is the last layer's output before the
-    final norm, captured with a hook because HF's last entry is post-norm.
-    """
+    """A causal LM with a KV cache that also returns aux hidden states (vLLM layer ids, verifier.LayerTap)."""
 
     def __init__(self, path: str | Path, layer_ids: list[int] | None = None, device: str = "cpu"):
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
-        self.device = torch.device(device)
-        self.num_layers: int = self.model.config.num_hidden_layers
-        self.layer_ids = list(layer_ids or [])
-        bad = [i for i in self.layer_ids if not 0 <= i <= self.num_layers]
-        if bad:
-            raise ValueError(f"aux_hidden_state_layer_ids: {bad} outside 0..{self.num_layers} for verifier {path}")
-        self._last_out: torch.Tensor | None = None
-        self.model.model.layers[-1].register_forward_hook(self._keep_last_output)
-
-    def _keep_last_output(self, _module, _inputs, output):
-        self._last_out = output[0] if isinstance(output, tuple) else output
+        self.model = load_verifier(path, device, "float32")
+        self.device = self.model.device
+        self.tap = LayerTap(self.model, layer_ids or [], field="aux_hidden_state_layer_ids")
+        self.num_layers: int = self.tap.num_layers
+        self.layer_ids = self.tap.layer_ids
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -65,10 +52,7 @@ class Verifier:
             input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True,
             output_hidden_states=bool(self.layer_ids),
         )
-        aux = None
-        if self.layer_ids:
-            states = [self._last_out if k == self.num_layers else out.hidden_states[k] for k in self.layer_ids]
-            aux = torch.cat(states, dim=-1)[0]
+        aux = self.tap.select(out.hidden_states).flatten(1) if self.layer_ids else None
         return out.logits[0].float(), aux
 
 
@@ -84,7 +68,13 @@ def _emit(new: list[int], out: list[int], max_new: int, stop_ids: frozenset[int]
 
 
 class VerifierGenerator:
-    """Verifier-only decoding (greedy or sampled): the lossless reference."""
+    """Verifier-only decoding (greedy or sampled): the lossless reference.
+
+    Kept apart from engines.verifier_generator.VerifierGenerator on purpose: it
+    decodes through `Verifier.forward` (the same cache and positions SpecGenerator
+    verifies with), counts verifier forwards and wall time for evaluate.py, and
+    an unseeded call samples from torch's global RNG; sampling is shared.
+    """
 
     def __init__(self, verifier: Verifier):
         self.verifier = verifier
@@ -98,17 +88,10 @@ class VerifierGenerator:
             logits, _ = self.verifier.forward(feed, cache, pos)
             forwards += 1
             pos += len(feed)
-            nxt = _pick(logits[-1], temperature, gen)
+            nxt = sample_token(logits[-1], temperature, gen=gen)
             reason = _emit([nxt], out, max_new_tokens, stop_ids)
             feed = [nxt]
         return SpecResult(out, reason, verifier_forwards=forwards, wall_s=time.perf_counter() - t0)
-
-
-def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> int:
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=gen)[0])
 
 
 class SpecGenerator:

@@ -1,9 +1,6 @@
 """Stage 2, hidden states (offline, local backend): verifier forward -> hs_{i}.safetensors.
 
-Layer ids follow vLLM: id k is the residual stream entering decoder layer k
-(`output_hidden_states[k]` in HF), and id N (= num_hidden_layers) is the
-output of the last layer *before* the final norm -- HF's last tuple entry is
-after the norm, so id N comes from a forward hook on the last layer. Each
+Layer ids follow vLLM's convention (read by dspark_kit.verifier.LayerTap). Each
 file holds `hidden_states` [seq, len(ids), hidden] (bf16) and `token_ids`
 int64 [seq]; `i` is the row index in the prepared dataset, exactly what
 speculators' file dataloader reads.
@@ -25,6 +22,7 @@ from pathlib import Path
 import torch
 
 from dspark_kit.progress import note
+from dspark_kit.verifier import LayerTap, load_verifier
 
 
 @dataclass
@@ -43,41 +41,6 @@ class HiddenStatesSummary:
         return d
 
 
-class VerifierTap:
-    """A verifier forward that returns the exported layers (vLLM layer-id convention)."""
-
-    def __init__(self, model, layer_ids: list[int]):
-        self.model = model
-        self.layer_ids = list(layer_ids)
-        self.n = model.config.num_hidden_layers
-        bad = [i for i in layer_ids if not 0 <= i <= self.n]
-        if bad:
-            raise ValueError(f"layer ids {bad} outside 0..{self.n} (num_hidden_layers={self.n})")
-        self._last = None
-        layers = model.model.layers
-        layers[-1].register_forward_hook(self._hook)
-
-    def _hook(self, _module, _inputs, output):
-        self._last = output[0] if isinstance(output, tuple) else output
-
-    @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[seq] ids -> [seq, len(layer_ids), hidden]."""
-        out = self.model.model(input_ids=input_ids[None], output_hidden_states=True, use_cache=False)
-        hs = out.hidden_states  # N+1 entries; entry N is post-norm, so use the hook for id N
-        picked = [self._last[0] if i == self.n else hs[i][0] for i in self.layer_ids]
-        return torch.stack(picked, dim=1)
-
-
-def load_verifier(path: str, device: str, dtype: str = "float32", trust_remote_code: bool = False):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-    )
-    return model.to(device).eval()
-
-
 def is_valid_file(path: Path, token_ids: list[int]) -> bool:
     """A file that opens, has both keys, the right length and finite values."""
     from safetensors.torch import load_file
@@ -86,7 +49,7 @@ def is_valid_file(path: Path, token_ids: list[int]) -> bool:
     try:
         check_hidden_states(load_file(str(path)), token_ids)
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any unreadable file is simply regenerated
         return False
 
 
@@ -109,7 +72,7 @@ class _Writer(threading.Thread):
             try:
                 save_file(tensors, str(tmp))
                 tmp.replace(path)
-            except BaseException as e:  # disk full etc.: surface it on the main thread
+            except BaseException as e:  # noqa: BLE001 - disk full etc.: surface it on the main thread
                 tmp.unlink(missing_ok=True)
                 self.error = e
 
@@ -154,7 +117,7 @@ def generate_offline(
     if estimate > free:
         raise OSError(f"hidden states need ~{estimate / 2**30:.1f} GiB but {out} has {free / 2**30:.1f} GiB free; "
                       "free space or use hidden_states.mode: online")
-    tap = VerifierTap(model, layer_ids)
+    tap = LayerTap(model, layer_ids)
     writer = _Writer()
     writer.start()
     generated = skipped = corrupt = 0

@@ -12,9 +12,9 @@ import torch
 import uvicorn
 
 from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
-from dspark_kit.engines.verifier_generator import load_verifier
 from dspark_kit.lifecycle import free_port
 from dspark_kit.tiny import ensure_tiny_verifier
+from dspark_kit.verifier import load_tokenizer, load_verifier
 
 
 class ThreadServer:
@@ -39,7 +39,7 @@ def verifier():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the engine does: oversubscribed OpenMP crawls on 2 busy cores
     path = str(ensure_tiny_verifier())
-    model, tok = load_verifier(path, "cpu", "float32")
+    model, tok = load_verifier(path, "cpu", "float32"), load_tokenizer(path)
     yield path, model, tok
     torch.set_num_threads(threads)
 
