@@ -155,7 +155,7 @@ def _lazy(module: str, func: str) -> Callable[[Recipe, Path], dict]:
 REGISTRY: dict[str, Stage] = {
     s.name: s
     for s in [
-        Stage("regen", ("verifier", "data", "regen"), stage_regen, "rows"),
+        Stage("regen", ("verifier", "data", "regen"), stage_regen, "written"),
         Stage("prepare", ("verifier", "data"), stage_prepare, "rows_out"),
         Stage("hidden-states", ("verifier", "hidden_states"), stage_hidden_states, "generated"),
         Stage("train", ("draft", "train", "hidden_states"), stage_train, "accept_len_epoch"),
@@ -246,3 +246,28 @@ def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
         rows.append({"stage": name, "status": "done", "seconds": secs, "figure": figure})
         upstream = fp
     return rows
+
+
+def highlights(workdir: Path) -> list[str]:
+    """Where the results are, with the figures that matter, for the end of a run."""
+    from dspark_kit.train import read_val_metrics
+
+    workdir = Path(workdir)
+    lines = []
+    val = read_val_metrics(workdir / "checkpoints")
+    if val:
+        lines.append(f"checkpoint: {val['checkpoint']}  (val accept_len {val.get('accept_len_epoch', float('nan')):.3f}, "
+                     "teacher-forced)")
+    ev = workdir / "eval" / "eval.json"
+    if ev.exists():
+        e = json.loads(ev.read_text())
+        pos = ", ".join(f"{p:.3f}" for p in e.get("per_position_acceptance", []))
+        lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
+    for b in sorted((workdir / "bench").glob("bench_*.json")):
+        spec = json.loads(b.read_text()).get("spec_decode") or {}
+        if spec:
+            lines.append(f"bench: {b.name}: acceptance length {spec['acceptance_length']:.3f} from /metrics")
+    rep = workdir / "report" / "report.md"
+    if rep.exists():
+        lines.append(f"report: {rep}")
+    return lines

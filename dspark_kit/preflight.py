@@ -161,6 +161,11 @@ def check_thinking(ctx: _Context) -> list[Finding]:
     if replies and want and not thought:
         out.append(Finding(4, "warning", "verifier.thinking is true but no regenerated reply has <think> "
                                          "reasoning (regen ran without thinking or a reasoning parser dropped it)"))  # fmt: skip
+    recorded = {r["metadata"]["thinking"] for r in _regen_rows(ctx.workdir / "regen.jsonl")
+                if isinstance(r.get("metadata"), dict) and "thinking" in r["metadata"]}  # fmt: skip
+    if recorded - {want}:
+        out.append(Finding(4, "error", f"regen ran with enable_thinking={sorted(recorded)} but verifier.thinking "
+                                       f"is {want}; regenerate with the same mode"))  # fmt: skip
     meta = _read_json(ctx.workdir / "prepared" / "prepare_meta.json") or {}
     if "thinking" in meta and bool(meta["thinking"]) != want:
         out.append(Finding(4, "error", f"prepared data was rendered with thinking={meta['thinking']} but "

@@ -213,7 +213,7 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
         await reply()  # the source ends on a question: answer it too
     return {"id": f"regen-{idx}", "conversations": to_sharegpt(history),
             "metadata": {"idx": idx, "finish_reasons": finish, "usage": dict(usage),
-                         "endpoint": ep.url}}
+                         "endpoint": ep.url, "model": ep.model, "thinking": opts.thinking}}
 
 
 @functools.cache

@@ -137,6 +137,13 @@ def test_pitfall_4_empty_think_block_is_not_thinking(recipe, run):
     assert 4 not in _pitfalls(run_preflight(recipe, run, probes=False))
 
 
+def test_pitfall_4_regen_recorded_another_mode(recipe, run):
+    _write_regen(run, thinking=True)  # regen metadata records the mode it requested
+    assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    _write_regen(run, thinking=False)
+    assert 4 not in _pitfalls(run_preflight(recipe, run, probes=False))
+
+
 def test_pitfall_4_prepared_with_other_mode(recipe, run):
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
     assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")

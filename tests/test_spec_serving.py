@@ -1,5 +1,7 @@
 """Issue 5 integration: local spec server on the trained tiny draft + `dspark-kit bench` against it."""
 
+import itertools
+
 import httpx
 import pytest
 
@@ -36,6 +38,6 @@ def test_metrics_deltas_equal_the_engines_own_count(trained_run, tiny_recipe):
     spec = result["spec_decode"]
     rates = spec["per_position_acceptance_rates"]
     assert len(rates) == tiny_recipe.num_speculative_tokens
-    assert all(a >= b for a, b in zip(rates, rates[1:]))  # a later slot is accepted only after the earlier ones
+    assert all(a >= b for a, b in itertools.pairwise(rates))  # a later slot is accepted only after the earlier ones
     assert 1 + sum(rates) == pytest.approx(spec["acceptance_length"])
     assert (trained_run / "bench" / "bench_tiny-spec.json").exists()

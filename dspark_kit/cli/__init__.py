@@ -24,16 +24,16 @@ app = typer.Typer(
 )
 
 COMMAND_MODULES = [
-    "recipe_cmd",
     "regen",
-    "stages",
-    "bench",
-    "report",
-    "serve",
-    "doctor",
-    "preflight",
+    "stages",  # prepare, hidden-states, train, run
     "eval",
     "window",
+    "serve",
+    "bench",
+    "report",
+    "preflight",
+    "doctor",
+    "recipe_cmd",
 ]
 
 for _name in COMMAND_MODULES:

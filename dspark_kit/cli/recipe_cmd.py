@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from dspark_kit.cli.common import DEFAULT_RECIPE_PATH, JsonOpt, RecipeOpt, SetOpt, emit_json, load
@@ -30,7 +32,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"# {k}: {v}")
 
     @sub.command("validate")
-    def validate(recipes: list[str] = typer.Argument(..., help="Recipe files.")) -> None:
+    def validate(recipes: Annotated[list[str], typer.Argument(help="Recipe files.")]) -> None:
         """Validate recipe files; exit 2 with a field-named error on the first bad one."""
         from pathlib import Path
 

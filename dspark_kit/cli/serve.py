@@ -20,8 +20,7 @@ from dspark_kit.cli.common import (
     fail,
     load,
 )
-
-from dspark_kit.serve_stage import resolve_and_validate  # noqa: E402
+from dspark_kit.serve_stage import resolve_and_validate
 
 ROLES = ("chat", "hidden-states", "spec")
 ENGINES = ("local", "vllm", "vllm-ascend")

@@ -9,7 +9,16 @@ import typer
 from rich.table import Table
 
 from dspark_kit.cli.common import (
-    DEFAULT_RECIPE_PATH, DryRunOpt, JsonOpt, RecipeOpt, SetOpt, WorkdirOpt, console, emit_json, fail, load,
+    DEFAULT_RECIPE_PATH,
+    DryRunOpt,
+    JsonOpt,
+    RecipeOpt,
+    SetOpt,
+    WorkdirOpt,
+    console,
+    emit_json,
+    fail,
+    load,
 )
 
 
@@ -67,7 +76,7 @@ def register(app: typer.Typer) -> None:
         r = load(recipe, set_)
         wd = _workdir(r, workdir)
         if dry_run:
-            from dspark_kit.pipeline import train_plan, verifier_path, verifier_num_layers
+            from dspark_kit.pipeline import train_plan, verifier_num_layers, verifier_path
             from dspark_kit.train import build_train_args, node_plans
 
             endpoint = r.hidden_states.endpoint or (
@@ -118,5 +127,11 @@ def register(app: typer.Typer) -> None:
         for col in ("stage", "status", "seconds", "figure"):
             table.add_column(col)
         for row in rows:
-            table.add_row(row["stage"], row["status"], f"{row['seconds']:.1f}", str(row["figure"]))
+            fig = row["figure"]
+            table.add_row(row["stage"], row["status"], f"{row['seconds']:.1f}",
+                          f"{fig:.3f}" if isinstance(fig, float) else str(fig))
         console.print(table)
+        from dspark_kit.pipeline import highlights
+
+        for line in highlights(wd):
+            console.print(line, highlight=False)
