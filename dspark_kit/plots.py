@@ -44,6 +44,10 @@ def lines(path: Path, series: dict[str, tuple[list[float], list[float]]], *, tit
         ax.plot(xs, ys, label=name, marker="o" if markers else None, lw=1.4)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
+    if all(float(x).is_integer() for xs, _ in series.values() for x in xs):  # epochs, steps
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if len(series) > 1:
         ax.legend(fontsize=8)
     return _save(fig, path)
