@@ -50,3 +50,6 @@ report: install
 
 clean: ## remove run outputs (keeps .venv)
 	rm -rf runs
+
+bench-perf: install ## measured performance as ratios -> docs/PERFORMANCE.md (< 15 min on 2 cores)
+	$(BIN)/python benchmarks/run_all.py

@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_kit.chat import encode, render
+from dspark_kit.chat import render
 from dspark_kit.conversations import ConversationError, normalize
 from dspark_kit.progress import progress_bar
 
@@ -60,29 +60,54 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def tokenize_conversation(tok, msgs: list[dict], thinking: bool) -> tuple[list[tuple[list[int], list[int]]], bool]:
-    """Rows of (input_ids, loss_mask) for one conversation, and whether it fanned out per turn."""
+def conversation_texts(tok, msgs: list[dict], thinking: bool) -> list[str]:
+    """The renders the loss mask needs: per assistant turn j, the prompt (msgs[:j] + generation
+    prompt) then the text up to and including turn j. The last one is the full conversation."""
     turns = [j for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
     if not turns:
         raise ConversationError("no assistant turn after a user turn")
     msgs = msgs[: turns[-1] + 1]  # trailing user turns have nothing to learn
-    full = encode(tok, render(tok, msgs, thinking))
-    mask = [0] * len(full)
+    texts = []
     for j in turns:
-        prompt = encode(tok, render(tok, msgs[:j], thinking, add_generation_prompt=True))
-        upto = encode(tok, render(tok, msgs[: j + 1], thinking))
+        texts.append(render(tok, msgs[:j], thinking, add_generation_prompt=True))
+        texts.append(render(tok, msgs[: j + 1], thinking))
+    return texts
+
+
+def rows_from_ids(ids: list[list[int]]) -> tuple[list[tuple[list[int], list[int]]], bool]:
+    """(input_ids, loss_mask) rows from the token ids of `conversation_texts`, and whether it fanned out.
+
+    One row when every prompt/turn render is a token prefix of the full render; else one row per
+    turn (history as the template renders it at that turn, loss on that turn only)."""
+    prompts, uptos = ids[0::2], ids[1::2]
+    full = uptos[-1]
+    mask = [0] * len(full)
+    for prompt, upto in zip(prompts, uptos):
         if full[: len(prompt)] != prompt or full[: len(upto)] != upto:
             break
         mask[len(prompt) : len(upto)] = [1] * (len(upto) - len(prompt))
     else:
         return [(full, mask)], False
     rows = []
-    for j in turns:
-        prompt = encode(tok, render(tok, msgs[:j], thinking, add_generation_prompt=True))
-        upto = encode(tok, render(tok, msgs[: j + 1], thinking))
+    for prompt, upto in zip(prompts, uptos):
         boundary = len(prompt) if upto[: len(prompt)] == prompt else _common_prefix(prompt, upto)
         rows.append((upto, [0] * boundary + [1] * (len(upto) - boundary)))
     return rows, True
+
+
+def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
+    """chat.encode over many texts in one call (no special tokens added: the template holds them)."""
+    if not texts:
+        return []
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:  # the Rust tokenizer directly: same ids, none of the per-row wrapping
+        return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    return [list(x) for x in tok(texts, add_special_tokens=False)["input_ids"]]
+
+
+def tokenize_conversation(tok, msgs: list[dict], thinking: bool) -> tuple[list[tuple[list[int], list[int]]], bool]:
+    """Rows of (input_ids, loss_mask) for one conversation, and whether it fanned out per turn."""
+    return rows_from_ids(_encode_batch(tok, conversation_texts(tok, msgs, thinking)))
 
 
 def _init_worker(tokenizer_path: str, trust_remote_code: bool) -> None:
@@ -92,23 +117,40 @@ def _init_worker(tokenizer_path: str, trust_remote_code: bool) -> None:
     _TOKENIZER = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
 
 
+def _row_result(rows, fanned: bool, seq_length: int) -> dict:
+    kept = [{"input_ids": ids[:seq_length], "loss_mask": mask[:seq_length], "truncated": len(ids) > seq_length}
+            for ids, mask in rows]
+    return {"rows": kept, "fanned": fanned}
+
+
 def _work(args: tuple[list, bool, int]) -> list[dict]:
-    """Tokenize a chunk of raw rows; one result dict per input row."""
+    """Tokenize a chunk of raw rows; one result dict per input row.
+
+    Renders every text of the chunk first, then encodes them in one batched tokenizer call
+    (the Rust tokenizer's batch path is much cheaper than one call per prefix)."""
     raw_rows, thinking, seq_length = args
-    out = []
+    out: list[dict] = []
+    planned: list[tuple[int, list[str]]] = []  # (index in out, texts)
     for raw in raw_rows:
         try:
-            rows, fanned = tokenize_conversation(_TOKENIZER, normalize(raw), thinking)
+            planned.append((len(out), conversation_texts(_TOKENIZER, normalize(raw), thinking)))
+            out.append({})
         except ConversationError as e:
             out.append({"error": str(e)})
-            continue
-        except Exception as e:  # a template that cannot render this row
+        except Exception as e:  # noqa: BLE001 - a template that cannot render this row is a rejected row
             out.append({"error": f"template failed: {type(e).__name__}: {e}"})
-            continue
-        kept = []
-        for ids, mask in rows:
-            kept.append({"input_ids": ids[:seq_length], "loss_mask": mask[:seq_length], "truncated": len(ids) > seq_length})
-        out.append({"rows": kept, "fanned": fanned})
+    try:
+        ids = _encode_batch(_TOKENIZER, [t for _, texts in planned for t in texts])
+    except Exception:  # noqa: BLE001 - one bad text must not sink the chunk: encode row by row
+        ids = None
+    pos = 0
+    for i, texts in planned:
+        try:
+            row_ids = ids[pos : pos + len(texts)] if ids is not None else _encode_batch(_TOKENIZER, texts)
+            out[i] = _row_result(*rows_from_ids(row_ids), seq_length)
+        except Exception as e:  # noqa: BLE001 - a row the tokenizer cannot take is a rejected row
+            out[i] = {"error": f"tokenizer failed: {type(e).__name__}: {e}"}
+        pos += len(texts)
     return out
 
 

@@ -247,7 +247,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     path = [p for p in key.strip().split(".") if p]
     if not path:
         raise RecipeError(f"--set {item!r}: empty key")
-    return path, yaml.safe_load(raw) if raw.strip() else None
+    try:
+        return path, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        raise RecipeError(f"--set {item!r}: value is not valid YAML; quote it, e.g. --set '{key}=\"...\"'") from None
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -277,7 +280,10 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise RecipeError(f"recipe {path}: not valid YAML ({e})") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"recipe {path}: not valid YAML{where} ({problem})") from None
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {path}: top level must be a mapping of sections")
     data = apply_overrides(data, overrides or [])

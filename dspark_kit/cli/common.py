@@ -31,7 +31,8 @@ DEFAULT_RECIPE_PATH = Path(DEFAULT_RECIPE)
 
 
 def fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    # soft_wrap: one line even when stderr is a pipe (Rich would wrap at 80 columns)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

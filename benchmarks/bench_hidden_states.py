@@ -1,0 +1,84 @@
+"""Local hidden-state generation vs a bare transformers forward over the same rows.
+
+    .venv/bin/python benchmarks/bench_hidden_states.py [--conversations 600] [--json out.json]
+
+Ours: dspark_kit.hidden_states.generate_offline (load verifier, forward, pick the
+exported layers in vLLM's convention, bf16, validate-or-skip, safetensors writes on
+a background thread). Baseline: load the same model with transformers and run
+`model.model(ids, output_hidden_states=True)` over the same rows, stacking the same
+layers, writing nothing. Both include model load; best of 3 each, interleaved.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from common import Row, cli, emit, this_command
+
+GOAL = 0.9
+
+
+def main() -> None:
+    ap = cli(__doc__.splitlines()[0])
+    ap.add_argument("--conversations", type=int, default=600)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    import torch
+    from datasets import load_from_disk
+    from transformers import AutoModelForCausalLM
+
+    from dspark_kit.hidden_states import generate_offline
+    from dspark_kit.prepare import prepare
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.tiny import ensure_tiny_verifier
+    from dspark_kit.tiny_data import conversations
+
+    torch.set_num_threads(torch.get_num_threads())
+    vp = str(ensure_tiny_verifier())
+    recipe = load_recipe(Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml")
+    with tempfile.TemporaryDirectory() as d:
+        prepared = Path(d) / "prepared"
+        rows = [{"messages": m} for m in conversations(args.conversations, seed=2, max_turns=2)]
+        prepare(rows, vp, prepared, seq_length=recipe.data.seq_length, thinking=False)
+        data = load_from_disk(str(prepared))
+        all_ids = [torch.as_tensor(x, dtype=torch.long) for x in data["input_ids"]]
+        tokens = sum(len(x) for x in all_ids)
+        n_layers = 4
+        layer_ids = recipe.exported_layer_ids(n_layers)
+
+        def ours() -> float:
+            shutil.rmtree(prepared / "hidden_states", ignore_errors=True)
+            t0 = time.perf_counter()
+            s = generate_offline(prepared, vp, layer_ids, device="cpu", dtype="float32", out_dtype="bfloat16",
+                                 log=lambda _m: None)
+            assert s.generated == len(all_ids), s
+            return time.perf_counter() - t0
+
+        def bare() -> float:
+            t0 = time.perf_counter()
+            model = AutoModelForCausalLM.from_pretrained(vp, dtype=torch.float32).eval()
+            with torch.inference_mode():
+                for ids in all_ids:
+                    hs = model.model(input_ids=ids[None], output_hidden_states=True, use_cache=False).hidden_states
+                    torch.stack([hs[i][0] for i in layer_ids], dim=1).to(torch.bfloat16)
+            return time.perf_counter() - t0
+
+        ours_t, bare_t = [], []
+        for _ in range(args.repeats):
+            bare_t.append(bare())
+            ours_t.append(ours())
+    o, b = min(ours_t), min(bare_t)
+    ratio = b / o
+    emit([
+        Row("hidden-states", "bare transformers forward", tokens / b, "tok/s", notes=f"{len(all_ids)} rows, {tokens:,} tokens, no writes"),
+        Row("hidden-states", "generate_offline", tokens / o, "tok/s", notes=f"layers {layer_ids}, bf16 files written"),
+        Row("hidden-states", "generate_offline / bare forward", ratio, "x", f">= {GOAL}x", ratio >= GOAL,
+            notes="throughput ratio, model load included on both sides"),
+    ], args.json, this_command("bench_hidden_states.py", f"--conversations {args.conversations}"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""`dspark-kit train`'s launch path vs plain `speculators train`, same flags, tiny recipe.
+
+    .venv/bin/python benchmarks/bench_train.py [--repeats 2] [--json out.json]
+
+Ours: dspark_kit.pipeline.train_plan + dspark_kit.train.run_training, i.e.
+`python -m dspark_kit.train_entry --dspark-device cpu FLAGS` with patch probes and
+the log tee. Baseline: benchmarks/plain_speculators_train.py FLAGS -- speculators'
+own train main with only the CPU device patches applied (plain speculators cannot
+train on a CPU otherwise). One untimed warm-up, then interleaved runs; each side's
+best wall time counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, Row, cli, emit, this_command
+
+GOAL = 1.02
+
+
+def val_accept_len(checkpoints: Path) -> float | None:
+    from dspark_kit.train import read_val_metrics
+
+    m = read_val_metrics(checkpoints) or {}
+    return m.get("accept_len_epoch") or next((v for k, v in m.items() if "accept" in k), None)
+
+
+def main() -> None:
+    ap = cli(__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--workdir", type=Path, help="reuse a work dir with prepared/ and hidden states")
+    args = ap.parse_args()
+    from dspark_kit.pipeline import stage_hidden_states, stage_prepare, train_plan
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.train import run_training
+
+    recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml", ["train.device=cpu"])
+    tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    try:
+        wd = tmp / "run"
+        wd.mkdir()
+        if args.workdir and (args.workdir / "prepared" / "hidden_states").is_dir():
+            shutil.copytree(args.workdir / "prepared", wd / "prepared")
+        else:
+            stage_prepare(recipe, wd)
+            stage_hidden_states(recipe, wd)
+        plan = train_plan(recipe, wd)
+        flags = plan.argv[plan.argv.index("--dspark-device") + 2 :]
+        env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+
+        def fresh() -> None:
+            shutil.rmtree(wd / "checkpoints", ignore_errors=True)
+            shutil.rmtree(wd / "logs", ignore_errors=True)
+            (wd / "logs").mkdir()
+
+        def ours() -> float:
+            fresh()
+            t0 = time.perf_counter()
+            real_stderr, sys.stderr = sys.stderr, open(os.devnull, "w")  # noqa: SIM115 - the tee still runs, unseen
+            try:
+                code = run_training(plan, wd / "logs" / "train.log")
+            finally:
+                sys.stderr.close()
+                sys.stderr = real_stderr
+            assert code == 0, (wd / "logs" / "train.log").read_text()[-2000:]
+            return time.perf_counter() - t0
+
+        def plain() -> float:
+            fresh()
+            argv = [sys.executable, str(REPO / "benchmarks" / "plain_speculators_train.py"), *flags]
+            t0 = time.perf_counter()
+            with (wd / "logs" / "plain.log").open("w") as log:
+                code = subprocess.run(argv, check=False, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            assert code == 0, (wd / "logs" / "plain.log").read_text()[-2000:]
+            return time.perf_counter() - t0
+
+        plain()  # warm-up: first-run import/compile caches would otherwise land on one side
+        ours_t, plain_t, al = [], [], {}
+        for _ in range(args.repeats):
+            plain_t.append(plain())
+            al["plain"] = val_accept_len(wd / "checkpoints")
+            ours_t.append(ours())
+            al["ours"] = val_accept_len(wd / "checkpoints")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    o, p = min(ours_t), min(plain_t)
+    same = al["ours"] == al["plain"]
+    emit([
+        Row("train", "plain speculators train (+CPU device patches)", p, "s", notes=f"runs {json.dumps([round(x, 1) for x in plain_t])}"),
+        Row("train", "dspark-kit train launch path", o, "s", notes=f"runs {json.dumps([round(x, 1) for x in ours_t])}"),
+        Row("train", "dspark-kit / plain wall time", o / p, "x", f"<= {GOAL}x", o / p <= GOAL,
+            notes=f"same val accept_len: {'yes' if same else 'no'} ({al['ours']} vs {al['plain']}); baseline applies the same CPU patches in a wrapper"),
+    ], args.json, this_command("bench_train.py", f"--repeats {args.repeats}"))
+
+
+if __name__ == "__main__":
+    main()

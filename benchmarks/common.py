@@ -1,0 +1,87 @@
+"""Shared helpers for the benchmark scripts: timing, result rows, tables.
+
+Every benchmark measures ours and a baseline in the same run and reports the
+ratio, so a slow or noisy machine still gives a stable answer. A script prints
+a markdown table and, with `--json PATH`, writes its rows for run_all.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("DSPARK_KIT_CACHE", "/tmp/dkcache" if Path("/tmp/dkcache").is_dir() else "")
+if not os.environ["DSPARK_KIT_CACHE"]:
+    del os.environ["DSPARK_KIT_CACHE"]  # use the package default (~/.cache/dspark-kit)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@dataclass
+class Row:
+    """One measured figure: `value` against `goal` (a text such as '>= 0.8x')."""
+
+    benchmark: str
+    figure: str
+    value: float | str | None
+    unit: str = ""
+    goal: str = ""
+    met: bool | None = None  # None: no goal, or not measured
+    notes: str = ""
+    command: str = ""
+
+
+def best_of(fn: Callable[[], object], repeats: int = 3) -> tuple[float, object]:
+    """Minimum wall time over `repeats` runs (the least disturbed one) and the last result."""
+    times, result = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), result
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return "—" if v is None else str(v)
+
+
+def table(rows: list[Row]) -> str:
+    head = "| benchmark | figure | value | goal | met | notes |\n|---|---|---|---|---|---|\n"
+    mark = {True: "yes", False: "**no**", None: "—"}
+    return head + "\n".join(
+        f"| {r.benchmark} | {r.figure} | {fmt(r.value)}{' ' + r.unit if r.unit and r.value is not None else ''} "
+        f"| {r.goal or '—'} | {mark[r.met]} | {r.notes} |" for r in rows)
+
+
+def cli(description: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--json", type=Path, help="also write the rows here (run_all.py reads it)")
+    return ap
+
+
+def emit(rows: list[Row], json_path: Path | None, command: str) -> None:
+    for r in rows:
+        r.command = r.command or command
+    print(table(rows))
+    if json_path:
+        tmp = json_path.with_name(json_path.name + ".tmp")
+        tmp.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        tmp.replace(json_path)
+
+
+def this_command(script: str, extra: str = "") -> str:
+    return f".venv/bin/python benchmarks/{script}{' ' + extra if extra else ''}"
