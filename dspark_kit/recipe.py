@@ -292,3 +292,18 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
 
 def dump_recipe(recipe: Recipe) -> str:
     return yaml.safe_dump(json.loads(recipe.model_dump_json()), sort_keys=False)
+
+
+def reference_markdown() -> str:
+    """Every recipe key with its default and help: docs/RECIPES.md is generated from this."""
+    lines = ["| key | default | notes |", "|---|---|---|"]
+    defaults = Recipe()
+    for section, field in Recipe.model_fields.items():
+        value = getattr(defaults, section)
+        if not isinstance(value, BaseModel):
+            lines.append(f"| `{section}` | `{value}` | {field.description or ''} |")
+            continue
+        for key, sub in type(value).model_fields.items():
+            lines.append(f"| `{section}.{key}` | `{getattr(value, key)}` | {sub.description or ''} |")
+    return "\n".join(lines) + "\n"
+

@@ -64,3 +64,10 @@ def test_layer_ids_checked_against_the_verifier():
     with pytest.raises(RecipeError, match=r"target_layer_ids: \[45\] >= verifier num_hidden_layers 40"):
         r.target_layer_ids(40)
     assert Recipe().target_layer_ids(48) == [2, 24, 45]
+
+
+def test_recipe_reference_doc_is_in_sync():
+    from dspark_kit.recipe import reference_markdown
+
+    doc = (REPO / "docs" / "RECIPES.md").read_text()
+    assert reference_markdown() in doc, "regenerate docs/RECIPES.md with `dspark-kit recipe reference`"

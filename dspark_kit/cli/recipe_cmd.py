@@ -40,4 +40,11 @@ def register(app: typer.Typer) -> None:
             load(Path(p), None)
             typer.echo(f"ok  {p}")
 
+    @sub.command("reference")
+    def reference() -> None:
+        """Print every recipe key with its default and help (markdown; docs/RECIPES.md)."""
+        from dspark_kit.recipe import reference_markdown
+
+        typer.echo(reference_markdown(), nl=False)
+
     app.add_typer(sub, name="recipe")
