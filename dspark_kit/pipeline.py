@@ -37,13 +37,6 @@ def verifier_path(recipe: Recipe) -> str:
     return resolve_verifier_path(recipe.verifier.path)
 
 
-def verifier_num_layers(path: str, trust_remote_code: bool = False) -> int:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    return getattr(cfg, "text_config", cfg).num_hidden_layers
-
-
 def regen_file(workdir: Path) -> Path:
     return workdir / "regen.jsonl"
 
@@ -85,6 +78,8 @@ def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
 
 
 def stage_hidden_states(recipe: Recipe, workdir: Path) -> dict:
+    from dspark_kit.verifier import num_hidden_layers
+
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
     if recipe.hidden_states.backend != "local":
@@ -95,7 +90,7 @@ def stage_hidden_states(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.hidden_states import generate_offline
 
     vp = verifier_path(recipe)
-    n = verifier_num_layers(vp, recipe.verifier.trust_remote_code)
+    n = num_hidden_layers(recipe)
     device = detect_device(recipe.train.device)
     s = generate_offline(
         workdir / "prepared", vp, recipe.exported_layer_ids(n), device=device,
@@ -105,17 +100,28 @@ def stage_hidden_states(recipe: Recipe, workdir: Path) -> dict:
     return s.as_dict()
 
 
-def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None = None):
-    from dspark_kit.devices import detect_device
-    from dspark_kit.train import build_train_args, launch_plan
+def train_args(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None = None,
+               planning: bool = False) -> tuple[list[str], str]:
+    """speculators train flags for this recipe, and the device they are for.
 
-    vp = verifier_path(recipe)
-    device = detect_device(recipe.train.device)
-    args = build_train_args(
-        recipe, workdir, verifier_path=vp,
-        num_hidden_layers=verifier_num_layers(vp, recipe.verifier.trust_remote_code),
-        device=device, hidden_states_endpoint=hidden_states_endpoint,
-    )
+    `planning` (dry runs) plans for an explicit train.device even when this
+    machine does not have it, so an Ascend command can be checked on a laptop.
+    """
+    from dspark_kit.devices import detect_device
+    from dspark_kit.train import build_train_args
+    from dspark_kit.verifier import num_hidden_layers
+
+    wanted = recipe.train.device
+    device = wanted if planning and wanted != "auto" else detect_device(wanted)
+    args = build_train_args(recipe, workdir, verifier_path=verifier_path(recipe), device=device,
+                            num_hidden_layers=num_hidden_layers(recipe), hidden_states_endpoint=hidden_states_endpoint)
+    return args, device
+
+
+def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None = None):
+    from dspark_kit.train import launch_plan
+
+    args, device = train_args(recipe, workdir, hidden_states_endpoint)
     return launch_plan(recipe, args, device)
 
 

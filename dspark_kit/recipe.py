@@ -32,6 +32,8 @@ class VerifierCfg(_Section):
     thinking: bool = Field(False, description="chat template thinking mode, same in regen/prepare/bench")
     trust_remote_code: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    num_hidden_layers: int | None = Field(
+        None, ge=1, description="only for planning on a machine without the verifier (dry runs); checked when both exist")
 
 
 class DataCfg(_Section):

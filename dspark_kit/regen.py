@@ -374,10 +374,10 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
     endpoints = list(endpoints or cfg.endpoints)
     server = None
     if not endpoints:
-        from dspark_kit.engines.local import plan_local
         from dspark_kit.lifecycle import ManagedServer
+        from dspark_kit.servers import regen_server_plan
 
-        plan = plan_local(recipe, "chat", api_key=opts.api_key)
+        plan = regen_server_plan(recipe, api_key=opts.api_key)
         server = ManagedServer(plan, Path(engine_log or outfile.with_name(outfile.name + ".engine.log")))
         server.start()
         endpoints = [plan.base_url]

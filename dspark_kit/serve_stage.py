@@ -17,13 +17,13 @@ from dspark_kit.recipe import Recipe
 def resolve_and_validate(recipe: Recipe, workdir: Path, which: str | None) -> tuple[Path, list]:
     """The checkpoint to serve (absolute) and what is wrong with it for this recipe."""
     from dspark_kit.checkpoints import resolve_checkpoint, validate_checkpoint
-    from dspark_kit.engines.vllm import num_layers_of, verifier_config
     from dspark_kit.tiny import resolve_verifier_path
+    from dspark_kit.verifier import num_hidden_layers
 
     which = which or recipe.serve.checkpoint
     path = resolve_checkpoint(Path(workdir) / "checkpoints", which)
     verifier = resolve_verifier_path(recipe.verifier.path)
-    findings = validate_checkpoint(path, recipe, num_layers_of(verifier_config(verifier)), verifier)
+    findings = validate_checkpoint(path, recipe, num_hidden_layers(recipe), verifier)
     return path, findings
 
 

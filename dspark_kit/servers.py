@@ -23,6 +23,17 @@ def server_plan(recipe: Recipe, role: Role, port: int | None = None, checkpoint:
     return plan_vllm(recipe, role, engine=engine, port=port, checkpoint=checkpoint, workdir=workdir)
 
 
+def regen_server_plan(recipe: Recipe, api_key: str | None = None) -> ServerPlan:
+    """The chat server regen starts when no endpoint is given: the recipe's engine, on a free port."""
+    from dspark_kit.lifecycle import free_port
+
+    if recipe.serve.engine == "local":
+        from dspark_kit.engines.local import plan_local
+
+        return plan_local(recipe, "chat", api_key=api_key)
+    return server_plan(recipe, "chat", port=free_port())
+
+
 @contextmanager
 def running_server(recipe: Recipe, role: Role, workdir: Path, port: int | None = None,
                    checkpoint: str | Path | None = None) -> Iterator[str]:

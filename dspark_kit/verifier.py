@@ -33,6 +33,49 @@ def load_verifier(path, device: str = "auto", dtype: str = "float32", trust_remo
     return model.to(resolve_device(device)).eval()
 
 
+def verifier_config(verifier: str) -> dict | None:
+    """The verifier's config: a local config.json, else the HF cache; never the network."""
+    import json
+    from pathlib import Path
+
+    path = Path(verifier).expanduser() / "config.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+    if Path(verifier).expanduser().is_absolute() or verifier.count("/") != 1:
+        return None  # not a hub id: nothing cached to look at
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(verifier, local_files_only=True).to_dict()
+    except Exception:  # noqa: BLE001 - not cached here
+        return None
+
+
+def num_layers_of(cfg: dict | None) -> int | None:
+    if not cfg:
+        return None
+    n = (cfg.get("text_config") or cfg).get("num_hidden_layers")  # multimodal wrappers nest the LM
+    return n if isinstance(n, int) else None
+
+
+def num_hidden_layers(recipe) -> int:
+    """N for layer ids: from the verifier's config, else the recipe's verifier.num_hidden_layers."""
+    from dspark_kit.recipe import RecipeError
+    from dspark_kit.tiny import resolve_verifier_path
+
+    path = resolve_verifier_path(recipe.verifier.path)
+    found, declared = num_layers_of(verifier_config(path)), recipe.verifier.num_hidden_layers
+    if found is None and declared is None:
+        raise RecipeError(f"verifier.num_hidden_layers: no config.json for {path} on this machine (local dir or "
+                          "HF cache); run where the verifier is, or set verifier.num_hidden_layers to plan")
+    if found is not None and declared is not None and found != declared:
+        raise RecipeError(f"verifier.num_hidden_layers: recipe says {declared} but {path} has {found}")
+    return found if found is not None else declared
+
+
 def load_tokenizer(path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

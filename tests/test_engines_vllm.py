@@ -100,8 +100,14 @@ def test_hidden_state_server_matches_seed_6_1_2(tmp_path: Path):
 
 
 def test_hidden_states_needs_a_layer_count():
-    with pytest.raises(PlanError, match="num_hidden_layers"):
-        plan_vllm(seed_recipe(), "hidden-states", engine="vllm", installed_versions={})
+    from dspark_kit.recipe import RecipeError
+
+    r = seed_recipe()
+    with pytest.raises(RecipeError, match="verifier.num_hidden_layers: no config.json"):
+        plan_vllm(r, "hidden-states", engine="vllm", installed_versions={})
+    r.verifier.num_hidden_layers = 48  # planning on a machine without the model
+    argv = plan_vllm(r, "hidden-states", engine="vllm", installed_versions={}).argv
+    assert '"eagle_aux_hidden_state_layer_ids":[1,12,23,34,45,48]' in argv[argv.index("--speculative-config") + 1]
 
 
 def test_spec_serve_matches_seed_8_1(tmp_path: Path):

@@ -58,9 +58,9 @@ def _dry_run(r, endpoints: list[str] | None, json_out: bool) -> None:
     endpoints = list(endpoints or r.regen.endpoints)
     command = None
     if not endpoints:
-        from dspark_kit.engines.local import plan_local
+        from dspark_kit.servers import regen_server_plan
 
-        command = plan_local(r, "chat").shell_line()
+        command = regen_server_plan(r).shell_line()
     if json_out:
         emit_json({"endpoints": endpoints, "local_engine_command": command})
     else:

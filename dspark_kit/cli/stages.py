@@ -76,23 +76,19 @@ def register(app: typer.Typer) -> None:
         r = load(recipe, set_)
         wd = _workdir(r, workdir)
         if dry_run:
-            from dspark_kit.pipeline import train_plan, verifier_num_layers, verifier_path
-            from dspark_kit.train import build_train_args, node_plans
+            from dspark_kit.pipeline import train_args
+            from dspark_kit.recipe import RecipeError
+            from dspark_kit.train import node_plans
 
             endpoint = r.hidden_states.endpoint or (
                 f"http://{r.serve.host}:{r.serve.hidden_states_port}" if r.hidden_states.mode == "online" else None)
-            plan = train_plan(r, wd, endpoint)
-            if r.train.nnodes > 1:
-                from dspark_kit.devices import detect_device
-
-                vp = verifier_path(r)
-                dev = detect_device(r.train.device)
-                args = build_train_args(r, wd, verifier_path=vp, device=dev, hidden_states_endpoint=endpoint,
-                                        num_hidden_layers=verifier_num_layers(vp, r.verifier.trust_remote_code))
-                lines = [f"# node {i}\n{p.shell_line()}" for i, p in enumerate(node_plans(r, args, dev))]
-                typer.echo("\n".join(lines))
-            else:
-                typer.echo(plan.shell_line())
+            try:
+                args, device = train_args(r, wd, endpoint, planning=True)
+            except (RecipeError, RuntimeError) as e:
+                fail(str(e))
+            plans = node_plans(r, args, device)
+            typer.echo("\n".join(p.shell_line() if len(plans) == 1 else f"# node {i}\n{p.shell_line()}"
+                                 for i, p in enumerate(plans)))
             return
         _run_one("train", r, wd, json_out)
 

@@ -14,18 +14,7 @@ from pathlib import Path
 
 from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.recipe import Recipe
-
-
-def num_hidden_layers(verifier_dir: str) -> int:
-    cfg_path = Path(verifier_dir) / "config.json"
-    if cfg_path.exists():
-        cfg = json.loads(cfg_path.read_text())
-    else:  # a hub id: let transformers find the config
-        from transformers import AutoConfig
-
-        cfg = AutoConfig.from_pretrained(verifier_dir).to_dict()
-    cfg = cfg.get("text_config", cfg)  # multimodal wrappers nest the LM config
-    return int(cfg["num_hidden_layers"])
+from dspark_kit.verifier import num_hidden_layers
 
 
 def plan_local(
@@ -55,7 +44,7 @@ def plan_local(
     ]
     notes: list[str] = []
     if role == "hidden-states":
-        ids = recipe.exported_layer_ids(num_hidden_layers(verifier))
+        ids = recipe.exported_layer_ids(num_hidden_layers(recipe))
         argv += ["--layer-ids", ",".join(map(str, ids)),
                  "--storage-path", recipe.hidden_states.storage_path,
                  "--hidden-states-dtype", recipe.hidden_states.dtype]

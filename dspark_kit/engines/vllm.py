@@ -18,6 +18,8 @@ from dspark_kit.checkpoints import read_config, trained_slots
 from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.engines.vllm_spec import choose_k, decide_window
 from dspark_kit.recipe import Recipe
+from dspark_kit.verifier import num_hidden_layers as verifier_num_hidden_layers
+from dspark_kit.verifier import verifier_config
 
 ENGINES = ("vllm", "vllm-ascend")
 ROLES = ("chat", "hidden-states", "spec")
@@ -33,31 +35,6 @@ class PlanError(ValueError):
 def compact_json(obj: Any) -> str:
     """JSON for a CLI argument: no spaces, key order as built (deterministic)."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
-def verifier_config(verifier: str) -> dict | None:
-    """The verifier's config: a local config.json, else the HF cache; never the network."""
-    path = Path(verifier).expanduser() / "config.json"
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-    if Path(verifier).expanduser().is_absolute() or verifier.count("/") != 1:
-        return None  # not a hub id: nothing cached to look at
-    try:
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(verifier, local_files_only=True).to_dict()
-    except Exception:  # noqa: BLE001 - not cached here
-        return None
-
-
-def num_layers_of(cfg: dict | None) -> int | None:
-    if not cfg:
-        return None
-    n = (cfg.get("text_config") or cfg).get("num_hidden_layers")
-    return n if isinstance(n, int) else None
 
 
 def engine_env(recipe: Recipe, engine: str) -> dict[str, str]:
@@ -174,10 +151,7 @@ def plan_vllm(
 
     notes: list[str] = []
     if role == "hidden-states":
-        n = num_hidden_layers if num_hidden_layers is not None else num_layers_of(vcfg)
-        if n is None:
-            raise PlanError(f"verifier {verifier}: no config.json here (local dir or HF cache) to read "
-                            "num_hidden_layers from; run where the verifier is, or download its config")
+        n = num_hidden_layers if num_hidden_layers is not None else verifier_num_hidden_layers(recipe)
         argv += hidden_states_args(recipe, n)
     elif role == "spec":
         if checkpoint is None:
