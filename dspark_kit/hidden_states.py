@@ -108,6 +108,7 @@ def generate_offline(
     out.mkdir(parents=True, exist_ok=True)
     data = load_from_disk(str(prepared_dir))
     lengths = [int(x) for x in data["seq_len"]]
+    all_ids = data["input_ids"]  # one column read, not one dataset row access per row
     model = load_verifier(verifier_path, device, dtype, trust_remote_code)
     hidden = model.config.hidden_size
     estimate = sum(lengths) * len(layer_ids) * hidden * torch.finfo(getattr(torch, out_dtype)).bits // 8
@@ -125,7 +126,7 @@ def generate_offline(
         with progress_bar("hidden-states", total=len(lengths), unit="row") as bar:
             for i in range(len(lengths)):
                 path = out / f"hs_{i}.safetensors"
-                ids = torch.as_tensor(data[i]["input_ids"], dtype=torch.long)
+                ids = torch.as_tensor(all_ids[i], dtype=torch.long)
                 if path.exists():
                     if is_valid_file(path, ids.tolist()):
                         skipped += 1
