@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
@@ -14,6 +15,17 @@ from dspark_kit.prom import (
     spec_decode_delta,
     sum_counter,
 )
+
+
+@pytest.fixture(autouse=True)
+def _created_series_on():
+    """The local engine turns `_created` series off process-wide (like vLLM); these tests want them."""
+    import prometheus_client.metrics as metrics
+
+    before = metrics._use_created
+    prometheus_client.enable_created_metrics()
+    yield
+    metrics._use_created = before
 
 
 def _exposition(per_engine: dict[str, dict], model: str = "m") -> str:
