@@ -7,6 +7,7 @@ server from the recipe, build its exact command, and shard it over nodes with
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
@@ -28,6 +29,22 @@ def offline_command(recipe: Recipe, workdir: Path, endpoint: str, verifier: str,
         "--world-size", str(world_size),
         "--rank", str(rank),
     ]
+
+
+def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
+    """The extraction server and one generate-offline-data command per node (train.nnodes)."""
+    from dspark_kit.pipeline import verifier_path
+    from dspark_kit.servers import server_plan
+
+    plan = server_plan(recipe, "hidden-states", port=recipe.serve.hidden_states_port, workdir=workdir)
+    url = recipe.hidden_states.endpoint or plan.base_url
+    model = recipe.verifier.served_name or verifier_path(recipe)
+    n = recipe.train.nnodes
+    lines = [] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()]
+    for rank in range(n):
+        lines += [f"# node {rank} of {n}",
+                  shlex.join(offline_command(recipe, workdir, url, model, world_size=n, rank=rank))]
+    return lines
 
 
 def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:

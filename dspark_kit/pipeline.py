@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_kit.progress import note
+from dspark_kit.progress import note, tee_stderr
 from dspark_kit.recipe import Recipe
 
 STAGES = ["regen", "prepare", "hidden-states", "train", "eval", "serve", "bench", "report"]
@@ -129,6 +129,9 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.manifest import update_manifest
     from dspark_kit.train import read_val_metrics, run_training
 
+    from dspark_kit.preflight import enforce
+
+    enforce(recipe, workdir, "train")
     t0 = time.time()
     if recipe.hidden_states.mode == "online":
         from dspark_kit.servers import hidden_state_server
@@ -207,6 +210,25 @@ def resolve_stages(stages: list[str] | None, start: str | None) -> list[str]:
     return chosen
 
 
+def replay_recipe(run_dir: Path) -> tuple[Recipe, list[str], list[str]]:
+    """The recipe and stages a run recorded in its manifest, plus what differs from here and now."""
+    from dspark_kit.devices import versions
+    from dspark_kit.manifest import git_info, load_manifest
+    from dspark_kit.recipe import recipe_from_dict
+
+    m = load_manifest(Path(run_dir))
+    if "recipe" not in m:
+        raise ValueError(f"--replay {run_dir}: no manifest.json with a recipe there")
+    recipe = recipe_from_dict(m["recipe"], f"{run_dir}/manifest.json")
+    stages = [s for s in STAGES if s in m.get("stages", {})] or None
+    diffs = []
+    if (m.get("git") or {}).get("sha") not in (None, git_info()["sha"]):
+        diffs.append(f"code: run used git {m['git']['sha'][:10]}, this checkout is {str(git_info()['sha'])[:10]}")
+    then = (m.get("devices") or {}).get("versions") or {}
+    diffs += [f"{k}: run used {v}, here {versions().get(k)}" for k, v in then.items() if versions().get(k) != v]
+    return recipe, stages or list(STAGES), diffs
+
+
 def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None, start: str | None = None,
                  force: bool = False, log=note) -> list[dict]:
     """Run stages in order; returns one row per stage for the summary table."""
@@ -239,7 +261,8 @@ def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
         save_state(workdir, state)
         t0 = time.time()
         try:
-            summary = stage.run(recipe, workdir)
+            with tee_stderr(workdir / "logs" / f"stage-{name}.log"):
+                summary = stage.run(recipe, workdir)
         except BaseException:
             state[name]["status"] = "failed"
             save_state(workdir, state)

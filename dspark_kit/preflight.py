@@ -328,3 +328,25 @@ def run_preflight(
 
 def has_errors(findings: list[Finding]) -> bool:
     return any(f.level == "error" for f in findings)
+
+
+class PreflightError(ValueError):
+    """Preflight found errors; the message lists each with its pitfall number."""
+
+
+def enforce(recipe: Recipe, workdir: str | Path | None, stage: str, log=None) -> list[Finding]:
+    """Run before train and serve: warnings are printed, errors stop the stage.
+
+    Probes are skipped here: the training process applies the speculators fixes itself.
+    """
+    from dspark_kit.progress import note
+
+    findings = run_preflight(recipe, workdir, probes=False)
+    for f in findings:
+        if f.level == "warning":
+            (log or note)(f"preflight warning (pitfall {f.pitfall}): {f.message}")
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        raise PreflightError(f"preflight stopped {stage}: " + "; ".join(
+            f"[pitfall {f.pitfall}] {f.message}" for f in errors) + " (see `dspark-kit preflight`)")
+    return findings

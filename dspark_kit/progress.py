@@ -56,3 +56,38 @@ def progress_bar(label: str, total: int | None, unit: str = "it") -> Iterator[_B
 def note(message: str) -> None:
     """Human-readable status on stderr, so stdout stays clean for --json."""
     print(message, file=sys.stderr, flush=True)
+
+
+class _Tee:
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, data):
+        for s in self.streams:
+            s.write(data)
+        return len(data)
+
+    def flush(self):
+        for s in self.streams:
+            s.flush()
+
+    def isatty(self):
+        return self.streams[0].isatty()
+
+    def fileno(self):
+        return self.streams[0].fileno()
+
+
+@contextlib.contextmanager
+def tee_stderr(path):
+    """Copy everything written to stderr during a stage into `path` (the stage's log)."""
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    original = sys.stderr
+    with open(path, "a") as log:
+        sys.stderr = _Tee(original, log)
+        try:
+            yield
+        finally:
+            sys.stderr = original

@@ -34,7 +34,10 @@ def stage_serve_check(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.lifecycle import free_port
     from dspark_kit.servers import running_server, server_plan
 
+    from dspark_kit.preflight import enforce
+
     workdir = Path(workdir)
+    enforce(recipe, workdir, "serve")
     ckpt, findings = resolve_and_validate(recipe, workdir, None)
     bad = errors(findings)
     if bad:

@@ -48,3 +48,23 @@ def test_rerun_skips_unchanged_stages(trained_run):
            "prepare,hidden-states,train", "--workdir", str(trained_run), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     assert {s["status"] for s in json.loads(out)["stages"]} == {"skipped (unchanged)"}
+
+
+def test_each_stage_has_a_log(trained_run):
+    for stage in ("prepare", "hidden-states", "train"):
+        assert (trained_run / "logs" / f"stage-{stage}.log").stat().st_size > 0, stage
+    assert "Training epoch" in (trained_run / "logs" / "stage-train.log").read_text()
+
+
+def test_replay_reruns_from_the_manifest(trained_run, tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "dspark_kit", "run", "--replay", str(trained_run), "--workdir", str(tmp_path),
+           "--stages", "prepare", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert [s["stage"] for s in json.loads(out)["stages"]] == ["prepare"]
+    old = json.loads((trained_run / "manifest.json").read_text())["recipe"]
+    new = json.loads((tmp_path / "manifest.json").read_text())["recipe"]
+    assert new == old
+    assert (tmp_path / "prepared" / "token_freq.pt").exists()

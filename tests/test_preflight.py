@@ -231,3 +231,15 @@ def test_cli_exit_codes_and_json(recipe, run, tmp_path):
     assert bad.exit_code == 1
     report = json.loads(bad.stdout)
     assert report["ok"] is False and any(f["pitfall"] == 8 for f in report["findings"])
+
+
+def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
+    """`train` refuses a planted pitfall before anything expensive starts."""
+    import dspark_kit.train as train_mod
+    from dspark_kit.pipeline import stage_train
+    from dspark_kit.preflight import PreflightError
+
+    (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
+    monkeypatch.setattr(train_mod, "run_training", lambda *a, **k: pytest.fail("training started"))
+    with pytest.raises(PreflightError, match=r"pitfall 4"):
+        stage_train(recipe, run)

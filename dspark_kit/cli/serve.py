@@ -83,6 +83,12 @@ def register(app: typer.Typer) -> None:
 
         ckpt_path, findings = None, []
         if role == "spec":
+            from dspark_kit.preflight import PreflightError, enforce
+
+            try:
+                enforce(r, wd, "serve", log=_warn)
+            except PreflightError as e:
+                fail(str(e))
             try:
                 ckpt_path, findings = resolve_and_validate(r, wd, checkpoint)
             except CheckpointError as e:

@@ -56,13 +56,24 @@ def register(app: typer.Typer) -> None:
 
     @app.command("hidden-states")
     def hidden_states(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
-                      json_out: JsonOpt = False) -> None:
+                      dry_run: DryRunOpt = False, json_out: JsonOpt = False) -> None:
         """Verifier hidden states for every prepared row -> DIR/prepared/hidden_states/hs_{i}.safetensors.
 
         Resumable: valid files are skipped, corrupt ones regenerated. Layer ids: the recipe's
-        target_layer_ids plus the last layer N (vLLM convention, pre-norm).
+        target_layer_ids plus the last layer N (vLLM convention, pre-norm). backend vllm: the
+        recipe's engine serves extraction and speculators generate-offline-data writes the files
+        (--dry-run prints the server and one command per node).
         """
         r = load(recipe, set_)
+        if dry_run:
+            if r.hidden_states.mode == "online" or r.hidden_states.backend == "local":
+                typer.echo(f"# nothing to launch: hidden_states mode={r.hidden_states.mode} "
+                           f"backend={r.hidden_states.backend} runs in-process (or inside train)")
+                return
+            from dspark_kit.hidden_states_vllm import dry_run_lines
+
+            typer.echo("\n".join(dry_run_lines(r, _workdir(r, workdir))))
+            return
         _run_one("hidden-states", r, _workdir(r, workdir), json_out)
 
     @app.command()
@@ -100,6 +111,8 @@ def register(app: typer.Typer) -> None:
         stages: Annotated[str | None, typer.Option("--stages", help="Comma list, e.g. prepare,hidden-states,train.")] = None,
         start: Annotated[str | None, typer.Option("--from", help="Rerun from this stage on (it and everything after).")] = None,
         force: Annotated[bool, typer.Option("--force", help="Rerun every selected stage.")] = False,
+        replay: Annotated[Path | None, typer.Option("--replay", help="Rerun a past run from its manifest.json "
+                                                    "(its recipe and stages; --workdir for a fresh copy).")] = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Run the pipeline: regen -> prepare -> hidden-states -> train -> eval -> serve -> bench -> report.
@@ -109,10 +122,23 @@ def register(app: typer.Typer) -> None:
         """
         from dspark_kit.pipeline import run_pipeline
 
-        r = load(recipe, set_)
-        wd = _workdir(r, workdir)
+        chosen = stages.split(",") if stages else None
+        if replay is not None:
+            from dspark_kit.pipeline import replay_recipe
+
+            try:
+                r, recorded, diffs = replay_recipe(replay)
+            except ValueError as e:
+                fail(str(e))
+            chosen = chosen or recorded
+            wd = Path(workdir or replay).resolve()
+            for d in diffs:
+                console.print(f"[yellow]replay differs:[/] {d}", highlight=False)
+        else:
+            r = load(recipe, set_)
+            wd = _workdir(r, workdir)
         try:
-            rows = run_pipeline(r, wd, stages.split(",") if stages else None, start, force,
+            rows = run_pipeline(r, wd, chosen, start, force,
                                 log=lambda m: console.print(f"[bold cyan]{m}[/]"))
         except (ValueError, OSError, RuntimeError) as e:
             fail(str(e), 1)

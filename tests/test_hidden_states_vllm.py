@@ -1,0 +1,35 @@
+"""Offline hidden states via an extraction server: speculators' own generate-offline-data
+against our local engine writes the same tensors as the in-process local backend."""
+
+import shlex
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dspark_kit.hidden_states_vllm import dry_run_lines, run_offline_vllm
+from dspark_kit.pipeline import stage_hidden_states, stage_prepare
+
+
+@pytest.mark.slow
+def test_server_backend_matches_local_backend(tmp_path, tiny_recipe, tiny_verifier):
+    tiny_recipe.data.limit = 6
+    a, b = tmp_path / "a", tmp_path / "b"
+    for wd in (a, b):
+        stage_prepare(tiny_recipe, wd)
+    stage_hidden_states(tiny_recipe, a)  # in-process transformers
+    tiny_recipe.hidden_states.backend = "vllm"  # the recipe's engine (local) serves extraction
+    summary = run_offline_vllm(tiny_recipe, b)
+    assert summary["generated"] == len(list((a / "prepared" / "hidden_states").glob("hs_*.safetensors")))
+    for f in sorted((a / "prepared" / "hidden_states").glob("hs_*.safetensors")):
+        x, y = load_file(str(f)), load_file(str(b / "prepared" / "hidden_states" / f.name))
+        assert torch.equal(x["token_ids"], y["token_ids"])
+        assert torch.equal(x["hidden_states"], y["hidden_states"])  # same layer tap, same bf16 cast
+
+
+def test_dry_run_prints_one_command_per_node(tiny_recipe, tmp_path):
+    tiny_recipe.hidden_states.backend = "vllm"
+    tiny_recipe.train.nnodes = 3
+    lines = [line for line in dry_run_lines(tiny_recipe, tmp_path) if "generate-offline-data" in line]
+    ranks = [shlex.split(line)[shlex.split(line).index("--rank") + 1] for line in lines]
+    assert ranks == ["0", "1", "2"] and all("--world-size 3" in line for line in lines)
