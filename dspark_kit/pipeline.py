@@ -127,9 +127,8 @@ def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
 
 def stage_train(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.manifest import update_manifest
-    from dspark_kit.train import read_val_metrics, run_training
-
     from dspark_kit.preflight import enforce
+    from dspark_kit.train import read_val_metrics, run_training
 
     enforce(recipe, workdir, "train")
     t0 = time.time()

@@ -32,9 +32,8 @@ def stage_serve_check(recipe: Recipe, workdir: Path) -> dict:
 
     from dspark_kit.checkpoints import errors
     from dspark_kit.lifecycle import free_port
-    from dspark_kit.servers import running_server, server_plan
-
     from dspark_kit.preflight import enforce
+    from dspark_kit.servers import running_server, server_plan
 
     workdir = Path(workdir)
     enforce(recipe, workdir, "serve")

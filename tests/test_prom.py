@@ -20,7 +20,7 @@ from dspark_kit.prom import (
 @pytest.fixture(autouse=True)
 def _created_series_on():
     """The local engine turns `_created` series off process-wide (like vLLM); these tests want them."""
-    import prometheus_client.metrics as metrics
+    from prometheus_client import metrics
 
     before = metrics._use_created
     prometheus_client.enable_created_metrics()

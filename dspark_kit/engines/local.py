@@ -8,9 +8,7 @@ unless verifier.served_name says otherwise.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.recipe import Recipe
