@@ -152,13 +152,17 @@ _VLLM_LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                       for s in ("mean", "median", "p99")]
 
 
-def import_vllm_bench(path: str | Path) -> dict[str, Any]:
-    """Read a `vllm bench serve --save-result` JSON into our bench result schema."""
-    path = Path(path)
+def read_json(path: Path, what: str) -> Any:
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise MetricsError(f"{path}: cannot read vLLM bench JSON ({e})") from None
+        raise MetricsError(f"{path}: cannot read {what} JSON ({e})") from None
+
+
+def import_vllm_bench(path: str | Path, raw: Any = None) -> dict[str, Any]:
+    """Read a `vllm bench serve --save-result` JSON (or its parsed `raw`) into our bench result schema."""
+    path = Path(path)
+    raw = read_json(path, "vLLM bench") if raw is None else raw
     if not isinstance(raw, dict) or "output_throughput" not in raw:
         raise MetricsError(f"{path}: no output_throughput key; expected `vllm bench serve --save-result` output")
     spec = None

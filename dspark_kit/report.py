@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dspark_kit.prom import MetricsError, import_vllm_bench
+from dspark_kit.prom import MetricsError, import_vllm_bench, read_json
 
 NA = "–"
 TRAIN_LOSS_TAG = "train/loss"
@@ -45,13 +45,10 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def load_bench_result(path: str | Path) -> dict[str, Any]:
     """Our bench JSON or a `vllm bench serve --save-result` JSON, as our schema."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise MetricsError(f"{path}: cannot read bench JSON ({e})") from None
+    raw = read_json(path, "bench")
     if isinstance(raw, dict) and str(raw.get("schema", "")).startswith("dspark-kit.bench/"):
         return raw
-    return import_vllm_bench(path)
+    return import_vllm_bench(path, raw)
 
 
 def bench_markdown(results: list[dict[str, Any]]) -> str:

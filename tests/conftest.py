@@ -16,6 +16,17 @@ def pytest_configure(config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matmuls on a shared 2-core box: one thread is several times faster than two."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def tiny_verifier() -> Path:
     from dspark_kit.tiny import ensure_tiny_verifier

@@ -17,14 +17,7 @@ from dspark_kit.decoder import SpecGenerator, Verifier
 from dspark_kit.draft_model import DSparkDraft, confident_prefix
 from dspark_kit.tiny import ensure_tiny_verifier
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matmuls on a shared 2-core box: one thread is ~7x faster than two.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -30,12 +29,7 @@ from dspark_kit.tiny import ensure_tiny_verifier
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
