@@ -44,7 +44,7 @@ def untrained_copy(checkpoint: Path, dest: Path) -> Path:
 def main() -> None:
     ap = cli(__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, help="a trained tiny run (checkpoints/checkpoint_best)")
-    ap.add_argument("--contexts", default="512,1024", help="long-context prompt lengths, tokens")
+    ap.add_argument("--contexts", default="512,1024,2048", help="long-context prompt lengths, tokens")
     args = ap.parse_args()
     from dspark_kit.checkpoints import resolve_checkpoint
     from dspark_kit.evaluate import run_eval
@@ -63,9 +63,10 @@ def main() -> None:
         best = resolve_checkpoint(wd / "checkpoints")
         window = recipe.training_window
         ctx = [int(x) for x in args.contexts.split(",") if x]
-        trained = run_eval(recipe, wd, best, context_lengths=ctx, draft_window_size=window, out_dir=tmp / "eval-t")
+        trained = run_eval(recipe, wd, best, context_lengths=ctx, draft_window_size=window, out_dir=tmp / "eval-t",
+                           num_prompts=4, max_new_tokens=32)
         untrained = run_eval(recipe, wd, untrained_copy(best, tmp / "untrained"), context_lengths=[],
-                             draft_window_size="off", out_dir=tmp / "eval-u")
+                             draft_window_size="off", out_dir=tmp / "eval-u", num_prompts=4, max_new_tokens=32)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -86,6 +87,12 @@ def main() -> None:
         rows.append(Row("acceptance", f"AL at context {c}: no window / window {window}", f"{off} / {on}",
                         goal=">= no window", met=None if off is None or on is None else on >= off,
                         notes=f"training window {window} (data.seq_length)"))
+    long = 8 * window  # the goal: the window restores >= 1.3x AL at 8x the training length
+    if long in ctx:
+        off, on = al(long, None), al(long, window)
+        rows.append(Row("acceptance", f"AL with / without window at 8x training length ({long})",
+                        on / off if on and off else None, "x", ">= 1.3x", bool(on and off and on / off >= 1.3),
+                        notes="4 prompts x 32 new tokens"))
     emit(rows, args.json, this_command("bench_eval.py", "--workdir WORKDIR" if args.workdir else ""))
 
 
