@@ -156,4 +156,4 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.pipeline import highlights
 
         for line in highlights(wd):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, soft_wrap=True)
