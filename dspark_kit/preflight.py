@@ -213,12 +213,17 @@ def check_mask(ctx: _Context) -> list[Finding]:
     tok = AutoTokenizer.from_pretrained(
         ctx.verifier_path, trust_remote_code=ctx.recipe.verifier.trust_remote_code
     )
-    mask_id = ctx.recipe.draft.mask_token_id
-    mask_id = tok.mask_token_id if mask_id is None else mask_id
+    # the id training resolves: the recipe's, else the tokenizer's; else what a checkpoint recorded
+    candidates = (ctx.recipe.draft.mask_token_id, tok.mask_token_id,
+                  (ctx.checkpoint_config or {}).get("mask_token_id"))
+    mask_id = next((m for m in candidates if m is not None), None)
     vocab = (ctx.verifier_config or {}).get("vocab_size") or len(tok)
+    if mask_id is None and len(tok) < vocab:  # speculators' resolve_mask_token_id adds one there
+        return [Finding(7, "warning", f"no mask token set: speculators will add <|MASK|> as id {len(tok)} "
+                                      "(an unused embedding row); set draft.mask_token_id to pin it")]  # fmt: skip
     if mask_id is None:
-        return [Finding(7, "error", "the tokenizer has no mask token and draft.mask_token_id is unset; "
-                                    "set draft.mask_token_id to an unused special/reserved id")]  # fmt: skip
+        return [Finding(7, "error", "the tokenizer has no mask token, no unused vocabulary row, and "
+                                    "draft.mask_token_id is unset; set it to a reserved special id")]  # fmt: skip
     if not 0 <= mask_id < vocab:
         return [
             Finding(

@@ -23,7 +23,8 @@ def setup(tmp_path: Path):
     """A recipe with a local 4-layer verifier dir and a checkpoint_best trained on it."""
     verifier = tmp_path / "verifier"
     verifier.mkdir()
-    (verifier / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 4}))
+    (verifier / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 4,
+                                                      "vocab_size": 1024}))
     workdir = tmp_path / "run"
     ckpt = write_ckpt(workdir / "checkpoints" / "0", str(verifier))
     os.symlink("0", workdir / "checkpoints" / "checkpoint_best")

@@ -83,12 +83,6 @@ def register(app: typer.Typer) -> None:
 
         ckpt_path, findings = None, []
         if role == "spec":
-            from dspark_kit.preflight import PreflightError, enforce
-
-            try:
-                enforce(r, wd, "serve", log=_warn)
-            except PreflightError as e:
-                fail(str(e))
             try:
                 ckpt_path, findings = resolve_and_validate(r, wd, checkpoint)
             except CheckpointError as e:
@@ -101,6 +95,12 @@ def register(app: typer.Typer) -> None:
                 for f in bad[1:]:
                     console.print(f"[bold red]error:[/] {f.code}: {f.message}", highlight=False)
                 fail(f"{bad[0].code}: {bad[0].message}")
+            from dspark_kit.preflight import PreflightError, enforce
+
+            try:  # the whole-recipe pitfalls, after the checkpoint's own (more specific) checks
+                enforce(r, wd, "serve", log=_warn)
+            except PreflightError as e:
+                fail(str(e))
 
         try:
             plan = make_plan(r, role, engine, port, ckpt_path, wd)
