@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 .PHONY: help install demo test lint regen prepare hidden train eval serve bench report bench-perf clean
 
 help: ## this list
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z -]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## create .venv and install dspark-kit (idempotent)
 
@@ -36,16 +36,16 @@ test: install ## run the test suite
 lint: install ## ruff
 	$(BIN)/ruff check dspark_kit tests
 
-regen prepare train eval bench: install ## one stage: make train RECIPE=recipes/X.yaml
+regen prepare train eval bench: install ## one stage: make train RECIPE=recipes/X.yaml [WORKDIR=DIR]
 	$(BIN)/dspark-kit $@ -r $(RECIPE) $(WD)
 
-hidden: install
+hidden: install ## hidden states for the prepared rows
 	$(BIN)/dspark-kit hidden-states -r $(RECIPE) $(WD)
 
-serve: install
+serve: install ## serve verifier + draft (role spec) on the recipe's engine
 	$(BIN)/dspark-kit serve -r $(RECIPE) --role spec $(WD)
 
-report: install
+report: install ## markdown report of a run (WORKDIR, default runs/tiny-cpu)
 	$(BIN)/dspark-kit report $(or $(WORKDIR),runs/tiny-cpu)
 
 clean: ## remove run outputs (keeps .venv)
