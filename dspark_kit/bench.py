@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from dspark_kit import atomic
 from dspark_kit.conversations import ConversationError, normalize
 from dspark_kit.prom import MetricsError, spec_decode_delta
 from dspark_kit.recipe import Recipe
@@ -304,11 +305,8 @@ def write_result(result: dict[str, Any], out_dir: Path) -> Path:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"bench_{result['label']}.json"
-    for target, text in ((path, json.dumps(result, indent=2)),
-                         (path.with_suffix(".md"), bench_markdown([result]))):
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(target)
+    atomic.write_text(path, json.dumps(result, indent=2) + "\n")
+    atomic.write_text(path.with_suffix(".md"), bench_markdown([result]) + "\n")
     return path
 
 

@@ -15,10 +15,11 @@ import json
 import random
 from pathlib import Path
 
+from dspark_kit import atomic
+from dspark_kit.engines.vllm_spec import TUNE_FILE  # eval/window_tune.json, relative to the workdir
 from dspark_kit.recipe import Recipe
 
 KERNEL_BLOCK_SIZE = 16  # the local decoder's window granularity (vLLM-Ascend uses its KV block size)
-TUNE_FILE = "window_tune.json"
 
 
 class EvalError(ValueError):
@@ -156,7 +157,7 @@ def resolve_window(setting: int | str | None, recipe: Recipe, workdir: Path) -> 
     if setting == "off":
         return None
     if setting == "auto":
-        tuned = workdir / "eval" / TUNE_FILE
+        tuned = workdir / TUNE_FILE
         if tuned.is_file():
             value = json.loads(tuned.read_text()).get("recommended_window")
             return value if isinstance(value, int) and value > 0 else None
@@ -223,13 +224,6 @@ def stage_eval(recipe: Recipe, workdir: Path) -> dict:
 # ---- outputs ----------------------------------------------------------------
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def markdown(summary: dict) -> str:
     lines = [
         f"# Offline eval: {summary['checkpoint']}",
@@ -263,8 +257,8 @@ def write_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
         lines(files["context_png"], series, title="Acceptance length vs context length",
               xlabel="context tokens", ylabel="acceptance length", markers=True)
     names = {k: str(v) for k, v in files.items()}
-    _atomic_write(files["markdown"], markdown(summary))
-    _atomic_write(files["json"], json.dumps({**summary, "files": names}, indent=2))
+    atomic.write_text(files["markdown"], markdown(summary))
+    atomic.write_text(files["json"], json.dumps({**summary, "files": names}, indent=2))
     return names
 
 
@@ -322,8 +316,8 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
         "rule": f"max mean AL over contexts > window, short-context AL within {tolerance} of no window, "
                 f"gain over no window > {tolerance}; else null (leave the window unset)",
     }
-    _atomic_write(workdir / "eval" / TUNE_FILE, json.dumps(result, indent=2))
-    result["file"] = str(workdir / "eval" / TUNE_FILE)
+    atomic.write_text(workdir / TUNE_FILE, json.dumps(result, indent=2))
+    result["file"] = str(workdir / TUNE_FILE)
     return result
 
 

@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from dspark_kit import atomic
 from dspark_kit.recipe import Recipe
 
 SECRET_FLAGS = ("--api-key",)
@@ -50,12 +51,6 @@ def git_info(repo: Path | None = None) -> dict:
     return {"sha": sha, "dirty": bool(status) if status is not None else None}
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def load_manifest(workdir: Path) -> dict:
     f = Path(workdir) / "manifest.json"
     return json.loads(f.read_text()) if f.exists() else {}
@@ -80,5 +75,5 @@ def update_manifest(workdir: Path, recipe: Recipe, stage: str | None = None, **s
         if "argv" in stage_fields:
             stage_fields["argv"] = redact_argv(list(stage_fields["argv"]))
         entry.update(stage_fields)
-    _atomic_write(workdir / "manifest.json", json.dumps(m, indent=2, default=str))
+    atomic.write_text(workdir / "manifest.json", json.dumps(m, indent=2, default=str))
     return m

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_kit import atomic
 from dspark_kit.progress import note, tee_stderr
 from dspark_kit.recipe import Recipe
 
@@ -190,10 +191,7 @@ def load_state(workdir: Path) -> dict:
 
 
 def save_state(workdir: Path, state: dict) -> None:
-    f = workdir / "state.json"
-    tmp = f.with_name("state.json.tmp")
-    tmp.write_text(json.dumps(state, indent=2, default=str))
-    tmp.replace(f)
+    atomic.write_text(workdir / "state.json", json.dumps(state, indent=2, default=str))
 
 
 def resolve_stages(stages: list[str] | None, start: str | None) -> list[str]:

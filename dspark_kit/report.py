@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dspark_kit import atomic
 from dspark_kit.prom import MetricsError, import_vllm_bench, read_json
 
 NA = "–"
@@ -116,7 +117,7 @@ def compare(paths: list[str | Path], out: str | Path | None = None) -> tuple[str
     md_path.parent.mkdir(parents=True, exist_ok=True)
     png = per_position_png(results, md_path.with_suffix(".png"))
     body = md + (f"\n\n![per-position acceptance]({png.name})" if png else "")
-    _write(md_path, body + "\n")
+    atomic.write_text(md_path, body + "\n")
     return md, [md_path, *([png] if png else [])]
 
 
@@ -204,13 +205,6 @@ def eval_markdown(files: list[Path]) -> str | None:
 # ---- the report ----------------------------------------------------------------
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write `run_dir/report/report.md` (or `out`) with PNGs in run_dir/report; returns its path."""
     from dspark_kit.plots import lines
@@ -266,7 +260,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     else:
         parts.append("not run (no `bench/*.json`; run `dspark-kit bench`)")
     parts += [f"skipped: {b}" for b in bad]
-    _write(md_path, "\n\n".join(parts) + "\n")
+    atomic.write_text(md_path, "\n\n".join(parts) + "\n")
     return md_path
 
 

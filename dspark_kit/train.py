@@ -43,10 +43,9 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
 
     def shell_line(self) -> str:
-        import shlex
+        from dspark_kit.engines import shell_line
 
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return (env + " " if env else "") + shlex.join(self.argv)
+        return shell_line(self.argv, self.env)
 
 
 def openai_v1(url: str) -> str:

@@ -18,6 +18,12 @@ Role = Literal["chat", "hidden-states", "spec"]
 EngineName = Literal["local", "vllm", "vllm-ascend"]
 
 
+def shell_line(argv: list[str], env: dict[str, str]) -> str:
+    """A command and its env as one copy-pasteable line (for --dry-run)."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return (prefix + " " if prefix else "") + shlex.join(argv)
+
+
 @dataclass
 class ServerPlan:
     argv: list[str]
@@ -32,9 +38,7 @@ class ServerPlan:
         return f"http://{self.host}:{self.port}"
 
     def shell_line(self) -> str:
-        """The exact command as one copy-pasteable line (for --dry-run)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return (env + " " if env else "") + shlex.join(self.argv)
+        return shell_line(self.argv, self.env)
 
 
 @dataclass

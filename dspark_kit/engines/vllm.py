@@ -15,6 +15,7 @@ from typing import Any
 
 from dspark_kit import versions
 from dspark_kit.checkpoints import read_config, trained_slots
+from dspark_kit.devices import NPU_ENV_DEFAULTS, visible_devices_env
 from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.engines.vllm_spec import choose_k, decide_window
 from dspark_kit.recipe import Recipe
@@ -24,8 +25,6 @@ from dspark_kit.verifier import verifier_config
 ENGINES = ("vllm", "vllm-ascend")
 ROLES = ("chat", "hidden-states", "spec")
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
-# seed article §6.1.0: the HCCL port range its regen server used
-HCCL_PORT_RANGE = "18500-18749"
 
 
 class PlanError(ValueError):
@@ -38,18 +37,10 @@ def compact_json(obj: Any) -> str:
 
 
 def engine_env(recipe: Recipe, engine: str) -> dict[str, str]:
-    devices = recipe.serve.devices
-    if engine == "vllm-ascend":
-        env = {
-            "HCCL_SOCKET_IFNAME": "lo",
-            "GLOO_SOCKET_IFNAME": "lo",
-            "HCCL_NPU_SOCKET_PORT_RANGE": HCCL_PORT_RANGE,
-            "HCCL_OP_EXPANSION_MODE": "AIV",
-        }
-        if devices:  # NPUs are picked with ASCEND_RT_VISIBLE_DEVICES, never CUDA_VISIBLE_DEVICES
-            env["ASCEND_RT_VISIBLE_DEVICES"] = devices
-        return env
-    return {"CUDA_VISIBLE_DEVICES": devices} if devices else {}
+    """The device layer's env for the engine's device (NPUs: ASCEND_RT_VISIBLE_DEVICES + HCCL)."""
+    device = "npu" if engine == "vllm-ascend" else "cuda"
+    env = dict(NPU_ENV_DEFAULTS) if device == "npu" else {}
+    return {**env, **visible_devices_env(device, recipe.serve.devices)}
 
 
 def hidden_states_args(recipe: Recipe, num_hidden_layers: int) -> list[str]:
