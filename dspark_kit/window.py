@@ -103,3 +103,6 @@ def _check(window: int, block_size: int, future_offset: int) -> None:
         raise ValueError(f"block_size: must be >= 1, got {block_size}")
     if future_offset < 0:
         raise ValueError(f"future_offset: must be >= 0, got {future_offset}")
+    if future_offset >= window:  # else the start passes the sequence end: a negative windowed length
+        raise ValueError(f"draft_window_size {window}: must exceed future_offset {future_offset} "
+                         "(the tokens drafted ahead); raise the window")

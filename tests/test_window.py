@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -31,6 +31,7 @@ def test_reference_vector():
 
 @given(seq=st.integers(0, 5000), w=st.integers(1, 600), b=st.sampled_from([1, 16, 64, 128]), k=st.integers(0, 8))
 def test_window_invariants(seq, w, b, k):
+    assume(w > k)  # smaller windows are rejected (next test)
     plan = plan_window([seq], w, b, k)
     start = seq - plan.windowed_lens[0]
     assert start % b == 0 and 0 <= start <= seq
@@ -38,6 +39,14 @@ def test_window_invariants(seq, w, b, k):
     assert plan.windowed_lens[0] >= min(seq, w - k)  # never less than the window asks for
     assert plan.needed_blocks[0] <= math.ceil(w / b) + 1
     assert window_start(seq, w, b, k) == start
+
+
+def test_window_not_above_future_offset_is_rejected():
+    # seq 0, W 1, K 2 would start the window at token 1: past the end of the sequence
+    with pytest.raises(ValueError, match="draft_window_size 1: must exceed future_offset 2"):
+        plan_window([0], 1, 1, 2)
+    with pytest.raises(ValueError, match="must exceed future_offset 3"):
+        window_start(10, 3, 1, 3)
 
 
 def test_future_offset_by_method():
@@ -77,3 +86,13 @@ def test_cli_plan_text_and_json():
     assert data["start_blocks"] == [0, 0, 8, 0] and data["needed_blocks"] == [1, 4, 5, 4]
     bad = runner.invoke(app, ["window", "plan", "--seq-lens", "10,x", "--window", "64"])
     assert bad.exit_code == 2
+
+
+def test_cli_rejects_a_window_not_above_future_offset():
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    res = CliRunner().invoke(app, ["window", "plan", "--seq-lens", "0", "--window", "1", "--block-size", "1",
+                                   "--future-offset", "2"])
+    assert res.exit_code == 2 and "must exceed future_offset 2" in res.output

@@ -45,7 +45,10 @@ def plan_cmd(
     from dspark_kit.window import plan_window
 
     lens = parse_int_list(seq_lens, "--seq-lens") or fail("--seq-lens: give at least one length, e.g. --seq-lens 10,60")
-    plan = plan_window(lens, window, block_size, future_offset)
+    try:
+        plan = plan_window(lens, window, block_size, future_offset)
+    except ValueError as e:
+        fail(str(e))
     if json_out:
         emit_json(plan.as_dict())
         return
