@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from dspark_kit.engines import openai_base_url
 from dspark_kit.recipe import Recipe
-from dspark_kit.train import openai_v1
 
 
 def offline_command(recipe: Recipe, workdir: Path, endpoint: str, verifier: str,
@@ -22,7 +22,7 @@ def offline_command(recipe: Recipe, workdir: Path, endpoint: str, verifier: str,
     return [
         sys.executable, "-m", "speculators", "generate-offline-data",
         "--model", verifier,
-        "--endpoint", openai_v1(endpoint),
+        "--endpoint", openai_base_url(endpoint),
         "--preprocessed-data", str(Path(workdir) / "prepared"),
         "--concurrency", str(recipe.regen.concurrency),
         "--validate-outputs",

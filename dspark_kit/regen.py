@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 
 from dspark_kit.conversations import to_sharegpt
+from dspark_kit.engines import openai_base_url as normalize_endpoint
 from dspark_kit.recipe import Recipe
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -79,12 +80,6 @@ class Endpoint:
     errors: int = 0
     refused_in_a_row: int = 0
     dead_reason: str | None = None
-
-
-def normalize_endpoint(url: str) -> str:
-    url = url.strip().rstrip("/")
-    url = url if "://" in url else "http://" + url
-    return url if url.endswith("/v1") else url + "/v1"
 
 
 # ---- output file: append-only jsonl with crash repair -----------------------

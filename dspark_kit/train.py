@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_kit.devices import npu_env, train_flags, visible_devices_env
+from dspark_kit.engines import openai_base_url
 from dspark_kit.recipe import Recipe
 
 
@@ -46,12 +47,6 @@ class LaunchPlan:
         from dspark_kit.engines import shell_line
 
         return shell_line(self.argv, self.env)
-
-
-def openai_v1(url: str) -> str:
-    """speculators wants the OpenAI base URL, ending in /v1."""
-    url = url.rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
 
 
 def _override(flags: list[str], name: str, value: str) -> list[str]:
@@ -117,7 +112,7 @@ def build_train_args(
         if not hidden_states_endpoint:
             raise ValueError("hidden_states.mode online needs a hidden-state server endpoint "
                              "(set hidden_states.endpoint or let `train` start one)")
-        args += ["--vllm-endpoint", openai_v1(hidden_states_endpoint),
+        args += ["--vllm-endpoint", openai_base_url(hidden_states_endpoint),
                  "--on-missing", "generate", "--on-generate", "delete"]
     else:
         args += ["--on-missing", "raise"]

@@ -18,6 +18,13 @@ Role = Literal["chat", "hidden-states", "spec"]
 EngineName = Literal["local", "vllm", "vllm-ascend"]
 
 
+def openai_base_url(url: str) -> str:
+    """An OpenAI-compatible base URL as clients want it: scheme, no trailing slash, ending in /v1."""
+    url = url.strip().rstrip("/")
+    url = url if "://" in url else "http://" + url
+    return url if url.endswith("/v1") else url + "/v1"
+
+
 def shell_line(argv: list[str], env: dict[str, str]) -> str:
     """A command and its env as one copy-pasteable line (for --dry-run)."""
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
