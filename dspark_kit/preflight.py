@@ -300,7 +300,7 @@ CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layer
           check_slots, check_mask, check_windows, check_checkpoint]  # fmt: skip
 
 
-def _context(recipe: Recipe, workdir: Path) -> _Context:
+def _context(recipe: Recipe, workdir: Path, checkpoints: bool = True) -> _Context:
     from dspark_kit.tiny import resolve_verifier_path
 
     ctx = _Context(recipe, workdir)
@@ -310,6 +310,8 @@ def _context(recipe: Recipe, workdir: Path) -> _Context:
         ctx.verifier_path = None
     if ctx.verifier_path and Path(ctx.verifier_path).is_dir():
         ctx.verifier_config = _read_json(Path(ctx.verifier_path) / "config.json")
+    if not checkpoints:
+        return ctx
     try:
         ctx.checkpoint = ckpt.resolve_checkpoint(workdir / "checkpoints", recipe.serve.checkpoint)
         ctx.checkpoint_config = ckpt.read_config(ctx.checkpoint)
@@ -319,13 +321,17 @@ def _context(recipe: Recipe, workdir: Path) -> _Context:
 
 
 def run_preflight(
-    recipe: Recipe, workdir: str | Path | None = None, *, probes: bool = True
+    recipe: Recipe, workdir: str | Path | None = None, *, probes: bool = True, checkpoints: bool = True
 ) -> list[Finding]:
-    """All findings for `recipe` and the artifacts in `workdir` (default: recipe.workdir)."""
-    ctx = _context(recipe, recipe.workdir_path(workdir))
+    """All findings for `recipe` and the artifacts in `workdir` (default: recipe.workdir).
+
+    `checkpoints=False` ignores DIR/checkpoints: before training they are the
+    stage's own output (an interrupted run leaves them partial), not an input.
+    """
+    ctx = _context(recipe, recipe.workdir_path(workdir), checkpoints)
     findings: list[Finding] = []
     for check in CHECKS:
-        if check is check_markov and not probes:
+        if (check is check_markov and not probes) or (check is check_checkpoint and not checkpoints):
             continue
         findings.extend(check(ctx))
     return sorted(findings, key=lambda f: (f.pitfall, f.level != "error"))
@@ -346,7 +352,7 @@ def enforce(recipe: Recipe, workdir: str | Path | None, stage: str, log=None) ->
     """
     from dspark_kit.progress import note
 
-    findings = run_preflight(recipe, workdir, probes=False)
+    findings = run_preflight(recipe, workdir, probes=False, checkpoints=stage != "train")
     for f in findings:
         if f.level == "warning":
             (log or note)(f"preflight warning (pitfall {f.pitfall}): {f.message}")

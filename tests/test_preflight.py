@@ -243,3 +243,13 @@ def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
     monkeypatch.setattr(train_mod, "run_training", lambda *a, **k: pytest.fail("training started"))
     with pytest.raises(PreflightError, match=r"pitfall 4"):
         stage_train(recipe, run)
+
+
+def test_train_preflight_ignores_a_partial_checkpoint_dir(recipe, run):
+    """An interrupted run leaves checkpoints/0 without checkpoint_best: training must resume, serving must not."""
+    from dspark_kit.preflight import PreflightError, enforce
+
+    (run / "checkpoints" / "checkpoint_best").unlink()
+    enforce(recipe, run, "train")  # no error: the checkpoints are train's own output
+    with pytest.raises(PreflightError, match=r"pitfall 8"):
+        enforce(recipe, run, "serve")
