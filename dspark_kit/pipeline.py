@@ -129,9 +129,11 @@ def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
 def stage_train(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.manifest import update_manifest
     from dspark_kit.preflight import enforce
-    from dspark_kit.train import read_val_metrics, run_training
+    from dspark_kit.train import read_val_metrics, run_training, set_aside_incomplete_checkpoints
 
     enforce(recipe, workdir, "train")
+    for d in set_aside_incomplete_checkpoints(workdir / "checkpoints"):
+        note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
     if recipe.hidden_states.mode == "online":
         from dspark_kit.servers import hidden_state_server

@@ -93,3 +93,21 @@ def test_logger_none_is_left_to_speculators_default(tiny_recipe, tmp_path):
     tiny_recipe.train.logger = "none"
     args = build_train_args(tiny_recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu")
     assert "--logger" not in args
+
+
+def test_half_written_epochs_are_set_aside_for_resume(tmp_path):
+    from dspark_kit.train import set_aside_incomplete_checkpoints
+
+    ck = tmp_path / "checkpoints"
+    for epoch, whole in ((0, True), (1, False)):
+        d = ck / str(epoch)
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x")
+        if whole:
+            (d / "training_state.json").write_text("{}")
+    (ck / "epoch0_end").symlink_to("0")
+    (ck / "incomplete-1").mkdir()  # an earlier crash at the same epoch is kept too
+    moved = set_aside_incomplete_checkpoints(ck)
+    assert [p.name for p in moved] == ["incomplete-1-1"]
+    assert (ck / "0").is_dir() and not (ck / "1").exists() and (ck / "incomplete-1-1" / "model.safetensors").exists()
+    assert set_aside_incomplete_checkpoints(ck) == []
