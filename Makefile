@@ -30,8 +30,9 @@ $(STAMP): pyproject.toml Makefile
 demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few minutes)
 	$(BIN)/dspark-kit run $(RECIPE) $(WD)
 
+# Hypothesis runs derandomized (profile "ci" in tests/conftest.py): a run never fails by chance.
 test: install ## run the test suite
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install ## ruff
 	$(BIN)/ruff check dspark_kit tests

@@ -231,11 +231,17 @@ class Recipe(_Section):
 # ---- loading ---------------------------------------------------------------
 
 
+def shown_key(part: object) -> str:
+    """A key as an error shows it: control characters escaped, so the error stays one line."""
+    text = str(part)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"]
+        loc = ".".join(shown_key(p) for p in e["loc"])
+        msg = " ".join(str(e["msg"]).split())
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check spelling; `dspark-kit recipe show` lists valid keys)"
         lines.append(f"{loc}: {msg}" if loc else msg)

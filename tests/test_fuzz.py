@@ -131,7 +131,7 @@ field_key = st.sampled_from(sorted(SECTIONS)).flatmap(
 @FAST
 @given(st.lists(st.tuples(field_key, bad_values), min_size=1, max_size=3))
 def test_recipe_from_dict_gives_a_recipe_error_naming_the_field(base_recipe, edits):
-    from dspark_kit.recipe import Recipe, RecipeError, recipe_from_dict
+    from dspark_kit.recipe import Recipe, RecipeError, recipe_from_dict, shown_key
 
     data = copy.deepcopy(base_recipe)
     for (section, key), value in edits:
@@ -144,7 +144,21 @@ def test_recipe_from_dict_gives_a_recipe_error_naming_the_field(base_recipe, edi
     except RecipeError as e:
         msg = str(e)
         assert "\n" not in msg.strip() and msg.startswith("fuzz.yaml: ")
-        assert any(sec in msg or key in msg for (sec, key), _ in edits), msg
+        assert any(sec in msg or shown_key(key) in msg for (sec, key), _ in edits), msg
+
+
+@pytest.mark.parametrize("key", ["epo\nchs", "a\rb", "tab\tkey", "nul\x00", "\u2028sep"])
+def test_a_key_with_control_characters_is_shown_escaped_in_one_line(base_recipe, key):
+    """Regression: hypothesis found `train.epo\nchs`, whose error spanned two lines."""
+    from dspark_kit.recipe import RecipeError, recipe_from_dict
+
+    data = copy.deepcopy(base_recipe)
+    data["train"][key] = 1
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict(data, "fuzz.yaml")
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and msg.isprintable(), repr(msg)
+    assert "train." + key.encode("unicode_escape").decode() in msg
 
 
 @FAST
