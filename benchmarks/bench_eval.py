@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_eval.py [--workdir TRAINED_RUN] [--json out.json]
 
-Uses dspark_kit.evaluate.run_eval (the reference lossless greedy decoder). The
+Uses dspark_kit.stages.evaluate.run_eval (the reference lossless greedy decoder). The
 untrained draft is the trained checkpoint with its trained tensors re-drawn as at
 initialisation (matrices normal(0, 0.02), norm weights 1, biases 0); embeddings and
 lm_head come from the verifier in both. Without --workdir it trains the tiny recipe
@@ -46,8 +46,8 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, help="a trained tiny run (checkpoints/checkpoint_best)")
     ap.add_argument("--contexts", default="512,1024,2048", help="long-context prompt lengths, tokens")
     args = ap.parse_args()
-    from dspark_kit.checkpoints import resolve_checkpoint
-    from dspark_kit.evaluate import run_eval
+    from dspark_kit.spec.checkpoints import resolve_checkpoint
+    from dspark_kit.stages.evaluate import run_eval
     from dspark_kit.recipe import load_recipe
 
     recipe = load_recipe(RECIPE, ["train.device=cpu"])

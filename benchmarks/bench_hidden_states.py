@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_hidden_states.py [--conversations 400] [--json out.json]
 
-Ours: dspark_kit.hidden_states.generate_offline (load verifier, forward, pick the
+Ours: dspark_kit.stages.hidden_states.generate_offline (load verifier, forward, pick the
 exported layers in vLLM's convention, bf16, validate-or-skip, safetensors writes on
 a background thread). Baseline: load the same model with transformers and run
 `model.model(ids, output_hidden_states=True)` over the same rows, stacking the same
@@ -30,11 +30,11 @@ def main() -> None:
     from datasets import load_from_disk
     from transformers import AutoModelForCausalLM
 
-    from dspark_kit.hidden_states import generate_offline
-    from dspark_kit.prepare import prepare
+    from dspark_kit.stages.hidden_states import generate_offline
+    from dspark_kit.stages.prepare import prepare
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.tiny import ensure_tiny_verifier
-    from dspark_kit.tiny_data import conversations
+    from dspark_kit.data.tiny import ensure_tiny_verifier
+    from dspark_kit.data.tiny_data import conversations
 
     torch.set_num_threads(torch.get_num_threads())
     vp = str(ensure_tiny_verifier())

@@ -4,7 +4,7 @@
 
 Baseline: `tokenizer(apply_chat_template(conv))` of every full conversation (rendered
 one by one, encoded in one batched call: the fastest plain use of the HF API).
-Ours: dspark_kit.prepare's tokenize path (normalise, the prefix renders the loss
+Ours: dspark_kit.stages.prepare's tokenize path (normalise, the prefix renders the loss
 mask needs, one batched encode per chunk), then the whole `prepare()` (which also
 builds speculators' dataset and token_freq.pt and saves Arrow) with 1 and 2 workers.
 Throughput is counted in tokens of the full conversations for both sides, so the
@@ -25,7 +25,7 @@ GOAL = 0.8
 
 def reference_rows(tok, msgs, thinking):
     """The loss-mask rule written the plain way: render + encode every prefix on its own."""
-    from dspark_kit.chat import encode, render
+    from dspark_kit.data.chat import encode, render
 
     turns = [j for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
     msgs = msgs[: turns[-1] + 1]
@@ -52,9 +52,9 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from dspark_kit import prepare as P
-    from dspark_kit.tiny import ensure_tiny_verifier
-    from dspark_kit.tiny_data import conversations
+    from dspark_kit.stages import prepare as P
+    from dspark_kit.data.tiny import ensure_tiny_verifier
+    from dspark_kit.data.tiny_data import conversations
 
     vp = str(ensure_tiny_verifier())
     tok = AutoTokenizer.from_pretrained(vp)

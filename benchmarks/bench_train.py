@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/bench_train.py [--repeats 3] [--json out.json]
 
-Ours: dspark_kit.pipeline.train_plan + dspark_kit.train.run_training, i.e.
-`python -m dspark_kit.train_entry --dspark-device cpu FLAGS` with patch probes and
+Ours: dspark_kit.stages.pipeline.train_plan + dspark_kit.stages.train.run_training, i.e.
+`python -m dspark_kit.compat.train_entry --dspark-device cpu FLAGS` with patch probes and
 the log tee. Baseline: benchmarks/plain_speculators_train.py FLAGS -- speculators'
 own train main with only the CPU device patches applied (plain speculators cannot
 train on a CPU otherwise). One untimed warm-up, then interleaved runs; each side's
@@ -27,7 +27,7 @@ GOAL = 1.02
 
 
 def val_accept_len(checkpoints: Path) -> float | None:
-    from dspark_kit.train import read_val_metrics
+    from dspark_kit.stages.train import read_val_metrics
 
     m = read_val_metrics(checkpoints) or {}
     return m.get("accept_len_epoch") or next((v for k, v in m.items() if "accept" in k), None)
@@ -39,7 +39,7 @@ def launch_overhead_s() -> float:
     import speculators.train.cli  # noqa: F401 - imported by both sides, not counted
 
     from dspark_kit.devices import detect_device
-    from dspark_kit.patches import apply_for_training
+    from dspark_kit.compat.patches import apply_for_training
 
     t0 = time.perf_counter()
     apply_for_training(detect_device("cpu"))
@@ -51,9 +51,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", type=Path, help="reuse a work dir with prepared/ and hidden states")
     args = ap.parse_args()
-    from dspark_kit.pipeline import stage_hidden_states, stage_prepare, train_plan
+    from dspark_kit.stages.pipeline import stage_hidden_states, stage_prepare, train_plan
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.train import run_training
+    from dspark_kit.stages.train import run_training
 
     recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml", ["train.device=cpu"])
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
-    from dspark_kit.patches import FIXES, _replace
+    from dspark_kit.compat.patches import FIXES, _replace
 
     for fix in FIXES:
         if fix.name.startswith("device-") and "cpu" in fix.devices:

@@ -146,7 +146,7 @@ def describe(requested: str = "auto") -> dict:
 
 
 # ---- speculators on this device (seed §5.2 (b), REFERENCE §3) -------------
-# Probes and patches used by dspark_kit.patches: each probe runs the installed
+# Probes and patches used by dspark_kit.compat.patches: each probe runs the installed
 # speculators code and checks it does not assume cuda on `device`; each patch
 # returns (owner, attribute, replacement) triples that patches.py applies.
 

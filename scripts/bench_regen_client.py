@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_regen_client.py [--rows 6000] [--concurrency 64]
 
 The stub (aiohttp, its own process so it does not share our GIL) answers every
-chat request at once. We time (a) dspark_kit.regen.regen_rows, the real client
+chat request at once. We time (a) dspark_kit.stages.regen.regen_rows, the real client
 path including jsonl writes, and (b) a bare aiohttp client loop, which is the
 most the stub can take on this machine. Target: (a) >= 1000 req/s at
 concurrency 64 on 2 cores; (a) close to (b) means the stub is the bottleneck.
@@ -63,7 +63,7 @@ async def bare_client(url: str, n: int, concurrency: int) -> float:
 
 
 def regen_client(url: str, n: int, concurrency: int) -> float:
-    from dspark_kit.regen import RegenOptions, regen_rows
+    from dspark_kit.stages.regen import RegenOptions, regen_rows
 
     rows = ((i, [{"role": "user", "content": f"q{i}"}]) for i in range(n))
     opts = RegenOptions(concurrency=concurrency, max_tokens=8, model="stub", seed=None)
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=6000)
     ap.add_argument("--concurrency", type=int, default=64)
     args = ap.parse_args()
-    from dspark_kit.lifecycle import free_port
+    from dspark_kit.engines.lifecycle import free_port
 
     port = free_port()
     stub = mp.get_context("spawn").Process(target=serve_stub, args=(port,), daemon=True)

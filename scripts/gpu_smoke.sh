@@ -32,7 +32,7 @@ if "$PY" -m dspark_kit eval --help > /dev/null 2>&1; then
   eval_al=$("$PY" - "$WD" "${SETS[@]}" <<'PY'
 import sys
 from pathlib import Path
-from dspark_kit.evaluate import run_eval
+from dspark_kit.stages.evaluate import run_eval
 from dspark_kit.recipe import load_recipe
 wd, sets = Path(sys.argv[1]), [a for a in sys.argv[2:] if a != "--set"]
 s = run_eval(load_recipe("recipes/tiny-cpu.yaml", sets), wd, device="cuda", out_dir=wd / "eval-gpu")
@@ -45,7 +45,7 @@ fi
 "$PY" - "$WD" "$train_s" "$eval_s" "$eval_al" <<'PY'
 import json, sys
 from pathlib import Path
-from dspark_kit.train import read_val_metrics
+from dspark_kit.stages.train import read_val_metrics
 wd, train_s, eval_s, eval_al = Path(sys.argv[1]), *sys.argv[2:]
 argv = json.loads((wd / "manifest.json").read_text())["stages"]["train"]["argv"]
 flag = lambda f: argv[argv.index(f) + 1] if f in argv else "(speculators default)"

@@ -40,7 +40,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_verifier() -> Path:
-    from dspark_kit.tiny import ensure_tiny_verifier
+    from dspark_kit.data.tiny import ensure_tiny_verifier
 
     return ensure_tiny_verifier()
 

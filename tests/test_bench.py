@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from typer.testing import CliRunner
 
-from dspark_kit.bench import BenchError, load_prompts, run_bench
+from dspark_kit.stages.bench import BenchError, load_prompts, run_bench
 from dspark_kit.recipe import recipe_from_dict
 
 TOKENS_PER_REPLY = 6
@@ -218,8 +218,8 @@ def test_against_local_engine(tmp_path):
     import sys
 
     from dspark_kit.engines import ServerPlan
-    from dspark_kit.lifecycle import ManagedServer, free_port
-    from dspark_kit.tiny import ensure_tiny_verifier
+    from dspark_kit.engines.lifecycle import ManagedServer, free_port
+    from dspark_kit.data.tiny import ensure_tiny_verifier
 
     model = ensure_tiny_verifier()
     port = free_port()

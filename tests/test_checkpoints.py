@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dspark_kit.checkpoints import (
+from dspark_kit.spec.checkpoints import (
     CheckpointError,
     complete_epochs,
     errors,

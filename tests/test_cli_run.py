@@ -25,7 +25,7 @@ def test_run_layout_and_checkpoint(trained_run):
     val = json.loads((best / "val_metrics.json").read_text())
     assert summary["stages"][-1]["figure"] == pytest.approx(val["accept_len_epoch"])
     manifest = json.loads((wd / "manifest.json").read_text())
-    assert "dspark_kit.train_entry" in manifest["stages"]["train"]["argv"]
+    assert "dspark_kit.compat.train_entry" in manifest["stages"]["train"]["argv"]
     assert manifest["devices"]["versions"]["speculators"] == "0.9.0"
 
 

@@ -125,7 +125,7 @@ def test_serve_starts_waits_healthy_and_stops_on_ctrl_c(setup, tmp_path: Path):
     fake = bin_dir / "vllm"
     fake.write_text(FAKE_VLLM.format(python=sys.executable))
     fake.chmod(0o755)
-    from dspark_kit.lifecycle import free_port
+    from dspark_kit.engines.lifecycle import free_port
 
     port = free_port()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_decoder import fresh_draft, save_draft, train_draft
 
 from dspark_kit.cli import app
-from dspark_kit.decoder import SpecResult
-from dspark_kit.evaluate import (
+from dspark_kit.spec.decoder import SpecResult
+from dspark_kit.stages.evaluate import (
     EvalError,
     aggregate,
     candidate_windows,
@@ -24,7 +24,7 @@ from dspark_kit.evaluate import (
     tune_window,
 )
 from dspark_kit.recipe import load_recipe
-from dspark_kit.tiny import ensure_tiny_verifier
+from dspark_kit.data.tiny import ensure_tiny_verifier
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml"
 

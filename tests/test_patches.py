@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_kit import patches
+from dspark_kit.compat import patches
 
 speculators = pytest.importorskip("speculators")
 
@@ -152,7 +152,7 @@ def test_a_crashing_probe_is_reported_not_raised(mp):
 
 TRAIN_SCRIPT = """
 import sys
-from dspark_kit.patches import apply_for_training
+from dspark_kit.compat.patches import apply_for_training
 print("APPLIED", apply_for_training("cpu"), flush=True)
 from speculators.train.cli import main
 from speculators.train.config import TrainConfig
@@ -166,8 +166,8 @@ def _write_tiny_dataset(out: Path, verifier: Path, rows: int = 16) -> list[int]:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dspark_kit.chat import encode, render
-    from dspark_kit.tiny_data import conversations
+    from dspark_kit.data.chat import encode, render
+    from dspark_kit.data.tiny_data import conversations
 
     tok = AutoTokenizer.from_pretrained(verifier)
     model = AutoModelForCausalLM.from_pretrained(verifier, dtype=torch.float32).eval()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dspark_kit.preflight import has_errors, run_preflight
+from dspark_kit.stages.preflight import has_errors, run_preflight
 from dspark_kit.recipe import dump_recipe
 
 HIDDEN, LAYERS = 128, 4  # the tiny verifier
@@ -235,9 +235,9 @@ def test_cli_exit_codes_and_json(recipe, run, tmp_path):
 
 def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
     """`train` refuses a planted pitfall before anything expensive starts."""
-    import dspark_kit.train as train_mod
-    from dspark_kit.pipeline import stage_train
-    from dspark_kit.preflight import PreflightError
+    import dspark_kit.stages.train as train_mod
+    from dspark_kit.stages.pipeline import stage_train
+    from dspark_kit.stages.preflight import PreflightError
 
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
     monkeypatch.setattr(train_mod, "run_training", lambda *a, **k: pytest.fail("training started"))
@@ -247,7 +247,7 @@ def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
 
 def test_train_preflight_ignores_a_partial_checkpoint_dir(recipe, run):
     """An interrupted run leaves checkpoints/0 without checkpoint_best: training must resume, serving must not."""
-    from dspark_kit.preflight import PreflightError, enforce
+    from dspark_kit.stages.preflight import PreflightError, enforce
 
     (run / "checkpoints" / "checkpoint_best").unlink()
     enforce(recipe, run, "train")  # no error: the checkpoints are train's own output

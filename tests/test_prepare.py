@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from dspark_kit.conversations import ConversationError, normalize
-from dspark_kit.prepare import prepare, read_jsonl, tokenize_conversation
+from dspark_kit.data.conversations import ConversationError, normalize
+from dspark_kit.stages.prepare import prepare, read_jsonl, tokenize_conversation
 
 
 @pytest.fixture(scope="module")

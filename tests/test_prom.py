@@ -8,7 +8,7 @@ import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from dspark_kit.prom import (
+from dspark_kit.engines.prom import (
     MetricsError,
     import_vllm_bench,
     parse_spec_counters,

@@ -24,7 +24,7 @@ def test_dry_runs_render(path, tmp_path):
     wd = str(tmp_path)
     train = _run("train", "-r", str(path), "-w", wd, "--dry-run")
     argv = shlex.split(train.splitlines()[-1])
-    assert "dspark_kit.train_entry" in argv and argv[argv.index("--speculator-type") + 1] == "dspark"
+    assert "dspark_kit.compat.train_entry" in argv and argv[argv.index("--speculator-type") + 1] == "dspark"
     assert argv[argv.index("--block-size") + 1] == str(recipe.draft.block_size)
     assert ("torch.distributed.run" in argv) == (recipe.train.nproc > 1 or recipe.train.nnodes > 1)
     for role in ("chat", "hidden-states"):

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 from aiohttp import web
 
-from dspark_kit.lifecycle import free_port
+from dspark_kit.engines.lifecycle import free_port
 from dspark_kit.recipe import Recipe
-from dspark_kit.regen import run_regen
+from dspark_kit.stages.regen import run_regen
 
 BEHAVIOURS = ["ok", "fail-once", "fail-always", "slow", "malformed", "bad-schema", "reject"]
 
@@ -151,7 +151,7 @@ def test_cli_json_summary_and_dry_run(tmp_path, stub):
 
 
 def test_bad_source_fails_fast_without_hanging(tmp_path, stub):
-    from dspark_kit.sources import SourceError
+    from dspark_kit.data.sources import SourceError
 
     recipe = Recipe.model_validate({"data": {"source": str(tmp_path / "missing.jsonl")}})
     with pytest.raises(SourceError, match="file not found"):
@@ -160,7 +160,7 @@ def test_bad_source_fails_fast_without_hanging(tmp_path, stub):
 
 
 def test_endpoint_urls_are_normalised():
-    from dspark_kit.regen import normalize_endpoint
+    from dspark_kit.stages.regen import normalize_endpoint
 
     assert normalize_endpoint("10.0.0.5:8000") == "http://10.0.0.5:8000/v1"
     assert normalize_endpoint("https://h/v1/") == "https://h/v1"

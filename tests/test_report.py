@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dspark_kit.report import build_report, compare, read_scalars, val_by_epoch
+from dspark_kit.stages.report import build_report, compare, read_scalars, val_by_epoch
 
 # per-epoch validation values (seed §7.1 numbers) and per-position accuracies
 VAL = {

@@ -96,7 +96,7 @@ def test_vllm_plans_bind_the_recipe_host(tiny_recipe, tiny_verifier):
 @pytest.mark.parametrize("trust", [False, True])
 def test_trust_remote_code_only_when_the_recipe_says_so(tiny_recipe, tiny_verifier, tmp_path, trust):
     from dspark_kit.engines.vllm import plan_vllm
-    from dspark_kit.train import build_train_args
+    from dspark_kit.stages.train import build_train_args
 
     tiny_recipe.verifier.trust_remote_code = trust
     train = build_train_args(tiny_recipe, tmp_path, verifier_path=str(tiny_verifier), num_hidden_layers=4, device="cpu")
@@ -107,7 +107,7 @@ def test_trust_remote_code_only_when_the_recipe_says_so(tiny_recipe, tiny_verifi
 
 
 def test_api_keys_are_redacted_from_argv_and_manifest(tiny_recipe, tmp_path):
-    from dspark_kit.manifest import redact_argv, update_manifest
+    from dspark_kit.stages.manifest import redact_argv, update_manifest
 
     secret = "sk-very-secret-123"
     argv = ["vllm", "serve", "m", "--api-key", secret, f"--api-key={secret}", "--port", "1"]
@@ -131,7 +131,7 @@ def test_local_plan_passes_the_key_in_env_not_argv(tiny_recipe, tiny_verifier):
 def test_local_server_enforces_the_key_and_never_logs_it(tiny_verifier, tmp_path):
     import httpx
 
-    from dspark_kit.lifecycle import free_port
+    from dspark_kit.engines.lifecycle import free_port
 
     secret, port = "sk-log-leak-check-42", free_port()
     log = tmp_path / "server.log"

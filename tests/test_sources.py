@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from dspark_kit.recipe import DataCfg
-from dspark_kit.sources import PRESETS, SourceError, iter_source, preset_row
-from dspark_kit.tiny_data import conversations
+from dspark_kit.data.sources import PRESETS, SourceError, iter_source, preset_row
+from dspark_kit.data.tiny_data import conversations
 
 
 def test_builtin_tiny_chat_is_the_shipped_corpus_with_stable_idx():
@@ -71,7 +71,7 @@ def test_unusable_sources_raise_one_line(tmp_path, source, msg):
 def test_preset_rows_map_to_messages(monkeypatch):
     import datasets
 
-    from dspark_kit.conversations import normalize
+    from dspark_kit.data.conversations import normalize
 
     ultrachat = {"prompt": "q", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     magpie = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}

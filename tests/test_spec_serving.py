@@ -5,16 +5,16 @@ import itertools
 import httpx
 import pytest
 
-from dspark_kit.checkpoints import resolve_checkpoint
-from dspark_kit.lifecycle import free_port
-from dspark_kit.prom import spec_decode_delta
-from dspark_kit.servers import running_server
+from dspark_kit.spec.checkpoints import resolve_checkpoint
+from dspark_kit.engines.lifecycle import free_port
+from dspark_kit.engines.prom import spec_decode_delta
+from dspark_kit.engines.servers import running_server
 
 pytestmark = pytest.mark.slow
 
 
 def test_metrics_deltas_equal_the_engines_own_count(trained_run, tiny_recipe):
-    from dspark_kit.bench import run_bench
+    from dspark_kit.stages.bench import run_bench
 
     ckpt = resolve_checkpoint(trained_run / "checkpoints", "checkpoint_best")
     with running_server(tiny_recipe, "spec", trained_run, port=free_port(), checkpoint=ckpt) as url:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dspark_kit.recipe import load_recipe
-from dspark_kit.train import build_train_args, launch_plan, node_plans
+from dspark_kit.stages.train import build_train_args, launch_plan, node_plans
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = "/mnt/cephfs/models/Qwen3-30B-A3B/Qwen/Qwen3-30B-A3B"
@@ -65,7 +65,7 @@ def test_torchrun_and_ascend_env(ascend, tmp_path):
     assert "torch.distributed.run" in plan.argv and "--nproc_per_node=2" in plan.argv
     assert plan.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in plan.env
     assert plan.env["HCCL_OP_EXPANSION_MODE"] == "AIV"
-    assert shlex.split(line)[-1] == "--x" and "dspark_kit.train_entry" in line
+    assert shlex.split(line)[-1] == "--x" and "dspark_kit.compat.train_entry" in line
 
 
 def test_multinode_prints_one_command_per_node(ascend):
@@ -96,7 +96,7 @@ def test_logger_none_is_left_to_speculators_default(tiny_recipe, tmp_path):
 
 
 def test_half_written_epochs_are_set_aside_for_resume(tmp_path):
-    from dspark_kit.train import set_aside_incomplete_checkpoints
+    from dspark_kit.stages.train import set_aside_incomplete_checkpoints
 
     ck = tmp_path / "checkpoints"
     for epoch, whole in ((0, True), (1, False)):

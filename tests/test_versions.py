@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_kit import versions
+from dspark_kit.compat import versions
 
 
 def test_installed_reads_metadata_and_aliases():

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
-from dspark_kit.window import (
+from dspark_kit.spec.window import (
     future_offset,
     gather_block_table,
     plan_window,

@@ -49,9 +49,9 @@ def register(app: typer.Typer) -> None:
 
           dspark-kit bench --compare runs/x/bench/bench_ckpt0.json runs/x/bench/bench_ckpt1.json --out cmp.md
         """
-        from dspark_kit.bench import BenchError, run_bench
-        from dspark_kit.prom import MetricsError
-        from dspark_kit.report import compare as compare_results
+        from dspark_kit.stages.bench import BenchError, run_bench
+        from dspark_kit.engines.prom import MetricsError
+        from dspark_kit.stages.report import compare as compare_results
 
         if compare:
             if not files or len(files) < 1:
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             emit_json(result)
             return
-        from dspark_kit.report import bench_markdown
+        from dspark_kit.stages.report import bench_markdown
 
         typer.echo(bench_markdown([result]))
         out_dir = out or r.workdir_path() / "bench"

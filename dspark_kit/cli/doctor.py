@@ -30,7 +30,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from dspark_kit import devices, patches
+        from dspark_kit import devices
+
+        from dspark_kit.compat import patches
 
         try:
             info = devices.describe(device)

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
-        from dspark_kit.preflight import PITFALLS, has_errors, run_preflight
+        from dspark_kit.stages.preflight import PITFALLS, has_errors, run_preflight
 
         r = load(recipe, set_)
         findings = run_preflight(r, workdir)

@@ -58,7 +58,7 @@ def _dry_run(r, endpoints: list[str] | None, json_out: bool) -> None:
     endpoints = list(endpoints or r.regen.endpoints)
     command = None
     if not endpoints:
-        from dspark_kit.servers import regen_server_plan
+        from dspark_kit.engines.servers import regen_server_plan
 
         command = regen_server_plan(r).shell_line()
     if json_out:
@@ -92,8 +92,8 @@ def register(app: typer.Typer) -> None:
 
         Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -o runs/tiny/regen.jsonl
         """
-        from dspark_kit.regen import run_regen
-        from dspark_kit.sources import SourceError
+        from dspark_kit.stages.regen import run_regen
+        from dspark_kit.data.sources import SourceError
 
         r = load(recipe, set_)
         if dry_run:

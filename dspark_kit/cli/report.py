@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         (per-epoch validation table, loss and accept_len curves), eval/*.json and
         bench/*.json. Stages that have not run are listed as "not run". Prints the path.
         """
-        from dspark_kit.report import build_report
+        from dspark_kit.stages.report import build_report
 
         if run_dir is None:
             run_dir = load(recipe, set_).workdir_path()

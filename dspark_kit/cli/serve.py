@@ -20,7 +20,7 @@ from dspark_kit.cli.common import (
     fail,
     load,
 )
-from dspark_kit.serve_stage import resolve_and_validate
+from dspark_kit.stages.serve import resolve_and_validate
 
 ROLES = ("chat", "hidden-states", "spec")
 ENGINES = ("local", "vllm", "vllm-ascend")
@@ -31,7 +31,7 @@ def _warn(message: str) -> None:
 
 
 def make_plan(recipe, role: str, engine: str, port: int | None, checkpoint: Path | None, workdir: Path):
-    from dspark_kit.servers import server_plan
+    from dspark_kit.engines.servers import server_plan
 
     return server_plan(recipe, role, port=port, checkpoint=checkpoint, workdir=workdir, engine=engine)
 
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
 
           dspark-kit serve -r recipes/qwen3-30b-a3b-ultrachat-ascend.yaml --role chat --dry-run
         """
-        from dspark_kit.checkpoints import CheckpointError, errors
+        from dspark_kit.spec.checkpoints import CheckpointError, errors
 
         r = load(recipe, set_)
         if role not in ROLES:
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
                 for f in bad[1:]:
                     console.print(f"[bold red]error:[/] {f.code}: {f.message}", highlight=False)
                 fail(f"{bad[0].code}: {bad[0].message}")
-            from dspark_kit.preflight import PreflightError, enforce
+            from dspark_kit.stages.preflight import PreflightError, enforce
 
             try:  # the whole-recipe pitfalls, after the checkpoint's own (more specific) checks
                 enforce(r, wd, "serve", log=_warn)
@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(plan, recipe, workdir: Path, role: str, json_out: bool) -> None:
-    from dspark_kit.lifecycle import ManagedServer
+    from dspark_kit.engines.lifecycle import ManagedServer
 
     log_path = workdir / "logs" / f"serve-{role}.log"
     server = ManagedServer(plan, log_path)

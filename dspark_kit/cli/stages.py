@@ -1,4 +1,4 @@
-"""`prepare`, `hidden-states`, `train` and `run`: thin wrappers over dspark_kit.pipeline."""
+"""`prepare`, `hidden-states`, `train` and `run`: thin wrappers over dspark_kit.stages.pipeline."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def _workdir(recipe, workdir: Path | None) -> Path:
 
 
 def _run_one(name: str, recipe, workdir: Path, json_out: bool) -> None:
-    from dspark_kit.manifest import update_manifest
-    from dspark_kit.pipeline import REGISTRY
+    from dspark_kit.stages.manifest import update_manifest
+    from dspark_kit.stages.pipeline import REGISTRY
 
     try:
         summary = REGISTRY[name].run(recipe, workdir)
@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"# nothing to launch: hidden_states mode={r.hidden_states.mode} "
                            f"backend={r.hidden_states.backend} runs in-process (or inside train)")
                 return
-            from dspark_kit.hidden_states_vllm import dry_run_lines
+            from dspark_kit.stages.hidden_states_vllm import dry_run_lines
 
             typer.echo("\n".join(dry_run_lines(r, _workdir(r, workdir))))
             return
@@ -87,9 +87,9 @@ def register(app: typer.Typer) -> None:
         r = load(recipe, set_)
         wd = _workdir(r, workdir)
         if dry_run:
-            from dspark_kit.pipeline import train_args
+            from dspark_kit.stages.pipeline import train_args
             from dspark_kit.recipe import RecipeError
-            from dspark_kit.train import node_plans
+            from dspark_kit.stages.train import node_plans
 
             endpoint = r.hidden_states.endpoint or (
                 f"http://{r.serve.host}:{r.serve.hidden_states_port}" if r.hidden_states.mode == "online" else None)
@@ -120,11 +120,11 @@ def register(app: typer.Typer) -> None:
         Finished stages are fingerprinted in DIR/state.json: a rerun skips unchanged stages, reruns
         changed ones and everything downstream, and resumes an interrupted stage.
         """
-        from dspark_kit.pipeline import run_pipeline
+        from dspark_kit.stages.pipeline import run_pipeline
 
         chosen = stages.split(",") if stages else None
         if replay is not None:
-            from dspark_kit.pipeline import replay_recipe
+            from dspark_kit.stages.pipeline import replay_recipe
 
             try:
                 r, recorded, diffs = replay_recipe(replay)
@@ -153,7 +153,7 @@ def register(app: typer.Typer) -> None:
             table.add_row(row["stage"], row["status"], f"{row['seconds']:.1f}",
                           f"{fig:.3f}" if isinstance(fig, float) else str(fig))
         console.print(table)
-        from dspark_kit.pipeline import highlights
+        from dspark_kit.stages.pipeline import highlights
 
         for line in highlights(wd):
             console.print(line, highlight=False, soft_wrap=True)

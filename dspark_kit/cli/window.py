@@ -42,7 +42,7 @@ def plan_cmd(
 
       dspark-kit window plan --seq-lens 10,60,200,64 --window 64 --block-size 16 --future-offset 3
     """
-    from dspark_kit.window import plan_window
+    from dspark_kit.spec.window import plan_window
 
     lens = parse_int_list(seq_lens, "--seq-lens") or fail("--seq-lens: give at least one length, e.g. --seq-lens 10,60")
     try:
@@ -83,9 +83,9 @@ def tune_cmd(
     `recommended_window` serve.draft_window_size: auto uses (null = leave the
     window unset: acceptance is flat).
     """
-    from dspark_kit.checkpoints import CheckpointError
-    from dspark_kit.draft_model import DraftLoadError
-    from dspark_kit.evaluate import EvalError, tune_window
+    from dspark_kit.spec.checkpoints import CheckpointError
+    from dspark_kit.spec.draft_model import DraftLoadError
+    from dspark_kit.stages.evaluate import EvalError, tune_window
 
     r = load(recipe, set_)
     try:

@@ -1,7 +1,7 @@
 """Engines behind one small interface.
 
 An engine turns a recipe + role into a `ServerPlan` (argv + env + where it
-listens); `dspark_kit.lifecycle` starts, health-checks and stops any plan the
+listens); `dspark_kit.engines.lifecycle` starts, health-checks and stops any plan the
 same way. Roles: `chat` (regen / bench without a draft), `hidden-states`
 (verifier hidden-state extraction, REFERENCE §4), `spec` (verifier + DSpark
 draft). Engines: `local` (our FastAPI server, CPU/CUDA/NPU via transformers),

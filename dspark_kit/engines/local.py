@@ -12,7 +12,7 @@ import sys
 
 from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.recipe import Recipe
-from dspark_kit.verifier import num_hidden_layers
+from dspark_kit.spec.verifier import num_hidden_layers
 
 
 def plan_local(
@@ -24,8 +24,8 @@ def plan_local(
     api_key: str | None = None,
     extra_args: list[str] | None = None,
 ) -> ServerPlan:
-    from dspark_kit.lifecycle import free_port
-    from dspark_kit.tiny import resolve_verifier_path
+    from dspark_kit.engines.lifecycle import free_port
+    from dspark_kit.data.tiny import resolve_verifier_path
 
     verifier = resolve_verifier_path(recipe.verifier.path)
     host = host or recipe.serve.host

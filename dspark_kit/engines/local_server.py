@@ -257,8 +257,8 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
-        from dspark_kit.chat import prompt_ids
-        from dspark_kit.conversations import ConversationError, normalize
+        from dspark_kit.data.chat import prompt_ids
+        from dspark_kit.data.conversations import ConversationError, normalize
 
         engine.check_model(req)
         try:
@@ -311,8 +311,8 @@ def build_generator(args, model):
         return VerifierGenerator(model, token_delay_s=args.token_delay_ms / 1000)
     if not args.draft:
         raise SystemExit("--draft: role spec needs a DSpark checkpoint directory")
-    from dspark_kit.decoder import SpecGenerator  # lazy: heavy imports, only for role spec
-    from dspark_kit.verifier import resolve_device
+    from dspark_kit.spec.decoder import SpecGenerator  # lazy: heavy imports, only for role spec
+    from dspark_kit.spec.verifier import resolve_device
 
     return SpecGenerator.from_checkpoint(
         args.model, args.draft, num_speculative_tokens=args.num_speculative_tokens,
@@ -350,7 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from dspark_kit.verifier import load_tokenizer, load_verifier
+    from dspark_kit.spec.verifier import load_tokenizer, load_verifier
 
     args = parse_args(argv)
     if args.threads > 0:

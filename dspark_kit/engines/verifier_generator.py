@@ -3,7 +3,7 @@
 `VerifierGenerator` implements the `Generator` protocol (engines/__init__.py):
 greedy at temperature 0, seeded sampling otherwise, one KV cache per request.
 `extract_hidden_states` reads aux states in vLLM's layer-id convention through
-dspark_kit.verifier.LayerTap; loading the model is dspark_kit.verifier.load_verifier.
+dspark_kit.spec.verifier.LayerTap; loading the model is dspark_kit.spec.verifier.load_verifier.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import torch
 
 from dspark_kit.engines import GenerationResult
-from dspark_kit.verifier import LayerTap, sample_token
+from dspark_kit.spec.verifier import LayerTap, sample_token
 
 
 class VerifierGenerator:

@@ -13,14 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dspark_kit import versions
-from dspark_kit.checkpoints import read_config, trained_slots
+from dspark_kit.compat import versions
+from dspark_kit.spec.checkpoints import read_config, trained_slots
 from dspark_kit.devices import NPU_ENV_DEFAULTS, visible_devices_env
 from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.engines.vllm_spec import choose_k, decide_window
 from dspark_kit.recipe import Recipe
-from dspark_kit.verifier import num_hidden_layers as verifier_num_hidden_layers
-from dspark_kit.verifier import verifier_config
+from dspark_kit.spec.verifier import num_hidden_layers as verifier_num_hidden_layers
+from dspark_kit.spec.verifier import verifier_config
 
 ENGINES = ("vllm", "vllm-ascend")
 ROLES = ("chat", "hidden-states", "spec")
@@ -116,7 +116,7 @@ def plan_vllm(
         raise PlanError(f"--engine {engine!r}: plan_vllm serves vllm or vllm-ascend")
     if role not in ROLES:
         raise PlanError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
-    from dspark_kit.tiny import resolve_verifier_path
+    from dspark_kit.data.tiny import resolve_verifier_path
 
     s = recipe.serve
     verifier = resolve_verifier_path(recipe.verifier.path)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_kit import versions
+from dspark_kit.compat import versions
 from dspark_kit.recipe import Recipe
 
 TUNE_FILE = Path("eval") / "window_tune.json"

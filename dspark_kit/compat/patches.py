@@ -8,7 +8,7 @@ Every fix here has a probe that runs the *installed* code on a tiny input and
 checks the result; the patch is applied only when the probe fails, so a newer
 speculators is used as is and an older tree gets exactly the missing fix.
 Call `apply_for_training(device)` in every training process before
-speculators' train main runs (dspark_kit.train_entry does).
+speculators' train main runs (dspark_kit.compat.train_entry does).
 """
 
 from __future__ import annotations

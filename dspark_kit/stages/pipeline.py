@@ -33,7 +33,7 @@ class Stage:
 
 
 def verifier_path(recipe: Recipe) -> str:
-    from dspark_kit.tiny import resolve_verifier_path
+    from dspark_kit.data.tiny import resolve_verifier_path
 
     return resolve_verifier_path(recipe.verifier.path)
 
@@ -46,26 +46,26 @@ def regen_file(workdir: Path) -> Path:
 
 
 def stage_regen(recipe: Recipe, workdir: Path) -> dict:
-    from dspark_kit.regen import run_regen
+    from dspark_kit.stages.regen import run_regen
 
     return run_regen(recipe, regen_file(workdir), resume=True)
 
 
 def prepare_input_rows(recipe: Recipe, workdir: Path):
     """Regen output when present, else the recipe's data source as is."""
-    from dspark_kit.prepare import read_jsonl
+    from dspark_kit.stages.prepare import read_jsonl
 
     f = regen_file(workdir)
     if f.exists():
         return read_jsonl(f), sum(1 for line in f.open() if line.strip())
-    from dspark_kit.sources import iter_source
+    from dspark_kit.data.sources import iter_source
 
     rows = [{"messages": msgs} for _, msgs in iter_source(recipe.data)]
     return rows, len(rows)
 
 
 def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
-    from dspark_kit.prepare import prepare
+    from dspark_kit.stages.prepare import prepare
 
     rows, total = prepare_input_rows(recipe, workdir)
     s = prepare(
@@ -79,16 +79,16 @@ def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
 
 
 def stage_hidden_states(recipe: Recipe, workdir: Path) -> dict:
-    from dspark_kit.verifier import num_hidden_layers
+    from dspark_kit.spec.verifier import num_hidden_layers
 
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
     if recipe.hidden_states.backend != "local":
-        from dspark_kit.hidden_states_vllm import run_offline_vllm
+        from dspark_kit.stages.hidden_states_vllm import run_offline_vllm
 
         return run_offline_vllm(recipe, workdir)
     from dspark_kit.devices import detect_device
-    from dspark_kit.hidden_states import generate_offline
+    from dspark_kit.stages.hidden_states import generate_offline
 
     vp = verifier_path(recipe)
     n = num_hidden_layers(recipe)
@@ -109,8 +109,8 @@ def train_args(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
     machine does not have it, so an Ascend command can be checked on a laptop.
     """
     from dspark_kit.devices import detect_device
-    from dspark_kit.train import build_train_args
-    from dspark_kit.verifier import num_hidden_layers
+    from dspark_kit.stages.train import build_train_args
+    from dspark_kit.spec.verifier import num_hidden_layers
 
     wanted = recipe.train.device
     device = wanted if planning and wanted != "auto" else detect_device(wanted)
@@ -120,23 +120,23 @@ def train_args(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
 
 
 def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None = None):
-    from dspark_kit.train import launch_plan
+    from dspark_kit.stages.train import launch_plan
 
     args, device = train_args(recipe, workdir, hidden_states_endpoint)
     return launch_plan(recipe, args, device)
 
 
 def stage_train(recipe: Recipe, workdir: Path) -> dict:
-    from dspark_kit.manifest import update_manifest
-    from dspark_kit.preflight import enforce
-    from dspark_kit.train import read_val_metrics, run_training, set_aside_incomplete_checkpoints
+    from dspark_kit.stages.manifest import update_manifest
+    from dspark_kit.stages.preflight import enforce
+    from dspark_kit.stages.train import read_val_metrics, run_training, set_aside_incomplete_checkpoints
 
     enforce(recipe, workdir, "train")
     for d in set_aside_incomplete_checkpoints(workdir / "checkpoints"):
         note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
     if recipe.hidden_states.mode == "online":
-        from dspark_kit.servers import hidden_state_server
+        from dspark_kit.engines.servers import hidden_state_server
 
         ctx = hidden_state_server(recipe, workdir)
     else:
@@ -170,10 +170,10 @@ REGISTRY: dict[str, Stage] = {
         Stage("prepare", ("verifier", "data"), stage_prepare, "rows_out"),
         Stage("hidden-states", ("verifier", "hidden_states"), stage_hidden_states, "generated"),
         Stage("train", ("draft", "train", "hidden_states"), stage_train, "accept_len_epoch"),
-        Stage("eval", ("eval", "serve"), _lazy("dspark_kit.evaluate", "stage_eval"), "acceptance_length"),
-        Stage("serve", ("serve",), _lazy("dspark_kit.serve_stage", "stage_serve_check"), "engine"),
-        Stage("bench", ("bench", "serve"), _lazy("dspark_kit.bench", "stage_bench"), "acceptance_length"),
-        Stage("report", (), _lazy("dspark_kit.report", "stage_report"), "path"),
+        Stage("eval", ("eval", "serve"), _lazy("dspark_kit.stages.evaluate", "stage_eval"), "acceptance_length"),
+        Stage("serve", ("serve",), _lazy("dspark_kit.stages.serve", "stage_serve_check"), "engine"),
+        Stage("bench", ("bench", "serve"), _lazy("dspark_kit.stages.bench", "stage_bench"), "acceptance_length"),
+        Stage("report", (), _lazy("dspark_kit.stages.report", "stage_report"), "path"),
     ]
 }
 
@@ -212,7 +212,7 @@ def resolve_stages(stages: list[str] | None, start: str | None) -> list[str]:
 def replay_recipe(run_dir: Path) -> tuple[Recipe, list[str], list[str]]:
     """The recipe and stages a run recorded in its manifest, plus what differs from here and now."""
     from dspark_kit.devices import versions
-    from dspark_kit.manifest import git_info, load_manifest
+    from dspark_kit.stages.manifest import git_info, load_manifest
     from dspark_kit.recipe import recipe_from_dict
 
     m = load_manifest(Path(run_dir))
@@ -231,7 +231,7 @@ def replay_recipe(run_dir: Path) -> tuple[Recipe, list[str], list[str]]:
 def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None, start: str | None = None,
                  force: bool = False, log=note) -> list[dict]:
     """Run stages in order; returns one row per stage for the summary table."""
-    from dspark_kit.manifest import update_manifest
+    from dspark_kit.stages.manifest import update_manifest
 
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -278,7 +278,7 @@ def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
 
 def highlights(workdir: Path) -> list[str]:
     """Where the results are, with the figures that matter, for the end of a run."""
-    from dspark_kit.train import read_val_metrics
+    from dspark_kit.stages.train import read_val_metrics
 
     workdir = Path(workdir)
     lines = []

@@ -19,7 +19,7 @@ from pathlib import Path
 def vocabulary() -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     current = None
-    for line in resources.files("dspark_kit.assets").joinpath("words.txt").read_text().splitlines():
+    for line in resources.files("dspark_kit.data.assets").joinpath("words.txt").read_text().splitlines():
         if line.startswith("# "):
             current = line[2:].strip()
             groups[current] = []

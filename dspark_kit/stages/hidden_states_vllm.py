@@ -33,8 +33,8 @@ def offline_command(recipe: Recipe, workdir: Path, endpoint: str, verifier: str,
 
 def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
     """The extraction server and one generate-offline-data command per node (train.nnodes)."""
-    from dspark_kit.pipeline import verifier_path
-    from dspark_kit.servers import server_plan
+    from dspark_kit.stages.pipeline import verifier_path
+    from dspark_kit.engines.servers import server_plan
 
     plan = server_plan(recipe, "hidden-states", port=recipe.serve.hidden_states_port, workdir=workdir)
     url = recipe.hidden_states.endpoint or plan.base_url
@@ -48,8 +48,8 @@ def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
 
 
 def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
-    from dspark_kit.pipeline import verifier_path
-    from dspark_kit.servers import hidden_state_server
+    from dspark_kit.stages.pipeline import verifier_path
+    from dspark_kit.engines.servers import hidden_state_server
 
     t0 = time.time()
     with hidden_state_server(recipe, workdir) as url:

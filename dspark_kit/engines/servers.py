@@ -25,7 +25,7 @@ def server_plan(recipe: Recipe, role: Role, port: int | None = None, checkpoint:
 
 def regen_server_plan(recipe: Recipe, api_key: str | None = None) -> ServerPlan:
     """The chat server regen starts when no endpoint is given: the recipe's engine, on a free port."""
-    from dspark_kit.lifecycle import free_port
+    from dspark_kit.engines.lifecycle import free_port
 
     if recipe.serve.engine == "local":
         from dspark_kit.engines.local import plan_local
@@ -38,7 +38,7 @@ def regen_server_plan(recipe: Recipe, api_key: str | None = None) -> ServerPlan:
 def running_server(recipe: Recipe, role: Role, workdir: Path, port: int | None = None,
                    checkpoint: str | Path | None = None) -> Iterator[str]:
     """Yield the base URL of a healthy server for `role`; stop it afterwards."""
-    from dspark_kit.lifecycle import ManagedServer
+    from dspark_kit.engines.lifecycle import ManagedServer
 
     plan = server_plan(recipe, role, port=port, checkpoint=checkpoint, workdir=workdir)
     log = Path(workdir) / "logs" / f"{role}-server.log"
@@ -54,7 +54,7 @@ def hidden_state_server(recipe: Recipe, workdir: Path) -> Iterator[str]:
     if recipe.hidden_states.endpoint:
         yield recipe.hidden_states.endpoint
         return
-    from dspark_kit.lifecycle import free_port
+    from dspark_kit.engines.lifecycle import free_port
 
     with running_server(recipe, "hidden-states", workdir, port=free_port()) as url:
         yield url

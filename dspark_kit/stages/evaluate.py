@@ -30,7 +30,7 @@ class EvalError(ValueError):
 
 
 def _rows_to_chats(rows) -> list[list[dict]]:
-    from dspark_kit.conversations import ConversationError, normalize
+    from dspark_kit.data.conversations import ConversationError, normalize
 
     chats = []
     for row in rows:
@@ -58,7 +58,7 @@ def load_chats(recipe: Recipe, workdir: Path, prompts_file: Path | None = None, 
     elif not from_data and (workdir / "regen.jsonl").is_file():
         chats = _rows_to_chats(json.loads(ln) for ln in (workdir / "regen.jsonl").read_text().splitlines() if ln.strip())
     else:
-        from dspark_kit.sources import iter_source
+        from dspark_kit.data.sources import iter_source
 
         chats = [msgs for _, msgs in iter_source(recipe.data, limit=limit)]
     if not chats:
@@ -74,7 +74,7 @@ def _until_last_user(chat: list[dict]) -> list[dict]:
 def build_prompts(tokenizer, chats: list[list[dict]], num_prompts: int, thinking: bool,
                   context_length: int = 0, seed: int = 0) -> list[list[int]]:
     """Prompt token ids; with context_length > 0, earlier chats are prepended as history."""
-    from dspark_kit.chat import prompt_ids
+    from dspark_kit.data.chat import prompt_ids
 
     rng = random.Random(seed)
     out = []
@@ -125,10 +125,10 @@ class EvalSession:
     def __init__(self, recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, device: str = "cpu"):
         from transformers import AutoTokenizer
 
-        from dspark_kit.checkpoints import resolve_checkpoint
-        from dspark_kit.decoder import Verifier
-        from dspark_kit.draft_model import DSparkDraft
-        from dspark_kit.tiny import resolve_verifier_path
+        from dspark_kit.spec.checkpoints import resolve_checkpoint
+        from dspark_kit.spec.decoder import Verifier
+        from dspark_kit.spec.draft_model import DSparkDraft
+        from dspark_kit.data.tiny import resolve_verifier_path
 
         self.recipe, self.workdir = recipe, workdir
         self.verifier_path = resolve_verifier_path(recipe.verifier.path)
@@ -141,7 +141,7 @@ class EvalSession:
 
     def measure(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
                 confidence_threshold: float | None = None) -> dict:
-        from dspark_kit.decoder import SpecGenerator
+        from dspark_kit.spec.decoder import SpecGenerator
 
         gen = SpecGenerator(self.verifier, self.draft, self.k, window, confidence_threshold, KERNEL_BLOCK_SIZE)
         results = [gen.generate(p, max_new_tokens, stop_ids=self.stop_ids) for p in prompts]
@@ -216,7 +216,7 @@ def run_eval(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None
 
 
 def stage_eval(recipe: Recipe, workdir: Path) -> dict:
-    """Pipeline stage hook (dspark_kit.pipeline)."""
+    """Pipeline stage hook (dspark_kit.stages.pipeline)."""
     s = run_eval(recipe, workdir)
     return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
 
@@ -242,7 +242,7 @@ def markdown(summary: dict) -> str:
 
 
 def write_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
-    from dspark_kit.plots import grouped_bars, lines
+    from dspark_kit.stages.plots import grouped_bars, lines
 
     files = {"json": out_dir / "eval.json", "markdown": out_dir / "eval.md", "positions_png": out_dir / "eval_positions.png"}
     grouped_bars(files["positions_png"], {"acceptance": summary["per_position_acceptance"]},

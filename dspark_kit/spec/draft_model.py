@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_kit.window import window_start
+from dspark_kit.spec.window import window_start
 
 
 class DraftLoadError(ValueError):

@@ -37,7 +37,7 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 
 def git_info(repo: Path | None = None) -> dict:
-    repo = repo or Path(__file__).resolve().parent.parent
+    repo = repo or Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str | None:
         try:

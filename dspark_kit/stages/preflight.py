@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from dspark_kit import checkpoints as ckpt
+from dspark_kit.spec import checkpoints as ckpt
 from dspark_kit.recipe import Recipe
 
 PITFALLS = {
@@ -92,7 +92,7 @@ def _regen_rows(path: Path, limit: int = 2000) -> list[dict]:
 
 
 def check_markov(ctx: _Context) -> list[Finding]:
-    from dspark_kit import patches
+    from dspark_kit.compat import patches
 
     result = patches.probe("markov-prev-token", "cpu")
     if result.ok:
@@ -301,7 +301,7 @@ CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layer
 
 
 def _context(recipe: Recipe, workdir: Path, checkpoints: bool = True) -> _Context:
-    from dspark_kit.tiny import resolve_verifier_path
+    from dspark_kit.data.tiny import resolve_verifier_path
 
     ctx = _Context(recipe, workdir)
     try:

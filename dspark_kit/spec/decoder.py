@@ -1,6 +1,6 @@
 """Reference DSpark decoder: greedy speculative decoding, offline and lossless.
 
-`SpecGenerator` drafts with a DSpark checkpoint (dspark_kit.draft_model) and
+`SpecGenerator` drafts with a DSpark checkpoint (dspark_kit.spec.draft_model) and
 verifies with the transformers verifier under a KV cache, accepting the longest
 prefix that matches the verifier's greedy choice plus one bonus token. Its
 output is token-for-token the verifier's greedy output; its counters follow
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from dspark_kit.draft_model import DSparkDraft, confident_prefix
+from dspark_kit.spec.draft_model import DSparkDraft, confident_prefix
 from dspark_kit.engines import GenerationResult
-from dspark_kit.verifier import LayerTap, load_verifier, sample_token
+from dspark_kit.spec.verifier import LayerTap, load_verifier, sample_token
 
 
 @dataclass

@@ -4,7 +4,7 @@ We never re-implement training. `build_train_args` turns the recipe into
 speculators' own flags (with the DSpark defaults the seed guide insists on:
 loss, optimizer, max anchors, logger, full-attention indices set
 explicitly), and `launch_plan` wraps them in the process launcher: a single
-process or torchrun. Every process runs `dspark_kit.train_entry`, which
+process or torchrun. Every process runs `dspark_kit.compat.train_entry`, which
 applies the device layer + patches and then calls speculators' train main.
 """
 
@@ -127,7 +127,7 @@ def build_train_args(
 def launch_plan(recipe: Recipe, train_args: list[str], device: str) -> LaunchPlan:
     """One process, or torchrun when train.nproc > 1 or train.nnodes > 1."""
     t = recipe.train
-    entry = ["-m", "dspark_kit.train_entry", "--dspark-device", device]
+    entry = ["-m", "dspark_kit.compat.train_entry", "--dspark-device", device]
     if t.nproc > 1 or t.nnodes > 1:
         argv = [sys.executable, "-m", "torch.distributed.run",
                 f"--nproc_per_node={t.nproc}", f"--nnodes={t.nnodes}", f"--node_rank={t.node_rank}",

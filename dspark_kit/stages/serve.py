@@ -16,9 +16,9 @@ from dspark_kit.recipe import Recipe
 
 def resolve_and_validate(recipe: Recipe, workdir: Path, which: str | None) -> tuple[Path, list]:
     """The checkpoint to serve (absolute) and what is wrong with it for this recipe."""
-    from dspark_kit.checkpoints import resolve_checkpoint, validate_checkpoint
-    from dspark_kit.tiny import resolve_verifier_path
-    from dspark_kit.verifier import num_hidden_layers
+    from dspark_kit.spec.checkpoints import resolve_checkpoint, validate_checkpoint
+    from dspark_kit.data.tiny import resolve_verifier_path
+    from dspark_kit.spec.verifier import num_hidden_layers
 
     which = which or recipe.serve.checkpoint
     path = resolve_checkpoint(Path(workdir) / "checkpoints", which)
@@ -30,10 +30,10 @@ def resolve_and_validate(recipe: Recipe, workdir: Path, which: str | None) -> tu
 def stage_serve_check(recipe: Recipe, workdir: Path) -> dict:
     import httpx
 
-    from dspark_kit.checkpoints import errors
-    from dspark_kit.lifecycle import free_port
-    from dspark_kit.preflight import enforce
-    from dspark_kit.servers import running_server, server_plan
+    from dspark_kit.spec.checkpoints import errors
+    from dspark_kit.engines.lifecycle import free_port
+    from dspark_kit.stages.preflight import enforce
+    from dspark_kit.engines.servers import running_server, server_plan
 
     workdir = Path(workdir)
     enforce(recipe, workdir, "serve")

@@ -25,8 +25,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_kit.chat import render
-from dspark_kit.conversations import ConversationError, normalize
+from dspark_kit.data.chat import render
+from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.progress import progress_bar
 
 _TOKENIZER = None

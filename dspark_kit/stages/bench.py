@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 
 from dspark_kit import atomic
-from dspark_kit.conversations import ConversationError, normalize
-from dspark_kit.prom import MetricsError, spec_decode_delta
+from dspark_kit.data.conversations import ConversationError, normalize
+from dspark_kit.engines.prom import MetricsError, spec_decode_delta
 from dspark_kit.recipe import Recipe
 
 SCHEMA = "dspark-kit.bench/1"
@@ -50,7 +50,7 @@ def _first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]]:
 def load_prompts(dataset: str, num_prompts: int, seed: int = 0) -> list[list[dict[str, str]]]:
     """`builtin` (shipped tiny corpus) or a jsonl of chat rows (regen output, OpenAI messages)."""
     if dataset == BUILTIN_DATASET:
-        from dspark_kit.tiny_data import conversations
+        from dspark_kit.data.tiny_data import conversations
 
         return [_first_turn(c) for c in conversations(num_prompts, seed=BUILTIN_SEED + seed)]
     path = Path(dataset)
@@ -301,7 +301,7 @@ def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = N
 
 def write_result(result: dict[str, Any], out_dir: Path) -> Path:
     """`bench_<label>.json` + `.md` in out_dir (temp file then rename)."""
-    from dspark_kit.report import bench_markdown
+    from dspark_kit.stages.report import bench_markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"bench_{result['label']}.json"
@@ -314,9 +314,9 @@ def stage_bench(recipe: Recipe, workdir: Path) -> dict[str, Any]:
     """Pipeline stage: serve verifier + draft (role spec) on a free port, benchmark it, stop it."""
     import re
 
-    from dspark_kit.checkpoints import resolve_checkpoint
-    from dspark_kit.lifecycle import free_port
-    from dspark_kit.servers import running_server
+    from dspark_kit.spec.checkpoints import resolve_checkpoint
+    from dspark_kit.engines.lifecycle import free_port
+    from dspark_kit.engines.servers import running_server
 
     ckpt = resolve_checkpoint(Path(workdir) / "checkpoints", recipe.serve.checkpoint)
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(recipe.serve.checkpoint).name) or "spec"

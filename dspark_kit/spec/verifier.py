@@ -64,7 +64,7 @@ def num_layers_of(cfg: dict | None) -> int | None:
 def num_hidden_layers(recipe) -> int:
     """N for layer ids: from the verifier's config, else the recipe's verifier.num_hidden_layers."""
     from dspark_kit.recipe import RecipeError
-    from dspark_kit.tiny import resolve_verifier_path
+    from dspark_kit.data.tiny import resolve_verifier_path
 
     path = resolve_verifier_path(recipe.verifier.path)
     found, declared = num_layers_of(verifier_config(path)), recipe.verifier.num_hidden_layers

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dspark_kit.conversations import ConversationError, normalize
+from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.recipe import DataCfg
 
 TINY_CHAT = "builtin:tiny-chat"
@@ -87,7 +87,7 @@ def source_rows(cfg: DataCfg, seed: int, skipped: Counter) -> tuple[str | None, 
     """(preset name or None, raw rows) for a data section."""
     src = cfg.source
     if src == TINY_CHAT:
-        from dspark_kit.tiny_data import conversations
+        from dspark_kit.data.tiny_data import conversations
 
         n = cfg.limit or TINY_CHAT_ROWS
         return None, ({"messages": m} for m in conversations(n, seed=seed))

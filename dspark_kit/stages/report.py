@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_kit import atomic
-from dspark_kit.prom import MetricsError, import_vllm_bench, read_json
+from dspark_kit.engines.prom import MetricsError, import_vllm_bench, read_json
 
 NA = "–"
 TRAIN_LOSS_TAG = "train/loss"
@@ -90,7 +90,7 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
 
 
 def per_position_png(results: list[dict[str, Any]], path: Path) -> Path | None:
-    from dspark_kit.plots import grouped_bars
+    from dspark_kit.stages.plots import grouped_bars
 
     series = {str(r.get("label")): list((r.get("spec_decode") or {}).get("per_position_acceptance_rates") or [])
               for r in results}
@@ -207,7 +207,7 @@ def eval_markdown(files: list[Path]) -> str | None:
 
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write `run_dir/report/report.md` (or `out`) with PNGs in run_dir/report; returns its path."""
-    from dspark_kit.plots import lines
+    from dspark_kit.stages.plots import lines
 
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():

@@ -37,7 +37,7 @@ from typing import Any
 
 import aiohttp
 
-from dspark_kit.conversations import to_sharegpt
+from dspark_kit.data.conversations import to_sharegpt
 from dspark_kit.engines import openai_base_url as normalize_endpoint
 from dspark_kit.recipe import Recipe
 
@@ -346,7 +346,7 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
     Endpoints: the argument, else recipe.regen.endpoints, else a local engine
     (plan_local role chat) started for the run and stopped after it.
     """
-    from dspark_kit.sources import iter_source
+    from dspark_kit.data.sources import iter_source
 
     cfg = recipe.regen
     data = recipe.data.model_copy(update={"source": dataset}) if dataset else recipe.data
@@ -369,8 +369,8 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
     endpoints = list(endpoints or cfg.endpoints)
     server = None
     if not endpoints:
-        from dspark_kit.lifecycle import ManagedServer
-        from dspark_kit.servers import regen_server_plan
+        from dspark_kit.engines.lifecycle import ManagedServer
+        from dspark_kit.engines.servers import regen_server_plan
 
         plan = regen_server_plan(recipe, api_key=opts.api_key)
         server = ManagedServer(plan, Path(engine_log or outfile.with_name(outfile.name + ".engine.log")))
