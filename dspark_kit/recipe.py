@@ -12,14 +12,38 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 TINY_VERIFIER = "builtin:tiny-qwen3"
 DEFAULT_RECIPE = "recipes/tiny-cpu.yaml"
+ENGINES = ("local", "vllm", "vllm-ascend")  # serve.engine values; the one list every module uses
+ROLES = ("chat", "hidden-states", "spec")  # what a server can be started for
 
 
 class RecipeError(ValueError):
     """A recipe problem, phrased as one line naming the field and the fix."""
+
+
+def parse_window(value: int | str | bool | None) -> int | str:
+    """A draft_window_size as typed (YAML, --set, --draft-window-size): N, "auto" or "off".
+
+    YAML 1.1 reads a bare `off` as False; it means "off" here, never 0.
+    """
+    if value is False or (isinstance(value, str) and value.strip().lower() in ("off", "none", "false")):
+        return "off"
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return "auto"
+    if value is True:
+        raise ValueError("draft_window_size: true is not a window; use a number of tokens, auto or off")
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"draft_window_size {value!r}: expected a number of tokens, auto or off") from None
+    if isinstance(value, float) and n != value:
+        raise ValueError(f"draft_window_size {value!r}: must be a whole number of tokens")
+    if n < 1:
+        raise ValueError(f"draft_window_size {n}: must be >= 1 (or off)")
+    return n
 
 
 class _Section(BaseModel):
@@ -108,7 +132,7 @@ class TrainCfg(_Section):
 
 
 class ServeCfg(_Section):
-    engine: Literal["local", "vllm", "vllm-ascend"] = "local"
+    engine: Literal[ENGINES] = "local"
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     hidden_states_port: int = Field(9736, ge=1, le=65535)
@@ -119,12 +143,33 @@ class ServeCfg(_Section):
     compilation_config: dict[str, Any] | None = None
     reasoning_parser: str | None = None
     checkpoint: str = Field("checkpoint_best", description="path, checkpoint_best, latest or epoch number")
-    num_speculative_tokens: int | None = Field(None, ge=1, description="None = block_size - 1")
-    draft_window_size: int | Literal["auto", "off"] = "auto"
+    num_speculative_tokens: int | Literal["auto"] = Field(
+        "auto", description="auto = tuned K, else the checkpoint's trained slots (= draft.block_size)")
+    draft_window_size: int | Literal["auto", "off"] = Field(
+        "auto", description="tokens, off, or auto = tuned window (null: none), else the training window")
     devices: str | None = None
     seed: int = 42
     extra_args: list[str] = Field(default_factory=list)
     startup_timeout: float = Field(900.0, gt=0)
+
+    @field_validator("checkpoint", mode="before")
+    @classmethod
+    def _epoch_number(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else v
+
+    @field_validator("draft_window_size", mode="before")
+    @classmethod
+    def _window_keyword(cls, v: Any) -> Any:
+        return parse_window(v)
+
+    @field_validator("num_speculative_tokens", mode="before")
+    @classmethod
+    def _k_keyword(cls, v: Any) -> Any:
+        if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
+            return "auto"
+        if isinstance(v, bool) or (isinstance(v, int) and v < 1):
+            raise ValueError(f"must be a positive integer or auto, got {v!r}")
+        return v
 
 
 class BenchCfg(_Section):
@@ -175,7 +220,7 @@ class Recipe(_Section):
                 "hidden_states.target_layer_ids: need distinct non-negative layer ids, got " f"{ids}"
             )
         k = self.serve.num_speculative_tokens
-        if k is not None and k > d.block_size:
+        if isinstance(k, int) and k > d.block_size:
             raise ValueError(
                 f"serve.num_speculative_tokens: {k} > draft.block_size {d.block_size} "
                 "(a draft proposes at most block_size tokens)"
@@ -192,12 +237,9 @@ class Recipe(_Section):
         return list(self.draft.full_attention_indices or [])
 
     @property
-    def num_speculative_tokens(self) -> int:
-        return self.serve.num_speculative_tokens or self.draft.block_size - 1
-
-    @property
-    def served_model_name(self) -> str:
-        return self.verifier.served_name or self.verifier.path
+    def draft_has_sliding_layers(self) -> bool:
+        """Some draft layer attends through a sliding window (training and CUDA serving)."""
+        return self.draft.attention == "sliding" and len(self.full_attention_indices) < self.draft.num_layers
 
     def target_layer_ids(self, num_hidden_layers: int) -> list[int]:
         """Verifier layer ids the draft reads (vLLM convention, see REFERENCE §2)."""
@@ -220,7 +262,7 @@ class Recipe(_Section):
     @property
     def training_window(self) -> int:
         """Context span the draft saw in training: its draft_window_size floor."""
-        if self.draft.attention == "sliding" and len(self.full_attention_indices) < self.draft.num_layers:
+        if self.draft_has_sliding_layers:
             return min(self.draft.sliding_window, self.data.seq_length)
         return self.data.seq_length
 
@@ -241,7 +283,7 @@ def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(shown_key(p) for p in e["loc"])
-        msg = " ".join(str(e["msg"]).split())
+        msg = " ".join(str(e["msg"]).split()).removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check spelling; `dspark-kit recipe show` lists valid keys)"
         lines.append(f"{loc}: {msg}" if loc else msg)

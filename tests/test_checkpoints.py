@@ -82,6 +82,9 @@ def test_resolve_errors_list_what_exists(save_path: Path, tmp_path: Path):
         resolve_checkpoint(tmp_path / "nothing")
 
 
+K = 7  # the K the resolver decided (the seed's block 8 - 1)
+
+
 def test_trained_slots_prefers_recorded_tokens():
     assert trained_slots({"block_size": 8, "speculators_config": {"proposal_methods": [
         {"speculative_tokens": 8}]}}) == 8
@@ -93,12 +96,12 @@ def test_valid_checkpoint_has_no_findings(tmp_path: Path):
     verifier = tmp_path / "verifier"
     verifier.mkdir()
     ck = write_ckpt(tmp_path / "0", str(verifier))
-    assert validate_checkpoint(ck, recipe(), N_LAYERS, str(verifier)) == []
+    assert validate_checkpoint(ck, recipe(), N_LAYERS, str(verifier), K) == []
 
 
 @pytest.mark.parametrize("kwargs,rk,code", [
     ({"kind": "dflash"}, {}, "not-dspark"),
-    ({"block": 4}, {}, "k-above-slots"),  # recipe K = 7 > 4 slots
+    ({"block": 4}, {}, "k-above-slots"),  # K = 7 > 4 slots
     ({"mask": None}, {}, "mask-missing"),
     ({}, {"mask_token_id": 9}, "mask-mismatch"),
     ({"ids": (1, 2)}, {}, "layer-ids"),
@@ -108,13 +111,13 @@ def test_each_mismatch_is_an_error(tmp_path: Path, kwargs, rk, code):
     verifier = tmp_path / "verifier"
     verifier.mkdir()
     ck = write_ckpt(tmp_path / "0", str(verifier), **kwargs)
-    found = errors(validate_checkpoint(ck, recipe(**rk), N_LAYERS, str(verifier)))
+    found = errors(validate_checkpoint(ck, recipe(**rk), N_LAYERS, str(verifier), K))
     assert code in [f.code for f in found]
 
 
 def test_messages_name_both_values(tmp_path: Path):
     ck = write_ckpt(tmp_path / "0", "/models/other", ids=(1, 2))
-    found = {f.code: f.message for f in validate_checkpoint(ck, recipe(), N_LAYERS, "/models/mine")}
+    found = {f.code: f.message for f in validate_checkpoint(ck, recipe(), N_LAYERS, "/models/mine", K)}
     assert "[1, 2]" in found["layer-ids"] and "[1, 2, 3]" in found["layer-ids"]
     assert "/models/other" in found["verifier-mismatch"] and "/models/mine" in found["verifier-mismatch"]
 
@@ -123,14 +126,14 @@ def test_truncated_weights_and_missing_config(tmp_path: Path):
     ck = write_ckpt(tmp_path / "0", "/v")
     data = (ck / "model.safetensors").read_bytes()
     (ck / "model.safetensors").write_bytes(data[:-16])
-    assert "weights-unreadable" in [f.code for f in validate_checkpoint(ck, recipe(), N_LAYERS, "/v")]
+    assert "weights-unreadable" in [f.code for f in validate_checkpoint(ck, recipe(), N_LAYERS, "/v", K)]
     (tmp_path / "1").mkdir()
-    assert [f.code for f in validate_checkpoint(tmp_path / "1", recipe(), N_LAYERS)] == ["config-missing"]
+    assert [f.code for f in validate_checkpoint(tmp_path / "1", recipe(), N_LAYERS, None, K)] == ["config-missing"]
 
 
 def test_unknown_layer_count_is_a_warning(tmp_path: Path):
     ck = write_ckpt(tmp_path / "0", "/v")
-    found = validate_checkpoint(ck, recipe(), None, "/v")
+    found = validate_checkpoint(ck, recipe(), None, "/v", K)
     assert [(f.level, f.code) for f in found] == [("warning", "layers-unchecked")]
 
 
@@ -149,8 +152,8 @@ def test_real_speculators_checkpoint_validates(tmp_path: Path):
         draft_vocab_size=256, mask_token_id=5, num_layers=1, draft_attn_impl="sdpa", markov_rank=8)
     draft.save_pretrained(tmp_path / "checkpoints" / "0")
     ck = resolve_checkpoint(tmp_path / "checkpoints", "latest")
-    assert validate_checkpoint(ck, recipe(), N_LAYERS, str(verifier)) == []
+    assert validate_checkpoint(ck, recipe(), N_LAYERS, str(verifier), K) == []
     # and K above its 8 trained slots would be caught from the real config
     assert trained_slots(json.loads((ck / "config.json").read_text())) == 8
-    wrong = validate_checkpoint(ck, recipe(mask_token_id=6), N_LAYERS, str(verifier))
+    wrong = validate_checkpoint(ck, recipe(mask_token_id=6), N_LAYERS, str(verifier), K)
     assert [f.code for f in wrong] == ["mask-mismatch"]

@@ -62,7 +62,9 @@ def test_spec_dry_run_json_resolves_and_validates(setup):
     out = json.loads(res.stdout)
     assert out["checkpoint"] == str(ckpt.resolve()) and out["findings"] == []
     spec = json.loads(out["argv"][out["argv"].index("--speculative-config") + 1])
-    assert spec == {"method": "dspark", "model": str(ckpt.resolve()), "num_speculative_tokens": 7}
+    # serve.num_speculative_tokens auto = the checkpoint's 8 trained slots (sample_from_anchor)
+    assert spec == {"method": "dspark", "model": str(ckpt.resolve()), "num_speculative_tokens": 8}
+    assert "trained slots" in out["resolved"]["k"]["source"]
     assert out["base_url"] == "http://127.0.0.1:9001"
     assert out["shell_line"].endswith(shlex.join(out["argv"][-2:]))
     assert any("version unknown" in n for n in out["notes"])  # vllm is not installed here

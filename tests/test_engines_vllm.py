@@ -6,15 +6,27 @@ from pathlib import Path
 
 import pytest
 
-from dspark_kit.engines.vllm import PlanError, plan_vllm
-from dspark_kit.engines.vllm_spec import decide_window
+from dspark_kit.engines import vllm as vllm_engine
+from dspark_kit.engines.vllm import PlanError
 from dspark_kit.recipe import recipe_from_dict
+from dspark_kit.resolved import Resolved
 
 SEED_VERIFIER = "/mnt/cephfs/models/Qwen3-30B-A3B/Qwen/Qwen3-30B-A3B"
 SEED_LAYERS = [1, 12, 23, 34, 45]
 ASCEND_ENV = {"HCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo",
               "HCCL_NPU_SOCKET_PORT_RANGE": "18500-18749", "HCCL_OP_EXPANSION_MODE": "AIV"}
 JSON_FLAGS = {"--speculative-config", "--kv-transfer-config", "--compilation-config", "--additional-config"}
+
+
+def plan_vllm(r, role, engine="vllm", port=None, checkpoint=None, installed_versions=None, *,
+              num_hidden_layers=None, window_support=None, workdir="/nonexistent/run"):
+    """The resolver for this case (planning: checkpoints may be bare dirs), then the engine's plan."""
+    if num_hidden_layers is not None:
+        r = r.model_copy(deep=True)
+        r.verifier.num_hidden_layers = num_hidden_layers
+    res = Resolved(r, workdir, engine=engine, checkpoint=checkpoint, planning=True,
+                   installed=installed_versions, window_support=window_support)
+    return vllm_engine.plan_vllm(res, role, port=port)
 
 
 def flags(argv: list[str]) -> tuple[str, dict]:
@@ -54,7 +66,7 @@ def seed_recipe(**serve):
         "data": {"seq_length": 8192},
         "draft": {"block_size": 8, "num_layers": 5},
         "hidden_states": {"target_layer_ids": SEED_LAYERS},
-        "serve": {"engine": "vllm-ascend", **serve},
+        "serve": {"engine": "vllm-ascend", "num_speculative_tokens": 7, **serve},  # the seed's K
     })
 
 
@@ -93,10 +105,11 @@ def test_hidden_state_server_matches_seed_6_1_2(tmp_path: Path):
     # compact, deterministic JSON: byte-identical to the seed's spelling
     assert '{"cudagraph_capture_sizes":[2,4,8,16],"cudagraph_mode":"PIECEWISE"}' in plan.argv
     assert plan.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in plan.env
-    # explicit layer count wins and changes the exported last layer
-    other = plan_vllm(r, "hidden-states", engine="vllm-ascend", num_hidden_layers=50, installed_versions={})
-    assert flags(other.argv)[1]["--speculative-config"]["draft_model_config"]["hf_config"][
-        "eagle_aux_hidden_state_layer_ids"] == [*SEED_LAYERS, 50]
+    # the verifier's own layer count decides the exported last layer; a recipe that disagrees is refused
+    from dspark_kit.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match="recipe says 50 but .* has 48"):
+        plan_vllm(r, "hidden-states", engine="vllm-ascend", num_hidden_layers=50, installed_versions={})
 
 
 def test_hidden_states_needs_a_layer_count():
@@ -123,7 +136,8 @@ def test_spec_serve_matches_seed_8_1(tmp_path: Path):
             f"--trust-remote-code --speculative-config "
             f"""'{{"method":"dspark","model":"{ckpt.resolve()}","num_speculative_tokens":7}}'""")
     assert_matches_seed(plan, seed, {"--host", "--seed"})
-    assert plan.notes == []
+    assert [n for n in plan.notes if "num_speculative_tokens 7 (serve.num_speculative_tokens)" not in n
+            and "does not exist yet" not in n] == []
 
 
 def test_spec_serve_matches_seed_faq_q6(tmp_path: Path):
@@ -147,7 +161,7 @@ def test_spec_serve_matches_seed_faq_q6(tmp_path: Path):
     seed = seed.replace(f"{SEED_VERIFIER}/", SEED_VERIFIER, 1)
     assert_matches_seed(plan, seed, {"--host", "--seed", "--served-model-name", "--gpu-memory-utilization"})
     # 40960 > the 8192 training window, full-attention draft, no window: the long-context warning
-    assert any("max_model_len 40960 > training window 8192" in n for n in plan.notes)
+    assert any("max_model_len 40960 > 2x training window 8192" in n for n in plan.notes)
 
 
 def test_trust_remote_code_and_cuda_env():
@@ -175,7 +189,7 @@ def test_k_follows_installed_cuda_vllm(tmp_path: Path, version, k, noted):
                      installed_versions={"vllm": version})
     spec = flags(plan.argv)[1]["--speculative-config"]
     assert spec == {"method": "dspark", "model": str(tmp_path.resolve()), "num_speculative_tokens": k}
-    assert any("num_speculative_tokens" in n for n in plan.notes) is noted
+    assert any("vLLM" in n and "num_speculative_tokens" in n for n in plan.notes) is noted
 
 
 def test_old_vllm_gets_a_gate_note(tmp_path: Path):
@@ -183,14 +197,21 @@ def test_old_vllm_gets_a_gate_note(tmp_path: Path):
     assert any("lacks speculative method dspark" in n for n in plan.notes)
 
 
-# ---- draft_window_size rules, case by case ---------------------------------
+# ---- draft_window_size rules, case by case (Resolved.window) ----------------
 
-def window(tmp_path, setting, engine="vllm-ascend", support="yes", method="dspark", vcfg=None, **recipe_over):
-    data = {"data": {"seq_length": 4096}, "serve": {"draft_window_size": setting}}
+def window(tmp_path, setting, engine="vllm-ascend", support="yes", vcfg=None, **recipe_over):
+    verifier = tmp_path / "verifier"
+    verifier.mkdir(exist_ok=True)
+    (verifier / "config.json").write_text(json.dumps({"num_hidden_layers": 8, **(vcfg or {})}))
+    data = {"verifier": {"path": str(verifier)}, "data": {"seq_length": 4096},
+            "serve": {"draft_window_size": setting, "engine": engine}}
     for k, v in recipe_over.items():
         section, key = k.split("__")
         data.setdefault(section, {})[key] = v
-    return decide_window(recipe_from_dict(data), engine, tmp_path, method, support, vcfg)
+    res = Resolved(recipe_from_dict(data), tmp_path / "run", planning=True, window_support=support,
+                   installed={"vllm": "0.25.0", "vllm-ascend": "0.24.0rc1"})
+    d = res.window
+    return type("D", (), {"window": d.value, "notes": list(d.notes), "source": d.source})
 
 
 def test_window_int_at_or_above_training_window(tmp_path):
@@ -207,16 +228,15 @@ def test_window_auto_uses_tune_result_then_training_window(tmp_path):
     assert window(tmp_path, "auto").window == 4096
     sliding = window(tmp_path, "auto", draft__attention="sliding", draft__sliding_window=512)
     assert sliding.window == 512  # training window of a sliding-window draft
-    (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "window_tune.json").write_text(json.dumps({"recommended_window": 6144}))
+    (tmp_path / "run" / "eval").mkdir(parents=True)
+    (tmp_path / "run" / "eval" / "window_tune.json").write_text(json.dumps({"recommended_window": 6144}))
     d = window(tmp_path, "auto")
-    assert d.window == 6144 and any("window_tune.json" in n for n in d.notes)
+    assert d.window == 6144 and "window_tune.json" in d.source
 
 
-def test_window_off_and_mtp_omit(tmp_path):
+def test_window_off(tmp_path):
     assert window(tmp_path, "off").window is None
-    d = window(tmp_path, 4096, method="mtp")
-    assert d.window is None and any("mtp" in n for n in d.notes)
+    assert window(tmp_path, False).window is None  # YAML reads a bare `off` as false
 
 
 def test_window_deepseek_v4_native_draft_warns(tmp_path):
@@ -241,11 +261,11 @@ def test_cuda_never_gets_a_window(tmp_path):
 
 def test_long_context_warning_only_without_sliding_layers(tmp_path):
     d = window(tmp_path, "auto", engine="vllm", serve__max_model_len=32768)
-    assert any("32768 > training window 4096" in n for n in d.notes)
+    assert any("32768 > 2x training window 4096" in n for n in d.notes)
     d = window(tmp_path, "auto", engine="vllm", serve__max_model_len=32768,
                draft__attention="sliding", draft__sliding_window=1024)
     assert not any("max_model_len" in n for n in d.notes)
-    assert window(tmp_path, "auto", engine="vllm", serve__max_model_len=4096).notes == []
+    assert window(tmp_path, "auto", engine="vllm", serve__max_model_len=8192).notes == []
 
 
 def test_plan_carries_the_window_only_on_ascend(tmp_path: Path):
@@ -261,8 +281,12 @@ def test_plan_carries_the_window_only_on_ascend(tmp_path: Path):
     assert "--additional-config" not in no_apply.argv
 
 
-def test_spec_needs_a_checkpoint_and_valid_names():
-    with pytest.raises(PlanError, match="--checkpoint"):
-        plan_vllm(seed_recipe(), "spec", engine="vllm", installed_versions={})
-    with pytest.raises(PlanError, match="--engine"):
+def test_spec_plan_without_a_trained_checkpoint_says_so_and_valid_names():
+    plan = plan_vllm(seed_recipe(), "spec", engine="vllm", installed_versions={})
+    assert any("does not exist yet" in n for n in plan.notes)
+    from dspark_kit.resolved import ResolveError
+
+    with pytest.raises(ResolveError, match="--engine"):
         plan_vllm(seed_recipe(), "chat", engine="sglang")
+    with pytest.raises(PlanError, match="--engine"):
+        vllm_engine.plan_vllm(Resolved(seed_recipe(), "/nonexistent/run", engine="local"), "chat")

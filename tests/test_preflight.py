@@ -107,8 +107,11 @@ def test_pitfall_2_sliding_layers(recipe, run):
     recipe.draft.full_attention_indices = [0]
     findings = run_preflight(recipe, run, probes=False)
     assert any(f.pitfall == 2 and f.level == "warning" and "[1, 2]" in f.message for f in findings)
-    recipe.draft.full_attention_indices = [0, 3]  # assignment skips the recipe cross-check
-    assert 2 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    # indices outside the draft never reach preflight: the recipe validator rejects them
+    from dspark_kit.recipe import RecipeError, recipe_from_dict
+
+    with pytest.raises(RecipeError, match="full_attention_indices"):
+        recipe_from_dict({**recipe.model_dump(), "draft": {**recipe.draft.model_dump(), "full_attention_indices": [0, 3]}})
 
 
 def test_pitfall_2_checkpoint_trained_with_sliding_layers(recipe, run):

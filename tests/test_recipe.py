@@ -10,7 +10,8 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_recipe_validates(path):
     r = load_recipe(path)
-    assert r.num_speculative_tokens <= r.draft.block_size
+    k = r.serve.num_speculative_tokens
+    assert k == "auto" or k <= r.draft.block_size
     assert all(0 <= i < r.draft.num_layers for i in r.full_attention_indices)
 
 
@@ -51,11 +52,41 @@ def test_invalid_values_name_the_field(data, field):
 def test_derived_values():
     r = Recipe.model_validate({"draft": {"block_size": 8, "num_layers": 5}, "data": {"seq_length": 8192}})
     assert r.full_attention_indices == [0, 1, 2, 3, 4]
-    assert r.num_speculative_tokens == 7
-    assert r.training_window == 8192
+    assert r.serve.num_speculative_tokens == "auto"  # decided by resolved.Resolved.k (tests/test_resolved.py)
+    assert r.training_window == 8192 and not r.draft_has_sliding_layers
     s = Recipe.model_validate({"draft": {"attention": "sliding", "num_layers": 3, "sliding_window": 512,
                                          "full_attention_indices": [0]}, "data": {"seq_length": 4096}})
-    assert s.full_attention_indices == [0] and s.training_window == 512
+    assert s.full_attention_indices == [0] and s.training_window == 512 and s.draft_has_sliding_layers
+
+
+# Every documented value of every enum-like key parses (YAML and --set alike).
+ENUM_VALUES = {
+    "serve.draft_window_size": [("auto", "auto"), ("off", "off"), ("false", "off"), ("'off'", "off"),
+                                ("OFF", "off"), ("4096", 4096), ("none", "off")],
+    "serve.num_speculative_tokens": [("auto", "auto"), ("7", 7), ("null", "auto")],
+    "serve.checkpoint": [("1", "1"), ("checkpoint_best", "checkpoint_best"), ("latest", "latest"),
+                         ("epoch1_end", "epoch1_end"), ("/abs/ckpt", "/abs/ckpt")],
+    "serve.engine": [("local", "local"), ("vllm", "vllm"), ("vllm-ascend", "vllm-ascend")],
+    "hidden_states.mode": [("offline", "offline"), ("online", "online")],
+    "hidden_states.backend": [("local", "local"), ("vllm", "vllm")],
+    "draft.attention": [("full", "full"), ("sliding", "sliding")],
+    "train.device": [(v, v) for v in ("auto", "cpu", "cuda", "npu")],
+}
+
+
+@pytest.mark.parametrize("key,raw,want", [(k, raw, want) for k, vs in ENUM_VALUES.items() for raw, want in vs])
+def test_every_documented_value_parses_in_yaml_and_set(tmp_path, key, raw, want):
+    section, field = key.split(".")
+    f = tmp_path / "r.yaml"
+    f.write_text(f"{section}:\n  {field}: {raw}\n")
+    assert getattr(getattr(load_recipe(f), section), field) == want
+    assert getattr(getattr(load_recipe(f, [f"{key}={raw}"]), section), field) == want
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "true", "1.5", "big"])
+def test_bad_windows_are_one_line_errors(raw):
+    with pytest.raises(RecipeError, match=r"serve.draft_window_size: draft_window_size"):
+        recipe_from_dict(apply_overrides({}, [f"serve.draft_window_size={raw}"]))
 
 
 def test_layer_ids_checked_against_the_verifier():

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from dspark_kit.engines.local import plan_local
+from dspark_kit.resolved import Resolved
 from dspark_kit.engines.lifecycle import ManagedServer
 from dspark_kit.recipe import Recipe, dump_recipe
 from dspark_kit.stages.regen import run_regen
@@ -31,8 +32,8 @@ def engines(tmp_path_factory):
     """Two local engines; the second one slowed so a SIGKILL lands mid-run."""
     logs = tmp_path_factory.mktemp("logs")
     recipe = Recipe.model_validate(RECIPE)
-    servers = [ManagedServer(plan_local(recipe, "chat"), logs / "a.log"),
-               ManagedServer(plan_local(recipe, "chat", extra_args=["--token-delay-ms", "8"]), logs / "b.log")]
+    servers = [ManagedServer(plan_local(Resolved(recipe), "chat"), logs / "a.log"),
+               ManagedServer(plan_local(Resolved(recipe), "chat", extra_args=["--token-delay-ms", "8"]), logs / "b.log")]
     for s in servers:
         s.start()
     try:

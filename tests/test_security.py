@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dspark_kit.resolved import Resolved
+
 PACKAGE = Path(__file__).resolve().parent.parent / "dspark_kit"
 SHELL_FUNCS = {("os", "system"), ("os", "popen"), ("os", "execl"), ("os", "execlp"), ("os", "spawnl"),
                ("subprocess", "getoutput"), ("subprocess", "getstatusoutput")}
@@ -81,7 +83,7 @@ def test_servers_bind_loopback_by_default(tiny_recipe, tiny_verifier):
 
     assert Recipe().serve.host == "127.0.0.1"  # the schema default, not just the shipped recipe
     for role in ("chat", "hidden-states"):
-        argv = plan_local(tiny_recipe, role, port=8123).argv
+        argv = plan_local(Resolved(tiny_recipe), role, port=8123).argv
         assert argv[argv.index("--host") + 1] == "127.0.0.1", role
     assert parse_args(["--model", "m"]).host == "127.0.0.1"
 
@@ -89,7 +91,7 @@ def test_servers_bind_loopback_by_default(tiny_recipe, tiny_verifier):
 def test_vllm_plans_bind_the_recipe_host(tiny_recipe, tiny_verifier):
     from dspark_kit.engines.vllm import plan_vllm
 
-    argv = plan_vllm(tiny_recipe, "chat", port=8001, installed_versions={}).argv
+    argv = plan_vllm(Resolved(tiny_recipe, engine="vllm", installed={}), "chat", port=8001).argv
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
 
 
@@ -102,7 +104,7 @@ def test_trust_remote_code_only_when_the_recipe_says_so(tiny_recipe, tiny_verifi
     train = build_train_args(tiny_recipe, tmp_path, verifier_path=str(tiny_verifier), num_hidden_layers=4, device="cpu")
     assert ("--trust-remote-code" in train) is trust
     for role in ("chat", "hidden-states"):
-        argv = plan_vllm(tiny_recipe, role, port=8001, installed_versions={}, num_hidden_layers=4).argv
+        argv = plan_vllm(Resolved(tiny_recipe, engine="vllm", installed={}), role, port=8001).argv
         assert ("--trust-remote-code" in argv) is trust, role
 
 
@@ -122,7 +124,7 @@ def test_api_keys_are_redacted_from_argv_and_manifest(tiny_recipe, tmp_path):
 def test_local_plan_passes_the_key_in_env_not_argv(tiny_recipe, tiny_verifier):
     from dspark_kit.engines.local import plan_local
 
-    plan = plan_local(tiny_recipe, "chat", port=8123, api_key="sk-abc")
+    plan = plan_local(Resolved(tiny_recipe), "chat", port=8123, api_key="sk-abc")
     assert "sk-abc" not in " ".join(plan.argv)
     assert plan.env == {"DSPARK_KIT_API_KEY": "sk-abc"}
 

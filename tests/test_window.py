@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from dspark_kit.cli import app
 from dspark_kit.spec.window import (
+    draft_seq_len,
     future_offset,
     gather_block_table,
     plan_window,
@@ -22,7 +23,7 @@ from dspark_kit.spec.window import (
 
 
 def test_reference_vector():
-    plan = plan_window([10, 60, 200, 64], window=64, block_size=16, future_offset=3)
+    plan = plan_window([10, 60, 200, 64], window=64, kv_block_size=16, future_offset=3)
     assert plan.windowed_lens == [10, 60, 72, 64]
     assert plan.start_blocks == [0, 0, 8, 0]
     assert plan.needed_blocks == [1, 4, 5, 4]
@@ -58,7 +59,7 @@ def test_future_offset_by_method():
 
 def test_block_table_gather_and_slot_mapping():
     table = torch.arange(1, 15).view(1, 14).repeat(4, 1)  # physical block ids 1..14 per row
-    plan = plan_window([10, 60, 200, 64], window=64, block_size=16, future_offset=3)
+    plan = plan_window([10, 60, 200, 64], window=64, kv_block_size=16, future_offset=3)
     got = gather_block_table(table, plan)
     assert got.shape == (4, 5)
     assert got[0].tolist() == [1, 0, 0, 0, 0]  # 1 block needed
@@ -70,29 +71,70 @@ def test_block_table_gather_and_slot_mapping():
 
 def test_bad_arguments_name_the_setting():
     with pytest.raises(ValueError, match="draft_window_size"):
-        plan_window([10], window=0, block_size=16)
-    with pytest.raises(ValueError, match="block_size"):
+        plan_window([10], window=0, kv_block_size=16)
+    with pytest.raises(ValueError, match="kv_block_size"):
         window_start(10, 8, 0)
+
+
+def test_dspark_window_starts_from_context_plus_k():
+    """vllm-ascend's proposer passes seq_lens = context + K for dflash/dspark (future_offset 0):
+    REFERENCE §5 example W=64, b=16, K=3, contexts 10, 60, 200, 64 -> windowed 13, 63, 75, 67."""
+    seqs = [draft_seq_len("dspark", n, 3) for n in (10, 60, 200, 64)]
+    assert seqs == [13, 63, 203, 67]
+    plan = plan_window(seqs, window=64, kv_block_size=16, future_offset=future_offset("dspark", 3))
+    assert plan.windowed_lens == [13, 63, 75, 67]
+    # passing the context alone starts the window one kernel block early when (ctx - W) mod b >= b - K
+    # (78 - 64) mod 16 = 14 >= 16 - 3: context alone starts at 0, context + K at 16
+    assert window_start(78, 64, 16) == 0 and window_start(draft_seq_len("dspark", 78, 3), 64, 16) == 16
+    assert window_start(200, 64, 16) == window_start(203, 64, 16) == 128  # 8 < 13: no shift there
+    assert draft_seq_len("eagle3", 200, 3) == 200
+
+
+def test_the_decoder_windows_like_vllm_ascend(monkeypatch):
+    """DSparkDraft.draft keeps context positions >= window_start(context + K)."""
+    from dspark_kit.spec import draft_model
+
+    seen = {}
+    real = draft_model.window_start
+
+    def spy(seq_len, window, kv_block_size, future_offset=0):
+        seen["seq"] = seq_len
+        return real(seq_len, window, kv_block_size, future_offset)
+
+    monkeypatch.setattr(draft_model, "window_start", spy)
+
+    class Stop(Exception):
+        pass
+
+    fake = draft_model.DSparkDraft.__new__(draft_model.DSparkDraft)
+    fake.block_size = 4
+    monkeypatch.setattr(draft_model.DSparkDraft, "block_hidden", lambda *a, **k: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        fake.draft(torch.zeros(200, 2), torch.arange(200), anchor=5, anchor_pos=200, num_slots=3,
+                   window=64, kv_block_size=16)
+    assert seen["seq"] == 203
 
 
 def test_cli_plan_text_and_json():
     runner = CliRunner()
-    args = ["window", "plan", "--seq-lens", "10,60,200,64", "--window", "64", "--block-size", "16", "--future-offset", "3"]
+    args = ["window", "plan", "--context-lens", "10,60,200,64", "--window", "64", "--kv-block-size", "16",
+            "--num-speculative-tokens", "3", "--method", "dspark"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "10,60,72,64" in res.output
+    assert "13,63,75,67" in res.output
     res = runner.invoke(app, [*args, "--json"])
     data = json.loads(res.stdout)
-    assert data["start_blocks"] == [0, 0, 8, 0] and data["needed_blocks"] == [1, 4, 5, 4]
-    bad = runner.invoke(app, ["window", "plan", "--seq-lens", "10,x", "--window", "64"])
+    assert data["seq_lens"] == [13, 63, 203, 67] and data["future_offset"] == 0
+    assert data["start_blocks"] == [0, 0, 8, 0] and data["needed_blocks"] == [1, 4, 5, 5]
+    eagle = json.loads(runner.invoke(app, ["window", "plan", "--context-lens", "10,60,200,64", "--window", "64",
+                                           "--kv-block-size", "16", "--num-speculative-tokens", "3",
+                                           "--method", "eagle3", "--json"]).stdout)
+    assert eagle["windowed_lens"] == [10, 60, 72, 64] and eagle["future_offset"] == 3  # the §5 test vector
+    bad = runner.invoke(app, ["window", "plan", "--context-lens", "10,x", "--window", "64"])
     assert bad.exit_code == 2
 
 
 def test_cli_rejects_a_window_not_above_future_offset():
-    from typer.testing import CliRunner
-
-    from dspark_kit.cli import app
-
-    res = CliRunner().invoke(app, ["window", "plan", "--seq-lens", "0", "--window", "1", "--block-size", "1",
-                                   "--future-offset", "2"])
+    res = CliRunner().invoke(app, ["window", "plan", "--context-lens", "0", "--window", "1", "--kv-block-size", "1",
+                                   "--num-speculative-tokens", "2", "--method", "eagle3"])
     assert res.exit_code == 2 and "must exceed future_offset 2" in res.output

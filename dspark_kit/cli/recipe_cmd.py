@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import DEFAULT_RECIPE_PATH, JsonOpt, RecipeOpt, SetOpt, emit_json, load
+from dspark_kit.cli.common import DEFAULT_RECIPE_PATH, JsonOpt, RecipeOpt, SetOpt, WorkdirOpt, emit_json, load
 from dspark_kit.recipe import dump_recipe
 
 
@@ -14,14 +14,25 @@ def register(app: typer.Typer) -> None:
     sub = typer.Typer(help="Inspect and validate recipes.", no_args_is_help=True)
 
     @sub.command("show")
-    def show(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
-        """Print the fully resolved recipe (defaults + overrides) and derived values."""
+    def show(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
+             json_out: JsonOpt = False) -> None:
+        """Print the fully resolved recipe (defaults + overrides) and the derived values with
+        where each came from (the run folder's checkpoint and tune result count)."""
+        from dspark_kit.resolved import Resolved
+
         r = load(recipe, set_)
+        res = Resolved(r, workdir, planning=True)
+        k, window = res.k, res.window
         derived = {
+            "workdir": str(res.run.root),
             "full_attention_indices": r.full_attention_indices,
-            "num_speculative_tokens": r.num_speculative_tokens,
             "training_window": r.training_window,
-            "served_model_name": r.served_model_name,
+            "served_model_name": res.served_name,
+            "checkpoint": str(res.checkpoint) + ("" if res.checkpoint_exists else " (not trained yet)"),
+            "num_speculative_tokens": k.value,
+            "num_speculative_tokens_source": k.source,
+            "draft_window_size": window.value,
+            "draft_window_size_source": f"{window.source} (engine {res.engine})",
         }
         if json_out:
             emit_json({"recipe": r.model_dump(mode="json"), "derived": derived})

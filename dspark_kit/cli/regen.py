@@ -59,8 +59,9 @@ def _dry_run(r, endpoints: list[str] | None, json_out: bool) -> None:
     command = None
     if not endpoints:
         from dspark_kit.engines.servers import regen_server_plan
+        from dspark_kit.resolved import Resolved
 
-        command = regen_server_plan(r).shell_line()
+        command = regen_server_plan(Resolved(r, planning=True)).shell_line()
     if json_out:
         emit_json({"endpoints": endpoints, "local_engine_command": command})
     else:

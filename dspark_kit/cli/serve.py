@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,20 +19,10 @@ from dspark_kit.cli.common import (
     fail,
     load,
 )
-from dspark_kit.stages.serve import resolve_and_validate
-
-ROLES = ("chat", "hidden-states", "spec")
-ENGINES = ("local", "vllm", "vllm-ascend")
 
 
 def _warn(message: str) -> None:
     console.print(f"[yellow]warning:[/] {message}", highlight=False)
-
-
-def make_plan(recipe, role: str, engine: str, port: int | None, checkpoint: Path | None, workdir: Path):
-    from dspark_kit.engines.servers import server_plan
-
-    return server_plan(recipe, role, port=port, checkpoint=checkpoint, workdir=workdir, engine=engine)
 
 
 def register(app: typer.Typer) -> None:
@@ -69,62 +58,36 @@ def register(app: typer.Typer) -> None:
 
           dspark-kit serve -r recipes/qwen3-30b-a3b-ultrachat-ascend.yaml --role chat --dry-run
         """
-        from dspark_kit.spec.checkpoints import CheckpointError, errors
+        from dspark_kit.rundir import RunDir
+        from dspark_kit.stages.serve import ServeError, plan_server
 
         r = load(recipe, set_)
-        if role not in ROLES:
-            fail(f"--role {role!r}: expected one of {', '.join(ROLES)}")
-        engine = engine or r.serve.engine
-        if engine not in ENGINES:
-            fail(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
-        if checkpoint is not None and role != "spec":
-            fail(f"--checkpoint: only role spec loads a draft (got --role {role})")
-        wd = r.workdir_path(workdir)
-
-        ckpt_path, findings = None, []
-        if role == "spec":
-            try:
-                ckpt_path, findings = resolve_and_validate(r, wd, checkpoint)
-            except CheckpointError as e:
-                fail(str(e))
-            for f in findings:
-                if f.level == "warning":
-                    _warn(f"{f.code}: {f.message}")
-            bad = errors(findings)
-            if bad:
-                for f in bad[1:]:
-                    console.print(f"[bold red]error:[/] {f.code}: {f.message}", highlight=False)
-                fail(f"{bad[0].code}: {bad[0].message}")
-            from dspark_kit.stages.preflight import PreflightError, enforce
-
-            try:  # the whole-recipe pitfalls, after the checkpoint's own (more specific) checks
-                enforce(r, wd, "serve", log=_warn)
-            except PreflightError as e:
-                fail(str(e))
-
+        run = RunDir.at(r.workdir_path(workdir))
         try:
-            plan = make_plan(r, role, engine, port, ckpt_path, wd)
-        except ValueError as e:
+            sp = plan_server(r, run, role, engine=engine, checkpoint=checkpoint, port=port, planning=dry_run)
+        except ServeError as e:
             fail(str(e))
-        for note in plan.notes:
+        plan = sp.plan
+        for note in sp.warnings:
             _warn(note)
 
         if dry_run:
             if json_out:
-                emit_json({"role": role, "engine": engine, "argv": plan.argv, "env": plan.env,
-                           "base_url": plan.base_url, "health_path": plan.health_path, "notes": plan.notes,
-                           "checkpoint": str(ckpt_path) if ckpt_path else None,
-                           "findings": [f.as_dict() for f in findings], "shell_line": plan.shell_line()})
+                emit_json({"role": role, "engine": sp.resolved.engine, "argv": plan.argv, "env": plan.env,
+                           "base_url": plan.base_url, "health_path": plan.health_path, "notes": sp.warnings,
+                           "checkpoint": str(sp.resolved.checkpoint) if role == "spec" else None,
+                           "resolved": sp.resolved.summary() if role == "spec" else None,
+                           "findings": [f.as_dict() for f in sp.findings], "shell_line": plan.shell_line()})
             else:
                 typer.echo(plan.shell_line())
             return
-        _run(plan, r, wd, role, json_out)
+        _run(plan, r, run, role, json_out)
 
 
-def _run(plan, recipe, workdir: Path, role: str, json_out: bool) -> None:
+def _run(plan, recipe, run, role: str, json_out: bool) -> None:
     from dspark_kit.engines.lifecycle import ManagedServer
 
-    log_path = workdir / "logs" / f"serve-{role}.log"
+    log_path = run.log(f"serve-{role}.log")
     server = ManagedServer(plan, log_path)
     try:
         server.start()

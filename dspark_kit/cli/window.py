@@ -28,43 +28,56 @@ window_app = typer.Typer(
 
 @window_app.command("plan")
 def plan_cmd(
-    seq_lens: Annotated[str, typer.Option("--seq-lens", help="Comma-separated draft sequence lengths, e.g. 10,60,200,64.")],
+    context_lens: Annotated[str, typer.Option(
+        "--context-lens", help="Comma-separated context lengths (tokens already in the draft's KV cache).")],
     window: Annotated[int, typer.Option("--window", "-W", min=1, help="draft_window_size W.")],
-    block_size: Annotated[int, typer.Option("--block-size", "-b", min=1, help="KV cache (kernel) block size b.")] = 128,
-    future_offset: Annotated[int, typer.Option(
-        "--future-offset", "-K", min=0, help="0 for dspark/dflash, num_speculative_tokens for eagle3.")] = 0,
+    kv_block_size: Annotated[int, typer.Option(
+        "--kv-block-size", min=1, help="KV-cache (kernel) block size b; not the draft's block_size.")] = 128,
+    num_speculative_tokens: Annotated[int, typer.Option(
+        "--num-speculative-tokens", min=0, help="K, the drafted tokens per step.")] = 0,
+    method: Annotated[str, typer.Option(
+        "--method", help="dspark | dflash (seq = context + K, future_offset 0) or eagle3 "
+                         "(seq = context, future_offset K).")] = "dspark",
     json_out: JsonOpt = False,
 ) -> None:
-    """Show what the draft attends to: start = ((seq + K - W) clamped at 0 // b) * b.
+    """Show what the draft attends to, as vllm-ascend computes it.
 
+    seq = context + K for dspark/dflash (the query block [anchor, MASK x (K-1)] is
+    counted), start = ((seq + future_offset - W) clamped at 0 // b) * b,
     windowed = seq - start, start_block = start // b, needed blocks =
     ceil(windowed / b) capped at ceil(W / b) + 1. KV writes are never windowed.
 
-      dspark-kit window plan --seq-lens 10,60,200,64 --window 64 --block-size 16 --future-offset 3
+      dspark-kit window plan --context-lens 10,60,200,64 --window 64 --kv-block-size 16 --num-speculative-tokens 3
     """
-    from dspark_kit.spec.window import plan_window
+    from dspark_kit.spec.window import draft_seq_len, future_offset, plan_window
 
-    lens = parse_int_list(seq_lens, "--seq-lens") or fail("--seq-lens: give at least one length, e.g. --seq-lens 10,60")
+    lens = parse_int_list(context_lens, "--context-lens") or fail(
+        "--context-lens: give at least one length, e.g. --context-lens 10,60")
     try:
-        plan = plan_window(lens, window, block_size, future_offset)
+        seqs = [draft_seq_len(method, n, num_speculative_tokens) for n in lens]
+        offset = future_offset(method, num_speculative_tokens)
+        plan = plan_window(seqs, window, kv_block_size, offset)
     except ValueError as e:
         fail(str(e))
     if json_out:
-        emit_json(plan.as_dict())
+        emit_json({"method": method, "context_lens": lens, "num_speculative_tokens": num_speculative_tokens,
+                   **plan.as_dict()})
         return
-    typer.echo(f"W={window} b={block_size} K={future_offset} max_window_blocks={plan.max_window_blocks}")
-    typer.echo("seq_len  windowed_len  start_block  needed_blocks")
-    for row in zip(plan.seq_lens, plan.windowed_lens, plan.start_blocks, plan.needed_blocks, strict=True):
-        typer.echo("{:>7}  {:>12}  {:>11}  {:>13}".format(*row))
+    typer.echo(f"method={method} W={window} b={kv_block_size} K={num_speculative_tokens} "
+               f"future_offset={offset} max_window_blocks={plan.max_window_blocks}")
+    typer.echo("context  seq_len  windowed_len  start_block  needed_blocks")
+    for row in zip(lens, plan.seq_lens, plan.windowed_lens, plan.start_blocks, plan.needed_blocks, strict=True):
+        typer.echo("{:>7}  {:>7}  {:>12}  {:>11}  {:>13}".format(*row))
     typer.echo("windowed lengths: " + ",".join(map(str, plan.windowed_lens)))
 
 
-@window_app.command("tune")
 def tune_cmd(
     recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
     set_: SetOpt = None,
     workdir: WorkdirOpt = None,
     checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="Default: serve.checkpoint.")] = None,
+    ks: Annotated[str | None, typer.Option(
+        "--ks", help="num_speculative_tokens to compare (default: block_size - 1 and block_size).")] = None,
     windows: Annotated[str | None, typer.Option(
         "--windows", help="Candidate windows (default: training window x1, x2, x4... below the longest context).")] = None,
     context_lengths: Annotated[str | None, typer.Option(
@@ -76,12 +89,13 @@ def tune_cmd(
     prompts: Annotated[Path | None, typer.Option("--prompts", help="jsonl of chats or text lines.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Sweep draft windows across context lengths and recommend one.
+    """Sweep K x draft window across context lengths and recommend both.
 
-    Picks the window with the best long-context acceptance that keeps
-    short-context acceptance; writes <workdir>/eval/window_tune.json whose
-    `recommended_window` serve.draft_window_size: auto uses (null = leave the
-    window unset: acceptance is flat).
+    Per K, picks the window with the best long-context acceptance that keeps
+    short-context acceptance; then the K with the best mean acceptance. Writes
+    DIR/eval/window_tune.json: serve.num_speculative_tokens: auto uses its
+    `recommended_k`, serve.draft_window_size: auto its `recommended_window`
+    (null = no window: acceptance is flat). Also `dspark-kit window tune`.
     """
     from dspark_kit.spec.checkpoints import CheckpointError
     from dspark_kit.spec.draft_model import DraftLoadError
@@ -92,6 +106,7 @@ def tune_cmd(
         result = tune_window(
             r, r.workdir_path(workdir), checkpoint, candidates=parse_int_list(windows, "--windows"),
             context_lengths=parse_int_list(context_lengths, "--context-lengths"), allow_below=allow_below,
+            ks=parse_int_list(ks, "--ks"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, prompts_file=prompts,
             log=lambda m: console.print(m, highlight=False),
         )
@@ -101,11 +116,15 @@ def tune_cmd(
         emit_json(result)
         return
     ctx = ["0", *map(str, result["context_lengths"])]
-    typer.echo("window  " + "  ".join(f"{'short' if c == '0' else c:>7}" for c in ctx))
-    for key, row in result["acceptance_length"].items():
-        typer.echo(f"{key:>6}  " + "  ".join(f"{row[c] if row[c] is not None else '-':>7}" for c in ctx))
-    typer.echo(f"recommended_window: {result['recommended_window']} -> {result['file']}")
+    typer.echo("K  window  " + "  ".join(f"{'short' if c == '0' else c:>7}" for c in ctx))
+    for k, table in result["acceptance_length_by_k"].items():
+        for key, row in table.items():
+            typer.echo(f"{k:>1}  {key:>6}  " + "  ".join(f"{row[c] if row[c] is not None else '-':>7}" for c in ctx))
+    typer.echo(f"recommended_k: {result['recommended_k']}  recommended_window: {result['recommended_window']} "
+               f"-> {result['file']}")
 
 
 def register(app: typer.Typer) -> None:
+    window_app.command("tune")(tune_cmd)
+    app.command("tune")(tune_cmd)
     app.add_typer(window_app, name="window")

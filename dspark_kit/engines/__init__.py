@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
-Role = Literal["chat", "hidden-states", "spec"]
-EngineName = Literal["local", "vllm", "vllm-ascend"]
+from dspark_kit.recipe import ENGINES, ROLES
+
+Role = Literal[ROLES]
+EngineName = Literal[ENGINES]
 
 
 def openai_base_url(url: str) -> str:
@@ -46,27 +48,3 @@ class ServerPlan:
 
     def shell_line(self) -> str:
         return shell_line(self.argv, self.env)
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]
-    finish_reason: str  # "stop" | "length"
-    # speculative decoding counters for this request (vLLM /metrics semantics)
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-
-class Generator(Protocol):
-    """What the local engine needs from a decoding backend."""
-
-    def generate(
-        self,
-        prompt_ids: list[int],
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        stop_ids: frozenset[int] = frozenset(),
-    ) -> GenerationResult: ...

@@ -11,51 +11,43 @@ from __future__ import annotations
 import sys
 
 from dspark_kit.engines import Role, ServerPlan
-from dspark_kit.recipe import Recipe
-from dspark_kit.spec.verifier import num_hidden_layers
+from dspark_kit.resolved import Resolved
 
 
 def plan_local(
-    recipe: Recipe,
+    res: Resolved,
     role: Role,
     port: int | None = None,
     host: str | None = None,
-    checkpoint: str | None = None,
     api_key: str | None = None,
     extra_args: list[str] | None = None,
 ) -> ServerPlan:
     from dspark_kit.engines.lifecycle import free_port
-    from dspark_kit.data.tiny import resolve_verifier_path
 
-    verifier = resolve_verifier_path(recipe.verifier.path)
+    recipe = res.recipe
     host = host or recipe.serve.host
     if port is None:  # spec serves where users point clients; helper roles take a free port
         port = free_port(host) if role != "spec" else recipe.serve.port
-    served = recipe.verifier.served_name or verifier
     argv = [
         sys.executable, "-m", "dspark_kit.engines.local_server",
-        "--model", verifier, "--role", role, "--host", host, "--port", str(port),
-        "--served-model-name", served,
+        "--model", res.verifier_path, "--role", role, "--host", host, "--port", str(port),
+        "--served-model-name", res.served_name,
         "--device", recipe.train.device,
         # the local engine decodes in float32 on CPU: bf16 matmuls there are slow and lossy
         "--dtype", "float32" if recipe.train.device in ("auto", "cpu") else recipe.verifier.dtype,
     ]
     notes: list[str] = []
     if role == "hidden-states":
-        ids = recipe.exported_layer_ids(num_hidden_layers(recipe))
-        argv += ["--layer-ids", ",".join(map(str, ids)),
+        argv += ["--layer-ids", ",".join(map(str, res.exported_layer_ids)),
                  "--storage-path", recipe.hidden_states.storage_path,
                  "--hidden-states-dtype", recipe.hidden_states.dtype]
     if role == "spec":
-        if not checkpoint:
-            raise ValueError("plan_local(role='spec'): pass checkpoint= (a DSpark checkpoint directory)")
-        argv += ["--draft", str(checkpoint),
-                 "--num-speculative-tokens", str(recipe.num_speculative_tokens)]
-        window = recipe.serve.draft_window_size
-        if isinstance(window, int):
-            argv += ["--draft-window-size", str(window)]
-        elif window == "auto":
-            notes.append("draft_window_size auto: the local engine uses the draft's trained attention")
+        k, window = res.k, res.window
+        argv += ["--draft", str(res.checkpoint), "--num-speculative-tokens", str(k.value)]
+        if window.value is not None:
+            argv += ["--draft-window-size", str(window.value)]
+        notes += [*k.notes, f"num_speculative_tokens {k.value} ({k.source})",
+                  *window.notes, f"draft_window_size {window.value} ({window.source})"]
     argv += list(extra_args or [])
     # the key travels in the environment, not argv, so `ps` does not show it
     env = {"DSPARK_KIT_API_KEY": api_key} if api_key else {}

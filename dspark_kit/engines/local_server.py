@@ -309,8 +309,9 @@ def build_generator(args, model):
 
     if args.role != "spec":
         return VerifierGenerator(model, token_delay_s=args.token_delay_ms / 1000)
-    if not args.draft:
-        raise SystemExit("--draft: role spec needs a DSpark checkpoint directory")
+    if not args.draft or not args.num_speculative_tokens:
+        raise SystemExit("--draft and --num-speculative-tokens: role spec needs a DSpark checkpoint and K "
+                         "(`dspark-kit serve` decides K; see `dspark-kit recipe show`)")
     from dspark_kit.spec.decoder import SpecGenerator  # lazy: heavy imports, only for role spec
     from dspark_kit.spec.verifier import resolve_device
 

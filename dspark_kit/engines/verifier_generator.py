@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from dspark_kit.engines import GenerationResult
+from dspark_kit.spec.decoder import GenerationResult
 from dspark_kit.spec.verifier import LayerTap, sample_token
 
 

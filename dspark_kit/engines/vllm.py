@@ -13,17 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dspark_kit.compat import versions
-from dspark_kit.spec.checkpoints import read_config, trained_slots
-from dspark_kit.devices import NPU_ENV_DEFAULTS, visible_devices_env
 from dspark_kit.engines import Role, ServerPlan
-from dspark_kit.engines.vllm_spec import choose_k, decide_window
-from dspark_kit.recipe import Recipe
-from dspark_kit.spec.verifier import num_hidden_layers as verifier_num_hidden_layers
-from dspark_kit.spec.verifier import verifier_config
+from dspark_kit.recipe import ROLES, Recipe
+from dspark_kit.resolved import Resolved
 
-ENGINES = ("vllm", "vllm-ascend")
-ROLES = ("chat", "hidden-states", "spec")
+VLLM_ENGINES = ("vllm", "vllm-ascend")
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
 
 
@@ -36,20 +30,13 @@ def compact_json(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-def engine_env(recipe: Recipe, engine: str) -> dict[str, str]:
-    """The device layer's env for the engine's device (NPUs: ASCEND_RT_VISIBLE_DEVICES + HCCL)."""
-    device = "npu" if engine == "vllm-ascend" else "cuda"
-    env = dict(NPU_ENV_DEFAULTS) if device == "npu" else {}
-    return {**env, **visible_devices_env(device, recipe.serve.devices)}
-
-
-def hidden_states_args(recipe: Recipe, num_hidden_layers: int) -> list[str]:
+def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int]) -> list[str]:
     """What speculators' launch_vllm.py adds: export targets + N, file connector, no chunked prefill."""
     spec = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
         "draft_model_config": {
-            "hf_config": {"eagle_aux_hidden_state_layer_ids": recipe.exported_layer_ids(num_hidden_layers)}
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": exported_layer_ids}
         },
     }
     kv = {
@@ -61,71 +48,38 @@ def hidden_states_args(recipe: Recipe, num_hidden_layers: int) -> list[str]:
             "--no-enable-chunked-prefill"]
 
 
-def _installed(installed_versions: dict[str, str | None] | None, name: str) -> str | None:
-    if installed_versions is None:
-        return versions.installed(name)
-    return installed_versions.get(name)
+def spec_args(res: Resolved) -> tuple[list[str], list[str]]:
+    """--speculative-config (+ --additional-config draft_window_size on Ascend) from the resolver."""
+    from dspark_kit.compat import versions
 
-
-def spec_args(
-    recipe: Recipe,
-    engine: str,
-    checkpoint: str | Path,
-    installed_versions: dict[str, str | None] | None,
-    workdir: Path,
-    vcfg: dict | None,
-    window_support: versions.Support | None,
-) -> tuple[list[str], list[str]]:
-    ckpt = Path(checkpoint).expanduser().resolve()
     notes: list[str] = []
-    version = _installed(installed_versions, engine)
-    gate = versions.dspark_gate(engine, version)
+    gate = versions.dspark_gate(res.engine, res.installed_version())
     if gate.ok is False:
         notes.append(gate.message)
-    slots = trained_slots(read_config(ckpt)) if (ckpt / "config.json").is_file() else None
-    k, k_notes = choose_k(recipe, engine, version, slots)
-    notes += k_notes
+    if not res.checkpoint_exists:
+        notes.append(f"checkpoint {res.checkpoint} does not exist yet (planned: train writes it); "
+                     f"K assumed = draft.block_size")
+    k, window = res.k, res.window
+    notes += [*k.notes, f"num_speculative_tokens {k.value} ({k.source})", *window.notes]
     args = ["--speculative-config",
-            compact_json({"method": "dspark", "model": str(ckpt), "num_speculative_tokens": k})]
-    if window_support is None:
-        installed_here = engine == "vllm-ascend" and version is not None
-        window_support = versions.ascend_dspark_window_support() if installed_here else "unknown"
-    decision = decide_window(recipe, engine, workdir, "dspark", window_support, vcfg)
-    notes += decision.notes
-    if decision.window is not None:
-        args += ["--additional-config", compact_json({"draft_window_size": decision.window})]
+            compact_json({"method": "dspark", "model": str(res.checkpoint), "num_speculative_tokens": k.value})]
+    if window.value is not None:
+        args += ["--additional-config", compact_json({"draft_window_size": window.value})]
     return args, notes
 
 
-def plan_vllm(
-    recipe: Recipe,
-    role: Role,
-    engine: str = "vllm",
-    port: int | None = None,
-    checkpoint: str | Path | None = None,
-    installed_versions: dict[str, str | None] | None = None,
-    *,
-    num_hidden_layers: int | None = None,
-    workdir: str | Path | None = None,
-    window_support: versions.Support | None = None,
-) -> ServerPlan:
-    """A `vllm serve VERIFIER ...` plan. installed_versions None = read package metadata;
-    num_hidden_layers None = read the verifier's local config.json; window_support None =
-    inspect the installed vllm-ascend."""
-    if engine not in ENGINES:
+def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
+    """A `vllm serve VERIFIER ...` plan; every derived value comes from `res`."""
+    engine, recipe = res.engine, res.recipe
+    if engine not in VLLM_ENGINES:
         raise PlanError(f"--engine {engine!r}: plan_vllm serves vllm or vllm-ascend")
     if role not in ROLES:
         raise PlanError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
-    from dspark_kit.data.tiny import resolve_verifier_path
-
     s = recipe.serve
-    verifier = resolve_verifier_path(recipe.verifier.path)
-    vcfg = verifier_config(verifier)
     if port is None:
         port = s.hidden_states_port if role == "hidden-states" else s.port
-    served = recipe.verifier.served_name or verifier
-    argv = ["vllm", "serve", verifier,
-            "--served-model-name", served,
+    argv = ["vllm", "serve", res.verifier_path,
+            "--served-model-name", res.served_name,
             "--host", s.host, "--port", str(port),
             "--tensor-parallel-size", str(s.tensor_parallel_size)]
     if s.max_model_len is not None:
@@ -142,14 +96,11 @@ def plan_vllm(
 
     notes: list[str] = []
     if role == "hidden-states":
-        n = num_hidden_layers if num_hidden_layers is not None else verifier_num_hidden_layers(recipe)
-        argv += hidden_states_args(recipe, n)
+        argv += hidden_states_args(recipe, res.exported_layer_ids)
     elif role == "spec":
-        if checkpoint is None:
-            raise PlanError("--checkpoint: role spec needs a DSpark checkpoint directory")
-        args, spec_notes = spec_args(recipe, engine, checkpoint, installed_versions,
-                                     recipe.workdir_path(workdir), vcfg, window_support)
+        args, spec_notes = spec_args(res)
         argv += args
         notes += spec_notes
     argv += list(s.extra_args)
-    return ServerPlan(argv=argv, host=s.host, port=port, env=engine_env(recipe, engine), notes=notes)
+    device = "npu" if engine == "vllm-ascend" else "cuda"
+    return ServerPlan(argv=argv, host=s.host, port=port, env=res.device_env(device, s.devices), notes=notes)

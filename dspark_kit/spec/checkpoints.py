@@ -140,11 +140,12 @@ def _check_weights(path: Path) -> Finding | None:
 
 
 def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: int | None,
-                        verifier_path: str | None = None) -> list[Finding]:
+                        verifier_path: str | None, k: int) -> list[Finding]:
     """Everything that makes this checkpoint wrong for this recipe; [] = fine.
 
-    `verifier_path` is the recipe's resolved verifier (resolve_verifier_path);
-    `verifier_num_layers` None skips the layer-id check with a warning.
+    Called through `Resolved.checkpoint_findings`, which supplies the resolved
+    verifier path, layer count and K; `verifier_num_layers` None skips the
+    layer-id check with a warning.
     """
     path = Path(path)
     out: list[Finding] = []
@@ -163,7 +164,6 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
         out.append(Finding("warning", "block-size", f"checkpoint block_size {block} != recipe "
                                                     f"draft.block_size {recipe.draft.block_size}"))
     slots = trained_slots(cfg)
-    k = recipe.num_speculative_tokens
     if slots is None:
         out.append(Finding("warning", "slots-unknown", f"{CONFIG} records neither speculative_tokens nor "
                                                        f"block_size; cannot check num_speculative_tokens {k}"))

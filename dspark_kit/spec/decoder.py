@@ -13,12 +13,37 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from dspark_kit.spec.draft_model import DSparkDraft, confident_prefix
-from dspark_kit.engines import GenerationResult
+from dspark_kit.spec.window import LOCAL_KV_BLOCK_SIZE
 from dspark_kit.spec.verifier import LayerTap, load_verifier, sample_token
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    # speculative decoding counters for this request (vLLM /metrics semantics)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+
+class Generator(Protocol):
+    """What the local engine needs from a decoding backend."""
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop_ids: frozenset[int] = frozenset(),
+    ) -> GenerationResult: ...
 
 
 @dataclass
@@ -101,19 +126,19 @@ class SpecGenerator:
         self,
         verifier: Verifier,
         draft: DSparkDraft,
-        num_speculative_tokens: int | None = None,
+        num_speculative_tokens: int,
         draft_window_size: int | None = None,
         confidence_threshold: float | None = None,
-        kernel_block_size: int = 16,
+        kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
     ):
         self.verifier, self.draft = verifier, draft
-        self.k = num_speculative_tokens or draft.block_size
+        self.k = num_speculative_tokens  # decided by resolved.Resolved.k, never defaulted here
         if not 1 <= self.k <= draft.block_size:
             raise ValueError(
                 f"num_speculative_tokens: {self.k} outside 1..{draft.block_size} (the checkpoint's trained slots)"
             )
         self.window = draft_window_size
-        self.kernel_block_size = kernel_block_size
+        self.kv_block_size = kv_block_size
         self.confidence_threshold = confidence_threshold
 
     @classmethod
@@ -121,7 +146,7 @@ class SpecGenerator:
         cls,
         verifier_path: str | Path,
         checkpoint_path: str | Path,
-        num_speculative_tokens: int | None = None,
+        num_speculative_tokens: int,
         draft_window_size: int | None = None,
         device: str = "cpu",
         confidence_threshold: float | None = None,
@@ -149,7 +174,7 @@ class SpecGenerator:
         while reason is None:
             num_slots = min(self.k, max_new_tokens - len(res.token_ids))
             ctx_pos = torch.arange(p, device=d.device)
-            block = d.draft(ctx_feats, ctx_pos, anchor, p, num_slots, self.window, self.kernel_block_size)
+            block = d.draft(ctx_feats, ctx_pos, anchor, p, num_slots, self.window, self.kv_block_size)
             keep = confident_prefix(block.confidence, self.confidence_threshold) or num_slots
             drafted = block.tokens[:keep]
             logits, aux = v.forward([anchor, *drafted], cache, p)

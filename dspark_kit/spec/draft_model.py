@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_kit.spec.window import window_start
+from dspark_kit.spec.window import LOCAL_KV_BLOCK_SIZE, draft_seq_len, window_start
 
 
 class DraftLoadError(ValueError):
@@ -163,13 +163,14 @@ class DSparkDraft:
         anchor_pos: int,
         num_slots: int,
         window: int | None = None,
-        kernel_block_size: int = 16,
+        kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
     ) -> DraftBlock:
         """Propose num_slots tokens after `anchor` (at anchor_pos) from the context."""
         if not 1 <= num_slots <= self.block_size:
             raise ValueError(f"num_speculative_tokens: {num_slots} outside 1..{self.block_size} (draft block_size)")
-        if window is not None:  # draft KV window: reads only, token level
-            keep = ctx_pos >= window_start(ctx_pos.numel(), window, kernel_block_size)
+        if window is not None:  # draft KV window: reads only, token level, as vllm-ascend starts it
+            seq = draft_seq_len("dspark", ctx_pos.numel(), num_slots)
+            keep = ctx_pos >= window_start(seq, window, kv_block_size)
             ctx_feats, ctx_pos = ctx_feats[keep], ctx_pos[keep]
         hidden = self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots)
         base = self.model.lm_head(hidden)

@@ -61,21 +61,6 @@ def num_layers_of(cfg: dict | None) -> int | None:
     return n if isinstance(n, int) else None
 
 
-def num_hidden_layers(recipe) -> int:
-    """N for layer ids: from the verifier's config, else the recipe's verifier.num_hidden_layers."""
-    from dspark_kit.recipe import RecipeError
-    from dspark_kit.data.tiny import resolve_verifier_path
-
-    path = resolve_verifier_path(recipe.verifier.path)
-    found, declared = num_layers_of(verifier_config(path)), recipe.verifier.num_hidden_layers
-    if found is None and declared is None:
-        raise RecipeError(f"verifier.num_hidden_layers: no config.json for {path} on this machine (local dir or "
-                          "HF cache); run where the verifier is, or set verifier.num_hidden_layers to plan")
-    if found is not None and declared is not None and found != declared:
-        raise RecipeError(f"verifier.num_hidden_layers: recipe says {declared} but {path} has {found}")
-    return found if found is not None else declared
-
-
 def load_tokenizer(path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

@@ -5,9 +5,13 @@ full attention. Windows start on a kernel-block boundary, so a windowed length
 lies in [min(seq, W - K), W + b - 1]. KV *writes* (slot_mapping) are never
 windowed: only the block table the draft's attention reads is.
 
-W = draft_window_size, b = kernel (KV cache) block size, K = future_offset:
-0 for dflash/dspark (the block's queries are not in the cache yet),
-num_speculative_tokens for eagle3 (its cache grows K tokens while drafting).
+W = draft_window_size, b = KV-cache (kernel) block size `kv_block_size` (not
+the draft's block_size), future_offset: 0 for dflash/dspark, K for eagle3.
+
+What the sequence length is depends on the method (REFERENCE §5): for
+dflash/dspark the proposer passes context + K (the query block
+[anchor, MASK x (K-1)] is already counted) with future_offset 0; eagle3 passes
+the context and offsets by K. `draft_seq_len` + `future_offset` say both.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 WINDOWED_METHODS = ("dspark", "dflash", "eagle3")
+# The local engine and eval window at this KV-block granularity (vllm-ascend uses its
+# own KV cache block size, typically 128; `window plan --kv-block-size` shows either).
+LOCAL_KV_BLOCK_SIZE = 16
 
 
 def future_offset(method: str, num_speculative_tokens: int) -> int:
@@ -27,14 +34,20 @@ def future_offset(method: str, num_speculative_tokens: int) -> int:
     return num_speculative_tokens if method == "eagle3" else 0
 
 
-def max_window_blocks(window: int, block_size: int) -> int:
-    return math.ceil(window / block_size) + 1
+def draft_seq_len(method: str, context_len: int, num_speculative_tokens: int) -> int:
+    """The seq_len the window adapter sees: context + the K-token query block for dflash/dspark."""
+    future_offset(method, num_speculative_tokens)  # validates the method
+    return context_len if method == "eagle3" else context_len + num_speculative_tokens
 
 
-def window_start(seq_len: int, window: int, block_size: int, future_offset: int = 0) -> int:
+def max_window_blocks(window: int, kv_block_size: int) -> int:
+    return math.ceil(window / kv_block_size) + 1
+
+
+def window_start(seq_len: int, window: int, kv_block_size: int, future_offset: int = 0) -> int:
     """First token position the draft still attends to (a block boundary)."""
-    _check(window, block_size, future_offset)
-    return (max(seq_len + future_offset - window, 0) // block_size) * block_size
+    _check(window, kv_block_size, future_offset)
+    return (max(seq_len + future_offset - window, 0) // kv_block_size) * kv_block_size
 
 
 @dataclass
@@ -44,7 +57,7 @@ class WindowPlan:
     start_blocks: list[int]
     needed_blocks: list[int]
     window: int
-    block_size: int
+    kv_block_size: int
     future_offset: int
     max_window_blocks: int
 
@@ -52,21 +65,21 @@ class WindowPlan:
         return asdict(self)
 
 
-def plan_window(seq_lens: torch.Tensor | list[int], window: int, block_size: int, future_offset: int = 0) -> WindowPlan:
+def plan_window(seq_lens: torch.Tensor | list[int], window: int, kv_block_size: int, future_offset: int = 0) -> WindowPlan:
     """Vectorised window arithmetic for a batch of sequence lengths."""
-    _check(window, block_size, future_offset)
+    _check(window, kv_block_size, future_offset)
     seq = torch.as_tensor(seq_lens, dtype=torch.long)
-    start = ((seq + future_offset - window).clamp(min=0) // block_size) * block_size
+    start = ((seq + future_offset - window).clamp(min=0) // kv_block_size) * kv_block_size
     windowed = seq - start
-    cap = max_window_blocks(window, block_size)
-    needed = ((windowed + block_size - 1) // block_size).clamp(max=cap)
+    cap = max_window_blocks(window, kv_block_size)
+    needed = ((windowed + kv_block_size - 1) // kv_block_size).clamp(max=cap)
     return WindowPlan(
         seq_lens=seq.tolist(),
         windowed_lens=windowed.tolist(),
-        start_blocks=(start // block_size).tolist(),
+        start_blocks=(start // kv_block_size).tolist(),
         needed_blocks=needed.tolist(),
         window=window,
-        block_size=block_size,
+        kv_block_size=kv_block_size,
         future_offset=future_offset,
         max_window_blocks=cap,
     )
@@ -90,17 +103,17 @@ def gather_block_table(block_table: torch.Tensor, plan: WindowPlan) -> torch.Ten
     return torch.where(col < needed, gathered, torch.zeros_like(gathered))
 
 
-def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, kv_block_size: int) -> torch.Tensor:
     """Cache slot of each (row, position): always from the full, unwindowed table."""
-    blocks = torch.gather(block_table, 1, positions // block_size)
-    return blocks * block_size + positions % block_size
+    blocks = torch.gather(block_table, 1, positions // kv_block_size)
+    return blocks * kv_block_size + positions % kv_block_size
 
 
-def _check(window: int, block_size: int, future_offset: int) -> None:
+def _check(window: int, kv_block_size: int, future_offset: int) -> None:
     if window < 1:
         raise ValueError(f"draft_window_size: must be >= 1, got {window}")
-    if block_size < 1:
-        raise ValueError(f"block_size: must be >= 1, got {block_size}")
+    if kv_block_size < 1:
+        raise ValueError(f"kv_block_size: must be >= 1, got {kv_block_size}")
     if future_offset < 0:
         raise ValueError(f"future_offset: must be >= 0, got {future_offset}")
     if future_offset >= window:  # else the start passes the sequence end: a negative windowed length

@@ -24,6 +24,8 @@ from dspark_kit import atomic
 from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.engines.prom import MetricsError, spec_decode_delta
 from dspark_kit.recipe import Recipe
+from dspark_kit.resolved import Resolved
+from dspark_kit.rundir import RunDir
 
 SCHEMA = "dspark-kit.bench/1"
 BUILTIN_DATASET = "builtin"
@@ -272,7 +274,7 @@ def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = N
 
     async def _go() -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=10) as c:
-            chosen = model or await _pick_model(c, base_url, recipe.served_model_name)
+            chosen = model or await _pick_model(c, base_url, Resolved(recipe).served_name)
         return await run_load(base_url, chosen, prompts, concurrency=conc, max_tokens=max_tok,
                               temperature=b.temperature, thinking=recipe.verifier.thinking)
 
@@ -287,16 +289,33 @@ def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = N
         "model": load["model"], "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "dataset": dataset, "num_prompts": len(prompts), "concurrency": conc,
         "max_tokens": max_tok, "temperature": b.temperature, "thinking": recipe.verifier.thinking,
-        "num_speculative_tokens": recipe.num_speculative_tokens,
         "metrics_available": load["metrics_available"], "spec_decode": load["spec_decode"],
     }
+    result |= served_k(load["spec_decode"], recipe)
     result |= summarize(load["records"], load["duration_s"])
     if result["completed"] == 0:
         raise BenchError(f"bench: all {len(prompts)} requests failed ({'; '.join(result['errors'])}); "
                          "check the server log and the model name")
-    out = Path(out_dir) if out_dir else recipe.workdir_path() / "bench"
+    out = Path(out_dir) if out_dir else RunDir.at(recipe.workdir_path()).bench
     write_result(result, out)
     return result
+
+
+def served_k(spec_decode: dict | None, recipe: Recipe) -> dict[str, Any]:
+    """The K the server really ran: vLLM (and our engine) export one per-position acceptance
+    series per drafted slot, so their count is K; without spec metrics, what the resolver
+    decided for the recipe's engine."""
+    rates = (spec_decode or {}).get("per_position_acceptance_rates") or []
+    if rates:
+        return {"num_speculative_tokens": len(rates),
+                "num_speculative_tokens_source": "server /metrics (per-position series)"}
+    if not spec_decode:
+        return {"num_speculative_tokens": None, "num_speculative_tokens_source": "no spec-decode metrics"}
+    try:
+        k = Resolved(recipe, planning=True).k
+        return {"num_speculative_tokens": k.value, "num_speculative_tokens_source": f"resolver: {k.source}"}
+    except ValueError as e:
+        return {"num_speculative_tokens": None, "num_speculative_tokens_source": f"unknown ({e})"}
 
 
 def write_result(result: dict[str, Any], out_dir: Path) -> Path:
@@ -314,14 +333,14 @@ def stage_bench(recipe: Recipe, workdir: Path) -> dict[str, Any]:
     """Pipeline stage: serve verifier + draft (role spec) on a free port, benchmark it, stop it."""
     import re
 
-    from dspark_kit.spec.checkpoints import resolve_checkpoint
     from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
 
-    ckpt = resolve_checkpoint(Path(workdir) / "checkpoints", recipe.serve.checkpoint)
+    res = Resolved(recipe, workdir)
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(recipe.serve.checkpoint).name) or "spec"
-    with running_server(recipe, "spec", workdir, port=free_port(), checkpoint=ckpt) as url:
-        r = run_bench(recipe, url, label=f"spec-{label}", out_dir=Path(workdir) / "bench")
+    with running_server(res, "spec", port=free_port()) as url:
+        r = run_bench(recipe, url, label=f"spec-{label}", out_dir=res.run.bench)
     spec = r["spec_decode"] or {}
     return {"acceptance_length": spec.get("acceptance_length"), "output_throughput": r["output_throughput"],
-            "mean_tpot_ms": r["mean_tpot_ms"], "path": str(Path(workdir) / "bench" / f"bench_{r['label']}.json")}
+            "mean_tpot_ms": r["mean_tpot_ms"], "num_speculative_tokens": r["num_speculative_tokens"],
+            "path": str(res.run.bench_file(r["label"]))}

@@ -16,10 +16,10 @@ import random
 from pathlib import Path
 
 from dspark_kit import atomic
-from dspark_kit.engines.vllm_spec import TUNE_FILE  # eval/window_tune.json, relative to the workdir
-from dspark_kit.recipe import Recipe
-
-KERNEL_BLOCK_SIZE = 16  # the local decoder's window granularity (vLLM-Ascend uses its KV block size)
+from dspark_kit.recipe import Recipe, parse_window
+from dspark_kit.resolved import Resolved
+from dspark_kit.rundir import RunDir
+from dspark_kit.spec.window import LOCAL_KV_BLOCK_SIZE
 
 
 class EvalError(ValueError):
@@ -55,8 +55,9 @@ def load_chats(recipe: Recipe, workdir: Path, prompts_file: Path | None = None, 
             except json.JSONDecodeError:
                 rows.append({"prompt": ln})  # a plain text line is a prompt
         chats = _rows_to_chats(rows)
-    elif not from_data and (workdir / "regen.jsonl").is_file():
-        chats = _rows_to_chats(json.loads(ln) for ln in (workdir / "regen.jsonl").read_text().splitlines() if ln.strip())
+    elif not from_data and RunDir.at(workdir).regen_jsonl.is_file():
+        text = RunDir.at(workdir).regen_jsonl.read_text()
+        chats = _rows_to_chats(json.loads(ln) for ln in text.splitlines() if ln.strip())
     else:
         from dspark_kit.data.sources import iter_source
 
@@ -120,55 +121,60 @@ def aggregate(results, k: int) -> dict:
 
 
 class EvalSession:
-    """One verifier + draft loaded once, measured under several settings."""
+    """One verifier + draft loaded once, measured under several settings.
 
-    def __init__(self, recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, device: str = "cpu"):
+    K and the window come from the resolver for the recipe's engine, so eval
+    measures what serving will run (unless a sweep asks for another value).
+    """
+
+    def __init__(self, recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, device: str = "cpu",
+                 sweep: bool = False):
+        """`sweep`: the caller passes K to every measure() (tune), so the resolved K is not needed."""
         from transformers import AutoTokenizer
 
-        from dspark_kit.spec.checkpoints import resolve_checkpoint
         from dspark_kit.spec.decoder import Verifier
         from dspark_kit.spec.draft_model import DSparkDraft
-        from dspark_kit.data.tiny import resolve_verifier_path
 
         self.recipe, self.workdir = recipe, workdir
-        self.verifier_path = resolve_verifier_path(recipe.verifier.path)
-        self.checkpoint = resolve_checkpoint(workdir / "checkpoints", checkpoint or recipe.serve.checkpoint)
+        self.resolved = Resolved(recipe, workdir, checkpoint=checkpoint)
+        self.verifier_path = self.resolved.verifier_path
+        self.checkpoint = self.resolved.checkpoint
         self.draft = DSparkDraft.load(self.checkpoint, self.verifier_path, device)
         self.verifier = Verifier(self.verifier_path, self.draft.target_layer_ids, device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.verifier_path)
-        self.k = min(recipe.num_speculative_tokens, self.draft.block_size)
+        self.k = self.draft.block_size if sweep else self.resolved.k.value
+        if not 1 <= self.k <= self.draft.block_size:
+            raise EvalError(f"num_speculative_tokens {self.k} ({self.resolved.k.source}) outside 1..{self.draft.block_size}, "
+                            "the checkpoint's trained slots; set serve.num_speculative_tokens: auto")
         self.stop_ids = frozenset(t for t in [self.tokenizer.eos_token_id] if t is not None)
 
     def measure(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
-                confidence_threshold: float | None = None) -> dict:
+                confidence_threshold: float | None = None, k: int | None = None) -> dict:
         from dspark_kit.spec.decoder import SpecGenerator
 
-        gen = SpecGenerator(self.verifier, self.draft, self.k, window, confidence_threshold, KERNEL_BLOCK_SIZE)
+        k = k or self.k
+        gen = SpecGenerator(self.verifier, self.draft, k, window, confidence_threshold, LOCAL_KV_BLOCK_SIZE)
         results = [gen.generate(p, max_new_tokens, stop_ids=self.stop_ids) for p in prompts]
-        out = aggregate(results, self.k)
+        out = aggregate(results, k)
         out["window"] = window
+        out["num_speculative_tokens"] = k
         out["mean_prompt_tokens"] = round(sum(map(len, prompts)) / len(prompts), 1)
         return out
 
 
-def resolve_window(setting: int | str | None, recipe: Recipe, workdir: Path) -> int | None:
-    """--draft-window-size N|auto|off -> a window or None (auto: tuned value, else the training window)."""
-    setting = recipe.serve.draft_window_size if setting is None else setting
-    if setting == "off":
-        return None
-    if setting == "auto":
-        tuned = workdir / TUNE_FILE
-        if tuned.is_file():
-            value = json.loads(tuned.read_text()).get("recommended_window")
-            return value if isinstance(value, int) and value > 0 else None
-        return recipe.training_window
+def resolve_window(setting: int | str | None, res: Resolved) -> int | None:
+    """--draft-window-size N|auto|off -> a window or None; without the flag, what serving applies."""
+    if setting is None:
+        return res.window.value
     try:
-        value = int(setting)
-    except ValueError:
-        raise EvalError(f"--draft-window-size {setting!r}: expected an integer, auto or off") from None
-    if value < 1:
-        raise EvalError(f"--draft-window-size {value}: must be >= 1 (or off)")
-    return value
+        parsed = parse_window(setting)
+    except ValueError as e:
+        raise EvalError(f"--draft-window-size: {e}") from None
+    if parsed == "off":
+        return None
+    if parsed == "auto":
+        return res.wanted_window.value
+    return parsed
 
 
 def run_eval(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, *,
@@ -181,8 +187,8 @@ def run_eval(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None
     num_prompts = num_prompts or recipe.eval.num_prompts
     max_new = max_new_tokens or recipe.eval.max_new_tokens
     ctx_lens = sorted(set(context_lengths if context_lengths is not None else recipe.eval.context_lengths))
-    window = resolve_window(draft_window_size, recipe, workdir)
     session = EvalSession(recipe, workdir, checkpoint, device)
+    window = resolve_window(draft_window_size, session.resolved)
     chats = load_chats(recipe, workdir, prompts_file, from_data, limit=max(num_prompts, 16))
     thinking = recipe.verifier.thinking
     thr = recipe.eval.confidence_threshold
@@ -203,15 +209,16 @@ def run_eval(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None
         "checkpoint": str(session.checkpoint),
         "verifier": session.verifier_path,
         "num_speculative_tokens": session.k,
+        "num_speculative_tokens_source": session.resolved.k.source,
         "max_new_tokens": max_new,
-        "kernel_block_size": KERNEL_BLOCK_SIZE,
+        "kv_block_size": LOCAL_KV_BLOCK_SIZE,
         "training_window": recipe.training_window,
         "draft_window_size": window,
         **{k: headline[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance",
                                     "tokens_per_verifier_forward", "wall_s", "num_drafts")},
         "runs": runs,
     }
-    summary["files"] = write_outputs(summary, Path(out_dir) if out_dir else workdir / "eval")
+    summary["files"] = write_outputs(summary, Path(out_dir) if out_dir else RunDir.at(workdir).eval)
     return summary
 
 
@@ -265,7 +272,7 @@ def write_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
 # ---- window tuning --------------------------------------------------------------
 
 
-def candidate_windows(training_window: int, max_context: int, block: int = KERNEL_BLOCK_SIZE,
+def candidate_windows(training_window: int, max_context: int, block: int = LOCAL_KV_BLOCK_SIZE,
                       allow_below: bool = False) -> list[int]:
     """Multiples of the kernel block from the training window (or a quarter of it) up to the longest context."""
     floor = max(block, training_window // 4) if allow_below else training_window
@@ -277,12 +284,22 @@ def candidate_windows(training_window: int, max_context: int, block: int = KERNE
     return out or [first]
 
 
+def candidate_ks(block_size: int, slots: int | None) -> list[int]:
+    """K values worth comparing: block - 1 (the seed's choice) and block (every trained slot)."""
+    top = min(block_size, slots or block_size)
+    return sorted({k for k in (block_size - 1, block_size) if 1 <= k <= top})
+
+
 def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, *,
                 candidates: list[int] | None = None, context_lengths: list[int] | None = None,
-                allow_below: bool = False, num_prompts: int | None = None, max_new_tokens: int | None = None,
-                prompts_file: Path | None = None, tolerance: float = 0.02, device: str = "cpu",
-                log=lambda _msg: None) -> dict:
-    """Sweep draft windows over context lengths; write <workdir>/eval/window_tune.json."""
+                ks: list[int] | None = None, allow_below: bool = False, num_prompts: int | None = None,
+                max_new_tokens: int | None = None, prompts_file: Path | None = None, tolerance: float = 0.02,
+                device: str = "cpu", log=lambda _msg: None) -> dict:
+    """Sweep K x draft window over context lengths; write DIR/eval/window_tune.json.
+
+    serve.num_speculative_tokens: auto and serve.draft_window_size: auto read
+    `recommended_k` and `recommended_window` from it (through the resolver).
+    """
     tw = recipe.training_window
     ctx_lens = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw]))
     cands = sorted(set(candidates or candidate_windows(tw, max(ctx_lens), allow_below=allow_below)))
@@ -290,34 +307,56 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
     if below and not allow_below:
         raise EvalError(f"window tune: candidates {below} below the draft's training window {tw} "
                         "(pass --allow-below to try them anyway)")
-    session = EvalSession(recipe, workdir, checkpoint, device)
+    session = EvalSession(recipe, workdir, checkpoint, device, sweep=True)
+    ks = sorted(set(ks or candidate_ks(session.draft.block_size, session.resolved.trained_slots)))
+    bad = [k for k in ks if not 1 <= k <= session.draft.block_size]
+    if bad:
+        raise EvalError(f"tune --ks {bad}: outside 1..{session.draft.block_size} (the checkpoint's trained slots)")
     num_prompts = num_prompts or recipe.eval.num_prompts
     max_new = max_new_tokens or recipe.eval.max_new_tokens
     chats = load_chats(recipe, workdir, prompts_file, limit=max(num_prompts, 16))
     thinking = recipe.verifier.thinking
-    table: dict[str, dict[str, float | None]] = {}
     prompt_sets = {0: build_prompts(session.tokenizer, chats, num_prompts, thinking)}
     prompt_sets |= {n: build_prompts(session.tokenizer, chats, num_prompts, thinking, n) for n in ctx_lens}
-    for w in [None, *cands]:
+    tables: dict[int, dict[str, dict[str, float | None]]] = {}
+    measurements = []
+    for k in ks:
+        tables[k] = {}
+        for w in [None, *cands]:
+            key = str(w or "off")
+            tables[k][key] = {}
+            for n, prompts in prompt_sets.items():
+                log(f"tune: K {k} window {key} context {n or 'short'}")
+                al = session.measure(prompts, max_new, w, k=k)["acceptance_length"]
+                tables[k][key][str(n)] = al
+                measurements.append({"k": k, "window": w, "context_length": n, "acceptance_length": al})
+    by_k = {}
+    for k, table in tables.items():
+        w = pick_window(table, ctx_lens, tolerance)
         key = str(w or "off")
-        table[key] = {}
-        for n, prompts in prompt_sets.items():
-            log(f"window tune: window {key} context {n or 'short'}")
-            table[key][str(n)] = session.measure(prompts, max_new, w)["acceptance_length"]
-    recommended = pick_window(table, ctx_lens, tolerance)
+        by_k[k] = {"recommended_window": w, "mean_acceptance_length": round(
+            sum((table[key][str(n)] or 1.0) for n in prompt_sets) / len(prompt_sets), 4)}
+    best_k = max(ks, key=lambda k: (by_k[k]["mean_acceptance_length"], k))
     result = {
-        "recommended_window": recommended,
+        "recommended_window": by_k[best_k]["recommended_window"],
+        "recommended_k": best_k,
         "training_window": tw,
-        "kernel_block_size": KERNEL_BLOCK_SIZE,
+        "kv_block_size": LOCAL_KV_BLOCK_SIZE,
         "context_lengths": ctx_lens,
         "candidates": cands,
-        "acceptance_length": table,
+        "ks": ks,
+        "by_k": {str(k): v for k, v in by_k.items()},
+        "acceptance_length": tables[best_k],
+        "acceptance_length_by_k": {str(k): t for k, t in tables.items()},
+        "measurements": measurements,
         "checkpoint": str(session.checkpoint),
-        "rule": f"max mean AL over contexts > window, short-context AL within {tolerance} of no window, "
-                f"gain over no window > {tolerance}; else null (leave the window unset)",
+        "rule": f"per K: the window with max mean AL over contexts > window, short-context AL within {tolerance} "
+                f"of no window, gain over no window > {tolerance}, else null (no window); then the K whose "
+                "mean AL over all contexts (with its window) is highest",
     }
-    atomic.write_text(workdir / TUNE_FILE, json.dumps(result, indent=2))
-    result["file"] = str(workdir / TUNE_FILE)
+    path = RunDir.at(workdir).tune_file
+    atomic.write_text(path, json.dumps(result, indent=2))
+    result["file"] = str(path)
     return result
 
 

@@ -15,15 +15,17 @@ from pathlib import Path
 
 from dspark_kit.engines import openai_base_url
 from dspark_kit.recipe import Recipe
+from dspark_kit.resolved import Resolved
 
 
-def offline_command(recipe: Recipe, workdir: Path, endpoint: str, verifier: str,
-                    world_size: int = 1, rank: int = 0) -> list[str]:
+def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int = 0) -> list[str]:
+    # the served model id must be the verifier path the trainer will use
+    recipe = res.recipe
     return [
         sys.executable, "-m", "speculators", "generate-offline-data",
-        "--model", verifier,
+        "--model", res.served_name,
         "--endpoint", openai_base_url(endpoint),
-        "--preprocessed-data", str(Path(workdir) / "prepared"),
+        "--preprocessed-data", str(res.run.prepared),
         "--concurrency", str(recipe.regen.concurrency),
         "--validate-outputs",
         "--world-size", str(world_size),
@@ -33,31 +35,28 @@ def offline_command(recipe: Recipe, workdir: Path, endpoint: str, verifier: str,
 
 def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
     """The extraction server and one generate-offline-data command per node (train.nnodes)."""
-    from dspark_kit.stages.pipeline import verifier_path
     from dspark_kit.engines.servers import server_plan
 
-    plan = server_plan(recipe, "hidden-states", port=recipe.serve.hidden_states_port, workdir=workdir)
+    res = Resolved(recipe, workdir, planning=True)
+    plan = server_plan(res, "hidden-states", port=recipe.serve.hidden_states_port)
     url = recipe.hidden_states.endpoint or plan.base_url
-    model = recipe.verifier.served_name or verifier_path(recipe)
     n = recipe.train.nnodes
     lines = [] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()]
     for rank in range(n):
         lines += [f"# node {rank} of {n}",
-                  shlex.join(offline_command(recipe, workdir, url, model, world_size=n, rank=rank))]
+                  shlex.join(offline_command(res, url, world_size=n, rank=rank))]
     return lines
 
 
 def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
-    from dspark_kit.stages.pipeline import verifier_path
     from dspark_kit.engines.servers import hidden_state_server
 
     t0 = time.time()
-    with hidden_state_server(recipe, workdir) as url:
-        # the served model id must be the verifier path the trainer will use
-        argv = offline_command(recipe, workdir, url, recipe.verifier.served_name or verifier_path(recipe),
-                               recipe.train.nnodes, recipe.train.node_rank)
+    res = Resolved(recipe, workdir)
+    with hidden_state_server(res) as url:
+        argv = offline_command(res, url, recipe.train.nnodes, recipe.train.node_rank)
         code = subprocess.run(argv, check=False).returncode
     if code != 0:
         raise RuntimeError(f"speculators generate-offline-data exited with {code}")
-    files = len(list((Path(workdir) / "prepared" / "hidden_states").glob("hs_*.safetensors")))
+    files = len(list(res.run.hidden_states.glob("hs_*.safetensors")))
     return {"generated": files, "seconds": round(time.time() - t0, 1), "argv": argv}

@@ -20,6 +20,8 @@ from pathlib import Path
 from dspark_kit import atomic
 from dspark_kit.progress import note, tee_stderr
 from dspark_kit.recipe import Recipe
+from dspark_kit.resolved import Resolved
+from dspark_kit.rundir import RunDir
 
 STAGES = ["regen", "prepare", "hidden-states", "train", "eval", "serve", "bench", "report"]
 
@@ -33,13 +35,11 @@ class Stage:
 
 
 def verifier_path(recipe: Recipe) -> str:
-    from dspark_kit.data.tiny import resolve_verifier_path
-
-    return resolve_verifier_path(recipe.verifier.path)
+    return Resolved(recipe).verifier_path
 
 
 def regen_file(workdir: Path) -> Path:
-    return workdir / "regen.jsonl"
+    return RunDir.at(workdir).regen_jsonl
 
 
 # ---- stages -----------------------------------------------------------------
@@ -69,7 +69,7 @@ def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
 
     rows, total = prepare_input_rows(recipe, workdir)
     s = prepare(
-        rows, verifier_path(recipe), workdir / "prepared",
+        rows, verifier_path(recipe), RunDir.at(workdir).prepared,
         seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking,
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
@@ -79,8 +79,6 @@ def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
 
 
 def stage_hidden_states(recipe: Recipe, workdir: Path) -> dict:
-    from dspark_kit.spec.verifier import num_hidden_layers
-
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
     if recipe.hidden_states.backend != "local":
@@ -90,11 +88,10 @@ def stage_hidden_states(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.devices import detect_device
     from dspark_kit.stages.hidden_states import generate_offline
 
-    vp = verifier_path(recipe)
-    n = num_hidden_layers(recipe)
+    res = Resolved(recipe, workdir)
     device = detect_device(recipe.train.device)
     s = generate_offline(
-        workdir / "prepared", vp, recipe.exported_layer_ids(n), device=device,
+        res.run.prepared, res.verifier_path, res.exported_layer_ids, device=device,
         dtype="float32" if device == "cpu" else recipe.verifier.dtype,
         out_dtype=recipe.hidden_states.dtype, trust_remote_code=recipe.verifier.trust_remote_code,
     )
@@ -110,12 +107,12 @@ def train_args(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
     """
     from dspark_kit.devices import detect_device
     from dspark_kit.stages.train import build_train_args
-    from dspark_kit.spec.verifier import num_hidden_layers
 
     wanted = recipe.train.device
     device = wanted if planning and wanted != "auto" else detect_device(wanted)
-    args = build_train_args(recipe, workdir, verifier_path=verifier_path(recipe), device=device,
-                            num_hidden_layers=num_hidden_layers(recipe), hidden_states_endpoint=hidden_states_endpoint)
+    res = Resolved(recipe, workdir, planning=planning)
+    args = build_train_args(recipe, workdir, verifier_path=res.verifier_path, device=device,
+                            num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=hidden_states_endpoint)
     return args, device
 
 
@@ -131,14 +128,15 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.stages.preflight import enforce
     from dspark_kit.stages.train import read_val_metrics, run_training, set_aside_incomplete_checkpoints
 
+    run = RunDir.at(workdir)
     enforce(recipe, workdir, "train")
-    for d in set_aside_incomplete_checkpoints(workdir / "checkpoints"):
+    for d in set_aside_incomplete_checkpoints(run.checkpoints):
         note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
     if recipe.hidden_states.mode == "online":
         from dspark_kit.engines.servers import hidden_state_server
 
-        ctx = hidden_state_server(recipe, workdir)
+        ctx = hidden_state_server(Resolved(recipe, run))
     else:
         from contextlib import nullcontext
 
@@ -146,11 +144,11 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
     with ctx as endpoint:
         plan = train_plan(recipe, workdir, endpoint)
         update_manifest(workdir, recipe, "train", argv=plan.argv, env=plan.env)
-        (workdir / "logs").mkdir(parents=True, exist_ok=True)
-        code = run_training(plan, workdir / "logs" / "train.log")
+        run.logs.mkdir(parents=True, exist_ok=True)
+        code = run_training(plan, run.log("train.log"))
     if code != 0:
-        raise RuntimeError(f"speculators train exited with {code}; see {workdir / 'logs' / 'train.log'}")
-    metrics = read_val_metrics(workdir / "checkpoints") or {}
+        raise RuntimeError(f"speculators train exited with {code}; see {run.log('train.log')}")
+    metrics = read_val_metrics(run.checkpoints) or {}
     return {"seconds": round(time.time() - t0, 1), **metrics}
 
 
@@ -188,12 +186,12 @@ def fingerprint(recipe: Recipe, stage: Stage, upstream: str) -> str:
 
 
 def load_state(workdir: Path) -> dict:
-    f = workdir / "state.json"
+    f = RunDir.at(workdir).state
     return json.loads(f.read_text()) if f.exists() else {}
 
 
 def save_state(workdir: Path, state: dict) -> None:
-    atomic.write_text(workdir / "state.json", json.dumps(state, indent=2, default=str))
+    atomic.write_text(RunDir.at(workdir).state, json.dumps(state, indent=2, default=str))
 
 
 def resolve_stages(stages: list[str] | None, start: str | None) -> list[str]:
@@ -260,7 +258,7 @@ def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
         save_state(workdir, state)
         t0 = time.time()
         try:
-            with tee_stderr(workdir / "logs" / f"stage-{name}.log"):
+            with tee_stderr(RunDir.at(workdir).log(f"stage-{name}.log")):
                 summary = stage.run(recipe, workdir)
         except BaseException:
             state[name]["status"] = "failed"
@@ -280,22 +278,22 @@ def highlights(workdir: Path) -> list[str]:
     """Where the results are, with the figures that matter, for the end of a run."""
     from dspark_kit.stages.train import read_val_metrics
 
-    workdir = Path(workdir)
+    run = RunDir.at(workdir)
     lines = []
-    val = read_val_metrics(workdir / "checkpoints")
+    val = read_val_metrics(run.checkpoints)
     if val:
         lines.append(f"checkpoint: {val['checkpoint']}  (val accept_len {val.get('accept_len_epoch', float('nan')):.3f}, "
                      "teacher-forced)")
-    ev = workdir / "eval" / "eval.json"
+    ev = run.eval_json
     if ev.exists():
         e = json.loads(ev.read_text())
         pos = ", ".join(f"{p:.3f}" for p in e.get("per_position_acceptance", []))
         lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
-    for b in sorted((workdir / "bench").glob("bench_*.json")):
+    for b in sorted(run.bench.glob("bench_*.json")):
         spec = json.loads(b.read_text()).get("spec_decode") or {}
         if spec:
             lines.append(f"bench: {b.name}: acceptance length {spec['acceptance_length']:.3f} from /metrics")
-    rep = workdir / "report" / "report.md"
+    rep = run.report_md
     if rep.exists():
         lines.append(f"report: {rep}")
     return lines

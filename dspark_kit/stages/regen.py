@@ -371,8 +371,9 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
     if not endpoints:
         from dspark_kit.engines.lifecycle import ManagedServer
         from dspark_kit.engines.servers import regen_server_plan
+        from dspark_kit.resolved import Resolved
 
-        plan = regen_server_plan(recipe, api_key=opts.api_key)
+        plan = regen_server_plan(Resolved(recipe), api_key=opts.api_key)
         server = ManagedServer(plan, Path(engine_log or outfile.with_name(outfile.name + ".engine.log")))
         server.start()
         endpoints = [plan.base_url]

@@ -1,54 +1,90 @@
-"""The serve stage of a run: pick + check the checkpoint, record the command, smoke-test it.
+"""Serving: plan a server for a role (checks first), and the serve stage of a run.
 
-On the recipe's engine the exact serve command is written to
-`DIR/serve/serve_command.txt` (what you run on the Ascend/CUDA box). With the
-local engine the stage also starts the server, waits for /health, sends one
-chat request and stops it, so a broken checkpoint fails here rather than in
-bench.
+`plan_server` is what `dspark-kit serve` and the pipeline share: role and
+engine checked, the spec checkpoint resolved and judged by the resolver's one
+checkpoint check, the whole-recipe preflight, then the engine's plan. The
+stage records the exact command in `DIR/serve/serve_command.txt` (what you
+run on the Ascend/CUDA box); on the local engine it also starts the server,
+sends one chat request and stops it, so a broken checkpoint fails here rather
+than in bench.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_kit.recipe import Recipe
+from dspark_kit import atomic
+from dspark_kit.engines import ServerPlan
+from dspark_kit.recipe import ENGINES, ROLES, Recipe
+from dspark_kit.resolved import Resolved
+from dspark_kit.rundir import RunDir
 
 
-def resolve_and_validate(recipe: Recipe, workdir: Path, which: str | None) -> tuple[Path, list]:
-    """The checkpoint to serve (absolute) and what is wrong with it for this recipe."""
-    from dspark_kit.spec.checkpoints import resolve_checkpoint, validate_checkpoint
-    from dspark_kit.data.tiny import resolve_verifier_path
-    from dspark_kit.spec.verifier import num_hidden_layers
+class ServeError(ValueError):
+    """One line naming the setting (or checkpoint finding) and the fix."""
 
-    which = which or recipe.serve.checkpoint
-    path = resolve_checkpoint(Path(workdir) / "checkpoints", which)
-    verifier = resolve_verifier_path(recipe.verifier.path)
-    findings = validate_checkpoint(path, recipe, num_hidden_layers(recipe), verifier)
-    return path, findings
+
+@dataclass
+class ServePlan:
+    plan: ServerPlan
+    resolved: Resolved
+    findings: list = field(default_factory=list)  # checkpoint findings (spec)
+    warnings: list[str] = field(default_factory=list)  # checkpoint + preflight warnings, plan notes
+
+
+def plan_server(recipe: Recipe, run: RunDir, role: str, *, engine: str | None = None, checkpoint: str | None = None,
+                port: int | None = None, planning: bool = False, api_key: str | None = None) -> ServePlan:
+    from dspark_kit.engines.servers import server_plan
+    from dspark_kit.spec.checkpoints import CheckpointError, errors
+    from dspark_kit.stages.preflight import PreflightError, enforce
+
+    if role not in ROLES:
+        raise ServeError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
+    engine = engine or recipe.serve.engine
+    if engine not in ENGINES:
+        raise ServeError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if checkpoint is not None and role != "spec":
+        raise ServeError(f"--checkpoint: only role spec loads a draft (got --role {role})")
+    res = Resolved(recipe, run, engine=engine, checkpoint=checkpoint, planning=planning)
+    findings, warnings = [], []
+    if role == "spec":
+        try:
+            exists = res.checkpoint_exists
+        except CheckpointError as e:
+            raise ServeError(str(e)) from None
+        if exists:
+            findings = res.checkpoint_findings()
+            bad = errors(findings)
+            if bad:
+                raise ServeError("; ".join(f"{f.code}: {f.message}" for f in bad))
+            warnings += [f"{f.code}: {f.message}" for f in findings]
+            try:  # the whole-recipe pitfalls, after the checkpoint's own (more specific) checks
+                enforce(recipe, run.root, "serve", log=warnings.append)
+            except PreflightError as e:
+                raise ServeError(str(e)) from None
+    try:
+        plan = server_plan(res, role, port=port, api_key=api_key)
+    except ValueError as e:
+        raise ServeError(str(e)) from None
+    return ServePlan(plan, res, findings, warnings + plan.notes)
 
 
 def stage_serve_check(recipe: Recipe, workdir: Path) -> dict:
     import httpx
 
-    from dspark_kit.spec.checkpoints import errors
     from dspark_kit.engines.lifecycle import free_port
-    from dspark_kit.stages.preflight import enforce
-    from dspark_kit.engines.servers import running_server, server_plan
+    from dspark_kit.engines.servers import running_server
 
-    workdir = Path(workdir)
-    enforce(recipe, workdir, "serve")
-    ckpt, findings = resolve_and_validate(recipe, workdir, None)
-    bad = errors(findings)
-    if bad:
-        raise ValueError("checkpoint check failed: " + "; ".join(f.message for f in bad))
-    plan = server_plan(recipe, "spec", checkpoint=ckpt, workdir=workdir)
-    out = workdir / "serve"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "serve_command.txt").write_text(plan.shell_line() + "\n")
-    result = {"engine": recipe.serve.engine, "checkpoint": str(ckpt), "command_file": str(out / "serve_command.txt"),
-              "warnings": [f.message for f in findings] + plan.notes}
-    if recipe.serve.engine == "local":
-        with running_server(recipe, "spec", workdir, port=free_port(), checkpoint=ckpt) as url:
+    run = RunDir.at(workdir)
+    sp = plan_server(recipe, run, "spec")
+    atomic.write_text(run.serve_command, sp.plan.shell_line() + "\n")
+    res = sp.resolved
+    result = {"engine": res.engine, "checkpoint": str(res.checkpoint), "command_file": str(run.serve_command),
+              "num_speculative_tokens": res.k.value, "draft_window_size": res.window.value,
+              "warnings": sp.warnings}
+    if res.engine == "local":
+        with running_server(res, "spec", port=free_port()) as url:
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
             r = httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
                 "model": model, "max_tokens": 8, "temperature": 0,

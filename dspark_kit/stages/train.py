@@ -16,26 +16,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_kit.devices import npu_env, train_flags, visible_devices_env
+from dspark_kit.devices import train_flags
 from dspark_kit.engines import openai_base_url
 from dspark_kit.recipe import Recipe
-
-
-@dataclass
-class TrainPaths:
-    workdir: Path
-
-    @property
-    def data(self) -> Path:
-        return self.workdir / "prepared"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.workdir / "checkpoints"
-
-    @property
-    def logs(self) -> Path:
-        return self.workdir / "logs"
+from dspark_kit.resolved import device_env
+from dspark_kit.rundir import RunDir
 
 
 @dataclass
@@ -68,10 +53,10 @@ def build_train_args(
 ) -> list[str]:
     """speculators train flags for this recipe (without the launcher)."""
     d, t = recipe.draft, recipe.train
-    paths = TrainPaths(Path(workdir))
+    paths = RunDir.at(workdir)
     args = [
         "--verifier-name-or-path", verifier_path,
-        "--data-path", str(paths.data),
+        "--data-path", str(paths.prepared),
         "--save-path", str(paths.checkpoints),
         "--log-dir", str(paths.logs),
         "--speculator-type", "dspark",
@@ -135,10 +120,7 @@ def launch_plan(recipe: Recipe, train_args: list[str], device: str) -> LaunchPla
                 *entry, *train_args]
     else:
         argv = [sys.executable, *entry, *train_args]
-    env = visible_devices_env(device, t.devices)
-    if device == "npu":
-        env.update(npu_env())
-    return LaunchPlan(argv, env)
+    return LaunchPlan(argv, device_env(device, t.devices))
 
 
 def node_plans(recipe: Recipe, train_args: list[str], device: str) -> list[LaunchPlan]:
