@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def hidden_states_dir(prepared: Path) -> Path:
+    """Where speculators looks for `hs_{i}.safetensors` next to a prepared dataset."""
+    return Path(prepared) / "hidden_states"
+
+
 @dataclass(frozen=True)
 class RunDir:
     root: Path
@@ -34,7 +39,7 @@ class RunDir:
 
     @property
     def hidden_states(self) -> Path:
-        return self.prepared / "hidden_states"
+        return hidden_states_dir(self.prepared)
 
     @property
     def checkpoints(self) -> Path:

@@ -110,15 +110,18 @@ def test_shifted_markov_chain_is_detected(verifier_path, checkpoints, prompts, m
     assert max(gaps) > 1e-4
 
 
+BLOCK = 4  # the fixture drafts' block size = their trained slots (K auto)
+
+
 # ---- lossless greedy decoding ------------------------------------------------
 
 def test_speculative_greedy_equals_verifier_greedy(verifier_path, checkpoints, prompts, tokenizer):
     eos = tokenizer.eos_token_id
     gens = [
-        SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"]),
+        SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], BLOCK),
         SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], num_speculative_tokens=2,
                                       draft_window_size=16, confidence_threshold=0.05),
-        SpecGenerator.from_checkpoint(verifier_path, checkpoints["fresh"]),
+        SpecGenerator.from_checkpoint(verifier_path, checkpoints["fresh"], BLOCK),
     ]
     for prompt in prompts[:4]:
         want = _greedy_reference(verifier_path, prompt, 24, eos)
@@ -142,14 +145,14 @@ def test_counters_and_lengths(verifier_path, checkpoints, prompts):
 
 
 def test_temperature_falls_back_with_note(verifier_path, checkpoints, prompts):
-    g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["fresh"])
+    g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["fresh"], BLOCK)
     res = g.generate(prompts[0], 5, temperature=0.8, seed=1)
     assert res.num_drafts == 0 and res.notes and len(res.token_ids) <= 5
 
 
 def test_trained_draft_accepts_more_than_fresh(verifier_path, checkpoints, prompts, tokenizer):
     def acceptance_length(ckpt):
-        g = SpecGenerator.from_checkpoint(verifier_path, ckpt)
+        g = SpecGenerator.from_checkpoint(verifier_path, ckpt, BLOCK)
         drafts = accepted = 0
         for prompt in prompts:
             r = g.generate(prompt, 24, stop_ids=frozenset([tokenizer.eos_token_id]))

@@ -76,15 +76,22 @@ def test_candidate_windows_respect_training_window():
 
 
 def test_resolve_window(tmp_path):
+    from dspark_kit.resolved import Resolved
+
     r = recipe(tmp_path)
-    assert resolve_window("off", r, tmp_path) is None
-    assert resolve_window("96", r, tmp_path) == 96
-    assert resolve_window("auto", r, tmp_path) == r.training_window  # no tune file yet
+
+    def window(flag):
+        return resolve_window(flag, Resolved(r, tmp_path, planning=True))
+
+    assert window("off") is None and window("96") == 96
+    assert window("auto") == window(None) == r.training_window  # no tune file yet: the training window
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "window_tune.json").write_text(json.dumps({"recommended_window": 48}))
-    assert resolve_window("auto", r, tmp_path) == 48
+    assert window("auto") == window(None) == 48
+    (tmp_path / "eval" / "window_tune.json").write_text(json.dumps({"recommended_window": None}))
+    assert window("auto") is None and window(None) is None  # the tune found windows do not help
     with pytest.raises(EvalError, match="--draft-window-size"):
-        resolve_window("big", r, tmp_path)
+        window("big")
 
 
 def test_run_eval_outputs_and_context_sweep(workdir):
@@ -92,7 +99,7 @@ def test_run_eval_outputs_and_context_sweep(workdir):
     s = run_eval(r, workdir, context_lengths=[160], draft_window_size="32")
     assert s["acceptance_length"] > 1.0
     assert abs(1 + sum(s["per_position_acceptance"]) - s["acceptance_length"]) < 1e-3
-    assert s["num_speculative_tokens"] == r.num_speculative_tokens
+    assert s["num_speculative_tokens"] == 4 and "trained slots" in s["num_speculative_tokens_source"]
     long_runs = [x for x in s["runs"] if x["context_length"] == 160]
     assert sorted(x["window"] or 0 for x in long_runs) == [0, 32]
     assert all(150 <= x["mean_prompt_tokens"] <= 200 for x in long_runs)
@@ -112,6 +119,13 @@ def test_tune_writes_recommendation(workdir):
     assert "recommended_window" in saved and saved["recommended_window"] in (None, 64, 128)
     assert set(saved["acceptance_length"]) == {"off", "64", "128"}
     assert res["recommended_window"] == saved["recommended_window"]
+    # K is swept too (block - 1 and block) and serving's auto K follows the tune
+    assert saved["ks"] == [3, 4] and saved["recommended_k"] in (3, 4)
+    assert set(saved["acceptance_length_by_k"]) == {"3", "4"}
+    assert len(saved["measurements"]) == 2 * 3 * 2  # K x (off + 2 windows) x (short + 160)
+    from dspark_kit.resolved import Resolved
+
+    assert Resolved(r, workdir).k.value == saved["recommended_k"]
 
 
 def test_cli_eval_json_and_errors(workdir):

@@ -5,10 +5,10 @@ import itertools
 import httpx
 import pytest
 
-from dspark_kit.spec.checkpoints import resolve_checkpoint
 from dspark_kit.engines.lifecycle import free_port
 from dspark_kit.engines.prom import spec_decode_delta
 from dspark_kit.engines.servers import running_server
+from dspark_kit.resolved import Resolved
 
 pytestmark = pytest.mark.slow
 
@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 def test_metrics_deltas_equal_the_engines_own_count(trained_run, tiny_recipe):
     from dspark_kit.stages.bench import run_bench
 
-    ckpt = resolve_checkpoint(trained_run / "checkpoints", "checkpoint_best")
-    with running_server(tiny_recipe, "spec", trained_run, port=free_port(), checkpoint=ckpt) as url:
+    res = Resolved(tiny_recipe, trained_run)
+    with running_server(res, "spec", port=free_port()) as url:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         before = httpx.get(f"{url}/metrics").text
         own = {"num_drafts": 0, "num_accepted_tokens": 0, "num_draft_tokens": 0}
@@ -37,7 +37,9 @@ def test_metrics_deltas_equal_the_engines_own_count(trained_run, tiny_recipe):
                            concurrency=2, max_tokens=24)
     spec = result["spec_decode"]
     rates = spec["per_position_acceptance_rates"]
-    assert len(rates) == tiny_recipe.num_speculative_tokens
+    # the K the server ran (auto: the checkpoint's trained slots), read back from its /metrics
+    assert len(rates) == res.k.value == res.trained_slots == tiny_recipe.draft.block_size
+    assert result["num_speculative_tokens"] == res.k.value and "/metrics" in result["num_speculative_tokens_source"]
     assert all(a >= b for a, b in itertools.pairwise(rates))  # a later slot is accepted only after the earlier ones
     assert 1 + sum(rates) == pytest.approx(spec["acceptance_length"])
     assert (trained_run / "bench" / "bench_tiny-spec.json").exists()

@@ -81,5 +81,7 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.stages.report import bench_markdown
 
         typer.echo(bench_markdown([result]))
-        out_dir = out or r.workdir_path() / "bench"
+        from dspark_kit.rundir import RunDir
+
+        out_dir = out or RunDir.at(r.workdir_path()).bench
         typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)

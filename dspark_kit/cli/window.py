@@ -77,7 +77,7 @@ def tune_cmd(
     workdir: WorkdirOpt = None,
     checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="Default: serve.checkpoint.")] = None,
     ks: Annotated[str | None, typer.Option(
-        "--ks", help="num_speculative_tokens to compare (default: block_size - 1 and block_size).")] = None,
+        "--ks", help="num_speculative_tokens to compare (default: the draft's block size and one less).")] = None,
     windows: Annotated[str | None, typer.Option(
         "--windows", help="Candidate windows (default: training window x1, x2, x4... below the longest context).")] = None,
     context_lengths: Annotated[str | None, typer.Option(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from dspark_kit.rundir import hidden_states_dir
 from dspark_kit.progress import note
 from dspark_kit.spec.verifier import LayerTap, load_verifier
 
@@ -123,7 +124,7 @@ def generate_offline(
     from dspark_kit.progress import progress_bar
 
     t0 = time.time()
-    out = Path(prepared_dir) / "hidden_states"
+    out = hidden_states_dir(prepared_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = load_from_disk(str(prepared_dir))
     lengths = [int(x) for x in data["seq_len"]]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from dspark_kit import atomic
+from dspark_kit.rundir import RunDir
 from dspark_kit.recipe import Recipe
 
 SECRET_FLAGS = ("--api-key",)
@@ -52,7 +53,7 @@ def git_info(repo: Path | None = None) -> dict:
 
 
 def load_manifest(workdir: Path) -> dict:
-    f = Path(workdir) / "manifest.json"
+    f = RunDir.at(workdir).manifest
     return json.loads(f.read_text()) if f.exists() else {}
 
 
@@ -75,5 +76,5 @@ def update_manifest(workdir: Path, recipe: Recipe, stage: str | None = None, **s
         if "argv" in stage_fields:
             stage_fields["argv"] = redact_argv(list(stage_fields["argv"]))
         entry.update(stage_fields)
-    atomic.write_text(workdir / "manifest.json", json.dumps(m, indent=2, default=str))
+    atomic.write_text(RunDir.at(workdir).manifest, json.dumps(m, indent=2, default=str))
     return m

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_kit import atomic
+from dspark_kit.rundir import RunDir
 from dspark_kit.engines.prom import MetricsError, import_vllm_bench, read_json
 
 NA = "–"
@@ -147,7 +148,7 @@ def val_by_epoch(run_dir: Path, scalars: dict[str, list]) -> dict[int, dict[str,
         if tag.startswith(VAL_PREFIX):
             for i, (_, _, v) in enumerate(events):  # one val event per epoch, in time order
                 epochs.setdefault(i, {})[tag[len(VAL_PREFIX):]] = v
-    ckpts = run_dir / "checkpoints"
+    ckpts = RunDir.at(run_dir).checkpoints
     if ckpts.is_dir():
         for d in ckpts.iterdir():
             f = d / "val_metrics.json"
@@ -212,14 +213,15 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
         raise FileNotFoundError(f"RUN_DIR {run_dir}: not a directory (pass the recipe's workdir)")
-    rep = run_dir / "report"
+    run = RunDir.at(run_dir)
+    rep = run.report
     md_path = Path(out).resolve() if out else rep / "report.md"
     link = lambda p: os.path.relpath(p, md_path.parent)
     parts = [f"# dspark-kit report: {run_dir.name}", f"Run directory: `{run_dir}`"]
 
-    scalars = read_scalars(run_dir / "logs")
+    scalars = read_scalars(run.logs)
     epochs = val_by_epoch(run_dir, scalars)
-    best_link = run_dir / "checkpoints" / "checkpoint_best"
+    best_link = run.checkpoints / "checkpoint_best"
     best = os.readlink(best_link) if best_link.is_symlink() else None
     parts.append("## Training (teacher-forced validation per epoch)")
     if epochs:
@@ -241,11 +243,11 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         parts.append(f"![val accept_len]({link(png)})")
 
     parts.append("## Offline eval")
-    eval_md = eval_markdown(sorted((run_dir / "eval").glob("*.json")))
+    eval_md = eval_markdown(sorted(run.eval.glob("*.json")))
     parts.append(eval_md or "not run (no `eval/*.json`)")
 
     parts.append("## Serving benchmark")
-    bench_files = sorted((run_dir / "bench").glob("*.json"))
+    bench_files = sorted(run.bench.glob("*.json"))
     results, bad = [], []
     for f in bench_files:
         try:

@@ -1,0 +1,85 @@
+"""The folders are layers: imports (module- or function-level) only point down, never in a cycle.
+
+    0 core     recipe, rundir, atomic, progress, devices
+    1 data     data/ (conversation model, chat rendering, sources, the tiny verifier)
+    2 spec     spec/ (window math, verifier, draft, decoder, checkpoints), compat/ (speculators fixes)
+    3 resolve  resolved.py (every derived value)
+    4 engines  engines/ (plans, local server, lifecycle)
+    5 stages   stages/ (regen ... report, pipeline, preflight)
+    6 cli      cli/
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "dspark_kit"
+LAYERS = {"recipe": 0, "rundir": 0, "atomic": 0, "progress": 0, "devices": 0, "data": 1, "spec": 2, "compat": 2,
+          "resolved": 3, "engines": 4, "stages": 5, "cli": 6, "__main__": 6}
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(PKG).with_suffix("").parts)
+    return ".".join(p for p in parts if p != "__init__")
+
+
+def layer(module: str) -> int | None:
+    top = module.split(".")[0] if module else ""
+    return LAYERS.get(top)
+
+
+def imported(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dspark_kit"):
+            base = node.module.removeprefix("dspark_kit").lstrip(".")
+            for a in node.names:  # `from dspark_kit import atomic` names a module
+                out.add(f"{base}.{a.name}".lstrip(".") if not base else base)
+        elif isinstance(node, ast.Import):
+            out |= {a.name.removeprefix("dspark_kit.") for a in node.names if a.name.startswith("dspark_kit.")}
+    return out
+
+
+def test_every_module_has_a_layer():
+    missing = [module_of(f) for f in PKG.rglob("*.py") if module_of(f) and layer(module_of(f)) is None]
+    assert not missing, f"add these to LAYERS: {missing}"
+
+
+def test_imports_only_point_down():
+    upward = []
+    for f in PKG.rglob("*.py"):
+        src = module_of(f)
+        if not src:
+            continue
+        for dst in imported(f):
+            if layer(dst) is not None and layer(dst) > layer(src):
+                upward.append(f"{src} (layer {layer(src)}) imports {dst} (layer {layer(dst)})")
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles():
+    import subprocess
+    import sys
+
+    tool = Path(__file__).resolve().parents[2] / "shared" / "tools" / "import_cycles.py"
+    script = tool if tool.is_file() else None
+    if script is None:  # the shared tool lives beside the checkout; fall back to our own check
+        graph = {module_of(f): {d for d in imported(f) if d} for f in PKG.rglob("*.py")}
+        for a, deps in graph.items():
+            for b in deps:
+                assert a not in graph.get(b, set()), f"cycle {a} <-> {b}"
+        return
+    proc = subprocess.run([sys.executable, str(script), str(PKG)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_cli_modules_hold_no_stage_logic():
+    """CLI modules parse, call one stage function and print: no loops over data, no file writes."""
+    heavy = []
+    for f in (PKG / "cli").glob("*.py"):
+        text = f.read_text()
+        for needle in ("open(", ".write_text(", "subprocess.", "json.loads(", "httpx."):
+            if needle in text:
+                heavy.append(f"{f.name}: {needle}")
+    assert not heavy, heavy

@@ -1,0 +1,210 @@
+"""The resolver decides each derived value once; one test per rule, plus the three reproduced bugs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dspark_kit.recipe import recipe_from_dict
+from dspark_kit.resolved import Resolved, ResolveError
+
+SEED_LAYERS = [1, 12, 23, 34, 45]
+
+
+def seed_like(tmp_path: Path, **serve) -> tuple:
+    """A verifier dir with a 48-layer config (no weights needed for planning) and a seed-shaped recipe."""
+    verifier = tmp_path / "Qwen3-30B-A3B"
+    verifier.mkdir(exist_ok=True)
+    (verifier / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_hidden_layers": 48}))
+    recipe = recipe_from_dict({
+        "workdir": str(tmp_path / "run"),
+        "verifier": {"path": str(verifier)},
+        "data": {"seq_length": 8192},
+        "draft": {"block_size": 8, "num_layers": 5, "mask_token_id": 151669},
+        "hidden_states": {"target_layer_ids": SEED_LAYERS},
+        "serve": {"engine": "vllm-ascend", **serve},
+    })
+    return recipe, verifier
+
+
+def write_ckpt(path: Path, verifier: str, block: int = 8, ids=SEED_LAYERS, slots: int | None = None) -> Path:
+    from safetensors.torch import save_file
+    import torch
+
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"speculators_model_type": "dspark", "block_size": block, "mask_token_id": 151669,
+           "aux_hidden_state_layer_ids": list(ids),
+           "speculators_config": {"verifier": {"name_or_path": verifier},
+                                  "proposal_methods": [{"speculative_tokens": slots or block}]}}
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file({"w": torch.zeros(1)}, str(path / "model.safetensors"))
+    return path
+
+
+def write_tune(run: Path, **data) -> None:
+    (run / "eval").mkdir(parents=True, exist_ok=True)
+    (run / "eval" / "window_tune.json").write_text(json.dumps(data))
+
+
+# ---- K ---------------------------------------------------------------------------
+
+
+def test_k_auto_is_the_checkpoints_trained_slots(tmp_path):
+    recipe, verifier = seed_like(tmp_path)
+    assert Resolved(recipe, planning=True).k.value == 8  # nothing trained: draft.block_size
+    write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier), block=8, slots=6)
+    k = Resolved(recipe).k
+    assert k.value == 6 and "trained slots" in k.source
+
+
+def test_k_explicit_wins_and_tune_beats_the_checkpoint(tmp_path):
+    recipe, verifier = seed_like(tmp_path, num_speculative_tokens=7)
+    write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
+    write_tune(tmp_path / "run", recommended_window=None, recommended_k=5)
+    assert Resolved(recipe).k.value == 7  # the seed's explicit choice is kept
+    recipe.serve.num_speculative_tokens = "auto"
+    k = Resolved(recipe).k
+    assert k.value == 5 and "tuned" in k.source
+
+
+def test_bench_records_the_k_the_server_got(tmp_path):
+    """Reproduced: vLLM 0.26.1 served K=8 while bench recorded the recipe's 7."""
+    from dspark_kit.engines.vllm import plan_vllm
+    from dspark_kit.stages.bench import served_k
+
+    recipe, verifier = seed_like(tmp_path, engine="vllm", num_speculative_tokens=7)
+    ckpt = write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
+    res = Resolved(recipe, installed={"vllm": "0.26.1"})
+    argv = plan_vllm(res, "spec").argv
+    served = json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
+    assert served == res.k.value == 8 and ckpt.exists()
+    # bench reads K back from the server's per-position series (vLLM exports one per drafted slot)
+    metrics = {"acceptance_length": 2.0, "per_position_acceptance_rates": [0.5] * served}
+    assert served_k(metrics, recipe)["num_speculative_tokens"] == 8
+    assert served_k(None, recipe)["num_speculative_tokens"] is None  # a chat server: no K at all
+
+
+# ---- window ----------------------------------------------------------------------
+
+
+def test_null_tune_means_no_window_for_eval_and_every_engine(tmp_path, tiny_verifier):
+    """Reproduced: with {"recommended_window": null} eval ran without a window while the Ascend command
+    got 8192. Now eval, the local engine and vllm-ascend agree: no window."""
+    from dspark_kit.engines.local import plan_local
+    from dspark_kit.engines.vllm import plan_vllm
+    from dspark_kit.stages.evaluate import resolve_window
+
+    recipe, verifier = seed_like(tmp_path)
+    write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
+    write_tune(tmp_path / "run", recommended_window=None)
+    ascend = Resolved(recipe, window_support="yes", installed={"vllm-ascend": "0.24.0rc1"})
+    assert ascend.window.value is None
+    assert "--additional-config" not in plan_vllm(ascend, "spec").argv
+    assert resolve_window(None, Resolved(recipe)) is None
+    local = recipe.model_copy(deep=True)
+    local.serve.engine = "local"
+    assert "--draft-window-size" not in plan_local(Resolved(local), "spec").argv
+    write_tune(tmp_path / "run", recommended_window=8192)
+    assert Resolved(recipe, window_support="yes").window.value == resolve_window(None, Resolved(local)) == 8192
+    argv = plan_local(Resolved(local), "spec").argv
+    assert argv[argv.index("--draft-window-size") + 1] == "8192"
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"recommended_window": -3}', '{"recommended_window": "x"}'])
+def test_a_corrupt_tune_file_is_one_line_naming_it(tmp_path, text):
+    recipe, _ = seed_like(tmp_path)
+    (tmp_path / "run" / "eval").mkdir(parents=True)
+    (tmp_path / "run" / "eval" / "window_tune.json").write_text(text)
+    with pytest.raises(ResolveError, match="window_tune.json") as e:
+        Resolved(recipe, planning=True).window  # noqa: B018 - the property decides
+    assert "\n" not in str(e.value) and "dspark-kit tune" in str(e.value)
+
+
+def test_window_off_in_yaml_plans_the_cuda_spec_command(tmp_path):
+    """Reproduced: `draft_window_size: off` became False -> 0 -> "must be positive"."""
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    repo = Path(__file__).resolve().parents[1]
+    res = CliRunner().invoke(app, ["serve", "-r", str(repo / "recipes" / "qwen3-8b-cuda.yaml"), "--role", "spec",
+                                   "--engine", "vllm", "--dry-run", "-w", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert '"method":"dspark"' in res.output
+
+
+# ---- verifier, checkpoint, env ---------------------------------------------------
+
+
+def test_served_name_is_the_resolved_verifier_unless_named(tmp_path):
+    recipe, verifier = seed_like(tmp_path)
+    assert Resolved(recipe).served_name == str(verifier)
+    recipe.verifier.served_name = "qwen3-30b-a3b"
+    assert Resolved(recipe).served_name == "qwen3-30b-a3b"
+
+
+def test_layer_count_from_config_else_the_recipe(tmp_path):
+    from dspark_kit.recipe import RecipeError
+
+    recipe, _ = seed_like(tmp_path)
+    assert Resolved(recipe).num_hidden_layers == 48
+    recipe.verifier.path = str(tmp_path / "absent")
+    with pytest.raises(RecipeError, match="verifier.num_hidden_layers"):
+        Resolved(recipe).num_hidden_layers  # noqa: B018
+    recipe.verifier.num_hidden_layers = 48
+    assert Resolved(recipe).exported_layer_ids == [*SEED_LAYERS, 48]
+
+
+def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
+    """Reproduced: layer ids [1,12,23,34,46] only warned in preflight (no verifier config here) but
+    failed serve. Both now use Resolved.checkpoint_findings with verifier.num_hidden_layers."""
+    from dspark_kit.rundir import RunDir
+    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.serve import ServeError, plan_server
+
+    recipe, _ = seed_like(tmp_path)
+    recipe.verifier.path = "/mnt/cephfs/models/Qwen3-30B-A3B"  # not on this machine
+    recipe.verifier.num_hidden_layers = 48
+    write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", recipe.verifier.path, ids=[1, 12, 23, 34, 46])
+    findings = run_preflight(recipe, probes=False)
+    assert any(f.level == "error" and "[1, 12, 23, 34, 46]" in f.message for f in findings)
+    with pytest.raises(ServeError, match=r"layer-ids: .*\[1, 12, 23, 34, 46\]"):
+        plan_server(recipe, RunDir.at(tmp_path / "run"), "spec", planning=True)
+
+
+def test_the_users_hccl_env_survives_serving_and_training(tmp_path, monkeypatch):
+    """Reproduced: a user's HCCL_SOCKET_IFNAME=eth0 became lo when serving but stayed eth0 in training."""
+    from dspark_kit.engines.vllm import plan_vllm
+    from dspark_kit.stages.train import launch_plan
+
+    monkeypatch.setenv("HCCL_SOCKET_IFNAME", "eth0")
+    recipe, _ = seed_like(tmp_path, devices="0,1")
+    serve = plan_vllm(Resolved(recipe, installed={}), "chat")
+    train = launch_plan(recipe, [], "npu")
+    assert serve.env["HCCL_SOCKET_IFNAME"] == train.env["HCCL_SOCKET_IFNAME"] == "eth0"
+    assert serve.env["GLOO_SOCKET_IFNAME"] == "lo"  # defaults still fill what the user left unset
+    assert {**os.environ, **serve.env}["HCCL_SOCKET_IFNAME"] == "eth0"  # what ManagedServer starts with
+
+
+def test_no_second_derivation_in_the_package():
+    """grep: the derived values are decided in resolved.py (and window/K helpers it calls) only."""
+    pkg = Path(__file__).resolve().parents[1] / "dspark_kit"
+    import re
+
+    offenders = []
+    patterns = [r"resolve_verifier_path\(", r"(?<!kv_)block_size - 1", r"served_name or ", r"NPU_ENV_DEFAULTS",
+                r'/ "(checkpoints|prepared|regen\.jsonl|eval|bench|logs|report|serve|hidden_states)"',
+                r'"window_tune\.json"', r'"(manifest|state)\.json"']
+    allowed = {"resolved.py", "rundir.py", "devices.py", "tiny.py"}
+    # evaluate.candidate_ks lists the K values tune compares; it decides no served K
+    for f in pkg.rglob("*.py"):
+        text = f.read_text()
+        for p in patterns:
+            if f.name == "evaluate.py" and "block_size - 1" in p:
+                continue
+            if re.search(p, text) and f.name not in allowed:
+                offenders.append(f"{f.relative_to(pkg)}: {p}")
+    assert not offenders, offenders
