@@ -12,8 +12,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from typer.testing import CliRunner
 
-from dspark_kit.stages.bench import BenchError, load_prompts, run_bench
 from dspark_kit.recipe import recipe_from_dict
+from dspark_kit.stages.bench import BenchError, load_prompts, run_bench
 
 TOKENS_PER_REPLY = 6
 FIRST_TOKEN_DELAY = 0.15
@@ -217,9 +217,9 @@ def test_against_local_engine(tmp_path):
     """Real local engine (role chat, tiny verifier): the client falls back to JSON if it won't stream."""
     import sys
 
+    from dspark_kit.data.tiny import ensure_tiny_verifier
     from dspark_kit.engines import ServerPlan
     from dspark_kit.engines.lifecycle import ManagedServer, free_port
-    from dspark_kit.data.tiny import ensure_tiny_verifier
 
     model = ensure_tiny_verifier()
     port = free_port()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from dspark_kit.recipe import recipe_from_dict
 from dspark_kit.spec.checkpoints import (
     CheckpointError,
     complete_epochs,
@@ -14,7 +15,6 @@ from dspark_kit.spec.checkpoints import (
     trained_slots,
     validate_checkpoint,
 )
-from dspark_kit.recipe import recipe_from_dict
 
 N_LAYERS = 4
 

@@ -11,11 +11,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_decoder import fresh_draft, save_draft, train_draft, training_rows
 
-from dspark_kit.spec import draft_model
 from dspark_kit.data.chat import prompt_ids
+from dspark_kit.data.tiny import ensure_tiny_verifier
+from dspark_kit.spec import draft_model
 from dspark_kit.spec.decoder import SpecGenerator, Verifier
 from dspark_kit.spec.draft_model import DSparkDraft, confident_prefix
-from dspark_kit.data.tiny import ensure_tiny_verifier
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -174,7 +174,7 @@ def test_window_only_changes_long_contexts(verifier_path, checkpoints, prompts):
     full = draft.draft(ctx, torch.arange(p), prompt[p], p, 4)
     wide = draft.draft(ctx, torch.arange(p), prompt[p], p, 4, window=p + 16)
     assert p > 12
-    narrow = draft.draft(ctx, torch.arange(p), prompt[p], p, 4, window=4, kernel_block_size=4)
+    narrow = draft.draft(ctx, torch.arange(p), prompt[p], p, 4, window=4, kv_block_size=4)
     assert torch.equal(full.logits, wide.logits)
     assert (full.logits - narrow.logits).abs().max() > 1e-3
 

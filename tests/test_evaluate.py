@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_decoder import fresh_draft, save_draft, train_draft
 
 from dspark_kit.cli import app
+from dspark_kit.data.tiny import ensure_tiny_verifier
+from dspark_kit.recipe import load_recipe
 from dspark_kit.spec.decoder import SpecResult
 from dspark_kit.stages.evaluate import (
     EvalError,
@@ -23,8 +25,6 @@ from dspark_kit.stages.evaluate import (
     run_eval,
     tune_window,
 )
-from dspark_kit.recipe import load_recipe
-from dspark_kit.data.tiny import ensure_tiny_verifier
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml"
 

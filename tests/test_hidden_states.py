@@ -1,9 +1,9 @@
 import torch
 from safetensors.torch import load_file
 
+from dspark_kit.data.tiny_data import conversations
 from dspark_kit.stages.hidden_states import generate_offline
 from dspark_kit.stages.prepare import prepare
-from dspark_kit.data.tiny_data import conversations
 
 
 def _prepared(tmp_path, tiny_verifier, n=6):

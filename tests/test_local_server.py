@@ -11,9 +11,9 @@ import pytest
 import torch
 import uvicorn
 
-from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
-from dspark_kit.engines.lifecycle import free_port
 from dspark_kit.data.tiny import ensure_tiny_verifier
+from dspark_kit.engines.lifecycle import free_port
+from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
 from dspark_kit.spec.verifier import load_tokenizer, load_verifier
 
 

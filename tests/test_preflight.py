@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dspark_kit.stages.preflight import has_errors, run_preflight
 from dspark_kit.recipe import dump_recipe
+from dspark_kit.stages.preflight import has_errors, run_preflight
 
 HIDDEN, LAYERS = 128, 4  # the tiny verifier
 

@@ -31,8 +31,8 @@ def seed_like(tmp_path: Path, **serve) -> tuple:
 
 
 def write_ckpt(path: Path, verifier: str, block: int = 8, ids=SEED_LAYERS, slots: int | None = None) -> Path:
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     cfg = {"speculators_model_type": "dspark", "block_size": block, "mask_token_id": 151669,

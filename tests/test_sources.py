@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from dspark_kit.recipe import DataCfg
 from dspark_kit.data.sources import PRESETS, SourceError, iter_source, preset_row
 from dspark_kit.data.tiny_data import conversations
+from dspark_kit.recipe import DataCfg
 
 
 def test_builtin_tiny_chat_is_the_shipped_corpus_with_stable_idx():

@@ -49,8 +49,8 @@ def register(app: typer.Typer) -> None:
 
           dspark-kit bench --compare runs/x/bench/bench_ckpt0.json runs/x/bench/bench_ckpt1.json --out cmp.md
         """
-        from dspark_kit.stages.bench import BenchError, run_bench
         from dspark_kit.engines.prom import MetricsError
+        from dspark_kit.stages.bench import BenchError, run_bench
         from dspark_kit.stages.report import compare as compare_results
 
         if compare:

@@ -31,7 +31,6 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from dspark_kit import devices
-
         from dspark_kit.compat import patches
 
         try:

@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import DEFAULT_RECIPE_PATH, JsonOpt, RecipeOpt, SetOpt, WorkdirOpt, emit_json, load
+from dspark_kit.cli.common import (
+    DEFAULT_RECIPE_PATH,
+    JsonOpt,
+    RecipeOpt,
+    SetOpt,
+    WorkdirOpt,
+    emit_json,
+    load,
+)
 from dspark_kit.recipe import dump_recipe
 
 

@@ -93,8 +93,8 @@ def register(app: typer.Typer) -> None:
 
         Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -o runs/tiny/regen.jsonl
         """
-        from dspark_kit.stages.regen import run_regen
         from dspark_kit.data.sources import SourceError
+        from dspark_kit.stages.regen import run_regen
 
         r = load(recipe, set_)
         if dry_run:

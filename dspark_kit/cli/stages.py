@@ -87,8 +87,8 @@ def register(app: typer.Typer) -> None:
         r = load(recipe, set_)
         wd = _workdir(r, workdir)
         if dry_run:
-            from dspark_kit.stages.pipeline import train_args
             from dspark_kit.recipe import RecipeError
+            from dspark_kit.stages.pipeline import train_args
             from dspark_kit.stages.train import node_plans
 
             endpoint = r.hidden_states.endpoint or (

@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> None:
         i = argv.index("--dspark-device")
         device = argv[i + 1]
         del argv[i : i + 2]
-    from dspark_kit.devices import detect_device
     from dspark_kit.compat.patches import apply_for_training
+    from dspark_kit.devices import detect_device
 
     applied = apply_for_training(detect_device(device))
     if applied:

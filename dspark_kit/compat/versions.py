@@ -7,7 +7,6 @@ the checks run on a laptop with none of them installed ("unknown").
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import importlib.util
 import re
 from collections.abc import Callable
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 from packaging.version import InvalidVersion, Version
+
+from dspark_kit.devices import package_version
 
 # distribution names as pip spells them, plus the spellings people type
 _DIST_ALIASES = {
@@ -48,17 +49,12 @@ def _canonical(name: str) -> str:
 
 
 def installed(name: str) -> str | None:
-    """Installed version of a tracked package, or None when absent."""
-    for dist in _DIST_ALIASES[_canonical(name)]:
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return None
+    """Installed version of a tracked package (any of its spellings), or None when absent.
 
-
-def installed_versions() -> dict[str, str | None]:
-    return {name: installed(name) for name in TRACKED}
+    Reads through devices.package_version, the one metadata reader (doctor and the
+    manifest report the same numbers the gates here decide on).
+    """
+    return next((v for dist in _DIST_ALIASES[_canonical(name)] if (v := package_version(dist))), None)
 
 
 def parse(version: str) -> Version | None:

@@ -22,9 +22,9 @@ from pathlib import Path
 from filelock import FileLock
 
 from dspark_kit.data.chat import encode, render
+from dspark_kit.data.tiny_data import conversations, thinking_reply
 from dspark_kit.progress import note
 from dspark_kit.recipe import TINY_VERIFIER
-from dspark_kit.data.tiny_data import conversations, thinking_reply
 
 # Qwen3's template, reduced to what the tiny model needs: reasoning of earlier
 # assistant turns is dropped from history, the final assistant turn always

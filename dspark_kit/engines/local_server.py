@@ -31,6 +31,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from dspark_kit.recipe import ROLES
+
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 MAX_BODY_BYTES = 16 * 2**20
 
@@ -324,7 +326,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dspark_kit.engines.local_server",
                                 description="OpenAI-compatible local engine (vLLM API subset).")
     p.add_argument("--model", required=True, help="verifier HF directory")
-    p.add_argument("--role", choices=["chat", "hidden-states", "spec"], default="chat")
+    p.add_argument("--role", choices=list(ROLES), default="chat")
     p.add_argument("--draft", help="DSpark checkpoint dir (role spec)")
     p.add_argument("--num-speculative-tokens", type=int, default=None)
     p.add_argument("--draft-window-size", type=int, default=None)

@@ -10,7 +10,6 @@ ExampleHiddenStatesConnector, as speculators' launch_vllm.py builds it), spec
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from dspark_kit.engines import Role, ServerPlan

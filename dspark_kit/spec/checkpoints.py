@@ -10,10 +10,9 @@ another verifier all load fine and silently ruin acceptance (REFERENCE §8), so
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
+from dspark_kit.findings import Finding, errors  # noqa: F401 - errors: re-exported for callers
 from dspark_kit.recipe import Recipe
 
 CONFIG = "config.json"
@@ -22,16 +21,6 @@ WEIGHTS = "model.safetensors"
 
 class CheckpointError(ValueError):
     """One line naming the checkpoint setting and the fix."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: Literal["error", "warning"]
-    code: str
-    message: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def is_complete(path: Path) -> bool:
@@ -205,7 +194,3 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
     if bad:
         out.append(bad)
     return out
-
-
-def errors(findings: list[Finding]) -> list[Finding]:
-    return [f for f in findings if f.level == "error"]

@@ -18,8 +18,8 @@ from typing import Protocol
 import torch
 
 from dspark_kit.spec.draft_model import DSparkDraft, confident_prefix
-from dspark_kit.spec.window import LOCAL_KV_BLOCK_SIZE
 from dspark_kit.spec.verifier import LayerTap, load_verifier, sample_token
+from dspark_kit.spec.window import LOCAL_KV_BLOCK_SIZE
 
 
 @dataclass

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from dspark_kit.rundir import hidden_states_dir
 from dspark_kit.progress import note
+from dspark_kit.rundir import hidden_states_dir
 from dspark_kit.spec.verifier import LayerTap, load_verifier
 
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from dspark_kit import atomic
-from dspark_kit.rundir import RunDir
 from dspark_kit.recipe import Recipe
+from dspark_kit.rundir import RunDir
 
 SECRET_FLAGS = ("--api-key",)
 

@@ -126,7 +126,11 @@ def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
 def stage_train(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
-    from dspark_kit.stages.train import read_val_metrics, run_training, set_aside_incomplete_checkpoints
+    from dspark_kit.stages.train import (
+        read_val_metrics,
+        run_training,
+        set_aside_incomplete_checkpoints,
+    )
 
     run = RunDir.at(workdir)
     enforce(recipe, workdir, "train")
@@ -210,8 +214,8 @@ def resolve_stages(stages: list[str] | None, start: str | None) -> list[str]:
 def replay_recipe(run_dir: Path) -> tuple[Recipe, list[str], list[str]]:
     """The recipe and stages a run recorded in its manifest, plus what differs from here and now."""
     from dspark_kit.devices import versions
-    from dspark_kit.stages.manifest import git_info, load_manifest
     from dspark_kit.recipe import recipe_from_dict
+    from dspark_kit.stages.manifest import git_info, load_manifest
 
     m = load_manifest(Path(run_dir))
     if "recipe" not in m:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from dspark_kit import atomic
-from dspark_kit.rundir import RunDir
 from dspark_kit.engines.prom import MetricsError, import_vllm_bench, read_json
+from dspark_kit.rundir import RunDir
 
 NA = "–"
 TRAIN_LOSS_TAG = "train/loss"
