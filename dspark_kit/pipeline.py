@@ -129,7 +129,12 @@ def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
 def stage_train(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.manifest import update_manifest
     from dspark_kit.preflight import enforce
-    from dspark_kit.train import read_val_metrics, run_training, set_aside_incomplete_checkpoints
+    from dspark_kit.train import (
+        read_val_metrics,
+        run_training,
+        set_aside_incomplete_checkpoints,
+        training_failure,
+    )
 
     enforce(recipe, workdir, "train")
     for d in set_aside_incomplete_checkpoints(workdir / "checkpoints"):
@@ -147,9 +152,11 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
         plan = train_plan(recipe, workdir, endpoint)
         update_manifest(workdir, recipe, "train", argv=plan.argv, env=plan.env)
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
-        code = run_training(plan, workdir / "logs" / "train.log")
+        log = workdir / "logs" / "train.log"
+        since = log.stat().st_size if log.exists() else 0
+        code = run_training(plan, log)
     if code != 0:
-        raise RuntimeError(f"speculators train exited with {code}; see {workdir / 'logs' / 'train.log'}")
+        raise RuntimeError(training_failure(code, log, since))
     metrics = read_val_metrics(workdir / "checkpoints") or {}
     return {"seconds": round(time.time() - t0, 1), **metrics}
 

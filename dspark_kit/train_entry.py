@@ -3,11 +3,19 @@
 Applies the device layer and the speculators patches in *this* process, then
 hands the remaining argv to speculators' own train main -- so the trainer is
 always the real one, and patches are never forgotten on a worker.
+
+A crashed fix probe stops the process before speculators runs: one line
+`dspark-kit: refusing to train: speculators fix NAME: probe failed: ...` on
+stderr and exit code PROBE_FAILED_EXIT (dspark_kit.train.training_failure
+turns that line into the train stage's error).
 """
 
 from __future__ import annotations
 
 import sys
+
+PROBE_FAILED_EXIT = 3
+REFUSAL_PREFIX = "dspark-kit: refusing to train: "
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,9 +26,13 @@ def main(argv: list[str] | None = None) -> None:
         device = argv[i + 1]
         del argv[i : i + 2]
     from dspark_kit.devices import detect_device
-    from dspark_kit.patches import apply_for_training
+    from dspark_kit.patches import ProbeFailed, apply_for_training
 
-    applied = apply_for_training(detect_device(device))
+    try:
+        applied = apply_for_training(detect_device(device))
+    except ProbeFailed as e:
+        print(f"{REFUSAL_PREFIX}{e}", file=sys.stderr, flush=True)
+        raise SystemExit(PROBE_FAILED_EXIT) from None
     if applied:
         print(f"dspark-kit: applied patches {applied}", file=sys.stderr)
     from speculators.train.cli import main as speculators_main
