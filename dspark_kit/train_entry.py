@@ -18,6 +18,22 @@ PROBE_FAILED_EXIT = 3
 REFUSAL_PREFIX = "dspark-kit: refusing to train: "
 
 
+def eager_on_cpu() -> bool:
+    """CPU training on a host that has CUDA: keep torch.compile off in this process.
+
+    speculators compiles DSpark's forward whenever CUDA is available, whatever
+    device the tensors are on; CPU tensors would go through Inductor's C++ build
+    (minutes, or a hang). On a CPU-only host speculators never compiles, so
+    this keeps CPU training the same everywhere. Returns whether it switched.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    torch.compiler.set_stance("force_eager")
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     device = "auto"
@@ -28,8 +44,11 @@ def main(argv: list[str] | None = None) -> None:
     from dspark_kit.devices import detect_device
     from dspark_kit.patches import ProbeFailed, apply_for_training
 
+    resolved = detect_device(device)
+    if resolved == "cpu":
+        eager_on_cpu()
     try:
-        applied = apply_for_training(detect_device(device))
+        applied = apply_for_training(resolved)
     except ProbeFailed as e:
         print(f"{REFUSAL_PREFIX}{e}", file=sys.stderr, flush=True)
         raise SystemExit(PROBE_FAILED_EXIT) from None

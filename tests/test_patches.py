@@ -352,3 +352,33 @@ def test_real_speculators_training_runs_on_cpu_after_patches(tmp_path, tiny_veri
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["block_size"] == 4 and config["speculators_model_type"] == "dspark"
     assert time.time() - t0 < 120
+
+
+EMULATED_CUDA_CPU_TRAIN = """
+import sys
+import torch
+torch.cuda.is_available = lambda: True
+import speculators.train.cli as cli
+from speculators.train.config import TrainConfig
+from dspark_kit import patches, train_entry
+
+def fake_main(config):  # what speculators' train main does first: DSpark's forward on the device
+    ok, detail = patches.probe_markov_prev_token("cpu")  # no _eager(): the process's own stance
+    print("FORWARD", ok, detail, flush=True)
+
+cli.main = fake_main
+TrainConfig.resolve = staticmethod(lambda argv: None)
+train_entry.main(["--dspark-device", "cpu", "--data-path", "/nonexistent"])
+"""
+
+
+@pytest.mark.slow
+def test_cpu_training_on_a_cuda_host_runs_the_forward_uncompiled():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run(
+        [sys.executable, "-c", EMULATED_CUDA_CPU_TRAIN],
+        check=False, capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "FORWARD True" in proc.stdout, tail
