@@ -206,6 +206,12 @@ def test_doctor_reports_a_crashing_probe_as_probe_failed_and_exits_1(mp):
     assert "slot0-metrics" not in table.output.split("will apply patches:")[-1].split("\n")[0]
 
 
+def _pythonpath() -> str:
+    """This checkout first, then whatever the caller had (a --target site on a GPU box)."""
+    here = str(Path(__file__).resolve().parents[1])
+    return os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 # ---- a CUDA machine, emulated on this CPU one -------------------------------
 # speculators decides at import whether to torch.compile DSpark's forward
 # (`torch.cuda.is_available()`); forcing it True before the import reproduces what
@@ -236,7 +242,7 @@ print("@@" + json.dumps({
 
 @pytest.mark.slow
 def test_probes_finish_uncompiled_on_an_emulated_cuda_machine():
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": _pythonpath()}
     t0 = time.time()
     proc = subprocess.run(
         [sys.executable, "-c", EMULATED_CUDA],
@@ -268,6 +274,8 @@ def test_probes_finish_uncompiled_on_an_emulated_cuda_machine():
 TRAIN_SCRIPT = """
 import sys
 from dspark_kit.patches import apply_for_training
+from dspark_kit.train_entry import eager_on_cpu
+eager_on_cpu()  # as train_entry does: no Inductor C++ build on a host that has CUDA
 print("APPLIED", apply_for_training("cpu"), flush=True)
 from speculators.train.cli import main
 from speculators.train.config import TrainConfig
@@ -374,7 +382,7 @@ train_entry.main(["--dspark-device", "cpu", "--data-path", "/nonexistent"])
 
 @pytest.mark.slow
 def test_cpu_training_on_a_cuda_host_runs_the_forward_uncompiled():
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": _pythonpath()}
     proc = subprocess.run(
         [sys.executable, "-c", EMULATED_CUDA_CPU_TRAIN],
         check=False, capture_output=True, text=True, env=env, timeout=120,
