@@ -142,3 +142,39 @@ def test_the_shell_entry_point_checks_a_missing_workdir(tmp_path):
     report = _report(wd)
     assert report["env"]["dspark_kit_from"].startswith(str(REPO))
     assert not [m for m, v in report["env"]["modules"].items() if str(v).startswith("MISSING")]
+
+
+def test_figures_read_the_run_eval_and_pytest_outputs(smoke, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "checkpoint_best").mkdir(parents=True)
+    (run / "eval").mkdir()
+    (run / "state.json").write_text(json.dumps({
+        "train": {"status": "done", "fingerprint": "x", "seconds": 41.5, "figure": 1.8},
+        "eval": {"status": "failed", "fingerprint": "y", "started": 1.0},
+    }))  # fmt: skip
+    argv = ["python", "-m", "dspark_kit.train_entry", "--draft-attn-impl", "simple_flex_attention"]
+    (run / "manifest.json").write_text(json.dumps({"stages": {"train": {"argv": argv}}}))
+    (run / "checkpoints" / "checkpoint_best" / "val_metrics.json").write_text(
+        json.dumps({"accept_len_epoch": 1.9, "loss_epoch": 2.5, "lr": 0.1})
+    )
+    (run / "eval" / "eval.json").write_text(json.dumps({"acceptance_length": 1.7}))
+    log = tmp_path / "step.log"
+    log.write_text("stage eval\nRuntimeError: boom\n")
+    fig = smoke.figures("run", "", tmp_path, log)
+    assert fig["stages"]["train"] == {"status": "done", "seconds": 41.5, "figure": 1.8}
+    assert fig["stages"]["eval"]["status"] == "failed"
+    assert fig["train_flags"] == {
+        "--draft-attn-impl": "simple_flex_attention",
+        "--loss-implementation": "(speculators default)",
+    }
+    assert fig["val"] == {"accept_len_epoch": 1.9, "loss_epoch": 2.5}
+    assert fig["last_error"] == "RuntimeError: boom"
+    ev = smoke.figures("eval", 'noise {"x": 1}\n@@{"acceptance_length": 1.75}\n', tmp_path, log)
+    assert ev == {"cuda": {"acceptance_length": 1.75}, "cpu_acceptance_length": 1.7}
+    log.write_text("....F\n=== short test summary info ===\nFAILED tests/test_x.py::test_y - boom\n"
+                   "1 failed, 40 passed, 2 skipped in 12.34s\n")  # fmt: skip
+    tests = smoke.figures("tests", "", tmp_path, log)
+    assert tests == {
+        "counts": {"failed": 1, "passed": 40, "skipped": 2},
+        "failed": ["tests/test_x.py::test_y"],
+    }
