@@ -9,14 +9,23 @@ checks the result; the patch is applied only when the probe fails, so a newer
 speculators is used as is and an older tree gets exactly the missing fix.
 Call `apply_for_training(device)` in every training process before
 speculators' train main runs (dspark_kit.compat.train_entry does).
+
+Probes run with torch.compile off (`torch.compiler.set_stance("force_eager")`):
+speculators wraps DSpark's forward in torch.compile whenever CUDA is available
+(`conditional_torch_compile`, decided at import), and the probes' tiny CPU
+tensors would otherwise send Inductor into a C++ build for the CPU (minutes or
+a hang on a GPU machine). A probe that crashes is "probe failed", never "fix
+needed": `apply_for_training` then refuses (ProbeFailed) instead of patching
+on a guess.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dspark_kit.devices import (
@@ -42,6 +51,11 @@ class ProbeResult:
     name: str
     ok: bool
     detail: str
+    failed: bool = False  # the probe itself crashed: detail is "probe failed: <reason>"
+
+
+class ProbeFailed(RuntimeError):
+    """A fix probe crashed: whether the fix is needed is unknown, so nothing is patched."""
 
 
 @dataclass(frozen=True)
@@ -355,12 +369,41 @@ FIXES: list[Fix] = [
 ]  # fmt: skip
 
 
+@contextlib.contextmanager
+def _eager() -> Iterator[None]:
+    """torch.compile'd functions run as plain Python: probes never compile."""
+    import torch
+
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    if set_stance is None:  # torch < 2.6 (speculators 0.9 needs >= 2.9)
+        with torch._dynamo.config.patch(disable=True):
+            yield
+        return
+    with set_stance("force_eager"):
+        yield
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def _run_probe(fix: Fix, device: str) -> ProbeResult:
     try:
-        ok, detail = fix.probe(device)
+        with _eager():
+            ok, detail = fix.probe(device)
     except Exception as e:  # noqa: BLE001 - a crash is a failed probe, reported in one line
-        ok, detail = False, f"probe crashed: {type(e).__name__}: {e}"
+        reason = _one_line(f"{type(e).__name__}: {e}")
+        return ProbeResult(fix.name, False, f"probe failed: {reason}", failed=True)
     return ProbeResult(fix.name, bool(ok), detail)
+
+
+def refusal(result: ProbeResult, device: str) -> str:
+    """The one line train stops with when a probe failed."""
+    return (
+        f"speculators fix {result.name}: {result.detail}; not patching on a guess "
+        f"(see `dspark-kit doctor --device {device}`)"
+    )
 
 
 def _prepare_device(device: str) -> None:
@@ -381,16 +424,30 @@ def probe_all(device: str | None = None) -> list[ProbeResult]:
 
 
 def apply_for_training(device: str) -> list[str]:
-    """Patch what this speculators gets wrong on `device`; return the patch names."""
+    """Patch what this speculators gets wrong on `device`; return the patch names.
+
+    Every probe runs once before anything is patched: if one crashed, raise
+    ProbeFailed (one line) and leave speculators untouched. Then fix by fix, in
+    order (a later probe sees the earlier patches): probe, patch, re-probe.
+    """
     _prepare_device(device)
+    fixes = [fix for fix in FIXES if device in fix.devices]
+    for fix in fixes:
+        if (first := _run_probe(fix, device)).failed:
+            raise ProbeFailed(refusal(first, device))
     applied = []
-    for fix in FIXES:
-        if device not in fix.devices or _run_probe(fix, device).ok:
+    for fix in fixes:
+        before = _run_probe(fix, device)
+        if before.failed:
+            raise ProbeFailed(refusal(before, device) + f" (after patches {applied})")
+        if before.ok:
             continue
         for owner, attr, value in fix.patch(device):
             _replace(owner, attr, value)
         applied.append(fix.name)
         after = _run_probe(fix, device)
+        if after.failed:
+            raise ProbeFailed(refusal(after, device) + f" (after patch {fix.name})")
         if not after.ok:
             raise RuntimeError(
                 f"speculators fix {fix.name} {fix.summary}: still failing after the patch "

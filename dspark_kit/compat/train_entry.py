@@ -3,11 +3,35 @@
 Applies the device layer and the speculators patches in *this* process, then
 hands the remaining argv to speculators' own train main -- so the trainer is
 always the real one, and patches are never forgotten on a worker.
+
+A crashed fix probe stops the process before speculators runs: one line
+`dspark-kit: refusing to train: speculators fix NAME: probe failed: ...` on
+stderr and exit code PROBE_FAILED_EXIT (dspark_kit.stages.train.training_failure
+turns that line into the train stage's error).
 """
 
 from __future__ import annotations
 
 import sys
+
+PROBE_FAILED_EXIT = 3
+REFUSAL_PREFIX = "dspark-kit: refusing to train: "
+
+
+def eager_on_cpu() -> bool:
+    """CPU training on a host that has CUDA: keep torch.compile off in this process.
+
+    speculators compiles DSpark's forward whenever CUDA is available, whatever
+    device the tensors are on; CPU tensors would go through Inductor's C++ build
+    (minutes, or a hang). On a CPU-only host speculators never compiles, so
+    this keeps CPU training the same everywhere. Returns whether it switched.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    torch.compiler.set_stance("force_eager")
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,10 +41,17 @@ def main(argv: list[str] | None = None) -> None:
         i = argv.index("--dspark-device")
         device = argv[i + 1]
         del argv[i : i + 2]
-    from dspark_kit.compat.patches import apply_for_training
+    from dspark_kit.compat.patches import ProbeFailed, apply_for_training
     from dspark_kit.devices import detect_device
 
-    applied = apply_for_training(detect_device(device))
+    resolved = detect_device(device)
+    if resolved == "cpu":
+        eager_on_cpu()
+    try:
+        applied = apply_for_training(resolved)
+    except ProbeFailed as e:
+        print(f"{REFUSAL_PREFIX}{e}", file=sys.stderr, flush=True)
+        raise SystemExit(PROBE_FAILED_EXIT) from None
     if applied:
         print(f"dspark-kit: applied patches {applied}", file=sys.stderr)
     from speculators.train.cli import main as speculators_main

@@ -130,6 +130,7 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
         read_val_metrics,
         run_training,
         set_aside_incomplete_checkpoints,
+        training_failure,
     )
 
     run = RunDir.at(workdir)
@@ -149,9 +150,11 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
         plan = train_plan(recipe, workdir, endpoint)
         update_manifest(workdir, recipe, "train", argv=plan.argv, env=plan.env)
         run.logs.mkdir(parents=True, exist_ok=True)
-        code = run_training(plan, run.log("train.log"))
+        log = run.log("train.log")
+        since = log.stat().st_size if log.exists() else 0
+        code = run_training(plan, log)
     if code != 0:
-        raise RuntimeError(f"speculators train exited with {code}; see {run.log('train.log')}")
+        raise RuntimeError(training_failure(code, log, since))
     metrics = read_val_metrics(run.checkpoints) or {}
     return {"seconds": round(time.time() - t0, 1), **metrics}
 

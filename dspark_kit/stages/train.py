@@ -149,6 +149,25 @@ def run_training(plan: LaunchPlan, log_path: Path) -> int:
         return proc.wait()
 
 
+def training_failure(code: int, log_path: Path, since: int = 0) -> str:
+    """The train stage's error for exit `code`: the refusal line when a fix probe failed.
+
+    `since`: the log's size before this run (train.log is appended to across runs).
+    """
+    from dspark_kit.compat.train_entry import REFUSAL_PREFIX
+
+    try:
+        with Path(log_path).open("rb") as f:
+            f.seek(since)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        if line.startswith(REFUSAL_PREFIX):
+            return f"train: {line[len(REFUSAL_PREFIX):]}"
+    return f"speculators train exited with {code}; see {log_path}"
+
+
 def set_aside_incomplete_checkpoints(checkpoints: Path) -> list[Path]:
     """Rename epoch dirs a killed run left half-written, so speculators resumes from a whole one.
 
