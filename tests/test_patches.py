@@ -391,3 +391,17 @@ def test_cpu_training_on_a_cuda_host_runs_the_forward_uncompiled():
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     assert "FORWARD True" in proc.stdout, tail
+
+
+def test_every_seed_fix_names_its_upstream_pr_and_release():
+    """The registry says where each speculators fix landed, and the installed release has them."""
+    from packaging.version import Version
+
+    from dspark_kit.compat import versions
+
+    seed = {f.name: f for f in patches.FIXES if not f.name.startswith("device-")}
+    assert {"pos0-decay", "markov-prev-token", "slot0-metrics"} <= set(seed)
+    for name in ("pos0-decay", "markov-prev-token", "slot0-metrics"):
+        fix = seed[name]
+        assert fix.upstream.startswith("vllm-project/speculators#") and fix.upstream.split("#")[1] in fix.summary
+        assert Version(versions.installed("speculators")) >= Version(fix.fixed_in)

@@ -65,6 +65,8 @@ class Fix:
     probe: Callable[[str], tuple[bool, str]]  # device -> (ok, detail)
     patch: Callable[[str], Replacements]  # device -> what to replace
     devices: tuple[str, ...] = ALL_DEVICES
+    upstream: str | None = None  # the speculators PR that fixed it; None: no upstream fix yet
+    fixed_in: str | None = None  # first speculators release with the fix (its probe passes there)
 
 
 _ORIGINALS: list[tuple[object, str, object]] = []
@@ -351,11 +353,14 @@ def patch_slot0_metrics(device: str) -> Replacements:
 _DEVICE_ONLY = ("cpu", "npu")  # cuda is what speculators was written for
 FIXES: list[Fix] = [
     Fix("pos0-decay", "(a) slot-0 loss weight 1 under sample_from_anchor (PR#798)",
-        probe_pos0_decay, patch_pos0_decay),
+        probe_pos0_decay, patch_pos0_decay,
+        upstream="vllm-project/speculators#798", fixed_in="0.7.0"),
     Fix("markov-prev-token", "(c) Markov prev_token_ids = block_tokens, no shift (PR#806)",
-        probe_markov_prev_token, patch_markov_prev_token),
+        probe_markov_prev_token, patch_markov_prev_token,
+        upstream="vllm-project/speculators#806", fixed_in="0.7.0"),
     Fix("slot0-metrics", "(d) accept_len/eal/accuracy count slot 0 (PR#805)",
-        probe_slot0_metrics, patch_slot0_metrics),
+        probe_slot0_metrics, patch_slot0_metrics,
+        upstream="vllm-project/speculators#805", fixed_in="0.7.0"),
     Fix("device-local-rank", "(b) Trainer moves the model to this device",
         probe_local_rank, patch_local_rank, _DEVICE_ONLY),
     Fix("device-trainer-type", "(b) Trainer.device_type is this device (autocast)",
