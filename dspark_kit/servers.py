@@ -30,7 +30,9 @@ def regen_server_plan(recipe: Recipe, api_key: str | None = None) -> ServerPlan:
     if recipe.serve.engine == "local":
         from dspark_kit.engines.local import plan_local
 
-        return plan_local(recipe, "chat", api_key=api_key)
+        # thinking on: the engine hands reasoning back split out, as vLLM --reasoning-parser qwen3 does
+        extra = ["--reasoning-parser", "qwen3"] if recipe.verifier.thinking else None
+        return plan_local(recipe, "chat", api_key=api_key, extra_args=extra)
     return server_plan(recipe, "chat", port=free_port())
 
 

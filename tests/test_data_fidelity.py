@@ -260,3 +260,57 @@ def test_thinking_on_with_no_reasoning_in_the_data_warns(tmp_path, tiny_verifier
     src.write_text(json.dumps(GOOD) + "\n")
     s = prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "p", seq_length=128, thinking=True)
     assert s.rows_out == 1 and any("no reply carries reasoning" in w for w in s.warnings)
+
+
+# ---- regen -> prepare with a server that returns reasoning_content ---------------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<think>\nwhy\n</think>\n\nthe reply", {"reasoning_content": "\nwhy\n", "content": "\n\nthe reply"}),
+    ("just a reply", {"reasoning_content": None, "content": "just a reply"}),
+    ("<think>\ncut off", {"reasoning_content": "\ncut off", "content": None}),
+    ("<think>\n\n</think>\n\n", {"reasoning_content": "\n\n", "content": "\n\n"}),
+    ("<think>\nr\n</think>", {"reasoning_content": "\nr\n", "content": None}),
+])
+def test_local_engine_reasoning_parser_splits_like_vllm(text, expected):
+    from dspark_kit.engines.local_server import parse_args, split_reasoning_like_vllm
+
+    got = split_reasoning_like_vllm(text)
+    assert {k: got[k] for k in expected} == expected and got["reasoning"] == got["reasoning_content"]
+    assert parse_args(["--model", "m", "--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
+
+
+@pytest.mark.slow
+def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path, tiny_recipe, tiny_verifier):
+    """thinking on: regen's local engine runs with --reasoning-parser qwen3 (reasoning comes back in
+    message.reasoning_content, as from vLLM); the rows store it; prepare trains on it."""
+    import random
+
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from dspark_kit.pipeline import stage_prepare
+    from dspark_kit.regen import run_regen
+    from dspark_kit.servers import regen_server_plan
+    from dspark_kit.tiny_data import thinking_reply
+
+    rng = random.Random(5)
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps({"prompt": thinking_reply(rng)[0]}) + "\n" for _ in range(3)))
+    recipe = tiny_recipe.model_copy(deep=True)
+    recipe.verifier.thinking = True
+    recipe.data.source, recipe.data.limit, recipe.regen.max_tokens = str(src), None, 160
+    assert "--reasoning-parser" in regen_server_plan(recipe).argv
+    summary = run_regen(recipe, tmp_path / "regen.jsonl", concurrency=3)
+    assert (summary["written"], summary["failed"], summary["not_attempted"]) == (3, 0, 0)
+    replies = [json.loads(line)["conversations"][1] for line in (tmp_path / "regen.jsonl").read_text().splitlines()]
+    assert all("reasoning_content" in r and "<think>" not in r["value"] for r in replies)
+    assert sum(bool(r["reasoning_content"].strip()) for r in replies) >= 2
+    prepared = stage_prepare(recipe, tmp_path)
+    assert prepared["conversations_used"] == 3 and prepared["with_reasoning"] >= 2
+    tok = AutoTokenizer.from_pretrained(tiny_verifier)
+    ds = load_from_disk(str(tmp_path / "prepared"))
+    trained = sorted(tok.decode([i for i, m in zip(ids, mask) if m]) for ids, mask in zip(ds["input_ids"], ds["loss_mask"]))
+    expected = sorted(f"<think>\n{r['reasoning_content'].strip()}\n</think>\n\n{r['value'].lstrip()}<|im_end|>"
+                      for r in replies)
+    assert trained == expected
