@@ -48,7 +48,13 @@ def regen_file(workdir: Path) -> Path:
 def stage_regen(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.regen import run_regen
 
-    return run_regen(recipe, regen_file(workdir), resume=True)
+    s = run_regen(recipe, regen_file(workdir), resume=True)
+    note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
+         f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
+         f"of {s['source_rows']} source rows")
+    for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
+        note(f"  {n}: {reason}")
+    return s
 
 
 def prepare_input_rows(recipe: Recipe, workdir: Path):

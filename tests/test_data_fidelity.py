@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -314,3 +315,17 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
     expected = sorted(f"<think>\n{r['reasoning_content'].strip()}\n</think>\n\n{r['value'].lstrip()}<|im_end|>"
                       for r in replies)
     assert trained == expected
+
+
+def test_cli_prepare_json_shows_every_reason(tmp_path, tiny_verifier):
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    n_lines, expected = _bad_file(tmp_path / "regen.jsonl")
+    recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml")
+    res = CliRunner().invoke(app, ["prepare", "-r", recipe, "-w", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["rejected"] == dict(expected) and summary["conversations_in"] == n_lines
+    assert summary["conversations_used"] + sum(summary["rejected"].values()) == n_lines
