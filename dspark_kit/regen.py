@@ -320,15 +320,22 @@ def new_session(opts: RegenOptions) -> aiohttp.ClientSession:
 
 
 async def discover_model(ep: Endpoint, client: aiohttp.ClientSession, opts: RegenOptions) -> None:
-    for attempt in range(opts.max_retries + 1):
+    """The served model id; a server still starting (refusing connections) is waited for up to
+    unavailable_timeout, other failures get max_retries."""
+    t0, attempt = time.monotonic(), 0
+    while True:
         try:
             async with client.get(ep.url + "/models") as r:
                 r.raise_for_status()
                 ep.model = (await r.json(content_type=None))["data"][0]["id"]
             return
         except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError) as e:
+            refused = isinstance(e, aiohttp.ClientConnectorError)
             reason = f"GET {ep.url}/models failed: {e.__class__.__name__}: {str(e)[:120]}"
-        await asyncio.sleep(min(opts.backoff_cap, opts.backoff_base * 2**attempt))
+        attempt += 1
+        if attempt > opts.max_retries and not (refused and time.monotonic() - t0 < opts.unavailable_timeout):
+            break
+        await asyncio.sleep(_backoff(opts, attempt - 1))
     ep.dead_reason = reason + " (pass --model NAME or check the endpoint)"
 
 

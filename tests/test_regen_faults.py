@@ -274,3 +274,17 @@ def test_cli_writes_into_the_run_folder_and_refuses_to_truncate(tmp_path, stub):
     assert bad.exit_code != 0 and "file not found" in bad.output and len(_lines(wd / "regen.jsonl")) == 2
     again = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-w", str(wd), "--no-resume"])
     assert again.exit_code != 0 and "--overwrite" in again.output and len(_lines(wd / "regen.jsonl")) == 2
+
+
+def test_server_still_starting_is_waited_for(tmp_path):
+    """No --model: GET /models is retried while the server refuses connections (within the window)."""
+    port, box = free_port(), {}
+    timer = threading.Timer(1.0, lambda: box.setdefault("stub", Stub(port=port)))
+    timer.start()
+    try:
+        summary = run_regen(_recipe(tmp_path, ["ok"] * 3, unavailable_timeout=20, max_retries=0),
+                            tmp_path / "out.jsonl", endpoints=[f"http://127.0.0.1:{port}/v1"], backoff_base=0.05)
+    finally:
+        timer.join()
+        box["stub"].stop()
+    assert summary["written"] == 3 and summary["endpoints"][0]["model"] == "stub"
