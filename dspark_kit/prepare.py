@@ -2,15 +2,27 @@
 
 We render with the verifier's own tokenizer and chat template (no vLLM
 /render server needed), then hand the `input_ids` + `loss_mask` rows to
-speculators' pre-tokenized path, so the saved dataset and `token_freq.pt` are
-exactly what `speculators prepare-data` would write.
+speculators' pre-tokenized path (dataset and `token_freq.pt` in its format).
 
-Loss mask rule: the tokens after the generation-prompt render of the prefix
-are trainable, for every assistant turn. When the template renders history
-differently from the incremental render (Qwen3 drops earlier turns' reasoning
-and gives only the last turn a think block), one row per assistant turn is
-emitted instead: history as the template renders it at that turn, loss on that
-turn only -- the rule speculators applies with a vLLM renderer.
+Rows are the verifier's generations in the context it saw. Messages come from
+`conversations.normalize` (reasoning as `reasoning_content`, which the template
+renders). Per assistant turn j the context is the generation-prompt render of
+msgs[:j], token for token, and the loss is on turn j as generated: think block,
+reply, end-of-turn token. When every such render is a prefix of the full
+conversation's render it is one row with several loss spans; when the template
+renders history differently (Qwen3 drops reasoning of turns before the last
+user turn), one row per assistant turn -- the rule speculators applies with a
+vLLM renderer.
+
+Decided against speculators' own prepare-data: the template's whitespace after
+the end-of-turn token (Qwen's `\\n` after `<|im_end|>`) is NOT in the loss. The
+verifier stops at `<|im_end|>` and never generates it; training on it teaches a
+token that is never verified and adds a free hit per turn to teacher-forced
+acceptance. (It stays in input_ids as context of the next turn.)
+
+Every input row lands in one bucket: used, or rejected with its full reason
+(invalid JSON, unusable row, truncated reply unless data.keep_truncated,
+reasoning with thinking off, nothing trainable within seq_length).
 """
 
 from __future__ import annotations
