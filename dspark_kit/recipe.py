@@ -67,10 +67,12 @@ class DataCfg(_Section):
     limit: int | None = Field(None, ge=1)
     seq_length: int = Field(2048, ge=1, description="prepare truncates to this; train total_seq_len")
     num_workers: int = Field(1, ge=1)
+    keep_truncated: bool = Field(False, description="prepare keeps replies the verifier did not finish "
+                                 "(finish_reason length, think block never closed); default: skipped, counted")
 
 
 class RegenCfg(_Section):
-    enabled: bool = True
+    enabled: bool = Field(True, description="regen is part of the run; prepare then requires DIR/regen.jsonl")
     endpoints: list[str] = Field(default_factory=list, description="OpenAI base URLs; empty = start a server")
     concurrency: int = Field(64, ge=1)
     max_tokens: int = Field(8192, ge=1)
@@ -79,6 +81,8 @@ class RegenCfg(_Section):
     seed: int | None = 42
     request_timeout: float = Field(600.0, gt=0)
     max_retries: int = Field(5, ge=0)
+    unavailable_timeout: float = Field(300.0, ge=0, description="seconds an endpoint may refuse connections "
+                                       "(server restarting) before regen gives up on it")
 
 
 class HiddenStatesCfg(_Section):

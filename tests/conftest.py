@@ -63,7 +63,7 @@ def trained_run(tmp_path_factory, tiny_verifier) -> Path:
 
     wd = tmp_path_factory.mktemp("trained-run")
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages",
-           "prepare,hidden-states,train", "--workdir", str(wd), "--json"]
+           "prepare,hidden-states,train", "--workdir", str(wd), "--json", "--set", "regen.enabled=false"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wd / "run.json").write_text(proc.stdout)

@@ -45,7 +45,7 @@ def test_rerun_skips_unchanged_stages(trained_run):
     import sys
 
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages",
-           "prepare,hidden-states,train", "--workdir", str(trained_run), "--json"]
+           "prepare,hidden-states,train", "--workdir", str(trained_run), "--json", "--set", "regen.enabled=false"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     assert {s["status"] for s in json.loads(out)["stages"]} == {"skipped (unchanged)"}
 

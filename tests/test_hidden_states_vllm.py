@@ -14,6 +14,7 @@ from dspark_kit.stages.pipeline import stage_hidden_states, stage_prepare
 @pytest.mark.slow
 def test_server_backend_matches_local_backend(tmp_path, tiny_recipe, tiny_verifier):
     tiny_recipe.data.limit = 6
+    tiny_recipe.regen.enabled = False  # prepare the raw data.source
     a, b = tmp_path / "a", tmp_path / "b"
     for wd in (a, b):
         stage_prepare(tiny_recipe, wd)

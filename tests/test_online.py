@@ -14,7 +14,8 @@ TINY_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yam
 def test_tiny_recipe_trains_online(tmp_path, tiny_verifier):
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--workdir", str(tmp_path),
            "--stages", "prepare,hidden-states,train", "--json",
-           "--set", "hidden_states.mode=online", "--set", "train.epochs=1", "--set", "data.limit=32"]
+           "--set", "hidden_states.mode=online", "--set", "train.epochs=1", "--set", "data.limit=32",
+           "--set", "regen.enabled=false"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stages = {s["stage"]: s for s in json.loads(proc.stdout)["stages"]}

@@ -135,6 +135,23 @@ def test_pitfall_4_thinking_replies_with_thinking_off(recipe, run):
     assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
 
 
+def test_pitfall_4_reasoning_field_with_thinking_off(recipe, run):
+    """regen stores a reasoning parser's output as reasoning_content: preflight reads it too."""
+    row = {"conversations": [{"from": "human", "value": "hi"},
+                             {"from": "gpt", "value": "the reply", "reasoning_content": "first restate it"}],
+           "metadata": {"idx": 0, "finish_reasons": ["stop"]}}
+    (run / "regen.jsonl").write_text(json.dumps(row) + "\n")
+    assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+
+
+def test_pitfall_4_thinking_on_without_any_reasoning(recipe, run):
+    recipe.verifier.thinking = True
+    (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
+    _write_regen(run, thinking=True)
+    found = [f for f in run_preflight(recipe, run, probes=False) if f.pitfall == 4]
+    assert [f.level for f in found] == ["error"] and "carries reasoning" in found[0].message
+
+
 def test_pitfall_4_empty_think_block_is_not_thinking(recipe, run):
     _write_regen(run, reply="<think>\n\n</think>\n\nthe reply")
     assert 4 not in _pitfalls(run_preflight(recipe, run, probes=False))

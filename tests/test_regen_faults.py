@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -20,9 +21,9 @@ BEHAVIOURS = ["ok", "fail-once", "fail-always", "slow", "malformed", "bad-schema
 class Stub:
     """Answers by the last user message: the behaviour name is the content."""
 
-    def __init__(self):
+    def __init__(self, port: int | None = None):
         self.attempts: Counter = Counter()
-        self.port = free_port()
+        self.port = port or free_port()
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         threading.Thread(target=self._run, args=(ready,), daemon=True).start()
@@ -59,6 +60,16 @@ class Stub:
             return web.json_response({"choices": []})
         if kind == "reject":
             return web.json_response({"error": {"message": "bad"}}, status=400)
+        msg = ok["choices"][0]["message"]
+        if kind == "think":  # vLLM --reasoning-parser: reasoning_content, content after </think>
+            msg.update(reasoning_content=f"\nwhy {kind}\n", content=f"\n\nre:{kind}")
+        if kind == "think-new":  # newer vLLM name
+            msg.update(reasoning=f"why {kind}")
+        if kind == "think-inline":  # no reasoning parser
+            msg["content"] = f"<think>\nwhy {kind}\n</think>\n\nre:{kind}"
+        if kind == "cut":
+            msg.update(reasoning_content="cut off mid", content=None)
+            ok["choices"][0]["finish_reason"] = "length"
         return web.json_response(ok)
 
     def stop(self):
@@ -106,16 +117,19 @@ def test_resume_retries_only_failed_rows(tmp_path, stub):
     recipe = _recipe(tmp_path, ["ok", "fail-once", "ok"], max_retries=0)
     first = run_regen(recipe, out, endpoints=[stub.url], backoff_base=0.01)
     assert (first["written"], first["failed"]) == (2, 1)
+    errors = tmp_path / "out.jsonl.errors.jsonl"
+    assert [e["idx"] for e in _lines(errors)] == [1]
     second = run_regen(recipe, out, endpoints=[stub.url], backoff_base=0.01)
     assert (second["written"], second["already_done"], second["skipped_already_done"]) == (1, 2, 2)
     assert sorted(r["metadata"]["idx"] for r in _lines(out)) == [0, 1, 2]
+    assert not _lines(errors)  # the retried failure succeeded: its entry is gone
 
 
 def test_refused_endpoint_leaves_rotation_and_others_take_its_rows(tmp_path, stub):
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "out.jsonl"
-    summary = run_regen(_recipe(tmp_path, ["ok"] * 12), out, endpoints=[dead, stub.url], model="stub",
-                        concurrency=3, backoff_base=0.01, dead_after=2)
+    summary = run_regen(_recipe(tmp_path, ["ok"] * 12, unavailable_timeout=0), out, endpoints=[dead, stub.url],
+                        model="stub", concurrency=3, backoff_base=0.01, dead_after=2)
     assert sorted(r["metadata"]["idx"] for r in _lines(out)) == list(range(12))
     by_url = {e["url"]: e for e in summary["endpoints"]}
     assert "connection refused" in by_url[dead + "/v1"]["dead"] and by_url[dead + "/v1"]["rows"] == 0
@@ -125,8 +139,8 @@ def test_refused_endpoint_leaves_rotation_and_others_take_its_rows(tmp_path, stu
 def test_only_endpoint_refused_run_finishes_and_reports(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     out = tmp_path / "out.jsonl"
-    summary = run_regen(_recipe(tmp_path, ["ok"] * 5), out, endpoints=[dead], model="m", concurrency=2,
-                        backoff_base=0.01, dead_after=2)
+    summary = run_regen(_recipe(tmp_path, ["ok"] * 5, unavailable_timeout=0), out, endpoints=[dead], model="m",
+                        concurrency=2, backoff_base=0.01, dead_after=2)
     assert summary["all_endpoints_dead"] and summary["written"] == 0
     errors = _lines(tmp_path / "out.jsonl.errors.jsonl")
     assert errors and all("connection refused" in e["reason"] for e in errors)
@@ -164,3 +178,113 @@ def test_endpoint_urls_are_normalised():
 
     assert normalize_endpoint("10.0.0.5:8000") == "http://10.0.0.5:8000/v1"
     assert normalize_endpoint("https://h/v1/") == "https://h/v1"
+
+
+def test_reasoning_from_the_server_is_stored_explicitly(tmp_path, stub):
+    from dspark_kit.data.conversations import normalize
+
+    out = tmp_path / "out.jsonl"
+    kinds = ["think", "think-new", "think-inline", "ok", "cut"]
+    summary = run_regen(_recipe(tmp_path, kinds), out, endpoints=[stub.url], backoff_base=0.01)
+    assert summary["written"] == 5
+    rows = {r["metadata"]["idx"]: r for r in _lines(out)}
+    gpt = {i: r["conversations"][1] for i, r in rows.items()}
+    assert gpt[0] == {"from": "gpt", "value": "\n\nre:think", "reasoning_content": "\nwhy think\n"}
+    assert gpt[1]["reasoning_content"] == "why think-new" and gpt[1]["value"] == "re:think-new"
+    assert gpt[2] == {"from": "gpt", "value": "re:think-inline", "reasoning_content": "why think-inline"}
+    assert "reasoning_content" not in gpt[3]
+    assert rows[4]["metadata"]["finish_reasons"] == ["length"] and gpt[4]["reasoning_content"] == "cut off mid"
+    assert normalize(rows[4])[1]["finish_reason"] == "length"  # prepare skips it as truncated
+
+
+def test_server_restarted_within_unavailable_timeout_loses_no_row(tmp_path):
+    """Before: 5 refusals in a row (~4 s) killed the endpoint; in-flight rows failed, the rest vanished."""
+    stub = Stub()
+    box = {"stub": stub, "done": 0, "restarted": threading.Event()}
+
+    def bounce():
+        box["stub"].stop()
+        time.sleep(1.5)
+        box["stub"] = Stub(port=stub.port)
+        box["restarted"].set()
+
+    def on_row(row):
+        box["done"] += 1
+        if box["done"] == 5:
+            threading.Thread(target=bounce, daemon=True).start()
+
+    out = tmp_path / "out.jsonl"
+    try:
+        summary = run_regen(_recipe(tmp_path, ["ok"] * 40, unavailable_timeout=30), out, endpoints=[stub.url],
+                            model="stub", concurrency=4, backoff_base=0.05, backoff_cap=0.3, on_row=on_row)
+    finally:
+        box["restarted"].wait(10)
+        box["stub"].stop()
+    assert box["stub"] is not stub  # the server really went away mid-run
+    assert (summary["written"], summary["failed"], summary["not_attempted"]) == (40, 0, 0)
+    assert sorted(r["metadata"]["idx"] for r in _lines(out)) == list(range(40))
+
+
+def test_every_row_is_accounted_when_all_endpoints_are_gone(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    out = tmp_path / "out.jsonl"
+    summary = run_regen(_recipe(tmp_path, ["ok"] * 35, unavailable_timeout=0.3), out, endpoints=[dead], model="m",
+                        concurrency=4, backoff_base=0.01, dead_after=2)
+    assert summary["all_endpoints_dead"] and summary["written"] == 0
+    assert summary["failed"] + summary["not_attempted"] == 35 == summary["source_rows"]
+    assert summary["not_attempted"] > 0
+    assert len(_lines(tmp_path / "out.jsonl.errors.jsonl")) == summary["failed"]
+
+
+def test_no_resume_with_a_bad_dataset_or_without_overwrite_keeps_the_output(tmp_path, stub):
+    """Before: --no-resume --dataset typo.jsonl emptied a 40-row output and deleted its errors file."""
+    from dspark_kit.data.sources import SourceError
+    from dspark_kit.stages.regen import OutputExists
+
+    out = tmp_path / "out.jsonl"
+    recipe = _recipe(tmp_path, ["ok"] * 40)
+    run_regen(recipe, out, endpoints=[stub.url])
+    errors = tmp_path / "out.jsonl.errors.jsonl"
+    errors.write_text(json.dumps({"idx": 99, "reason": "x"}) + "\n")
+    before = out.read_bytes()
+    with pytest.raises(SourceError, match="file not found"):
+        run_regen(recipe, out, endpoints=[stub.url], resume=False, dataset=str(tmp_path / "typo.jsonl"))
+    with pytest.raises(OutputExists, match="--overwrite"):
+        run_regen(recipe, out, endpoints=[stub.url], resume=False)
+    assert out.read_bytes() == before and len(before.splitlines()) == 40 and errors.exists()
+    summary = run_regen(recipe, out, endpoints=[stub.url], resume=False, overwrite=True, limit=3)
+    assert summary["written"] == 3 and len(_lines(out)) == 3 and not errors.exists()
+
+
+def test_cli_writes_into_the_run_folder_and_refuses_to_truncate(tmp_path, stub):
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+    from dspark_kit.recipe import dump_recipe
+
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(dump_recipe(_recipe(tmp_path, ["ok", "ok"])))
+    runner = CliRunner()
+    wd = tmp_path / "run"
+    res = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-w", str(wd), "--json"])
+    assert res.exit_code == 0, res.output
+    assert len(_lines(wd / "regen.jsonl")) == 2 and json.loads(res.stdout)["outfile"] == str(wd / "regen.jsonl")
+    bad = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-w", str(wd), "--no-resume",
+                              "--dataset", str(tmp_path / "typo.jsonl")])
+    assert bad.exit_code != 0 and "file not found" in bad.output and len(_lines(wd / "regen.jsonl")) == 2
+    again = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-w", str(wd), "--no-resume"])
+    assert again.exit_code != 0 and "--overwrite" in again.output and len(_lines(wd / "regen.jsonl")) == 2
+
+
+def test_server_still_starting_is_waited_for(tmp_path):
+    """No --model: GET /models is retried while the server refuses connections (within the window)."""
+    port, box = free_port(), {}
+    timer = threading.Timer(1.0, lambda: box.setdefault("stub", Stub(port=port)))
+    timer.start()
+    try:
+        summary = run_regen(_recipe(tmp_path, ["ok"] * 3, unavailable_timeout=20, max_retries=0),
+                            tmp_path / "out.jsonl", endpoints=[f"http://127.0.0.1:{port}/v1"], backoff_base=0.05)
+    finally:
+        timer.join()
+        box["stub"].stop()
+    assert summary["written"] == 3 and summary["endpoints"][0]["model"] == "stub"

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def _cmd(wd):
     return [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--workdir", str(wd),
             "--stages", "prepare,hidden-states,train", "--json",
-            "--set", "train.epochs=3", "--set", "data.limit=40"]
+            "--set", "train.epochs=3", "--set", "data.limit=40", "--set", "regen.enabled=false"]
 
 
 def test_killed_training_resumes_and_finished_stages_are_skipped(tmp_path, tiny_verifier):

@@ -15,6 +15,7 @@ from dspark_kit.cli.common import (
     JsonOpt,
     RecipeOpt,
     SetOpt,
+    WorkdirOpt,
     console,
     emit_json,
     fail,
@@ -73,7 +74,8 @@ def register(app: typer.Typer) -> None:
     def regen(
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
-        outfile: Annotated[Path, typer.Option("--outfile", "-o", help="Output jsonl (one row per conversation).")] = Path("regen.jsonl"),
+        workdir: WorkdirOpt = None,
+        outfile: Annotated[Path | None, typer.Option("--outfile", "-o", help="Output jsonl, one row per conversation (default DIR/regen.jsonl, where prepare reads it).")] = None,
         dataset: Annotated[str | None, typer.Option(help="Override data.source: builtin:tiny-chat, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
         endpoint: Annotated[list[str] | None, typer.Option("--endpoint", "-e", help="OpenAI base URL, e.g. http://10.0.0.5:8000/v1 (repeat for several servers; none = start a local engine).")] = None,
         model: Annotated[str | None, typer.Option(help="Model id to request (default: first id from GET /v1/models).")] = None,
@@ -83,7 +85,8 @@ def register(app: typer.Typer) -> None:
         temperature: Annotated[float | None, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")] = None,
         top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = None,
         seed: Annotated[int | None, typer.Option(help="Base seed (per request: seed + 1000*idx + turn).")] = None,
-        resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip rows already in --outfile (and repair a cut last line); --no-resume starts over.")] = True,
+        resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip rows already in the output (and repair a cut last line); --no-resume starts over (needs --overwrite when the output holds rows).")] = True,
+        overwrite: Annotated[bool, typer.Option("--overwrite", help="With --no-resume: empty an existing output and its errors file.")] = False,
         dry_run: DryRunOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
@@ -91,12 +94,16 @@ def register(app: typer.Typer) -> None:
 
         User turns are kept, original replies dropped, each reply regenerated in order with the new replies as history. Rows are shared over all --endpoint servers (scale with more servers, not more concurrency); a server that keeps refusing connections is dropped and its rows go to the others. Failed rows (after retries with backoff) are listed in OUTFILE.errors.jsonl; re-running with --resume retries exactly those.
 
-        Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -o runs/tiny/regen.jsonl
+        Reasoning (a server's reasoning_content/reasoning, or inline <think>) is stored per reply as reasoning_content. A server that refuses connections is waited for up to regen.unavailable_timeout seconds; every source row is reported as written, failed, not attempted or unusable.
+
+        Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
         """
         from dspark_kit.data.sources import SourceError
-        from dspark_kit.stages.regen import run_regen
+        from dspark_kit.rundir import RunDir
+        from dspark_kit.stages.regen import OutputExists, run_regen
 
         r = load(recipe, set_)
+        outfile = outfile or RunDir.at(r.workdir_path(workdir)).regen_jsonl
         if dry_run:
             _dry_run(r, endpoint, json_out)
             return
@@ -105,10 +112,10 @@ def register(app: typer.Typer) -> None:
         try:
             with progress.bar:
                 summary = run_regen(
-                    r, outfile, endpoints=endpoint, limit=limit, resume=resume, dataset=dataset,
+                    r, outfile, endpoints=endpoint, limit=limit, resume=resume, overwrite=overwrite, dataset=dataset,
                     model=model, concurrency=concurrency, max_tokens=max_tokens,
                     temperature=temperature, top_p=top_p, seed=seed, on_row=progress.on_row)
-        except SourceError as e:
+        except (SourceError, OutputExists) as e:
             fail(str(e))
         except RuntimeError as e:  # e.g. the local engine did not start
             fail(str(e).splitlines()[0] + " (full log tail below)\n" + str(e), code=1)
@@ -117,6 +124,7 @@ def register(app: typer.Typer) -> None:
         else:
             console.print(
                 f"regen: {summary['written']} rows written, {summary['failed']} failed, "
+                f"{summary['not_attempted']} not attempted, "
                 f"{summary['already_done']} already done -> {summary['outfile']} "
                 f"({summary['rows_per_min']} rows/min, {summary['tokens_per_s']} tok/s)", highlight=False)
             for ep in summary["endpoints"]:
@@ -124,6 +132,10 @@ def register(app: typer.Typer) -> None:
                 console.print(f"  {ep['url']}: {ep['rows']} rows, {ep['errors']} errors, {state}", highlight=False)
             if summary["failed"]:
                 console.print(f"  failures: {summary['errors_file']} (re-run with --resume to retry them)")
+                for reason, n in summary["failed_reasons"].items():
+                    console.print(f"    {n}: {reason}", highlight=False)
+            if summary["not_attempted"]:
+                console.print(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
             if summary["skipped_rows"]:
                 console.print(f"  unusable source rows: {summary['skipped_rows']}", highlight=False)
         if summary["all_endpoints_dead"]:

@@ -1,8 +1,19 @@
-"""Normalise chat rows from the formats users have into OpenAI-style messages.
+"""One conversation model for the whole kit: chat rows in, OpenAI-style messages out.
 
-Accepted: the regen schema / ShareGPT (`conversations: [{from, value}]`),
-OpenAI `messages: [{role, content}]`, and `prompt`/`response` pairs. A row that
-cannot be used raises `ConversationError` with a reason; callers count those.
+A message is `{"role", "content"}` plus, on assistant turns, `reasoning_content`
+(the thinking text, the field Qwen3's chat template and speculators read) when
+the reply carried any, and `finish_reason` when the row recorded one.
+
+Readers accept the regen schema / ShareGPT (`conversations: [{from, value}]`),
+OpenAI `messages: [{role, content}]` and `prompt`/`response` pairs; reasoning as
+`reasoning_content`, `reasoning` (vLLM's newer name) or inline
+`<think>...</think>` at the start of the content (split the way Qwen3's template
+splits it). Writers (`to_sharegpt`, used by regen) store reasoning explicitly in
+`reasoning_content`. A row that cannot be used raises `ConversationError` whose
+text is the full reason; callers count rows per reason.
+
+A reply the model did not finish (`finish_reason: length`, or `<think>` without
+`</think>`) is marked; `truncation(messages)` names it so prepare can skip it.
 """
 
 from __future__ import annotations
@@ -14,29 +25,62 @@ ROLE_ALIASES = {
     "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
     "system": "system", "tool": "tool",
 }
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+UNCLOSED = "unclosed"  # marker key on a message whose reasoning never closed
 
 
 class ConversationError(ValueError):
     """A row that cannot become a conversation; str(e) is the reason."""
 
 
-def _turn(t: Any, i: int) -> dict[str, str]:
+def split_reasoning(content: str) -> tuple[str | None, str, bool]:
+    """(reasoning or None, content, unclosed) of a reply with inline think tags.
+
+    Mirrors Qwen3's template: reasoning is the text before `</think>` after the last `<think>`,
+    stripped of newlines; content is what follows `</think>`, left-stripped of newlines."""
+    if THINK_CLOSE in content:
+        parts = content.split(THINK_CLOSE)
+        return parts[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n"), parts[-1].lstrip("\n"), False
+    return None, content, content.lstrip().startswith(THINK_OPEN)  # unclosed: cut off while thinking
+
+
+def _text(value: Any, what: str, i: int) -> str | None:
+    if isinstance(value, list):  # OpenAI content parts
+        value = "".join(p.get("text", "") for p in value if isinstance(p, dict))
+    if value is not None and not isinstance(value, str):
+        raise ConversationError(f"turn {i}: {what} must be text, got {type(value).__name__}")
+    return value
+
+
+def _turn(t: Any, i: int) -> dict[str, Any]:
     if not isinstance(t, dict):
         raise ConversationError(f"turn {i}: expected an object, got {type(t).__name__}")
     role = t.get("role", t.get("from"))
-    content = t.get("content", t.get("value"))
     if not isinstance(role, str) or role.lower() not in ROLE_ALIASES:
         raise ConversationError(f"turn {i}: unknown role {role!r}")
-    if isinstance(content, list):  # OpenAI content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise ConversationError(f"turn {i}: content must be text, got {type(content).__name__}")
-    return {"role": ROLE_ALIASES[role.lower()], "content": content}
+    role = ROLE_ALIASES[role.lower()]
+    content = _text(t.get("content", t.get("value")), "content", i) or ""
+    msg: dict[str, Any] = {"role": role, "content": content}
+    if role != "assistant":
+        return msg
+    reasoning = _text(t.get("reasoning_content"), "reasoning_content", i)
+    if reasoning is None:
+        reasoning = _text(t.get("reasoning"), "reasoning", i)
+    inline, rest, unclosed = split_reasoning(content)  # an unclosed reply keeps its raw text
+    if inline is not None:
+        if reasoning:
+            raise ConversationError(f"turn {i}: reasoning given twice (a reasoning field and inline <think>)")
+        reasoning, msg["content"] = inline, rest
+    if reasoning is not None:
+        msg["reasoning_content"] = reasoning
+    if unclosed:
+        msg[UNCLOSED] = True
+    if isinstance(t.get("finish_reason"), str):
+        msg["finish_reason"] = t["finish_reason"]
+    return msg
 
 
-def normalize(row: Any) -> list[dict[str, str]]:
+def normalize(row: Any) -> list[dict[str, Any]]:
     """Messages of one row; raises ConversationError when the row is unusable."""
     if not isinstance(row, dict):
         raise ConversationError(f"row must be an object, got {type(row).__name__}")
@@ -52,9 +96,46 @@ def normalize(row: Any) -> list[dict[str, str]]:
     msgs = [_turn(t, i) for i, t in enumerate(turns)]
     if not any(m["role"] == "user" for m in msgs):
         raise ConversationError("no user turn")
+    # regen rows record one finish reason per generated (assistant) turn in metadata
+    meta = row.get("metadata")
+    finish = meta.get("finish_reasons") if isinstance(meta, dict) else None
+    replies = [m for m in msgs if m["role"] == "assistant"]
+    if isinstance(finish, list) and len(finish) == len(replies):
+        for m, f in zip(replies, finish):
+            if isinstance(f, str):
+                m.setdefault("finish_reason", f)
     return msgs
 
 
-def to_sharegpt(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+def truncation(messages: list[dict[str, Any]]) -> str | None:
+    """The reason a conversation holds a reply the model did not finish, or None."""
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        if m.get("finish_reason") == "length":
+            return "truncated reply (finish_reason: length; data.keep_truncated keeps it)"
+        if m.get(UNCLOSED):
+            return "truncated reply (<think> without </think>; data.keep_truncated keeps it)"
+    return None
+
+
+def has_reasoning(messages: list[dict[str, Any]]) -> bool:
+    """Whether any reply carries non-empty reasoning."""
+    return any((m.get("reasoning_content") or "").strip() for m in messages if m["role"] == "assistant")
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the chat template gets: role, content and reasoning_content only."""
+    keys = ("role", "content", "reasoning_content")
+    return [{k: m[k] for k in keys if k in m} for m in messages]
+
+
+def to_sharegpt(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     back = {"user": "human", "assistant": "gpt"}
-    return [{"from": back.get(m["role"], m["role"]), "value": m["content"]} for m in messages]
+    out = []
+    for m in messages:
+        turn = {"from": back.get(m["role"], m["role"]), "value": m["content"]}
+        if m.get("reasoning_content") is not None:
+            turn["reasoning_content"] = m["reasoning_content"]
+        out.append(turn)
+    return out

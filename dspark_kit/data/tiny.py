@@ -26,8 +26,10 @@ from dspark_kit.data.tiny_data import conversations, thinking_reply
 from dspark_kit.progress import note
 from dspark_kit.recipe import TINY_VERIFIER
 
-# Qwen3's template, reduced to what the tiny model needs: reasoning of earlier
-# assistant turns is dropped from history, the final assistant turn always
+# Qwen3's template, reduced to what the tiny model needs: reasoning comes from
+# `reasoning_content` when it is a string, else from inline <think>..</think>
+# (split as Qwen3 splits it); reasoning of assistant turns before the last user
+# turn is dropped from history, the final assistant turn always
 # carries a (possibly empty) think block, and enable_thinking=false pre-fills
 # an empty one -- so, as with Qwen3, multi-turn history renders differently
 # from the incremental render.
@@ -37,12 +39,13 @@ CHAT_TEMPLATE = (
     "{%- for m in messages -%}"
     "{%- if m.role == 'assistant' -%}"
     "{%- set content = m.content -%}{%- set reasoning = '' -%}"
-    "{%- if '</think>' in content -%}"
-    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') -%}"
+    "{%- if m.reasoning_content is string -%}{%- set reasoning = m.reasoning_content -%}"
+    "{%- elif '</think>' in content -%}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') -%}"
     "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
     "{%- endif -%}"
     "{%- if loop.index0 > ns.last_user and (loop.last or reasoning) -%}"
-    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' -}}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') + '<|im_end|>\\n' -}}"
     "{%- else -%}{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- endfor -%}"

@@ -201,6 +201,21 @@ class Engine:
         return next_token
 
 
+def split_reasoning_like_vllm(text: str) -> dict[str, str | None]:
+    """--reasoning-parser qwen3: `<think>R</think>C` -> reasoning_content R, content C (text as
+    generated, no stripping; content None when empty), as vLLM's parser answers. A reply cut off
+    before `</think>` is all reasoning. `reasoning` (vLLM's newer name) carries the same text."""
+    head, sep, tail = text.partition("<think>")
+    rest = tail if sep else head
+    if "</think>" in rest:
+        reasoning, _, content = rest.partition("</think>")
+    elif sep:
+        reasoning, content = rest, ""
+    else:
+        return {"content": text, "reasoning_content": None, "reasoning": None}
+    return {"content": content or None, "reasoning_content": reasoning, "reasoning": reasoning}
+
+
 def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -272,8 +287,10 @@ def create_app(engine: Engine) -> FastAPI:
         max_tokens = req.max_tokens or max(1, engine.max_len - len(ids))
         engine.check_prompt(ids, max_tokens)
         out = await engine.run(engine.decode, ids, req, max_tokens)
-        choice = {"index": 0, "message": {"role": "assistant", "content": out["text"]},
-                  "finish_reason": out["finish_reason"], "logprobs": None}
+        message = {"role": "assistant", "content": out["text"]}
+        if getattr(args, "reasoning_parser", None):
+            message.update(split_reasoning_like_vllm(out["text"]))
+        choice = {"index": 0, "message": message, "finish_reason": out["finish_reason"], "logprobs": None}
         body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                 "created": int(time.time()), "model": engine.served_name, "choices": [choice],
                 "usage": _usage(len(ids), len(out["token_ids"]))}
@@ -337,6 +354,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
+                   help="split <think>..</think> out of chat replies into message.reasoning_content (as vLLM)")
     p.add_argument("--api-key", default=os.environ.get("DSPARK_KIT_API_KEY"))
     p.add_argument("--max-concurrency", type=int, default=256, help="in-flight requests before 503")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "npu"], default="auto")

@@ -24,6 +24,12 @@ def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:
     """The chat server regen starts when no endpoint is given: the recipe's engine, on a free port."""
     from dspark_kit.engines.lifecycle import free_port
 
+    if res.engine == "local":
+        from dspark_kit.engines.local import plan_local
+
+        # thinking on: the engine hands reasoning back split out, as vLLM --reasoning-parser qwen3 does
+        extra = ["--reasoning-parser", "qwen3"] if res.recipe.verifier.thinking else None
+        return plan_local(res, "chat", port=free_port(res.recipe.serve.host), api_key=api_key, extra_args=extra)
     return server_plan(res, "chat", port=free_port(res.recipe.serve.host), api_key=api_key)
 
 

@@ -48,32 +48,47 @@ def regen_file(workdir: Path) -> Path:
 def stage_regen(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.stages.regen import run_regen
 
-    return run_regen(recipe, regen_file(workdir), resume=True)
+    s = run_regen(recipe, regen_file(workdir), resume=True)
+    note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
+         f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
+         f"of {s['source_rows']} source rows")
+    for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
+        note(f"  {n}: {reason}")
+    return s
 
 
 def prepare_input_rows(recipe: Recipe, workdir: Path):
-    """Regen output when present, else the recipe's data source as is."""
+    """(rows, total, rows the reader could not use, source): DIR/regen.jsonl when regen is part of
+    the recipe (a missing one is an error, not a silent fall-back to the raw data), else the
+    recipe's data source as is."""
+    from collections import Counter
+
     from dspark_kit.stages.prepare import read_jsonl
 
     f = regen_file(workdir)
-    if f.exists():
-        return read_jsonl(f), sum(1 for line in f.open() if line.strip())
+    if recipe.regen.enabled:
+        if not f.exists():
+            raise ValueError(f"{f} not found: run regen first (dspark-kit regen -w {workdir}), "
+                             "or set regen.enabled=false to prepare data.source as is")
+        return read_jsonl(f), sum(1 for line in f.open() if line.strip()), Counter(), str(f)
     from dspark_kit.data.sources import iter_source
 
-    rows = [{"messages": msgs} for _, msgs in iter_source(recipe.data)]
-    return rows, len(rows)
+    skipped: Counter = Counter()
+    rows = [{"messages": msgs} for _, msgs in iter_source(recipe.data, skipped=skipped)]
+    return rows, len(rows), skipped, recipe.data.source
 
 
 def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.stages.prepare import prepare
 
-    rows, total = prepare_input_rows(recipe, workdir)
+    rows, total, unusable, source = prepare_input_rows(recipe, workdir)
     s = prepare(
         rows, verifier_path(recipe), RunDir.at(workdir).prepared,
         seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking,
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
-        meta={"verifier": recipe.verifier.path, "source": str(regen_file(workdir)) if regen_file(workdir).exists() else recipe.data.source},
+        keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable,
+        meta={"verifier": recipe.verifier.path, "source": source},
     )
     return s.as_dict()
 
@@ -254,6 +269,9 @@ def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
             upstream = prev.get("fingerprint", fp) if prev.get("status") == "done" else fp
             continue
         dirty = dirty or name == forced_from
+        if name == "regen" and not recipe.regen.enabled:
+            rows.append({"stage": name, "status": "skipped (regen.enabled false)", "seconds": 0.0, "figure": None})
+            continue
         if not dirty and prev.get("status") == "done" and prev.get("fingerprint") == fp:
             rows.append({"stage": name, "status": "skipped (unchanged)", "seconds": 0.0,
                          "figure": prev.get("figure")})

@@ -11,7 +11,6 @@ preflight runs before, between and after the stages.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +30,6 @@ _CHECKPOINT_CODES = {
     "layer-ids": 5, "layers-unchecked": 5,
     "verifier-mismatch": 3, "verifier-unrecorded": 3, "verifier-relative": 3,
 }  # fmt: skip
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
 def pitfall(number: int, level: str, message: str) -> Finding:
@@ -142,17 +140,36 @@ def check_models(ctx: _Context) -> list[Finding]:
     return out
 
 
+def _reply_reasoning(rows: list[dict]) -> tuple[int, int]:
+    """(replies, replies with non-empty reasoning) in any form the conversation model reads:
+    reasoning_content / reasoning fields or inline <think>."""
+    from dspark_kit.data.conversations import ConversationError, normalize
+
+    replies = thought = 0
+    for r in rows:
+        try:
+            msgs = normalize(r)
+        except ConversationError:
+            continue
+        for m in msgs:
+            if m["role"] == "assistant":
+                replies += 1
+                thought += bool((m.get("reasoning_content") or "").strip())
+    return replies, thought
+
+
 def check_thinking(ctx: _Context) -> list[Finding]:
     want, out = ctx.recipe.verifier.thinking, []
-    replies = [turn.get("value", "") for r in _regen_rows(ctx.run.regen_jsonl)
-               for turn in r.get("conversations", []) if turn.get("from") in ("gpt", "assistant")]  # fmt: skip
-    thought = sum(1 for text in replies if any(m.strip() for m in _THINK.findall(text)))
+    data = ctx.run.regen_jsonl
+    if not data.is_file() and not ctx.recipe.regen.enabled and ctx.recipe.data.source.endswith((".jsonl", ".ndjson")):
+        data = Path(ctx.recipe.data.source).expanduser()  # prepare reads the raw data then
+    replies, thought = _reply_reasoning(_regen_rows(data))
     if replies and thought and not want:
-        out.append(pitfall(4, "error", f"{thought}/{len(replies)} regenerated replies carry <think> reasoning "
+        out.append(pitfall(4, "error", f"{thought}/{replies} replies in {data.name} carry reasoning "
                                        "but verifier.thinking is false; regen, prepare and bench must agree"))  # fmt: skip
     if replies and want and not thought:
-        out.append(pitfall(4, "warning", "verifier.thinking is true but no regenerated reply has <think> "
-                                         "reasoning (regen ran without thinking or a reasoning parser dropped it)"))  # fmt: skip
+        out.append(pitfall(4, "error", f"verifier.thinking is true but none of {replies} replies in {data.name} "
+                                       "carries reasoning (regen ran without thinking, or the data has none)"))  # fmt: skip
     recorded = {r["metadata"]["thinking"] for r in _regen_rows(ctx.run.regen_jsonl)
                 if isinstance(r.get("metadata"), dict) and "thinking" in r["metadata"]}  # fmt: skip
     if recorded - {want}:

@@ -2,15 +2,27 @@
 
 We render with the verifier's own tokenizer and chat template (no vLLM
 /render server needed), then hand the `input_ids` + `loss_mask` rows to
-speculators' pre-tokenized path, so the saved dataset and `token_freq.pt` are
-exactly what `speculators prepare-data` would write.
+speculators' pre-tokenized path (dataset and `token_freq.pt` in its format).
 
-Loss mask rule: the tokens after the generation-prompt render of the prefix
-are trainable, for every assistant turn. When the template renders history
-differently from the incremental render (Qwen3 drops earlier turns' reasoning
-and gives only the last turn a think block), one row per assistant turn is
-emitted instead: history as the template renders it at that turn, loss on that
-turn only -- the rule speculators applies with a vLLM renderer.
+Rows are the verifier's generations in the context it saw. Messages come from
+`conversations.normalize` (reasoning as `reasoning_content`, which the template
+renders). Per assistant turn j the context is the generation-prompt render of
+msgs[:j], token for token, and the loss is on turn j as generated: think block,
+reply, end-of-turn token. When every such render is a prefix of the full
+conversation's render it is one row with several loss spans; when the template
+renders history differently (Qwen3 drops reasoning of turns before the last
+user turn), one row per assistant turn -- the rule speculators applies with a
+vLLM renderer.
+
+Decided against speculators' own prepare-data: the template's whitespace after
+the end-of-turn token (Qwen's `\\n` after `<|im_end|>`) is NOT in the loss. The
+verifier stops at `<|im_end|>` and never generates it; training on it teaches a
+token that is never verified and adds a free hit per turn to teacher-forced
+acceptance. (It stays in input_ids as context of the next turn.)
+
+Every input row lands in one bucket: used, or rejected with its full reason
+(invalid JSON, unusable row, truncated reply unless data.keep_truncated,
+reasoning with thinking off, nothing trainable within seq_length).
 """
 
 from __future__ import annotations
@@ -26,29 +38,63 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_kit.data.chat import render
-from dspark_kit.data.conversations import ConversationError, normalize
-from dspark_kit.progress import progress_bar
+from dspark_kit.data.conversations import (
+    ConversationError,
+    has_reasoning,
+    normalize,
+    template_messages,
+    truncation,
+)
+from dspark_kit.progress import note, progress_bar
 
 _TOKENIZER = None
+_REPLY_LEN = None
 
 
 @dataclass
 class PrepareSummary:
+    """Every input row lands in one bucket: conversations_in == conversations_used + sum(rejected)."""
+
     conversations_in: int = 0
+    conversations_used: int = 0
     rows_out: int = 0
     per_turn_rows: int = 0  # rows from conversations whose history re-renders differently
-    rejected: Counter = field(default_factory=Counter)  # reason -> count
-    no_trainable_tokens: int = 0
-    truncated: int = 0
+    rejected: Counter = field(default_factory=Counter)  # full reason -> conversations
+    with_reasoning: int = 0  # used conversations whose replies carry reasoning
+    no_trainable_tokens: int = 0  # turn rows cut away entirely by seq_length
+    truncated: int = 0  # rows cut at seq_length
     tokens: int = 0
     trainable_tokens: int = 0
     seconds: float = 0.0
+    warnings: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
-        d["rejected"] = dict(self.rejected)
+        d["rejected"] = dict(self.rejected.most_common())
         d["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else None
         return d
+
+    def reject(self, reason: str, n: int = 1) -> None:
+        self.conversations_in += n
+        self.rejected[reason] += n
+
+    def check_thinking(self, thinking: bool) -> None:
+        """Warnings when the thinking mode and the data disagree (REFERENCE §8, pitfall 4)."""
+        off = self.rejected.get(REASONING_WITH_THINKING_OFF, 0)
+        if not thinking and off:
+            self.warnings.append(f"{off} conversations carry reasoning but verifier.thinking is false: skipped "
+                                 "(was the data generated in thinking mode?)")
+        if thinking and self.conversations_used and not self.with_reasoning:
+            self.warnings.append("verifier.thinking is true but no reply carries reasoning: regenerate in "
+                                 "thinking mode (with vLLM: --reasoning-parser qwen3 keeps it) or set thinking false")
+
+    def log(self) -> None:
+        note(f"prepare: {self.conversations_used} of {self.conversations_in} conversations used -> "
+             f"{self.rows_out} rows")
+        for reason, n in self.rejected.most_common():
+            note(f"  skipped {n}: {reason}")
+        for w in self.warnings:
+            note(f"WARNING: {w}")
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -60,38 +106,92 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def conversation_texts(tok, msgs: list[dict], thinking: bool) -> list[str]:
+REASONING_WITH_THINKING_OFF = ("reply carries reasoning but verifier.thinking is false "
+                               "(the verifier never writes it in that mode; regenerate or set verifier.thinking)")
+NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
+
+
+class InvalidLine:
+    """A jsonl line that did not parse; rejected with its reason like any unusable row."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False) -> list[str]:
     """The renders the loss mask needs: per assistant turn j, the prompt (msgs[:j] + generation
-    prompt) then the text up to and including turn j. The last one is the full conversation."""
+    prompt, exactly what the verifier saw) then the text up to and including turn j.
+
+    Raises ConversationError (the reason) for a truncated reply (unless keep_truncated),
+    reasoning with thinking off, or a template that does not render turn j right after its
+    generation prompt: such a row is not what the verifier generated."""
     turns = [j for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
     if not turns:
         raise ConversationError("no assistant turn after a user turn")
     msgs = msgs[: turns[-1] + 1]  # trailing user turns have nothing to learn
+    if not keep_truncated and (why := truncation(msgs)):
+        raise ConversationError(why)
+    if not thinking and has_reasoning(msgs):
+        raise ConversationError(REASONING_WITH_THINKING_OFF)
+    msgs = template_messages(msgs)
     texts = []
     for j in turns:
-        texts.append(render(tok, msgs[:j], thinking, add_generation_prompt=True))
-        texts.append(render(tok, msgs[: j + 1], thinking))
+        prompt, upto = render(tok, msgs[:j], thinking, add_generation_prompt=True), render(tok, msgs[: j + 1], thinking)
+        if not upto.startswith(prompt):
+            raise ConversationError(f"turn {j}: the template does not render the reply right after its "
+                                    "generation prompt (thinking mode and data disagree?)")
+        texts += [prompt, upto]
     return texts
 
 
-def rows_from_ids(ids: list[list[int]]) -> tuple[list[tuple[list[int], list[int]]], bool]:
+def reply_length_fn(tok):
+    """span ids -> how many of them the model generated: the template's whitespace after the
+    end-of-turn token (Qwen's `\\n` after `<|im_end|>`) is not generated, so it is not trained.
+
+    speculators' own prepare-data keeps that `\\n` in the loss; we leave it out on purpose: the
+    draft would learn a token the verifier never emits and teacher-forced acceptance would count
+    a free hit per turn."""
+    specials = set(tok.all_special_ids)
+    blank: dict[int, bool] = {}
+
+    def is_blank(i: int) -> bool:
+        if i not in blank:
+            blank[i] = i not in specials and tok.decode([i]).strip() == ""
+        return blank[i]
+
+    def reply_len(span: list[int]) -> int:
+        k = len(span)
+        while k > 0 and is_blank(span[k - 1]):
+            k -= 1
+        return k if 0 < k < len(span) and span[k - 1] in specials else len(span)
+
+    return reply_len
+
+
+def rows_from_ids(ids: list[list[int]], reply_len=len, encode_suffix=None
+                  ) -> tuple[list[tuple[list[int], list[int]]], bool]:
     """(input_ids, loss_mask) rows from the token ids of `conversation_texts`, and whether it fanned out.
 
     One row when every prompt/turn render is a token prefix of the full render; else one row per
-    turn (history as the template renders it at that turn, loss on that turn only)."""
+    turn (history as the template renders it at that turn, loss on that turn only). A row's context
+    is always the generation prompt's own tokens: when the turn's render does not start with them
+    (a merge across the boundary), the reply is encoded on its own (`encode_suffix(k)`)."""
     prompts, uptos = ids[0::2], ids[1::2]
     full = uptos[-1]
-    mask = [0] * len(full)
-    for prompt, upto in zip(prompts, uptos):
-        if full[: len(prompt)] != prompt or full[: len(upto)] != upto:
-            break
-        mask[len(prompt) : len(upto)] = [1] * (len(upto) - len(prompt))
-    else:
+    if all(full[: len(p)] == p and full[: len(u)] == u for p, u in zip(prompts, uptos)):
+        mask = [0] * len(full)
+        for p, u in zip(prompts, uptos):
+            n = reply_len(full[len(p) : len(u)])
+            mask[len(p) : len(p) + n] = [1] * n
         return [(full, mask)], False
     rows = []
-    for prompt, upto in zip(prompts, uptos):
-        boundary = len(prompt) if upto[: len(prompt)] == prompt else _common_prefix(prompt, upto)
-        rows.append((upto, [0] * boundary + [1] * (len(upto) - boundary)))
+    for k, (p, u) in enumerate(zip(prompts, uptos)):
+        if u[: len(p)] != p:
+            if encode_suffix is None:
+                raise ConversationError(f"turn {k}: reply tokens do not follow the generation prompt's tokens")
+            u = p + encode_suffix(k)
+        n = reply_len(u[len(p) :])
+        rows.append((u, [0] * len(p) + [1] * n + [0] * (len(u) - len(p) - n)))
     return rows, True
 
 
@@ -105,16 +205,23 @@ def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
     return [list(x) for x in tok(texts, add_special_tokens=False)["input_ids"]]
 
 
-def tokenize_conversation(tok, msgs: list[dict], thinking: bool) -> tuple[list[tuple[list[int], list[int]]], bool]:
+def tokenize_conversation(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False
+                          ) -> tuple[list[tuple[list[int], list[int]]], bool]:
     """Rows of (input_ids, loss_mask) for one conversation, and whether it fanned out per turn."""
-    return rows_from_ids(_encode_batch(tok, conversation_texts(tok, msgs, thinking)))
+    texts = conversation_texts(tok, msgs, thinking, keep_truncated)
+    return rows_from_ids(_encode_batch(tok, texts), reply_length_fn(tok), _suffix_encoder(tok, texts))
+
+
+def _suffix_encoder(tok, texts: list[str]):
+    return lambda k: _encode_batch(tok, [texts[2 * k + 1][len(texts[2 * k]) :]])[0]
 
 
 def _init_worker(tokenizer_path: str, trust_remote_code: bool) -> None:
-    global _TOKENIZER
+    global _TOKENIZER, _REPLY_LEN
     from transformers import AutoTokenizer
 
     _TOKENIZER = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+    _REPLY_LEN = reply_length_fn(_TOKENIZER)
 
 
 def _row_result(rows, fanned: bool, seq_length: int) -> dict:
@@ -123,18 +230,22 @@ def _row_result(rows, fanned: bool, seq_length: int) -> dict:
     return {"rows": kept, "fanned": fanned}
 
 
-def _work(args: tuple[list, bool, int]) -> list[dict]:
+def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
     """Tokenize a chunk of raw rows; one result dict per input row.
 
     Renders every text of the chunk first, then encodes them in one batched tokenizer call
     (the Rust tokenizer's batch path is much cheaper than one call per prefix)."""
-    raw_rows, thinking, seq_length = args
+    raw_rows, thinking, seq_length, keep_truncated = args
     out: list[dict] = []
     planned: list[tuple[int, list[str]]] = []  # (index in out, texts)
     for raw in raw_rows:
+        if isinstance(raw, InvalidLine):
+            out.append({"error": raw.reason})
+            continue
         try:
-            planned.append((len(out), conversation_texts(_TOKENIZER, normalize(raw), thinking)))
-            out.append({})
+            msgs = normalize(raw)
+            planned.append((len(out), conversation_texts(_TOKENIZER, msgs, thinking, keep_truncated)))
+            out.append({"reasoning": has_reasoning(msgs)})
         except ConversationError as e:
             out.append({"error": str(e)})
         except Exception as e:  # noqa: BLE001 - a template that cannot render this row is a rejected row
@@ -147,7 +258,10 @@ def _work(args: tuple[list, bool, int]) -> list[dict]:
     for i, texts in planned:
         try:
             row_ids = ids[pos : pos + len(texts)] if ids is not None else _encode_batch(_TOKENIZER, texts)
-            out[i] = _row_result(*rows_from_ids(row_ids), seq_length)
+            rows, fanned = rows_from_ids(row_ids, _REPLY_LEN, _suffix_encoder(_TOKENIZER, texts))
+            out[i] = {**out[i], **_row_result(rows, fanned, seq_length)}
+        except ConversationError as e:
+            out[i] = {"error": str(e)}
         except Exception as e:  # noqa: BLE001 - a row the tokenizer cannot take is a rejected row
             out[i] = {"error": f"tokenizer failed: {type(e).__name__}: {e}"}
         pos += len(texts)
@@ -165,15 +279,15 @@ def _chunks(rows: Iterable, size: int) -> Iterator[list]:
         yield buf
 
 
-def read_jsonl(path: Path) -> Iterator[dict | str]:
-    """Rows of a jsonl file; an unparsable line is yielded as its text (and rejected later)."""
-    with path.open() as f:
+def read_jsonl(path: Path) -> Iterator[dict | InvalidLine]:
+    """Rows of a jsonl file; an unparsable line is yielded as InvalidLine (rejected with its reason)."""
+    with path.open(encoding="utf-8", errors="replace") as f:
         for line in f:
             if line.strip():
                 try:
                     yield json.loads(line)
-                except json.JSONDecodeError:
-                    yield line
+                except json.JSONDecodeError as e:
+                    yield InvalidLine(f"invalid JSON line ({e.msg})")
 
 
 def prepare(
@@ -188,8 +302,12 @@ def prepare(
     trust_remote_code: bool = False,
     total: int | None = None,
     meta: dict | None = None,
+    keep_truncated: bool = False,
+    pre_rejected: Counter | None = None,
 ) -> PrepareSummary:
-    """Tokenize `rows` and write the speculators dataset atomically to `out_dir`."""
+    """Tokenize `rows` and write the speculators dataset atomically to `out_dir`.
+
+    `pre_rejected`: rows the reader already could not use (reason -> count), counted in too."""
     from speculators.data_generation.preprocessing import load_and_preprocess_dataset
 
     summary = PrepareSummary()
@@ -199,7 +317,7 @@ def prepare(
     work = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out_dir.parent))
     try:
         tokenized = work / "tokenized.jsonl"
-        chunks = ((c, thinking, seq_length) for c in _chunks(rows, 64))
+        chunks = ((c, thinking, seq_length, keep_truncated) for c in _chunks(rows, 64))
         with tokenized.open("w") as f, progress_bar("prepare", total=total, unit="conv") as bar:
             if num_workers > 1:
                 pool = ProcessPoolExecutor(num_workers, initializer=_init_worker, initargs=(tokenizer_path, trust_remote_code))
@@ -209,14 +327,18 @@ def prepare(
                 pool, results = None, map(_work, chunks)
             for chunk in results:
                 for res in chunk:
-                    summary.conversations_in += 1
                     if "error" in res:
-                        summary.rejected[res["error"].split(":")[0]] += 1
+                        summary.reject(res["error"])
                         continue
-                    for r in res["rows"]:
-                        if not any(r["loss_mask"]):
-                            summary.no_trainable_tokens += 1
-                            continue
+                    kept = [r for r in res["rows"] if any(r["loss_mask"])]
+                    summary.no_trainable_tokens += len(res["rows"]) - len(kept)
+                    if not kept:
+                        summary.reject(NOTHING_IN_SEQ_LENGTH)
+                        continue
+                    summary.conversations_in += 1
+                    summary.conversations_used += 1
+                    summary.with_reasoning += res["reasoning"]
+                    for r in kept:
                         summary.rows_out += 1
                         summary.per_turn_rows += res["fanned"]
                         summary.truncated += r["truncated"]
@@ -226,6 +348,10 @@ def prepare(
                 bar.advance(len(chunk))
             if pool:
                 pool.shutdown()
+        for reason, n in (pre_rejected or {}).items():
+            summary.reject(reason, n)
+        summary.check_thinking(thinking)
+        summary.log()
         if summary.rows_out == 0:
             raise ValueError(
                 f"prepare: no trainable rows out of {summary.conversations_in} conversations "

@@ -11,13 +11,26 @@ own retries would hide connection refusals from the endpoint-health logic.
 
 Per conversation: user/system turns kept, original assistant turns dropped,
 each reply regenerated in order with the new replies as history.
+Reasoning: a server with a reasoning parser (vLLM `--reasoning-parser qwen3`,
+the local engine's too) returns it in `reasoning_content` / `reasoning`; a
+server without one leaves `<think>..</think>` inline. Either way the row stores
+it explicitly as the turn's `reasoning_content` (conversations.to_sharegpt).
+History sent back holds role and content only: the Qwen3 template drops the
+reasoning of turns before the last user turn anyway.
+
 `concurrency` workers per endpoint pull rows from one queue (faster servers
-take more); an endpoint refusing connections `dead_after` times in a row
-leaves the rotation and its in-flight rows are requeued. Output is append-only
+take more). Refused connections do not use up a row's retries: the request
+waits with backoff while the endpoint is down (a restarting server), and the
+endpoint leaves the rotation only after refusing for `unavailable_timeout`
+seconds (and `dead_after` times) in a row; with other endpoints live its rows
+go to them at once. Every source row ends as written, failed (with reason, in
+the errors file) or not attempted (all endpoints gone), counted in the summary. Output is append-only
 jsonl, one complete line per row, flushed, fsync'ed every `fsync_every` rows
 (streamed, not temp+rename: a crash keeps finished rows); `resume` cuts a
 partial last line and skips every idx present. Rows that exhaust their retries
-go to `<outfile>.errors.jsonl`.
+go to `<outfile>.errors.jsonl`; a resume retries them and drops the entries of
+rows that succeed. The source is checked before any output is touched, and an
+existing output is only emptied with `overwrite`.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ from typing import Any
 
 import aiohttp
 
-from dspark_kit.data.conversations import to_sharegpt
+from dspark_kit.data.conversations import split_reasoning, to_sharegpt
 from dspark_kit.engines import openai_base_url as normalize_endpoint
 from dspark_kit.recipe import Recipe
 
@@ -54,6 +67,10 @@ class EndpointDead(Exception):
     """This endpoint left the rotation; the row goes back to the queue."""
 
 
+class EndpointDown(Exception):
+    """This endpoint refuses connections now and another one is up: the row goes to the queue."""
+
+
 @dataclass
 class RegenOptions:
     concurrency: int = 64
@@ -68,6 +85,7 @@ class RegenOptions:
     backoff_base: float = 0.5
     backoff_cap: float = 30.0
     dead_after: int = 5
+    unavailable_timeout: float = 300.0
     fsync_every: int = 32
     api_key: str | None = None
 
@@ -79,7 +97,11 @@ class Endpoint:
     rows: int = 0
     errors: int = 0
     refused_in_a_row: int = 0
+    down_since: float | None = None  # monotonic time of the first refusal in the current run of them
     dead_reason: str | None = None
+
+    def others_live(self, run_eps: list[Endpoint]) -> bool:
+        return any(e is not self and not e.dead_reason and e.down_since is None for e in run_eps)
 
 
 # ---- output file: append-only jsonl with crash repair -----------------------
@@ -133,6 +155,25 @@ class JsonlSink:
         self.f.close()
 
 
+def compact_errors(path: Path, succeeded: set[int]) -> None:
+    """Errors file after a run: one entry per idx (the latest), none for rows now written."""
+    if not path.exists():
+        return
+    latest: dict[int, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            latest[int(json.loads(line)["idx"])] = line
+        except (ValueError, KeyError, TypeError):
+            continue
+    keep = [line for idx, line in latest.items() if idx not in succeeded]
+    if not keep:
+        path.unlink()
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 # ---- one request, one conversation ------------------------------------------
 
 
@@ -151,57 +192,111 @@ async def _post_chat(client: aiohttp.ClientSession, ep: Endpoint, body: dict[str
         text = raw[:200].decode(errors="replace")
         raise RequestFailed(f"HTTP {status}: {text}", status in RETRYABLE_STATUS)
     try:
-        data = json.loads(raw)
-        choice = data["choices"][0]
-        text = choice["message"]["content"]
-        if not isinstance(text, str):
-            raise TypeError("content is not text")
-        return {"text": text, "finish_reason": choice.get("finish_reason"), "usage": data.get("usage") or {}}
+        return parse_chat_response(json.loads(raw))
     except (ValueError, KeyError, IndexError, TypeError) as e:
         raise RequestFailed(f"malformed response ({e.__class__.__name__}: {str(e)[:80]})") from None
 
 
-async def chat_with_retries(ep: Endpoint, client, body: dict[str, Any], opts: RegenOptions) -> dict[str, Any]:
-    attempt = 0
+def parse_chat_response(data: Any) -> dict[str, Any]:
+    """text, reasoning (None when the server gave none), finish_reason and usage of a chat
+    completion: one response body, or the list of chunks of a streamed one (`delta`s)."""
+    chunks = data if isinstance(data, list) else [data]
+    text = reasoning = finish = None
+    usage: dict = {}
+    seen = False
+    for chunk in chunks:
+        usage = chunk.get("usage") or usage
+        if not chunk.get("choices"):
+            continue
+        seen = True
+        choice = chunk["choices"][0]
+        msg = choice["message"] if "message" in choice or not isinstance(data, list) else choice["delta"]
+        content = msg.get("content")
+        r = msg.get("reasoning_content")
+        r = msg.get("reasoning") if r is None else r  # vLLM's older / newer name
+        for key, value in (("content", content), ("reasoning", r)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{key} is not text")
+        text = text if content is None else (text or "") + content
+        reasoning = reasoning if r is None else (reasoning or "") + r
+        finish = choice.get("finish_reason") or finish
+    if not seen:
+        raise IndexError("no choices")
+    if text is None and reasoning is None:
+        raise KeyError("content")
+    return {"text": text or "", "reasoning": reasoning, "finish_reason": finish, "usage": usage}
+
+
+def _backoff(opts: RegenOptions, attempt: int) -> float:
+    return min(opts.backoff_cap, opts.backoff_base * 2 ** min(attempt, 30))
+
+
+async def chat_with_retries(ep: Endpoint, client, body: dict[str, Any], opts: RegenOptions,
+                            peers: list[Endpoint] | None = None) -> dict[str, Any]:
+    """One reply. Refused connections wait for the endpoint (up to unavailable_timeout) without
+    using the row's retries; other failures retry max_retries times with backoff."""
+    attempt = refused = 0
     while True:
         if ep.dead_reason:
             raise EndpointDead(ep.dead_reason)
         try:
             out = await _post_chat(client, ep, body, opts)
-            ep.refused_in_a_row = 0
+            ep.refused_in_a_row, ep.down_since = 0, None
             return out
         except RequestFailed as e:
             if e.refused:
+                now = time.monotonic()
                 ep.refused_in_a_row += 1
-                if ep.refused_in_a_row >= opts.dead_after and not ep.dead_reason:
-                    ep.dead_reason = f"{e.reason} {ep.refused_in_a_row} times in a row"
+                ep.down_since = ep.down_since or now
+                down_for = now - ep.down_since
+                if (ep.refused_in_a_row >= opts.dead_after and down_for >= opts.unavailable_timeout
+                        and not ep.dead_reason):
+                    ep.dead_reason = (f"{e.reason} {ep.refused_in_a_row} times in a row over {down_for:.1f}s "
+                                      f"(regen.unavailable_timeout {opts.unavailable_timeout:g}s)")
+                if ep.dead_reason:
+                    raise EndpointDead(ep.dead_reason) from None
+                if peers and ep.others_live(peers):
+                    raise EndpointDown(e.reason) from None  # the worker backs off after requeueing
+                await asyncio.sleep(_backoff(opts, refused))
+                refused += 1
+                continue
             if not e.retryable or attempt >= opts.max_retries:
                 raise
-            await asyncio.sleep(min(opts.backoff_cap, opts.backoff_base * 2**attempt))
+            await asyncio.sleep(_backoff(opts, attempt))
             attempt += 1
 
 
-async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts: RegenOptions) -> dict[str, Any]:
+async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts: RegenOptions,
+                     peers: list[Endpoint] | None = None) -> dict[str, Any]:
     """The output row for one conversation."""
-    history: list[dict[str, str]] = []
+    history: list[dict[str, Any]] = []
     finish: list[str | None] = []
     usage = Counter()
 
     async def reply() -> None:
-        body = {"model": ep.model, "messages": history, "max_tokens": opts.max_tokens,
+        sent = [{"role": m["role"], "content": m["content"]} for m in history]
+        body = {"model": ep.model, "messages": sent, "max_tokens": opts.max_tokens,
                 "temperature": opts.temperature, "top_p": opts.top_p,
                 "chat_template_kwargs": {"enable_thinking": opts.thinking}}
         if opts.seed is not None:
             body["seed"] = opts.seed + idx * 1000 + len(finish)
-        out = await chat_with_retries(ep, client, body, opts)
-        history.append({"role": "assistant", "content": out["text"]})
+        out = await chat_with_retries(ep, client, body, opts, peers)
+        msg = {"role": "assistant", "content": out["text"]}
+        reasoning = out["reasoning"]
+        if reasoning is None:  # no reasoning parser: split inline think tags (an unclosed one stays raw)
+            inline, rest, _unclosed = split_reasoning(out["text"])
+            if inline is not None:
+                reasoning, msg["content"] = inline, rest
+        if reasoning is not None:
+            msg["reasoning_content"] = reasoning
+        history.append(msg)
         finish.append(out["finish_reason"])
         for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
             usage[k] += int(out["usage"].get(k) or 0)
 
     for m in messages:
         if m["role"] != "assistant":
-            history.append(m)
+            history.append({"role": m["role"], "content": m["content"]})
         elif history and history[-1]["role"] != "assistant":
             await reply()  # one new reply where the original had one
     if history[-1]["role"] == "user":
@@ -225,15 +320,22 @@ def new_session(opts: RegenOptions) -> aiohttp.ClientSession:
 
 
 async def discover_model(ep: Endpoint, client: aiohttp.ClientSession, opts: RegenOptions) -> None:
-    for attempt in range(opts.max_retries + 1):
+    """The served model id; a server still starting (refusing connections) is waited for up to
+    unavailable_timeout, other failures get max_retries."""
+    t0, attempt = time.monotonic(), 0
+    while True:
         try:
             async with client.get(ep.url + "/models") as r:
                 r.raise_for_status()
                 ep.model = (await r.json(content_type=None))["data"][0]["id"]
             return
         except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError) as e:
+            refused = isinstance(e, aiohttp.ClientConnectorError)
             reason = f"GET {ep.url}/models failed: {e.__class__.__name__}: {str(e)[:120]}"
-        await asyncio.sleep(min(opts.backoff_cap, opts.backoff_base * 2**attempt))
+        attempt += 1
+        if attempt > opts.max_retries and not (refused and time.monotonic() - t0 < opts.unavailable_timeout):
+            break
+        await asyncio.sleep(_backoff(opts, attempt - 1))
     ep.dead_reason = reason + " (pass --model NAME or check the endpoint)"
 
 
@@ -248,15 +350,19 @@ class _Run:
     errors: JsonlSink
     on_row: Callable[[dict[str, Any]], None] | None
     queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=4096))
+    fed_all: asyncio.Event = field(default_factory=asyncio.Event)  # every row finished: stop backing off
     written: int = 0
     failed: int = 0
     completion_tokens: int = 0
+    succeeded: set = field(default_factory=set)  # idx written this run
+    fail_reasons: Counter = field(default_factory=Counter)
 
     def live(self) -> list[Endpoint]:
         return [e for e in self.endpoints if not e.dead_reason]
 
     def fail(self, idx: int, ep: Endpoint, reason: str) -> None:
         self.failed += 1
+        self.fail_reasons[reason] += 1
         ep.errors += 1
         self.errors.write({"idx": idx, "endpoint": ep.url, "reason": reason, "time": time.time()})
         if self.on_row:
@@ -270,7 +376,15 @@ class _Run:
                 return
             idx, messages = item
             try:
-                row = await regenerate(ep, client, idx, messages, self.opts)
+                row = await regenerate(ep, client, idx, messages, self.opts, self.endpoints)
+            except EndpointDown:
+                await self.queue.put(item)  # a live endpoint takes it while this one backs off
+                self.queue.task_done()
+                try:
+                    await asyncio.wait_for(self.fed_all.wait(), _backoff(self.opts, ep.refused_in_a_row - 1))
+                except TimeoutError:
+                    pass
+                continue
             except EndpointDead as e:
                 if self.live():
                     await self.queue.put(item)  # another endpoint takes it
@@ -283,6 +397,7 @@ class _Run:
             else:
                 self.sink.write(row)
                 self.written += 1
+                self.succeeded.add(idx)
                 ep.rows += 1
                 self.completion_tokens += row["metadata"]["usage"].get("completion_tokens", 0)
                 if self.on_row:
@@ -294,9 +409,9 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
                      done: set[int], on_row=None) -> dict[str, Any]:
     """Regenerate `rows` ((idx, messages) iterable) over `endpoints` into outfile."""
     eps = [Endpoint(normalize_endpoint(u), model=opts.model) for u in endpoints]
-    run = _Run(opts, eps, JsonlSink(outfile, opts.fsync_every),
-               JsonlSink(outfile.with_name(outfile.name + ".errors.jsonl"), 1), on_row)
-    skipped_done = 0
+    errors_file = outfile.with_name(outfile.name + ".errors.jsonl")
+    run = _Run(opts, eps, JsonlSink(outfile, opts.fsync_every), JsonlSink(errors_file, 1), on_row)
+    skipped_done = queued = 0
     sessions = {ep.url: new_session(opts) for ep in eps}
     try:
         await asyncio.gather(*(discover_model(ep, sessions[ep.url], opts) for ep in eps if not ep.model))
@@ -304,15 +419,17 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
                    for ep in run.live() for _ in range(opts.concurrency)]
 
         async def feed() -> None:
-            nonlocal skipped_done
+            nonlocal skipped_done, queued
             try:
                 for idx, messages in rows:
                     if idx in done:
                         skipped_done += 1
                         continue
+                    queued += 1
                     await run.queue.put((idx, messages))
                 await run.queue.join()  # requeued rows included
             finally:  # also when reading the source fails: workers must not wait forever
+                run.fed_all.set()
                 for _ in workers:
                     await run.queue.put(None)
 
@@ -321,13 +438,19 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
         if feeder.done() and feeder.exception():
             raise feeder.exception()
         feeder.cancel()
+        # rows the source still holds when every endpoint is gone: never sent anywhere
+        unread = sum(1 for idx, _ in rows if idx not in done) if not run.live() else 0
     finally:
         run.sink.close()
         run.errors.close()
         for session in sessions.values():
             await session.close()
+    compact_errors(errors_file, done | run.succeeded)
     return {
-        "written": run.written, "failed": run.failed, "skipped_already_done": skipped_done,
+        "written": run.written, "failed": run.failed,
+        "not_attempted": queued - run.written - run.failed + unread,
+        "source_rows": skipped_done + queued + unread,
+        "failed_reasons": dict(run.fail_reasons.most_common()), "skipped_already_done": skipped_done,
         "completion_tokens": run.completion_tokens,
         "endpoints": [{"url": e.url, "model": e.model, "rows": e.rows, "errors": e.errors,
                        "dead": e.dead_reason} for e in eps],
@@ -335,8 +458,12 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
     }
 
 
+class OutputExists(ValueError):
+    """--no-resume on an output that holds rows, without --overwrite."""
+
+
 def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None = None,
-              limit: int | None = None, resume: bool = True, dataset: str | None = None,
+              limit: int | None = None, resume: bool = True, overwrite: bool = False, dataset: str | None = None,
               model: str | None = None, concurrency: int | None = None, max_tokens: int | None = None,
               temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
               api_key: str | None = None, on_row: Callable[[dict[str, Any]], None] | None = None,
@@ -345,6 +472,8 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
 
     Endpoints: the argument, else recipe.regen.endpoints, else a local engine
     (plan_local role chat) started for the run and stopped after it.
+    The source is read (and a bad one reported) before the output is touched; resume=False on
+    an output that holds rows needs overwrite=True.
     """
     from dspark_kit.data.sources import iter_source
 
@@ -356,15 +485,19 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
         top_p=cfg.top_p if top_p is None else top_p, seed=cfg.seed if seed is None else seed,
         thinking=recipe.verifier.thinking, model=model, timeout=cfg.request_timeout,
         max_retries=cfg.max_retries, api_key=api_key or os.environ.get("DSPARK_KIT_API_KEY"),
-        **opt_overrides)
+        **{"unavailable_timeout": cfg.unavailable_timeout, **opt_overrides})
     outfile = Path(outfile)
-    done, repair = prepare_outfile(outfile, resume)
-    if not resume:
-        outfile.with_name(outfile.name + ".errors.jsonl").unlink(missing_ok=True)
+    errors_file = outfile.with_name(outfile.name + ".errors.jsonl")
     skipped: Counter = Counter()
     source = iter_source(data, skipped=skipped, limit=limit)
-    first = next(source, None)  # a missing file / unknown preset fails here, before any server starts
+    first = next(source, None)  # a missing file / unknown preset fails here: before any output is touched
     rows = itertools.chain([first] if first else [], source)
+    if not resume and not overwrite and outfile.exists() and outfile.stat().st_size:
+        raise OutputExists(f"{outfile} already holds rows: resume (the default) continues it, "
+                           "--overwrite starts it over")
+    done, repair = prepare_outfile(outfile, resume)
+    if not resume:
+        errors_file.unlink(missing_ok=True)
     t0 = time.time()
     endpoints = list(endpoints or cfg.endpoints)
     server = None
@@ -385,9 +518,10 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
         if server is not None:
             server.stop()
     elapsed = time.time() - t0
+    summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
     summary.update({
-        "outfile": str(outfile), "errors_file": str(outfile.with_name(outfile.name + ".errors.jsonl")),
-        "already_done": len(done), "resume_repair": repair, "skipped_rows": dict(skipped),
+        "outfile": str(outfile), "errors_file": str(errors_file),
+        "already_done": len(done), "resume_repair": repair, "skipped_rows": dict(skipped.most_common()),
         "elapsed_s": round(elapsed, 2), "rows_per_min": round(summary["written"] / elapsed * 60, 1),
         "tokens_per_s": round(summary["completion_tokens"] / elapsed, 1),
         "local_engine": server is not None,
