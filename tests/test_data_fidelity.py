@@ -301,7 +301,9 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
     recipe = tiny_recipe.model_copy(deep=True)
     recipe.verifier.thinking = True
     recipe.data.source, recipe.data.limit, recipe.regen.max_tokens = str(src), None, 160
-    assert "--reasoning-parser" in regen_server_plan(recipe).argv
+    from dspark_kit.resolved import Resolved
+
+    assert "--reasoning-parser" in regen_server_plan(Resolved(recipe)).argv
     summary = run_regen(recipe, tmp_path / "regen.jsonl", concurrency=3)
     assert (summary["written"], summary["failed"], summary["not_attempted"]) == (3, 0, 0)
     replies = [json.loads(line)["conversations"][1] for line in (tmp_path / "regen.jsonl").read_text().splitlines()]
