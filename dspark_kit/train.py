@@ -124,30 +124,39 @@ def build_train_args(
     return args + device_flags + list(t.extra_args)
 
 
-def launch_plan(recipe: Recipe, train_args: list[str], device: str) -> LaunchPlan:
-    """One process, or torchrun when train.nproc > 1 or train.nnodes > 1."""
+def launch_plan(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -> LaunchPlan:
+    """One process, or torchrun when train.nproc > 1 or train.nnodes > 1.
+
+    The rendezvous (addresses, backend, network interface) is decided by
+    `dspark_kit.rendezvous`; its errors (loopback across nodes, no interface)
+    stop the plan here rather than leave node 1 waiting forever.
+    """
+    from dspark_kit.rendezvous import rendezvous_for, require
+
     t = recipe.train
     entry = ["-m", "dspark_kit.train_entry", "--dspark-device", device]
+    rdzv = require(rdzv or rendezvous_for(recipe, device))
     if t.nproc > 1 or t.nnodes > 1:
-        argv = [sys.executable, "-m", "torch.distributed.run",
-                f"--nproc_per_node={t.nproc}", f"--nnodes={t.nnodes}", f"--node_rank={t.node_rank}",
-                f"--master_addr={t.master_addr}", f"--master_port={t.master_port}",
-                *entry, *train_args]
+        argv = [sys.executable, "-m", "torch.distributed.run", *rdzv.torchrun_args(t.node_rank), *entry, *train_args]
     else:
         argv = [sys.executable, *entry, *train_args]
     env = visible_devices_env(device, t.devices)
     if device == "npu":
         env.update(npu_env())
+    env.update(rdzv.socket_env)
     return LaunchPlan(argv, env)
 
 
-def node_plans(recipe: Recipe, train_args: list[str], device: str) -> list[LaunchPlan]:
-    """One launch plan per node (multi-node dry runs print them all)."""
+def node_plans(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -> list[LaunchPlan]:
+    """One launch plan per node (multi-node dry runs print them all), from one rendezvous decision."""
+    from dspark_kit.rendezvous import rendezvous_for
+
+    rdzv = rdzv or rendezvous_for(recipe, device)
     plans = []
     for rank in range(recipe.train.nnodes):
         r = recipe.model_copy(deep=True)
         r.train.node_rank = rank
-        plans.append(launch_plan(r, train_args, device))
+        plans.append(launch_plan(r, train_args, device, rdzv))
     return plans
 
 
