@@ -320,12 +320,17 @@ def check_multinode(ctx: _Context) -> list[Finding]:
     out += [Finding(11, "warning", w) for w in rdzv.warnings]
     if t.nnodes == 1 or t.nodes_same_host:
         return out
+    # One extraction server for every node (hidden_states.endpoint): it writes files on its own
+    # machine that trainers / generate-offline-data on the other nodes read by path. (Without an
+    # endpoint every node starts its own server, which reads and writes on the same machine.)
     served = hs.mode == "online" or hs.backend == "vllm"
-    if served and not hs.storage_shared and _node_local(hs.storage_path):
+    if served and hs.endpoint and not hs.storage_shared and _node_local(hs.storage_path):
         out.append(Finding(11, "error", f"hidden_states.storage_path {hs.storage_path} is node-local with train.nnodes "
-                                        f"{t.nnodes}: a trainer on another node cannot read files an extraction "
-                                        "server wrote there; use shared storage (e.g. /mnt/cephfs/...) or set "
-                                        "hidden_states.storage_shared: true if it is shared"))  # fmt: skip
+                                        f"{t.nnodes} and one extraction server ({hs.endpoint}) for every node: a "
+                                        "trainer on another node cannot read the files it writes there; use shared "
+                                        "storage mounted at the same path on every node (e.g. /mnt/cephfs/...) and "
+                                        "set hidden_states.storage_shared: true, or unset hidden_states.endpoint "
+                                        "so each node starts its own server"))  # fmt: skip
     if _node_local(ctx.workdir):
         out.append(Finding(11, "warning", f"work dir {ctx.workdir} is node-local with train.nnodes {t.nnodes}: every "
                                           "node reads prepared/ from it and a restart resumes from its checkpoints; "

@@ -63,7 +63,7 @@ class HiddenStatesCfg(_Section):
     target_layer_ids: list[int] | None = Field(None, description="verifier layer ids; default [2, N//2, N-3]")
     storage_path: str = Field("/tmp/hidden_states", description="vLLM shared_storage_path for online/vllm")
     storage_shared: bool = Field(
-        False, description="storage_path is shared storage every node reads (needed under /tmp with train.nnodes > 1)")
+        False, description="storage_path is mounted on every node (checked when one hidden_states.endpoint serves several nodes)")
     endpoint: str | None = Field(None, description="existing hidden-state server base URL (online)")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     batch_tokens: int = Field(8192, ge=1)
