@@ -324,6 +324,17 @@ def check_multinode(ctx: _Context) -> list[Finding]:
     # machine that trainers / generate-offline-data on the other nodes read by path. (Without an
     # endpoint every node starts its own server, which reads and writes on the same machine.)
     served = hs.mode == "online" or hs.backend == "vllm"
+    if served and hs.endpoint:
+        from urllib.parse import urlparse
+
+        from dspark_kit.rendezvous import master_is_loopback
+
+        host = urlparse(hs.endpoint if "//" in hs.endpoint else f"http://{hs.endpoint}").hostname or ""
+        if master_is_loopback(host):
+            out.append(Finding(11, "error", f"hidden_states.endpoint {hs.endpoint} is loopback with train.nnodes "
+                                            f"{t.nnodes}: trainers on other nodes would ask themselves; use the "
+                                            "server's address every node can reach, or unset it so each node "
+                                            "starts its own server"))  # fmt: skip
     if served and hs.endpoint and not hs.storage_shared and _node_local(hs.storage_path):
         out.append(Finding(11, "error", f"hidden_states.storage_path {hs.storage_path} is node-local with train.nnodes "
                                         f"{t.nnodes} and one extraction server ({hs.endpoint}) for every node: a "

@@ -127,3 +127,35 @@ def test_seed_recipe_two_nodes_loopback_dry_run_fails():
     cmd = [sys.executable, "-m", "dspark_kit", "train", "-r", str(ASCEND), "--set", "train.nnodes=2", "--dry-run"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
     assert proc.returncode != 0 and "loopback" in proc.stderr + proc.stdout
+
+
+# ---- what each node needs: hidden states and regen at scale -------------------
+
+
+def test_hidden_states_dry_run_says_what_each_node_needs(tmp_path):
+    from dspark_kit.hidden_states_vllm import dry_run_lines
+
+    per_node = dry_run_lines(_recipe("train.nnodes=2", "hidden_states.mode=offline"), tmp_path)
+    text = "\n".join(per_node)
+    assert "run dir" in text and "shared storage" in text and "one extraction server per node" in text
+    assert "--world-size 2 --rank 1" in text
+    shared = "\n".join(dry_run_lines(_recipe("train.nnodes=2", "hidden_states.endpoint=http://10.0.0.1:9736"), tmp_path))
+    assert "one extraction server for all 2 nodes at http://10.0.0.1:9736" in shared
+    assert "hidden_states.storage_shared" in shared and "vllm serve" not in shared  # nothing to start per node
+
+
+def test_regen_dry_run_shows_servers_on_machines_into_one_output(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    eps = ["http://10.0.0.5:8000/v1", "http://10.0.0.5:8001/v1", "http://10.0.0.6:8000/v1"]
+    args = ["regen", "-r", str(ASCEND), "--dry-run", "-o", str(tmp_path / "regen.jsonl")]
+    for e in eps:
+        args += ["-e", e]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "# 3 server(s) on 2 machine(s) (10.0.0.5, 10.0.0.6)" in res.stdout
+    assert f"one output {tmp_path / 'regen.jsonl'}" in res.stdout and "--resume" in res.stdout
+    assert "--host 0.0.0.0" in res.stdout and all(f"endpoint {e}" in res.stdout for e in eps)
+    assert not (tmp_path / "regen.jsonl").exists()

@@ -66,11 +66,17 @@ def register(app: typer.Typer) -> None:
         """
         r = load(recipe, set_)
         if dry_run:
-            if r.hidden_states.mode == "online" or r.hidden_states.backend == "local":
-                typer.echo(f"# nothing to launch: hidden_states mode={r.hidden_states.mode} "
-                           f"backend={r.hidden_states.backend} runs in-process (or inside train)")
+            from dspark_kit.hidden_states_vllm import dry_run_lines, node_notes
+
+            if r.hidden_states.backend == "local" and r.hidden_states.mode == "offline":
+                typer.echo("\n".join([*node_notes(r, _workdir(r, workdir)),
+                                      "# nothing to launch: hidden_states backend=local runs in-process on this "
+                                      "machine (once; every node reads DIR/prepared/hidden_states)"]))
                 return
-            from dspark_kit.hidden_states_vllm import dry_run_lines
+            if r.hidden_states.mode == "online" and r.hidden_states.backend == "local":
+                typer.echo("# online, backend local: `dspark-kit train` starts the kit's own extraction server "
+                           "on each node")
+                return
 
             typer.echo("\n".join(dry_run_lines(r, _workdir(r, workdir))))
             return
