@@ -37,8 +37,8 @@ def node_notes(recipe: Recipe, workdir: Path) -> list[str]:
     if n == 1:
         return []
     shared = "shared, as the recipe says" if hs.storage_shared else "must be shared storage, same path on every node"
-    lines = [f"# {n} nodes: run dir {workdir} must be shared storage mounted at the same path on every node "
-             "(trainers read prepared/ from it; rank 0 writes checkpoints/ there and a restart resumes from them)"]
+    lines = [(f"# {n} nodes: run dir {workdir} must be shared storage mounted at the same path on every node "
+              "(trainers read prepared/ from it; rank 0 writes checkpoints/ there and a restart resumes from them)")]
     if hs.endpoint:
         lines.append(f"# one extraction server for all {n} nodes at {hs.endpoint} (must be reachable from every "
                      f"node, not 127.0.0.1); it writes into hidden_states.storage_path {hs.storage_path}, which "

@@ -107,7 +107,7 @@ def _workdir(tmp_path: Path, prepared: Path) -> Path:
 def test_two_nodes_rendezvous_and_train_one_checkpoint(tmp_path, prepared):
     wd = _workdir(tmp_path, prepared)
     commands = _node_commands(wd, "train.epochs=1", "train.max_steps=3")
-    (env0, argv0), (env1, argv1) = commands
+    (env0, argv0), (env1, _) = commands
     assert env0 == env1 and env0["GLOO_SOCKET_IFNAME"] == "lo"
     assert "--rdzv-backend=c10d" in argv0 and "--nnodes=2" in argv0 and "--nproc_per_node=1" in argv0
     nodes = _launch(commands, wd)

@@ -123,3 +123,19 @@ def test_half_written_epochs_are_set_aside_for_resume(tmp_path):
     assert [p.name for p in moved] == ["incomplete-1-1"]
     assert (ck / "0").is_dir() and not (ck / "1").exists() and (ck / "incomplete-1-1" / "model.safetensors").exists()
     assert set_aside_incomplete_checkpoints(ck) == []
+
+
+def test_torchrun_restart_sets_half_written_epochs_aside_on_rank_0_only(tmp_path, monkeypatch):
+    from dspark_kit.train_entry import _set_aside_half_written
+
+    ck = tmp_path / "checkpoints"
+    (ck / "0").mkdir(parents=True)
+    (ck / "0" / "training_state.json").write_text("{}")
+    (ck / "1").mkdir()  # a worker died mid-save
+    argv = ["--data-path", "x", "--save-path", str(ck)]
+    monkeypatch.setenv("RANK", "1")
+    _set_aside_half_written(argv)
+    assert (ck / "1").exists()
+    monkeypatch.setenv("RANK", "0")
+    _set_aside_half_written(argv)
+    assert not (ck / "1").exists() and (ck / "incomplete-1").is_dir() and (ck / "0").is_dir()

@@ -73,7 +73,7 @@ def _dry_run(r, endpoints: list[str] | None, json_out: bool, outfile: Path | Non
         from dspark_kit.servers import server_plan
 
         reachable = r.model_copy(deep=True)
-        reachable.serve.host = "0.0.0.0"  # noqa: S104 - a server other machines send requests to
+        reachable.serve.host = "0.0.0.0"  # a server other machines send requests to
         per_server = server_plan(reachable, "chat", port=r.serve.port).shell_line()
     if json_out:
         emit_json({"endpoints": endpoints, "machines": machines, "local_engine_command": command,
@@ -83,13 +83,14 @@ def _dry_run(r, endpoints: list[str] | None, json_out: bool, outfile: Path | Non
     if command:
         typer.echo(command)
         return
-    lines = [f"# {len(endpoints)} server(s) on {len(machines)} machine(s) ({', '.join(machines)}): one client here "
-             f"spreads rows over all of them ({r.regen.concurrency} in flight each) into one output "
-             f"{outfile or 'regen.jsonl'}; --resume (default) skips rows already written and retries failed ones, "
-             "a server that keeps refusing is dropped and its rows go to the others"]
+    header = (f"# {len(endpoints)} server(s) on {len(machines)} machine(s) ({', '.join(machines)}): one client here "
+              f"spreads rows over all of them ({r.regen.concurrency} in flight each) into one output "
+              f"{outfile or 'regen.jsonl'}; --resume (default) skips rows already written and retries failed ones, "
+              "a server that keeps refusing is dropped and its rows go to the others")
+    lines = [header]
     if per_server:
-        lines += ["# start on each server machine (same verifier and thinking mode everywhere; one --port per "
-                  "server on a machine):", f"#   {per_server}"]
+        lines += [("# start on each server machine (same verifier and thinking mode everywhere; one --port per "
+                   "server on a machine):"), f"#   {per_server}"]
     typer.echo("\n".join(lines + [f"endpoint {e}" for e in endpoints]))
 
 

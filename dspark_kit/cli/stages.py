@@ -70,8 +70,8 @@ def register(app: typer.Typer) -> None:
 
             if r.hidden_states.backend == "local" and r.hidden_states.mode == "offline":
                 typer.echo("\n".join([*node_notes(r, _workdir(r, workdir)),
-                                      "# nothing to launch: hidden_states backend=local runs in-process on this "
-                                      "machine (once; every node reads DIR/prepared/hidden_states)"]))
+                                      ("# nothing to launch: hidden_states backend=local runs in-process on this "
+                                       "machine (once; every node reads DIR/prepared/hidden_states)")]))
                 return
             if r.hidden_states.mode == "online" and r.hidden_states.backend == "local":
                 typer.echo("# online, backend local: `dspark-kit train` starts the kit's own extraction server "
