@@ -167,15 +167,19 @@ def resolve_rendezvous(recipe: Recipe, device: str, facts: HostFacts) -> Rendezv
     else:
         first = next(iter(user.items()), None)
         routed = interface_for_ip(facts.route_ip, facts.interfaces) if facts.route_ip else None
-        if first:
-            ifname, source = first[1], f"your {first[0]}"
-        elif multi and routed:
-            ifname, source = routed, f"routes to {t.master_addr} via {facts.route_ip}"
-        elif not multi and device in SINGLE_NODE_IFNAME:
-            ifname, source = SINGLE_NODE_IFNAME[device], "single-node default"
-        else:
-            ifname, source = None, "unset"
-        env = {v: user.get(v, ifname) for v in variables if user.get(v, ifname)}
+        if not multi:  # per variable: yours, else the single-node default (npu: lo), else unset
+            default = SINGLE_NODE_IFNAME.get(device)
+            env = {v: user.get(v, default) for v in variables if user.get(v, default)}
+            ifname, source = (first[1], f"your {first[0]}") if first else (
+                (default, "single-node default") if default else (None, "unset"))
+        else:  # one interface for every variable: a loopback default for the others would be wrong
+            if first:
+                ifname, source = first[1], f"your {first[0]}"
+            elif routed:
+                ifname, source = routed, f"routes to {t.master_addr} via {facts.route_ip}"
+            else:
+                ifname, source = None, "unset"
+            env = {v: user.get(v, ifname) for v in variables if user.get(v, ifname)}
 
     if multi:
         loop_master = master_is_loopback(t.master_addr, facts.master_ips)

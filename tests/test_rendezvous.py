@@ -38,7 +38,12 @@ def test_single_node_keeps_the_seed_command():
 
 def test_single_node_users_own_interface_wins_over_the_default():
     r = resolve_rendezvous(_recipe(), "npu", HostFacts(environ={"HCCL_SOCKET_IFNAME": "eth1"}))
-    assert r.socket_env == {"HCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "eth1"}
+    assert r.socket_env == {"HCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "lo"}  # per variable
+    cuda = resolve_rendezvous(_recipe("train.device=cuda"), "cuda", HostFacts(environ={"NCCL_SOCKET_IFNAME": "ib0"}))
+    assert cuda.socket_env == {"NCCL_SOCKET_IFNAME": "ib0"}  # nothing added on one node
+    across = resolve_rendezvous(_recipe("train.nnodes=2", "train.master_addr=10.0.0.1"), "npu",
+                                HostFacts(environ={"HCCL_SOCKET_IFNAME": "eth1"}, interfaces=HOST.interfaces))
+    assert across.socket_env == {"HCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "eth1"} and not across.errors
 
 
 def test_two_nodes_loopback_master_is_an_error():
