@@ -71,6 +71,7 @@ class Rendezvous:
     socket_ifname: str | None
     ifname_source: str
     socket_env: dict[str, str]
+    elastic_env: dict[str, str] = field(default_factory=dict)
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -207,7 +208,12 @@ def resolve_rendezvous(recipe: Recipe, device: str, facts: HostFacts) -> Rendezv
             if ifname and facts.interfaces and not any(n in facts.interfaces for n in _ifnames(ifname)):
                 warnings.append(f"interface {ifname} ({source}) is not on this machine "
                                 f"({', '.join(sorted(facts.interfaces))}); fine when planning for other machines")
+    # torch >= 2.5 shares the agents' c10d store with the workers; after a restart the workers
+    # find the previous round's keys there and hang in init_process_group (pytorch#135712):
+    # a fresh store per round makes `--max-restarts` work (measured: tests/test_multinode.py).
+    elastic_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if backend == "c10d" else {}
     return Rendezvous(
+        elastic_env=elastic_env,
         nnodes=t.nnodes, nproc_per_node=t.nproc, backend=backend, master_addr=t.master_addr,
         master_port=t.master_port, rdzv_id=_rdzv_id(recipe), max_restarts=t.max_restarts,
         timeout=t.rdzv_timeout, same_host=same_host, socket_ifname=ifname, ifname_source=source,

@@ -144,6 +144,7 @@ def launch_plan(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -
     if device == "npu":
         env.update(npu_env())
     env.update(rdzv.socket_env)
+    env.update(rdzv.elastic_env)
     return LaunchPlan(argv, env)
 
 
