@@ -291,3 +291,74 @@ def patch_seed(device: str) -> Replacements:
             torch.cuda.manual_seed_all = cuda_seed
 
     return [(cli, "set_seed", set_seed_on_device)]
+
+
+class _ReachedInit(Exception):
+    """Raised by the probe's stand-in init_process_group: setup got that far."""
+
+    def __init__(self, args, kwargs):
+        super().__init__("init_process_group reached")
+        self.args, self.kwargs = args, kwargs
+
+
+def probe_distributed_setup(device: str) -> tuple[bool, str]:
+    """Run speculators' maybe_setup_distributed as a torchrun worker would, up to init_process_group.
+
+    Nothing connects: init_process_group is replaced by a recorder for the call.
+    On cpu, 0.9.0 calls torch.accelerator.set_device_index and asks for an
+    accelerator first, so a gloo (CPU) multi-process run dies before it starts.
+    """
+    import torch.distributed as dist
+
+    mod = importlib.import_module("speculators.train.distributed")
+    saved = {k: getattr(mod, k) for k in ("_local_rank", "_is_distributed")}
+    old_env = os.environ.get("LOCAL_RANK")
+    original = dist.init_process_group
+
+    def recorder(*args, **kwargs):
+        raise _ReachedInit(args, kwargs)
+
+    os.environ["LOCAL_RANK"] = "0"
+    dist.init_process_group = recorder
+    try:
+        mod.maybe_setup_distributed()
+    except _ReachedInit as r:
+        backend = r.args[0] if r.args else r.kwargs.get("backend")
+        device_id = r.kwargs.get("device_id")
+        if device == "cpu" and (backend != "gloo" or isinstance(device_id, int)):
+            return False, f"init_process_group({backend!r}, device_id={device_id!r}) on cpu (needs gloo, no device id)"
+        return True, f"process group backend {backend!r}"
+    except Exception as e:  # noqa: BLE001 - the failure is the finding
+        return False, f"maybe_setup_distributed fails before init_process_group: {type(e).__name__}: {e}"
+    finally:
+        dist.init_process_group = original
+        for k, v in saved.items():
+            setattr(mod, k, v)
+        if old_env is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = old_env
+    return False, "maybe_setup_distributed returned without starting a process group"
+
+
+def patch_distributed_setup(device: str) -> Replacements:
+    """cpu: start the process group with gloo and no device id (the rest as speculators does it)."""
+    import torch.distributed as dist
+
+    mod = importlib.import_module("speculators.train.distributed")
+    cli = importlib.import_module("speculators.train.cli")
+    original = mod.maybe_setup_distributed
+
+    def setup_on_cpu(sp_size: int = 1) -> None:
+        if "LOCAL_RANK" not in os.environ:
+            return original(sp_size)
+        mod._local_rank = int(os.environ["LOCAL_RANK"])
+        mod._is_distributed = True
+        dist.init_process_group("gloo")
+        mod._rank, mod._world_size = dist.get_rank(), dist.get_world_size()
+        mod._init_sp_process_groups(mod._rank, mod._world_size, sp_size)
+        import sys
+
+        print(f"dspark-kit: gloo process group up, rank {mod._rank} of {mod._world_size}", file=sys.stderr, flush=True)
+
+    return [(mod, "maybe_setup_distributed", setup_on_cpu), (cli, "maybe_setup_distributed", setup_on_cpu)]

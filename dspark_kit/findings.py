@@ -17,6 +17,7 @@ PITFALLS = {
     8: "serving the wrong or an incomplete checkpoint",
     9: "draft window below the training window / window with mtp",
     10: "serving context far above the training window with no window",
+    11: "multi-node: only one machine can reach it",
 }
 
 

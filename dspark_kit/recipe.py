@@ -90,6 +90,8 @@ class HiddenStatesCfg(_Section):
     backend: Literal["local", "vllm"] = "local"
     target_layer_ids: list[int] | None = Field(None, description="verifier layer ids; default [2, N//2, N-3]")
     storage_path: str = Field("/tmp/hidden_states", description="vLLM shared_storage_path for online/vllm")
+    storage_shared: bool = Field(
+        False, description="storage_path is mounted on every node (checked when one hidden_states.endpoint serves several nodes)")
     endpoint: str | None = Field(None, description="existing hidden-state server base URL (online)")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     batch_tokens: int = Field(8192, ge=1)
@@ -123,9 +125,17 @@ class TrainCfg(_Section):
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     nproc: int = Field(1, ge=1)
     nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
-    master_addr: str = "127.0.0.1"
+    node_rank: int = Field(0, ge=0, description="this node (static rendezvous); dry runs print every node")
+    master_addr: str = Field("127.0.0.1", description="node 0's address every node can reach (rendezvous endpoint)")
     master_port: int = Field(29500, ge=1, le=65535)
+    rdzv_backend: Literal["auto", "c10d", "static"] = Field(
+        "auto", description="auto: static on one node, c10d (elastic, restartable) across nodes")
+    rdzv_id: str | None = Field(None, description="c10d job id, the same on every node (default: recipe name)")
+    rdzv_timeout: int = Field(600, ge=1, description="seconds to wait for every node to join before failing")
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of all workers after a failure (resume from last whole epoch)")
+    socket_ifname: str | None = Field(
+        None, description="NIC for HCCL/NCCL/GLOO traffic; default: the user's *_SOCKET_IFNAME, else the NIC routing to master_addr")
+    nodes_same_host: bool = Field(False, description="all nnodes run on this machine (local simulation: loopback allowed)")
     devices: str | None = Field(None, description="visible device ids, e.g. '0,1'")
     seed: int = 42
     checkpoint_freq: float = Field(1, gt=0)

@@ -273,3 +273,37 @@ def test_train_preflight_ignores_a_partial_checkpoint_dir(recipe, run):
     enforce(recipe, run, "train")  # no error: the checkpoints are train's own output
     with pytest.raises(PreflightError, match=r"pitfall 8"):
         enforce(recipe, run, "serve")
+
+
+# ---- pitfall 11: a multi-node run only one machine can reach ----------------
+# (10.0.0.1 is never contacted: the interface is named, so nothing is looked up)
+
+
+def _errors11(recipe, run) -> list[str]:
+    return [f.message for f in run_preflight(recipe, run, probes=False) if f.pitfall == 11 and f.level == "error"]
+
+
+def test_pitfall_11_two_nodes_loopback_master(recipe, run):
+    recipe.train.nnodes = 2
+    assert any("train.master_addr 127.0.0.1 is loopback" in m for m in _errors11(recipe, run))
+    recipe.train.nodes_same_host = True  # a local simulation: loopback is right
+    assert _errors11(recipe, run) == []
+
+
+def test_pitfall_11_two_nodes_lo_interface(recipe, run):
+    recipe.train.nnodes, recipe.train.master_addr, recipe.train.socket_ifname = 2, "10.0.0.1", "lo"
+    assert any("GLOO_SOCKET_IFNAME=lo" in m for m in _errors11(recipe, run))
+    recipe.train.socket_ifname = "eth0"
+    assert _errors11(recipe, run) == []
+
+
+def test_pitfall_11_two_nodes_node_local_hidden_state_storage(recipe, run):
+    recipe.train.nnodes, recipe.train.master_addr, recipe.train.socket_ifname = 2, "10.0.0.1", "eth0"
+    recipe.hidden_states.backend, recipe.hidden_states.storage_path = "vllm", "/tmp/hidden_states"
+    assert _errors11(recipe, run) == []  # a server per node writes and reads on its own machine
+    recipe.hidden_states.endpoint = "http://10.0.0.1:9736"  # one server for both nodes
+    assert any("hidden_states.storage_path /tmp/hidden_states is node-local" in m for m in _errors11(recipe, run))
+    recipe.hidden_states.storage_shared = True
+    assert _errors11(recipe, run) == []
+    recipe.train.nnodes, recipe.hidden_states.storage_shared = 1, False  # one node: /tmp is fine
+    assert _errors11(recipe, run) == []

@@ -69,11 +69,23 @@ def test_torchrun_and_ascend_env(ascend, tmp_path):
 
 
 def test_multinode_prints_one_command_per_node(ascend):
-    ascend.train.nnodes = 2
-    ascend.train.master_addr = "10.0.0.1"
+    ascend.train.nnodes, ascend.train.master_addr, ascend.train.socket_ifname = 2, "10.0.0.1", "eth0"
+    ascend.train.rdzv_backend = "static"
     plans = node_plans(ascend, [], "npu")
     assert [p.argv[p.argv.index("--nnodes=2") + 1] for p in plans] == ["--node_rank=0", "--node_rank=1"]
     assert all("--master_addr=10.0.0.1" in p.argv for p in plans)
+    assert all(p.env["HCCL_SOCKET_IFNAME"] == p.env["GLOO_SOCKET_IFNAME"] == "eth0" for p in plans)
+    ascend.train.rdzv_backend = "auto"  # across nodes: c10d, the same command on every node
+    plans = node_plans(ascend, [], "npu")
+    assert plans[0].argv == plans[1].argv and "--rdzv-endpoint=10.0.0.1:29500" in plans[0].argv
+
+
+def test_multinode_loopback_master_stops_the_plan(ascend):
+    from dspark_kit.rendezvous import RendezvousError
+
+    ascend.train.nnodes = 2
+    with pytest.raises(RendezvousError, match="loopback"):
+        node_plans(ascend, [], "npu")
 
 
 def test_sliding_attention_passes_only_listed_layers(tiny_recipe, tmp_path):
@@ -111,3 +123,19 @@ def test_half_written_epochs_are_set_aside_for_resume(tmp_path):
     assert [p.name for p in moved] == ["incomplete-1-1"]
     assert (ck / "0").is_dir() and not (ck / "1").exists() and (ck / "incomplete-1-1" / "model.safetensors").exists()
     assert set_aside_incomplete_checkpoints(ck) == []
+
+
+def test_torchrun_restart_sets_half_written_epochs_aside_on_rank_0_only(tmp_path, monkeypatch):
+    from dspark_kit.compat.train_entry import _set_aside_half_written
+
+    ck = tmp_path / "checkpoints"
+    (ck / "0").mkdir(parents=True)
+    (ck / "0" / "training_state.json").write_text("{}")
+    (ck / "1").mkdir()  # a worker died mid-save
+    argv = ["--data-path", "x", "--save-path", str(ck)]
+    monkeypatch.setenv("RANK", "1")
+    _set_aside_half_written(argv)
+    assert (ck / "1").exists()
+    monkeypatch.setenv("RANK", "0")
+    _set_aside_half_written(argv)
+    assert not (ck / "1").exists() and (ck / "incomplete-1").is_dir() and (ck / "0").is_dir()

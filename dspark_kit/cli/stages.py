@@ -66,11 +66,17 @@ def register(app: typer.Typer) -> None:
         """
         r = load(recipe, set_)
         if dry_run:
-            if r.hidden_states.mode == "online" or r.hidden_states.backend == "local":
-                typer.echo(f"# nothing to launch: hidden_states mode={r.hidden_states.mode} "
-                           f"backend={r.hidden_states.backend} runs in-process (or inside train)")
+            from dspark_kit.stages.hidden_states_vllm import dry_run_lines, node_notes
+
+            if r.hidden_states.backend == "local" and r.hidden_states.mode == "offline":
+                typer.echo("\n".join([*node_notes(r, _workdir(r, workdir)),
+                                      ("# nothing to launch: hidden_states backend=local runs in-process on this "
+                                       "machine (once; every node reads DIR/prepared/hidden_states)")]))
                 return
-            from dspark_kit.stages.hidden_states_vllm import dry_run_lines
+            if r.hidden_states.mode == "online" and r.hidden_states.backend == "local":
+                typer.echo("# online, backend local: `dspark-kit train` starts the kit's own extraction server "
+                           "on each node")
+                return
 
             typer.echo("\n".join(dry_run_lines(r, _workdir(r, workdir))))
             return
@@ -82,7 +88,9 @@ def register(app: typer.Typer) -> None:
         """Train the DSpark draft with the real speculators trainer -> DIR/checkpoints.
 
         --dry-run prints the exact command (torchrun when train.nproc > 1 or nnodes > 1; one line
-        per node), including device env such as ASCEND_RT_VISIBLE_DEVICES on Ascend.
+        per node), including device env such as ASCEND_RT_VISIBLE_DEVICES on Ascend and the network
+        interface collectives use. Across nodes (train.nnodes > 1) run it on every node with the same
+        recipe (shared storage for the work dir); see README "Multi-node".
         """
         r = load(recipe, set_)
         wd = _workdir(r, workdir)
@@ -97,9 +105,23 @@ def register(app: typer.Typer) -> None:
                 args, device = train_args(r, wd, endpoint, planning=True)
             except (RecipeError, RuntimeError) as e:
                 fail(str(e))
-            plans = node_plans(r, args, device)
-            typer.echo("\n".join(p.shell_line() if len(plans) == 1 else f"# node {i}\n{p.shell_line()}"
-                                 for i, p in enumerate(plans)))
+            from dspark_kit.rendezvous import rendezvous_for
+
+            rdzv = rendezvous_for(r, device)
+            try:
+                plans = node_plans(r, args, device, rdzv)
+            except RecipeError as e:
+                fail(str(e))
+            if len(plans) == 1:
+                typer.echo(plans[0].shell_line())
+                return
+            lines = [f"# {rdzv.summary()}"]
+            lines += [f"# warning: {w}" for w in rdzv.warnings]
+            if rdzv.backend == "c10d":
+                lines.append("# c10d assigns node ranks at rendezvous: every node runs the same command; "
+                             "`dspark-kit train` on each node resolves that node's own interface")
+            lines += [f"# node {i}\n{p.shell_line()}" for i, p in enumerate(plans)]
+            typer.echo("\n".join(lines))
             return
         _run_one("train", r, wd, json_out)
 

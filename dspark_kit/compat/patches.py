@@ -32,11 +32,13 @@ from dspark_kit.devices import (
     Replacements,
     detect_device,
     patch_checkpointer_device,
+    patch_distributed_setup,
     patch_local_rank,
     patch_seed,
     patch_synchronize,
     patch_trainer_device_type,
     probe_checkpointer_device,
+    probe_distributed_setup,
     probe_local_rank,
     probe_seed,
     probe_synchronize,
@@ -371,6 +373,8 @@ FIXES: list[Fix] = [
         probe_checkpointer_device, patch_checkpointer_device, _DEVICE_ONLY),
     Fix("device-seed", "(b) set_seed seeds this device, not torch.cuda",
         probe_seed, patch_seed, _DEVICE_ONLY),
+    Fix("device-distributed", "(b) torchrun workers start a gloo process group on cpu",
+        probe_distributed_setup, patch_distributed_setup, ("cpu",)),
 ]  # fmt: skip
 
 

@@ -194,3 +194,23 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
     if bad:
         out.append(bad)
     return out
+
+
+def set_aside_incomplete_checkpoints(checkpoints: Path) -> list[Path]:
+    """Rename epoch dirs a killed run left half-written, so speculators resumes from a whole one.
+
+    speculators writes an epoch's model, optimizer and scheduler state in place
+    and `training_state.json` last; an epoch dir without it was cut off mid-save
+    and would crash the resume (a truncated optimizer file). It is kept, renamed
+    `incomplete-<epoch>`, which speculators' epoch scan ignores.
+    """
+    moved = []
+    for d in sorted(Path(checkpoints).glob("[0-9]*")):
+        if d.is_dir() and not d.is_symlink() and d.name.isdigit() and not (d / "training_state.json").exists():
+            target = d.with_name(f"incomplete-{d.name}")
+            n = 1
+            while target.exists():
+                target, n = d.with_name(f"incomplete-{d.name}-{n}"), n + 1
+            d.rename(target)
+            moved.append(target)
+    return moved

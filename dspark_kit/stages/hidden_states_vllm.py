@@ -33,6 +33,26 @@ def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int
     ]
 
 
+def node_notes(recipe: Recipe, workdir: Path) -> list[str]:
+    """What every node needs for hidden states across train.nnodes machines (comment lines)."""
+    hs, n = recipe.hidden_states, recipe.train.nnodes
+    if n == 1:
+        return []
+    shared = "shared, as the recipe says" if hs.storage_shared else "must be shared storage, same path on every node"
+    lines = [(f"# {n} nodes: run dir {workdir} must be shared storage mounted at the same path on every node "
+              "(trainers read prepared/ from it; rank 0 writes checkpoints/ there and a restart resumes from them)")]
+    if hs.endpoint:
+        lines.append(f"# one extraction server for all {n} nodes at {hs.endpoint} (must be reachable from every "
+                     f"node, not 127.0.0.1); it writes into hidden_states.storage_path {hs.storage_path}, which "
+                     f"trainers on other nodes read by path: {shared} (hidden_states.storage_shared)")
+    else:
+        where = "`dspark-kit train` starts" if hs.mode == "online" else "start"
+        lines.append(f"# one extraction server per node: on every node {where} the server below (serve.devices "
+                     f"{recipe.serve.devices or 'default'} next to train.devices {recipe.train.devices or 'default'}); "
+                     f"it writes and reads hidden_states.storage_path {hs.storage_path} on that node only")
+    return lines
+
+
 def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
     """The extraction server and one generate-offline-data command per node (train.nnodes)."""
     from dspark_kit.engines.servers import server_plan
@@ -41,9 +61,14 @@ def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
     plan = server_plan(res, "hidden-states", port=recipe.serve.hidden_states_port)
     url = recipe.hidden_states.endpoint or plan.base_url
     n = recipe.train.nnodes
-    lines = [] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()]
+    lines = node_notes(recipe, workdir)
+    if recipe.hidden_states.mode == "online":
+        lines.append("# online: no files are written ahead; each trainer asks "
+                     f"{url} during training (`dspark-kit train --dry-run` prints the trainer command)")
+        return lines + ([] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()])
+    lines += [] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()]
     for rank in range(n):
-        lines += [f"# node {rank} of {n}",
+        lines += [f"# node {rank} of {n}: shard {rank}/{n} of the rows into {res.run.hidden_states}",
                   shlex.join(offline_command(res, url, world_size=n, rank=rank))]
     return lines
 

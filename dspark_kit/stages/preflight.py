@@ -1,4 +1,4 @@
-"""Check a recipe and its run directory against the ten silent acceptance killers.
+"""Check a recipe and its run directory against the ten silent acceptance killers (+ multi-node reachability).
 
 Each pitfall of REFERENCE §8 loads, trains and serves without an error and
 only shows up as a low acceptance length much later. `run_preflight` looks at
@@ -23,6 +23,7 @@ from dspark_kit.resolved import Resolved, long_context_note
 from dspark_kit.rundir import RunDir
 from dspark_kit.spec import checkpoints as ckpt
 
+NODE_LOCAL_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 # checkpoints.validate_checkpoint finding codes -> pitfall number
 _CHECKPOINT_CODES = {
     "k-above-slots": 6, "slots-unknown": 6, "block-size": 6,
@@ -289,8 +290,59 @@ def check_checkpoint(ctx: _Context) -> list[Finding]:
     return out
 
 
+def _node_local(path: str | Path) -> bool:
+    p = str(Path(path).resolve()) if Path(path).is_absolute() else str(path)
+    return any(p == d or p.startswith(d + "/") for d in NODE_LOCAL_DIRS)
+
+
+def check_multinode(ctx: _Context) -> list[Finding]:
+    """Across nodes: the rendezvous must be reachable from every node, storage shared by all."""
+    from dspark_kit.rendezvous import rendezvous_for
+
+    recipe, out = ctx.recipe, []
+    t, hs = recipe.train, recipe.hidden_states
+    if t.device == "auto":
+        from dspark_kit.devices import detect_device
+
+        device = detect_device("auto")
+    else:
+        device = t.device  # planned as written, even on a machine without it
+    rdzv = rendezvous_for(recipe, device)
+    out += [Finding(11, "error", e) for e in rdzv.errors]
+    out += [Finding(11, "warning", w) for w in rdzv.warnings]
+    if t.nnodes == 1 or t.nodes_same_host:
+        return out
+    # One extraction server for every node (hidden_states.endpoint): it writes files on its own
+    # machine that trainers / generate-offline-data on the other nodes read by path. (Without an
+    # endpoint every node starts its own server, which reads and writes on the same machine.)
+    served = hs.mode == "online" or hs.backend == "vllm"
+    if served and hs.endpoint:
+        from urllib.parse import urlparse
+
+        from dspark_kit.rendezvous import master_is_loopback
+
+        host = urlparse(hs.endpoint if "//" in hs.endpoint else f"http://{hs.endpoint}").hostname or ""
+        if master_is_loopback(host):
+            out.append(Finding(11, "error", f"hidden_states.endpoint {hs.endpoint} is loopback with train.nnodes "
+                                            f"{t.nnodes}: trainers on other nodes would ask themselves; use the "
+                                            "server's address every node can reach, or unset it so each node "
+                                            "starts its own server"))  # fmt: skip
+    if served and hs.endpoint and not hs.storage_shared and _node_local(hs.storage_path):
+        out.append(Finding(11, "error", f"hidden_states.storage_path {hs.storage_path} is node-local with train.nnodes "
+                                        f"{t.nnodes} and one extraction server ({hs.endpoint}) for every node: a "
+                                        "trainer on another node cannot read the files it writes there; use shared "
+                                        "storage mounted at the same path on every node (e.g. /mnt/cephfs/...) and "
+                                        "set hidden_states.storage_shared: true, or unset hidden_states.endpoint "
+                                        "so each node starts its own server"))  # fmt: skip
+    if _node_local(ctx.workdir):
+        out.append(Finding(11, "warning", f"work dir {ctx.workdir} is node-local with train.nnodes {t.nnodes}: every "
+                                          "node reads prepared/ from it and a restart resumes from its checkpoints; "
+                                          "put the run on storage every node mounts at the same path"))  # fmt: skip
+    return out
+
+
 CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layers,
-          check_mask, check_windows, check_checkpoint]  # fmt: skip
+          check_mask, check_windows, check_checkpoint, check_multinode]  # fmt: skip
 
 
 def _context(recipe: Recipe, run: RunDir, checkpoints: bool = True) -> _Context:

@@ -21,6 +21,7 @@ from dspark_kit.engines import openai_base_url
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import device_env
 from dspark_kit.rundir import RunDir
+from dspark_kit.spec.checkpoints import set_aside_incomplete_checkpoints  # noqa: F401 - the stage's own API
 
 
 @dataclass
@@ -109,27 +110,38 @@ def build_train_args(
     return args + device_flags + list(t.extra_args)
 
 
-def launch_plan(recipe: Recipe, train_args: list[str], device: str) -> LaunchPlan:
-    """One process, or torchrun when train.nproc > 1 or train.nnodes > 1."""
+def launch_plan(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -> LaunchPlan:
+    """One process, or torchrun when train.nproc > 1 or train.nnodes > 1.
+
+    The rendezvous (addresses, backend, network interface) is decided by
+    `dspark_kit.rendezvous`; its errors (loopback across nodes, no interface)
+    stop the plan here rather than leave node 1 waiting forever.
+    """
+    from dspark_kit.rendezvous import rendezvous_for, require
+
     t = recipe.train
     entry = ["-m", "dspark_kit.compat.train_entry", "--dspark-device", device]
+    rdzv = require(rdzv or rendezvous_for(recipe, device))
     if t.nproc > 1 or t.nnodes > 1:
-        argv = [sys.executable, "-m", "torch.distributed.run",
-                f"--nproc_per_node={t.nproc}", f"--nnodes={t.nnodes}", f"--node_rank={t.node_rank}",
-                f"--master_addr={t.master_addr}", f"--master_port={t.master_port}",
-                *entry, *train_args]
+        argv = [sys.executable, "-m", "torch.distributed.run", *rdzv.torchrun_args(t.node_rank), *entry, *train_args]
     else:
         argv = [sys.executable, *entry, *train_args]
-    return LaunchPlan(argv, device_env(device, t.devices))
+    env = device_env(device, t.devices)
+    env.update(rdzv.socket_env)
+    env.update(rdzv.elastic_env)
+    return LaunchPlan(argv, env)
 
 
-def node_plans(recipe: Recipe, train_args: list[str], device: str) -> list[LaunchPlan]:
-    """One launch plan per node (multi-node dry runs print them all)."""
+def node_plans(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -> list[LaunchPlan]:
+    """One launch plan per node (multi-node dry runs print them all), from one rendezvous decision."""
+    from dspark_kit.rendezvous import rendezvous_for
+
+    rdzv = rdzv or rendezvous_for(recipe, device)
     plans = []
     for rank in range(recipe.train.nnodes):
         r = recipe.model_copy(deep=True)
         r.train.node_rank = rank
-        plans.append(launch_plan(r, train_args, device))
+        plans.append(launch_plan(r, train_args, device, rdzv))
     return plans
 
 
@@ -166,26 +178,6 @@ def training_failure(code: int, log_path: Path, since: int = 0) -> str:
         if line.startswith(REFUSAL_PREFIX):
             return f"train: {line[len(REFUSAL_PREFIX):]}"
     return f"speculators train exited with {code}; see {log_path}"
-
-
-def set_aside_incomplete_checkpoints(checkpoints: Path) -> list[Path]:
-    """Rename epoch dirs a killed run left half-written, so speculators resumes from a whole one.
-
-    speculators writes an epoch's model, optimizer and scheduler state in place
-    and `training_state.json` last; an epoch dir without it was cut off mid-save
-    and would crash the resume (a truncated optimizer file). It is kept, renamed
-    `incomplete-<epoch>`, which speculators' epoch scan ignores.
-    """
-    moved = []
-    for d in sorted(Path(checkpoints).glob("[0-9]*")):
-        if d.is_dir() and not d.is_symlink() and d.name.isdigit() and not (d / "training_state.json").exists():
-            target = d.with_name(f"incomplete-{d.name}")
-            n = 1
-            while target.exists():
-                target, n = d.with_name(f"incomplete-{d.name}-{n}"), n + 1
-            d.rename(target)
-            moved.append(target)
-    return moved
 
 
 def read_val_metrics(checkpoints: Path) -> dict | None:
