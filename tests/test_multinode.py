@@ -39,7 +39,7 @@ def _env() -> dict:
 def prepared(tmp_path_factory) -> Path:
     """prepare + hidden states of 16 tiny rows (the two-node runs copy it)."""
     wd = tmp_path_factory.mktemp("mn-prepared")
-    proc = subprocess.run([*KIT, "run", str(TINY), "--stages", "prepare,hidden-states", "--set", "data.limit=16",
+    proc = subprocess.run([*KIT, "run", str(TINY), "--stages", "prepare,hidden-states", "--set", "data.limit=16", "--set", "regen.enabled=false",
                            "--workdir", str(wd), "--json"], capture_output=True, text=True, timeout=300,
                           env=_env(), check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -49,7 +49,7 @@ def prepared(tmp_path_factory) -> Path:
 def _node_commands(workdir: Path, *sets: str) -> list[tuple[dict, list[str]]]:
     """The per-node lines `train --dry-run` prints, split into (env, argv)."""
     args = ["--set", "train.nnodes=2", "--set", "train.nproc=1", "--set", "train.nodes_same_host=true",
-            "--set", "train.device=cpu", "--set", "train.logger=none", "--set", "data.limit=16",
+            "--set", "train.device=cpu", "--set", "train.logger=none", "--set", "data.limit=16", "--set", "regen.enabled=false",
             "--set", f"train.master_port={_free_port()}", "--set", "train.rdzv_id=mn-test"]
     for s in sets:
         args += ["--set", s]

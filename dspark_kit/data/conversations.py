@@ -44,6 +44,15 @@ def split_reasoning(content: str) -> tuple[str | None, str, bool]:
     return None, content, content.lstrip().startswith(THINK_OPEN)  # unclosed: cut off while thinking
 
 
+def canonical_reasoning(reasoning: str, content: str) -> tuple[str, str]:
+    """Reasoning given apart from the content (a reasoning parser's `reasoning` /
+    `reasoning_content`), cut the way Qwen3's template cuts inline think tags: vLLM's
+    qwen3 parser leaves the "\n\n" after </think> at the start of content, and a template
+    handed reasoning_content renders content as is, so without this the history and the
+    training render carry newlines the model never generated twice."""
+    return reasoning.strip("\n"), content.lstrip("\n")
+
+
 def _text(value: Any, what: str, i: int) -> str | None:
     if isinstance(value, list):  # OpenAI content parts
         value = "".join(p.get("text", "") for p in value if isinstance(p, dict))
@@ -71,6 +80,8 @@ def _turn(t: Any, i: int) -> dict[str, Any]:
         if reasoning:
             raise ConversationError(f"turn {i}: reasoning given twice (a reasoning field and inline <think>)")
         reasoning, msg["content"] = inline, rest
+    elif reasoning is not None:
+        reasoning, msg["content"] = canonical_reasoning(reasoning, content)
     if reasoning is not None:
         msg["reasoning_content"] = reasoning
     if unclosed:

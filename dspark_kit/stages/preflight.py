@@ -308,8 +308,8 @@ def check_multinode(ctx: _Context) -> list[Finding]:
     else:
         device = t.device  # planned as written, even on a machine without it
     rdzv = rendezvous_for(recipe, device)
-    out += [Finding(11, "error", e) for e in rdzv.errors]
-    out += [Finding(11, "warning", w) for w in rdzv.warnings]
+    out += [pitfall(11, "error", e) for e in rdzv.errors]
+    out += [pitfall(11, "warning", w) for w in rdzv.warnings]
     if t.nnodes == 1 or t.nodes_same_host:
         return out
     # One extraction server for every node (hidden_states.endpoint): it writes files on its own
@@ -323,19 +323,19 @@ def check_multinode(ctx: _Context) -> list[Finding]:
 
         host = urlparse(hs.endpoint if "//" in hs.endpoint else f"http://{hs.endpoint}").hostname or ""
         if master_is_loopback(host):
-            out.append(Finding(11, "error", f"hidden_states.endpoint {hs.endpoint} is loopback with train.nnodes "
+            out.append(pitfall(11, "error", f"hidden_states.endpoint {hs.endpoint} is loopback with train.nnodes "
                                             f"{t.nnodes}: trainers on other nodes would ask themselves; use the "
                                             "server's address every node can reach, or unset it so each node "
                                             "starts its own server"))  # fmt: skip
     if served and hs.endpoint and not hs.storage_shared and _node_local(hs.storage_path):
-        out.append(Finding(11, "error", f"hidden_states.storage_path {hs.storage_path} is node-local with train.nnodes "
+        out.append(pitfall(11, "error", f"hidden_states.storage_path {hs.storage_path} is node-local with train.nnodes "
                                         f"{t.nnodes} and one extraction server ({hs.endpoint}) for every node: a "
                                         "trainer on another node cannot read the files it writes there; use shared "
                                         "storage mounted at the same path on every node (e.g. /mnt/cephfs/...) and "
                                         "set hidden_states.storage_shared: true, or unset hidden_states.endpoint "
                                         "so each node starts its own server"))  # fmt: skip
-    if _node_local(ctx.workdir):
-        out.append(Finding(11, "warning", f"work dir {ctx.workdir} is node-local with train.nnodes {t.nnodes}: every "
+    if _node_local(ctx.run.root):
+        out.append(pitfall(11, "warning", f"work dir {ctx.run.root} is node-local with train.nnodes {t.nnodes}: every "
                                           "node reads prepared/ from it and a restart resumes from its checkpoints; "
                                           "put the run on storage every node mounts at the same path"))  # fmt: skip
     return out

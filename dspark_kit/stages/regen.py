@@ -50,7 +50,7 @@ from typing import Any
 
 import aiohttp
 
-from dspark_kit.data.conversations import split_reasoning, to_sharegpt
+from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
 from dspark_kit.engines import openai_base_url as normalize_endpoint
 from dspark_kit.recipe import Recipe
 
@@ -287,6 +287,8 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
             inline, rest, _unclosed = split_reasoning(out["text"])
             if inline is not None:
                 reasoning, msg["content"] = inline, rest
+        else:
+            reasoning, msg["content"] = canonical_reasoning(reasoning, out["text"])
         if reasoning is not None:
             msg["reasoning_content"] = reasoning
         history.append(msg)
