@@ -11,16 +11,23 @@ from dspark_kit.recipe import Recipe
 
 
 def server_plan(recipe: Recipe, role: Role, port: int | None = None, checkpoint: str | Path | None = None,
-                workdir: Path | None = None, engine: str | None = None) -> ServerPlan:
-    """The plan for `role` on `engine` (default: the recipe's serve.engine)."""
+                workdir: Path | None = None, engine: str | None = None, api_key: str | None = None) -> ServerPlan:
+    """The plan for `role` on `engine` (default: the recipe's serve.engine).
+
+    api_key goes to the server in its environment (DSPARK_KIT_API_KEY / VLLM_API_KEY), never argv.
+    """
     engine = engine or recipe.serve.engine
     if engine == "local":
         from dspark_kit.engines.local import plan_local  # lazily: pulls in the local server stack
 
-        return plan_local(recipe, role, port=port, checkpoint=str(checkpoint) if checkpoint else None)
+        return plan_local(recipe, role, port=port, checkpoint=str(checkpoint) if checkpoint else None,
+                          api_key=api_key)
     from dspark_kit.engines.vllm import plan_vllm
 
-    return plan_vllm(recipe, role, engine=engine, port=port, checkpoint=checkpoint, workdir=workdir)
+    plan = plan_vllm(recipe, role, engine=engine, port=port, checkpoint=checkpoint, workdir=workdir)
+    if api_key:
+        plan.env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is not given
+    return plan
 
 
 def regen_server_plan(recipe: Recipe, api_key: str | None = None) -> ServerPlan:
@@ -31,7 +38,7 @@ def regen_server_plan(recipe: Recipe, api_key: str | None = None) -> ServerPlan:
         from dspark_kit.engines.local import plan_local
 
         return plan_local(recipe, "chat", api_key=api_key)
-    return server_plan(recipe, "chat", port=free_port())
+    return server_plan(recipe, "chat", port=free_port(), api_key=api_key)
 
 
 @contextmanager

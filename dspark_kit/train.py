@@ -161,7 +161,10 @@ def run_training(plan: LaunchPlan, log_path: Path) -> int:
         plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     ) as proc:
         assert proc.stdout is not None
+        from dspark_kit.redact import redact_text
+
         for line in proc.stdout:
+            line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
             log.write(line)
             sys.stderr.write(line)
         return proc.wait()

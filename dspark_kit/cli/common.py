@@ -31,8 +31,10 @@ DEFAULT_RECIPE_PATH = Path(DEFAULT_RECIPE)
 
 
 def fail(message: str, code: int = 2) -> None:
+    from dspark_kit.redact import redact_text
+
     # soft_wrap: one line even when stderr is a pipe (Rich would wrap at 80 columns)
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {redact_text(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

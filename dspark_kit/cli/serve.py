@@ -30,10 +30,12 @@ def _warn(message: str) -> None:
     console.print(f"[yellow]warning:[/] {message}", highlight=False)
 
 
-def make_plan(recipe, role: str, engine: str, port: int | None, checkpoint: Path | None, workdir: Path):
+def make_plan(recipe, role: str, engine: str, port: int | None, checkpoint: Path | None, workdir: Path,
+              api_key: str | None = None):
     from dspark_kit.servers import server_plan
 
-    return server_plan(recipe, role, port=port, checkpoint=checkpoint, workdir=workdir, engine=engine)
+    return server_plan(recipe, role, port=port, checkpoint=checkpoint, workdir=workdir, engine=engine,
+                       api_key=api_key)
 
 
 def register(app: typer.Typer) -> None:
@@ -53,6 +55,10 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int | None, typer.Option(
             "--port", min=1, max=65535, help="Default: serve.port (hidden-states: serve.hidden_states_port).")] = None,
         workdir: WorkdirOpt = None,
+        api_key: Annotated[str | None, typer.Option(
+            "--api-key", envvar="DSPARK_KIT_API_KEY", show_envvar=True,
+            help="Require `Authorization: Bearer KEY` on every route but /health. Passed to the server "
+                 "in its environment, never on its command line; printed commands show ***.")] = None,
         dry_run: DryRunOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
@@ -103,7 +109,7 @@ def register(app: typer.Typer) -> None:
                 fail(str(e))
 
         try:
-            plan = make_plan(r, role, engine, port, ckpt_path, wd)
+            plan = make_plan(r, role, engine, port, ckpt_path, wd, api_key=api_key)
         except ValueError as e:
             fail(str(e))
         for note in plan.notes:
@@ -111,7 +117,10 @@ def register(app: typer.Typer) -> None:
 
         if dry_run:
             if json_out:
-                emit_json({"role": role, "engine": engine, "argv": plan.argv, "env": plan.env,
+                from dspark_kit.redact import redact_argv, redact_env
+
+                emit_json({"role": role, "engine": engine, "argv": redact_argv(plan.argv),
+                           "env": redact_env(plan.env),
                            "base_url": plan.base_url, "health_path": plan.health_path, "notes": plan.notes,
                            "checkpoint": str(ckpt_path) if ckpt_path else None,
                            "findings": [f.as_dict() for f in findings], "shell_line": plan.shell_line()})
