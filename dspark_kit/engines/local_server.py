@@ -524,7 +524,7 @@ def build_generator(args, model):
         draft_window_size=args.draft_window_size, device=resolve_device(args.device))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dspark_kit.engines.local_server",
                                 description="OpenAI-compatible local engine (vLLM API subset).")
     p.add_argument("--model", required=True, help="verifier HF directory")
@@ -548,10 +548,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="CPU intra-op threads (1 is fastest for small models next to other work; 0 = torch default)")
     p.add_argument("--token-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # tests
+    return p
+
+
+def check_extra_args(extra: list[str]) -> None:
+    """serve.extra_args for the local engine: options it has pass through; anything else is an error."""
+    import contextlib
+    import io
+
+    if not extra:
+        return
+    p = build_parser()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            _, unknown = p.parse_known_args(["--model", "x", *extra])
+    except SystemExit:
+        raise ValueError(f"serve.extra_args {extra}: {err.getvalue().strip().splitlines()[-1]}") from None
+    if unknown:
+        known = sorted(o for a in p._actions for o in a.option_strings if o.startswith("--") and a.help
+                       != argparse.SUPPRESS and o not in ("--help", "--model"))
+        raise ValueError(f"serve.extra_args {unknown}: not options of the local engine (it accepts "
+                         f"{', '.join(known)}); remove them, or use serve.engine vllm")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.role == "hidden-states" and (not args.layer_ids or not args.storage_path):
         p.error("role hidden-states needs --layer-ids and --storage-path")
     return args
+
+
+def watch_parent(poll_s: float = 0.5) -> None:
+    """Exit when the kit process that started us is gone (it was SIGKILLed: no handler ran).
+
+    Only when started by the kit (DSPARK_KIT_PARENT_PID set): a server run by hand stays up.
+    """
+    import signal
+
+    expected = os.environ.get("DSPARK_KIT_PARENT_PID")
+    if not expected or not expected.isdigit():
+        return
+
+    def loop() -> None:
+        while True:
+            if os.getppid() != int(expected):
+                os.kill(os.getpid(), signal.SIGTERM)  # uvicorn stops listening at once
+                time.sleep(5)
+                os._exit(1)  # still here (a decode step holds on): go anyway
+            time.sleep(poll_s)
+
+    threading.Thread(target=loop, name="parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -560,6 +607,7 @@ def main(argv: list[str] | None = None) -> None:
     from dspark_kit.verifier import load_tokenizer, load_verifier
 
     args = parse_args(argv)
+    watch_parent()
     if args.threads > 0:
         import torch
 
