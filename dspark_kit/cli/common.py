@@ -38,9 +38,9 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def load(recipe: Path, sets: list[str] | None) -> Recipe:
+def load(recipe: Path, sets: list[str] | None, require_run_keys: bool = False) -> Recipe:
     try:
-        return load_recipe(recipe, sets or [])
+        return load_recipe(recipe, sets or [], require_run_keys=require_run_keys)
     except RecipeError as e:
         fail(str(e))
         raise  # unreachable
