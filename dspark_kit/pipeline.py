@@ -154,6 +154,96 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
     return {"seconds": round(time.time() - t0, 1), **metrics}
 
 
+# ---- dry runs: each stage's commands, what `<stage> --dry-run` prints ------------
+
+
+def regen_dry_run(recipe: Recipe, endpoints: list[str] | None = None) -> tuple[list[str], str | None]:
+    """Endpoints regen would use, and the local engine command it would start when there are none."""
+    endpoints = list(endpoints or recipe.regen.endpoints)
+    if endpoints:
+        return endpoints, None
+    from dspark_kit.servers import regen_server_plan
+
+    return endpoints, regen_server_plan(recipe).shell_line()
+
+
+def hidden_states_dry_run(recipe: Recipe, workdir: Path) -> list[str]:
+    if recipe.hidden_states.mode == "online" or recipe.hidden_states.backend == "local":
+        return [f"# nothing to launch: hidden_states mode={recipe.hidden_states.mode} "
+                f"backend={recipe.hidden_states.backend} runs in-process (or inside train)"]
+    from dspark_kit.hidden_states_vllm import dry_run_lines
+
+    return dry_run_lines(recipe, workdir)
+
+
+def train_dry_run(recipe: Recipe, workdir: Path) -> list[str]:
+    """The exact training command(s), one per node (raises RecipeError/RuntimeError when unplannable)."""
+    from dspark_kit.train import node_plans
+
+    hs = recipe.hidden_states
+    endpoint = hs.endpoint or (f"http://{recipe.serve.host}:{recipe.serve.hidden_states_port}"
+                               if hs.mode == "online" else None)
+    args, device = train_args(recipe, workdir, endpoint, planning=True)
+    plans = node_plans(recipe, args, device)
+    if len(plans) == 1:
+        return [plans[0].shell_line()]
+    return [line for i, p in enumerate(plans) for line in (f"# node {i}", p.shell_line())]
+
+
+def _spec_server_dry_run(recipe: Recipe, workdir: Path, what: str) -> list[str]:
+    from dspark_kit.servers import server_plan
+
+    ckpt = Path(workdir) / "checkpoints" / recipe.serve.checkpoint  # resolved once training has run
+    try:
+        plan = server_plan(recipe, "spec", checkpoint=ckpt, workdir=workdir)
+    except (ValueError, OSError) as e:
+        return [f"# {what}: cannot plan the spec server before training ({e})"]
+    return [f"# {what}: spec server (checkpoint resolved from {ckpt} after train)", plan.shell_line(),
+            *(f"# note: {n}" for n in plan.notes)]
+
+
+def stage_dry_run(recipe: Recipe, workdir: Path, name: str) -> list[str]:
+    """What stage `name` would launch, as printable lines (commands, or a note for in-process work)."""
+    workdir = Path(workdir)
+    if name == "regen":
+        if not recipe.regen.enabled:
+            return ["# regen disabled (regen.enabled: false)"]
+        endpoints, command = regen_dry_run(recipe)
+        return [command] if command else [f"# endpoint {e}" for e in endpoints]
+    if name == "prepare":
+        src = regen_file(workdir) if recipe.regen.enabled else recipe.data.source
+        return [f"# in-process: tokenize {src} with {recipe.verifier.path}'s chat template -> {workdir / 'prepared'}"]
+    if name == "hidden-states":
+        return hidden_states_dry_run(recipe, workdir)
+    if name == "train":
+        hs, lines = recipe.hidden_states, []
+        if hs.mode == "online" and not hs.endpoint:  # train starts the extraction server itself
+            from dspark_kit.servers import server_plan
+
+            plan = server_plan(recipe, "hidden-states", port=recipe.serve.hidden_states_port, workdir=workdir)
+            lines = ["# hidden-state server train starts (online mode)", plan.shell_line()]
+        return [*lines, *train_dry_run(recipe, workdir)]
+    if name == "eval":
+        return [f"# in-process: offline acceptance of {recipe.serve.checkpoint} -> {workdir / 'eval'}"]
+    if name == "serve":
+        return _spec_server_dry_run(recipe, workdir, "serve check")
+    if name == "bench":
+        return [*_spec_server_dry_run(recipe, workdir, "bench"),
+                f"# in-process: benchmark that server -> {workdir / 'bench'}"]
+    if name == "report":
+        return [f"# in-process: report -> {workdir / 'report' / 'report.md'}"]
+    raise ValueError(f"unknown stage {name!r}")
+
+
+def pipeline_dry_run(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
+                     start: str | None = None) -> list[str]:
+    """`run --dry-run`: every selected stage's dry-run output, in pipeline order."""
+    lines: list[str] = []
+    for name in resolve_stages(stages, start):
+        lines += [f"# ==> {name}", *stage_dry_run(recipe, workdir, name)]
+    return lines
+
+
 def _lazy(module: str, func: str) -> Callable[[Recipe, Path], dict]:
     def call(recipe: Recipe, workdir: Path) -> dict:
         import importlib

@@ -55,12 +55,9 @@ class _Progress:
 
 def _dry_run(r, endpoints: list[str] | None, json_out: bool) -> None:
     """Where requests would go; with no endpoint, the local engine command regen would start."""
-    endpoints = list(endpoints or r.regen.endpoints)
-    command = None
-    if not endpoints:
-        from dspark_kit.servers import regen_server_plan
+    from dspark_kit.pipeline import regen_dry_run
 
-        command = regen_server_plan(r).shell_line()
+    endpoints, command = regen_dry_run(r, endpoints)
     if json_out:
         emit_json({"endpoints": endpoints, "local_engine_command": command})
     else:

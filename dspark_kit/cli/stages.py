@@ -66,13 +66,9 @@ def register(app: typer.Typer) -> None:
         """
         r = load(recipe, set_)
         if dry_run:
-            if r.hidden_states.mode == "online" or r.hidden_states.backend == "local":
-                typer.echo(f"# nothing to launch: hidden_states mode={r.hidden_states.mode} "
-                           f"backend={r.hidden_states.backend} runs in-process (or inside train)")
-                return
-            from dspark_kit.hidden_states_vllm import dry_run_lines
+            from dspark_kit.pipeline import hidden_states_dry_run
 
-            typer.echo("\n".join(dry_run_lines(r, _workdir(r, workdir))))
+            typer.echo("\n".join(hidden_states_dry_run(r, _workdir(r, workdir))))
             return
         _run_one("hidden-states", r, _workdir(r, workdir), json_out)
 
@@ -87,19 +83,13 @@ def register(app: typer.Typer) -> None:
         r = load(recipe, set_)
         wd = _workdir(r, workdir)
         if dry_run:
-            from dspark_kit.pipeline import train_args
+            from dspark_kit.pipeline import train_dry_run
             from dspark_kit.recipe import RecipeError
-            from dspark_kit.train import node_plans
 
-            endpoint = r.hidden_states.endpoint or (
-                f"http://{r.serve.host}:{r.serve.hidden_states_port}" if r.hidden_states.mode == "online" else None)
             try:
-                args, device = train_args(r, wd, endpoint, planning=True)
+                typer.echo("\n".join(train_dry_run(r, wd)))
             except (RecipeError, RuntimeError) as e:
                 fail(str(e))
-            plans = node_plans(r, args, device)
-            typer.echo("\n".join(p.shell_line() if len(plans) == 1 else f"# node {i}\n{p.shell_line()}"
-                                 for i, p in enumerate(plans)))
             return
         _run_one("train", r, wd, json_out)
 
@@ -113,12 +103,14 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option("--force", help="Rerun every selected stage.")] = False,
         replay: Annotated[Path | None, typer.Option("--replay", help="Rerun a past run from its manifest.json "
                                                     "(its recipe and stages; --workdir for a fresh copy).")] = None,
+        dry_run: DryRunOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
         """Run the pipeline: regen -> prepare -> hidden-states -> train -> eval -> serve -> bench -> report.
 
         Finished stages are fingerprinted in DIR/state.json: a rerun skips unchanged stages, reruns
-        changed ones and everything downstream, and resumes an interrupted stage.
+        changed ones and everything downstream, and resumes an interrupted stage. --dry-run prints
+        each selected stage's command (what `<stage> --dry-run` prints) in order and runs nothing.
         """
         from dspark_kit.pipeline import run_pipeline
 
@@ -137,6 +129,19 @@ def register(app: typer.Typer) -> None:
         else:
             r = load(recipe, set_)
             wd = _workdir(r, workdir)
+        if dry_run:
+            from dspark_kit.pipeline import pipeline_dry_run
+            from dspark_kit.recipe import RecipeError
+
+            try:
+                lines = pipeline_dry_run(r, wd, chosen, start)
+            except (RecipeError, ValueError, RuntimeError) as e:
+                fail(str(e))
+            if json_out:
+                emit_json({"workdir": str(wd), "dry_run": lines})
+            else:
+                typer.echo("\n".join(lines))
+            return
         try:
             rows = run_pipeline(r, wd, chosen, start, force,
                                 log=lambda m: console.print(f"[bold cyan]{m}[/]"))
