@@ -16,6 +16,7 @@ Every server dies with the kit process that started it:
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import socket
@@ -68,16 +69,25 @@ def install_signal_handlers() -> None:
     atexit.register(_signal_live_servers, signal.SIGTERM)
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: the kernel sends SIGTERM to this child when the thread that forked it dies."""
-    import ctypes
+_PRCTL = None  # libc's prctl, looked up in the parent: the child must not import or load anything
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before prctl took effect
+
+def _libc_prctl():
+    global _PRCTL
+    if _PRCTL is None:
+        try:
+            import ctypes
+
+            _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else False
+        except (OSError, AttributeError):
+            _PRCTL = False
+    return _PRCTL
+
+
+def _die_with_parent(prctl, parent_pid: int, sig: int) -> None:
+    """preexec_fn: the kernel sends `sig` to this child when the thread that forked it dies."""
+    prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 
 
@@ -120,7 +130,8 @@ class ManagedServer:
         env = {**os.environ, **self.plan.env, PARENT_PID_ENV: str(os.getpid())}
         install_signal_handlers()
         # PDEATHSIG fires when the forking *thread* exits: only tie it to the main thread
-        main = threading.current_thread() is threading.main_thread() and sys.platform.startswith("linux")
+        prctl = _libc_prctl() if threading.current_thread() is threading.main_thread() else None
+        preexec = functools.partial(_die_with_parent, prctl, os.getpid(), int(signal.SIGTERM)) if prctl else None
         self.proc = subprocess.Popen(
             self.plan.argv,
             env=env,
@@ -128,7 +139,7 @@ class ManagedServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # own process group: stop() signals the whole tree
-            preexec_fn=_die_with_parent if main else None,
+            preexec_fn=preexec,
         )
         _LIVE.add(self)
         return self
