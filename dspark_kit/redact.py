@@ -32,8 +32,18 @@ _FLAG_TEXT_RE = re.compile(
 _BEARER_RE = re.compile(r"(Bearer\s+)[^\s'\"]+", re.IGNORECASE)
 
 
+_FIELD_END_RE = re.compile(rf"(?:^|[_-]){_WORD}$", re.IGNORECASE)
+
+
 def is_secret_name(name: str) -> bool:
+    """An environment variable name that holds a secret (HF_TOKEN, AWS_SECRET_ACCESS_KEY)."""
     return bool(SECRET_NAME_RE.search(name))
+
+
+def is_secret_field(name: str) -> bool:
+    """A mapping key that holds a secret: env-style names as above, others only when they end in
+    the word (api_key, hf_token; not token_freq or mask_token_id)."""
+    return is_secret_name(name) if name.isupper() else bool(_FIELD_END_RE.search(name))
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
@@ -78,7 +88,7 @@ def redact_text(text: str) -> str:
 def redact_obj(obj: Any) -> Any:
     """A JSON-like value with secrets redacted (manifests, recipes recorded to disk)."""
     if isinstance(obj, dict):
-        return {k: (MASK if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v
+        return {k: (MASK if isinstance(k, str) and is_secret_field(k) and isinstance(v, str) and v
                     else redact_obj(v)) for k, v in obj.items()}
     if isinstance(obj, list):
         if all(isinstance(x, str) for x in obj):

@@ -86,3 +86,10 @@ def test_serve_api_key_travels_in_env_never_argv(tiny_recipe):
     local = server_plan(tiny_recipe, "chat", port=8123, api_key=TOKEN)
     assert TOKEN not in " ".join(local.argv) and local.env["DSPARK_KIT_API_KEY"] == TOKEN
     assert TOKEN not in local.shell_line() and "DSPARK_KIT_API_KEY=***" in local.shell_line()
+
+
+def test_manifest_fields_that_only_mention_tokens_are_kept():
+    rec = redact_obj({"token_freq": "/run/prepared/token_freq.pt", "api_key": TOKEN,
+                      "env": {"AWS_SECRET_ACCESS_KEY": TOKEN, "PATH": "/bin"}})
+    assert rec == {"token_freq": "/run/prepared/token_freq.pt", "api_key": "***",
+                   "env": {"AWS_SECRET_ACCESS_KEY": "***", "PATH": "/bin"}}
