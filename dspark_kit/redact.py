@@ -77,7 +77,7 @@ def redact_text(text: str) -> str:
         return text
 
     def env_sub(m: re.Match) -> str:
-        return f"{m['name']}={MASK}" if is_secret_name(m["name"]) else m[0]
+        return f"{m['name']}={MASK}" if is_secret_field(m["name"]) else m[0]
 
     text = _ENV_ASSIGN_RE.sub(env_sub, text)
     text = _FLAG_TEXT_RE.sub(lambda m: f"{m['flag']}{m['sep']}{MASK}", text)
