@@ -24,9 +24,9 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import Self
 
@@ -139,7 +139,7 @@ class ManagedServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # own process group: stop() signals the whole tree
-            preexec_fn=preexec,
+            preexec_fn=preexec,  # noqa: PLW1509 - only calls prctl (looked up beforehand)
         )
         _LIVE.add(self)
         return self

@@ -169,8 +169,8 @@ def regen_dry_run(recipe: Recipe, endpoints: list[str] | None = None) -> tuple[l
 
 def hidden_states_dry_run(recipe: Recipe, workdir: Path) -> list[str]:
     if recipe.hidden_states.mode == "online" or recipe.hidden_states.backend == "local":
-        return [f"# nothing to launch: hidden_states mode={recipe.hidden_states.mode} "
-                f"backend={recipe.hidden_states.backend} runs in-process (or inside train)"]
+        return [(f"# nothing to launch: hidden_states mode={recipe.hidden_states.mode} "
+                 f"backend={recipe.hidden_states.backend} runs in-process (or inside train)")]
     from dspark_kit.hidden_states_vllm import dry_run_lines
 
     return dry_run_lines(recipe, workdir)
