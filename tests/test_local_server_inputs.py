@@ -208,3 +208,14 @@ def test_local_plan_enforces_max_model_len_and_vets_extra_args(tiny_recipe):
     r = CliRunner().invoke(app, ["serve", "--role", "chat", "--dry-run", "--set",
                                  'serve.extra_args=["--enforce-eager"]'])
     assert r.exit_code == 2 and "--enforce-eager" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_spec_role_refuses_top_p_it_cannot_honour(verifier):  # noqa: F811
+    from dspark_kit.engines.local_server import ApiError, CompletionRequest
+
+    path, model, tok = verifier
+    args = parse_args(["--model", path, "--role", "spec", "--draft", "unused"])
+    engine = Engine(args, None, tok, object(), config=model.config)
+    with pytest.raises(ApiError, match="top_p"):
+        engine.check_model(CompletionRequest(prompt=[1], temperature=1.0, top_p=0.5))
+    engine.check_model(CompletionRequest(prompt=[1], temperature=0.0, top_p=0.5))  # greedy: top_p moot

@@ -233,6 +233,9 @@ class Engine:
         if req.stream:
             raise ApiError(400, "stream: not supported by the local engine; send stream=false")
         check_extras(req)
+        if self.args.role == "spec" and req.top_p < 1.0 and req.temperature >= SAMPLING_EPS:
+            raise ApiError(400, "top_p: role spec samples from the verifier without nucleus filtering; "
+                                "send top_p=1 (or temperature=0)", param="top_p")
         for i, stop in enumerate([req.stop] if isinstance(req.stop, str) else (req.stop or [])):
             _check_text(stop, f"stop.{i}")
 
