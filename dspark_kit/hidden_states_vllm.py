@@ -56,7 +56,10 @@ def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
         # the served model id must be the verifier path the trainer will use
         argv = offline_command(recipe, workdir, url, recipe.verifier.served_name or verifier_path(recipe),
                                recipe.train.nnodes, recipe.train.node_rank)
-        code = subprocess.run(argv, check=False).returncode
+        from dspark_kit.lifecycle import die_with_parent_preexec
+
+        code = subprocess.run(argv, check=False,
+                              preexec_fn=die_with_parent_preexec()).returncode
     if code != 0:
         raise RuntimeError(f"speculators generate-offline-data exited with {code}")
     files = len(list((Path(workdir) / "prepared" / "hidden_states").glob("hs_*.safetensors")))

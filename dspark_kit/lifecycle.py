@@ -84,6 +84,12 @@ def _libc_prctl():
     return _PRCTL
 
 
+def die_with_parent_preexec():
+    """A preexec_fn that ties a child to this process (PDEATHSIG), or None off Linux / off the main thread."""
+    prctl = _libc_prctl() if threading.current_thread() is threading.main_thread() else None
+    return functools.partial(_die_with_parent, prctl, os.getpid(), int(signal.SIGTERM)) if prctl else None
+
+
 def _die_with_parent(prctl, parent_pid: int, sig: int) -> None:
     """preexec_fn: the kernel sends `sig` to this child when the thread that forked it dies."""
     prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
@@ -130,8 +136,7 @@ class ManagedServer:
         env = {**os.environ, **self.plan.env, PARENT_PID_ENV: str(os.getpid())}
         install_signal_handlers()
         # PDEATHSIG fires when the forking *thread* exits: only tie it to the main thread
-        prctl = _libc_prctl() if threading.current_thread() is threading.main_thread() else None
-        preexec = functools.partial(_die_with_parent, prctl, os.getpid(), int(signal.SIGTERM)) if prctl else None
+        preexec = die_with_parent_preexec()
         self.proc = subprocess.Popen(
             self.plan.argv,
             env=env,

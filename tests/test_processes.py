@@ -99,3 +99,24 @@ def test_a_server_run_by_hand_is_not_tied_to_a_parent(monkeypatch):
     before = {t.name for t in __import__("threading").enumerate()}
     local_server.watch_parent()
     assert "parent-watch" not in {t.name for t in __import__("threading").enumerate()} - before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_kit_during_training_ends_the_trainer(tmp_path, sig):
+    script = tmp_path / "kit.py"
+    script.write_text(
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dspark_kit.train import LaunchPlan, run_training\n"
+        "plan = LaunchPlan([sys.executable, '-c', 'import time; print(\"step\", flush=True); time.sleep(120)'], {})\n"
+        f"run_training(plan, Path({str(tmp_path / 'train.log')!r}))\n")
+    proc = subprocess.Popen([sys.executable, str(script)], env=_env(), stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr.readline().strip() == b"step"  # the trainer runs and its output is teed
+        trainer = psutil.Process(proc.pid).children()[0]
+        proc.send_signal(sig)
+        proc.wait(30)
+        trainer.wait(10)  # raises TimeoutExpired if the trainer outlived the kit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
