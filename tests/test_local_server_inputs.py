@@ -12,6 +12,8 @@ import time
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_local_server import ThreadServer, _serve, verifier  # noqa: F401 (fixture)
 
 from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
@@ -219,3 +221,56 @@ def test_spec_role_refuses_top_p_it_cannot_honour(verifier):  # noqa: F811
     with pytest.raises(ApiError, match="top_p"):
         engine.check_model(CompletionRequest(prompt=[1], temperature=1.0, top_p=0.5))
     engine.check_model(CompletionRequest(prompt=[1], temperature=0.0, top_p=0.5))  # greedy: top_p moot
+
+
+# ---- fuzz: any JSON a client can send gets < 500 ------------------------------------
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
+_value = st.recursive(_scalar, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                      st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                      max_leaves=6)
+_message = st.fixed_dictionaries({}, optional={
+    "role": st.one_of(st.sampled_from(["user", "assistant", "system", "tool", "wizard"]), _scalar),
+    "content": st.one_of(st.text(max_size=30), _value,
+                         st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]),
+                                                         "text": st.one_of(st.text(max_size=10), _scalar)}),
+                                  max_size=2))})
+_chat = st.fixed_dictionaries({"messages": st.one_of(st.lists(_message, max_size=3), _value)}, optional={
+    "max_tokens": st.one_of(st.integers(-2, 6), _scalar), "temperature": _scalar, "top_p": _scalar,
+    "seed": _scalar, "n": _scalar, "stop": st.one_of(_scalar, st.lists(st.text(max_size=4), max_size=2)),
+    "logprobs": _scalar, "response_format": _value, "chat_template_kwargs": _value,
+    "add_generation_prompt": _scalar, "continue_final_message": _scalar, "stream": _scalar,
+    "return_token_ids": _scalar, "x-unknown": _value})
+_completion = st.fixed_dictionaries({"prompt": st.one_of(st.text(max_size=30), st.lists(
+    st.integers(-5, 2000), max_size=6), _value)}, optional={
+    "max_tokens": st.one_of(st.integers(-2, 6), _scalar), "temperature": _scalar, "top_p": _scalar,
+    "seed": _scalar, "echo": _scalar, "suffix": _scalar, "request_id": _scalar, "logprobs": _scalar})
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(verifier):  # noqa: F811
+    s = _serve(verifier, "--max-model-len", "64")
+    yield s
+    s.stop()
+
+
+def _post_fuzzed(server, path, body):
+    raw = json.dumps(body, allow_nan=True).encode()  # ensure_ascii: lone surrogates travel as \udXXX
+    r = httpx.post(server.url + path, content=raw,
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code < 500, (body, r.text)
+    if r.status_code >= 400:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_chat)
+def test_fuzzed_chat_bodies_never_get_a_5xx(fuzz_server, body):
+    _post_fuzzed(fuzz_server, "/v1/chat/completions", body)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_completion)
+def test_fuzzed_completion_bodies_never_get_a_5xx(fuzz_server, body):
+    _post_fuzzed(fuzz_server, "/v1/completions", body)
