@@ -31,14 +31,16 @@ DEFAULT_RECIPE_PATH = Path(DEFAULT_RECIPE)
 
 
 def fail(message: str, code: int = 2) -> None:
+    from dspark_kit.redact import redact_text
+
     # soft_wrap: one line even when stderr is a pipe (Rich would wrap at 80 columns)
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {redact_text(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
-def load(recipe: Path, sets: list[str] | None) -> Recipe:
+def load(recipe: Path, sets: list[str] | None, require_run_keys: bool = False) -> Recipe:
     try:
-        return load_recipe(recipe, sets or [])
+        return load_recipe(recipe, sets or [], require_run_keys=require_run_keys)
     except RecipeError as e:
         fail(str(e))
         raise  # unreachable

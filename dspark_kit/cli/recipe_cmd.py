@@ -52,11 +52,15 @@ def register(app: typer.Typer) -> None:
 
     @sub.command("validate")
     def validate(recipes: Annotated[list[str], typer.Argument(help="Recipe files.")]) -> None:
-        """Validate recipe files; exit 2 with a field-named error on the first bad one."""
+        """Validate recipe files; exit 2 with a field-named error on the first bad one.
+
+        Beyond the schema, a recipe must be a UTF-8 file with no key given twice, and must set
+        what a run needs itself: data.source and verifier.path.
+        """
         from pathlib import Path
 
         for p in recipes:
-            load(Path(p), None)
+            load(Path(p), None, require_run_keys=True)
             typer.echo(f"ok  {p}")
 
     @sub.command("reference")

@@ -55,46 +55,14 @@ class _Progress:
 
 
 def _dry_run(r, endpoints: list[str] | None, json_out: bool, outfile: Path | None = None) -> None:
-    """Where requests would go; with no endpoint, the local engine command regen would start.
+    """Where requests would go; with no endpoint, the engine command regen would start."""
+    from dspark_kit.stages.regen import regen_plan, regen_plan_lines
 
-    Several endpoints (-e repeated or regen.endpoints), on one or several machines: one client
-    here spreads the rows over all of them into one resumable output.
-    """
-    from urllib.parse import urlparse
-
-    from dspark_kit.resolved import Resolved
-
-    endpoints = list(endpoints or r.regen.endpoints)
-    command = None
-    if not endpoints:
-        from dspark_kit.engines.servers import regen_server_plan
-
-        command = regen_server_plan(Resolved(r, planning=True)).shell_line()
-    machines = sorted({urlparse(e if "//" in e else f"http://{e}").hostname or e for e in endpoints})
-    per_server = None
-    if endpoints and r.serve.engine != "local":
-        from dspark_kit.engines.servers import server_plan
-
-        reachable = r.model_copy(deep=True)
-        reachable.serve.host = "0.0.0.0"  # a server other machines send requests to
-        per_server = server_plan(Resolved(reachable, planning=True), "chat", port=r.serve.port).shell_line()
+    plan = regen_plan(r, endpoints, outfile)
     if json_out:
-        emit_json({"endpoints": endpoints, "machines": machines, "local_engine_command": command,
-                   "server_command": per_server, "outfile": str(outfile) if outfile else None,
-                   "concurrency_per_endpoint": r.regen.concurrency})
-        return
-    if command:
-        typer.echo(command)
-        return
-    header = (f"# {len(endpoints)} server(s) on {len(machines)} machine(s) ({', '.join(machines)}): one client here "
-              f"spreads rows over all of them ({r.regen.concurrency} in flight each) into one output "
-              f"{outfile or 'regen.jsonl'}; --resume (default) skips rows already written and retries failed ones, "
-              "a server that keeps refusing is dropped and its rows go to the others")
-    lines = [header]
-    if per_server:
-        lines += [("# start on each server machine (same verifier and thinking mode everywhere; one --port per "
-                   "server on a machine):"), f"#   {per_server}"]
-    typer.echo("\n".join(lines + [f"endpoint {e}" for e in endpoints]))
+        emit_json(plan)
+    else:
+        typer.echo("\n".join(regen_plan_lines(plan)))
 
 
 def register(app: typer.Typer) -> None:

@@ -42,6 +42,10 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int | None, typer.Option(
             "--port", min=1, max=65535, help="Default: serve.port (hidden-states: serve.hidden_states_port).")] = None,
         workdir: WorkdirOpt = None,
+        api_key: Annotated[str | None, typer.Option(
+            "--api-key", envvar="DSPARK_KIT_API_KEY", show_envvar=True,
+            help="Require `Authorization: Bearer KEY` on every route but /health. Passed to the server "
+                 "in its environment, never on its command line; printed commands show ***.")] = None,
         dry_run: DryRunOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
@@ -64,7 +68,8 @@ def register(app: typer.Typer) -> None:
         r = load(recipe, set_)
         run = RunDir.at(r.workdir_path(workdir))
         try:
-            sp = plan_server(r, run, role, engine=engine, checkpoint=checkpoint, port=port, planning=dry_run)
+            sp = plan_server(r, run, role, engine=engine, checkpoint=checkpoint, port=port, planning=dry_run,
+                             api_key=api_key)
         except ServeError as e:
             fail(str(e))
         plan = sp.plan
@@ -73,9 +78,11 @@ def register(app: typer.Typer) -> None:
 
         if dry_run:
             if json_out:
-                emit_json({"role": role, "engine": sp.resolved.engine, "argv": plan.argv, "env": plan.env,
-                           "base_url": plan.base_url, "health_path": plan.health_path, "notes": sp.warnings,
-                           "checkpoint": str(sp.resolved.checkpoint) if role == "spec" else None,
+                from dspark_kit.redact import redact_argv, redact_env
+
+                emit_json({"role": role, "engine": sp.resolved.engine, "argv": redact_argv(plan.argv),
+                           "env": redact_env(plan.env), "base_url": plan.base_url, "health_path": plan.health_path,
+                           "notes": sp.warnings, "checkpoint": str(sp.resolved.checkpoint) if role == "spec" else None,
                            "resolved": sp.resolved.summary() if role == "spec" else None,
                            "findings": [f.as_dict() for f in sp.findings], "shell_line": plan.shell_line()})
             else:

@@ -66,19 +66,9 @@ def register(app: typer.Typer) -> None:
         """
         r = load(recipe, set_)
         if dry_run:
-            from dspark_kit.stages.hidden_states_vllm import dry_run_lines, node_notes
+            from dspark_kit.stages.pipeline import hidden_states_dry_run
 
-            if r.hidden_states.backend == "local" and r.hidden_states.mode == "offline":
-                typer.echo("\n".join([*node_notes(r, _workdir(r, workdir)),
-                                      ("# nothing to launch: hidden_states backend=local runs in-process on this "
-                                       "machine (once; every node reads DIR/prepared/hidden_states)")]))
-                return
-            if r.hidden_states.mode == "online" and r.hidden_states.backend == "local":
-                typer.echo("# online, backend local: `dspark-kit train` starts the kit's own extraction server "
-                           "on each node")
-                return
-
-            typer.echo("\n".join(dry_run_lines(r, _workdir(r, workdir))))
+            typer.echo("\n".join(hidden_states_dry_run(r, _workdir(r, workdir))))
             return
         _run_one("hidden-states", r, _workdir(r, workdir), json_out)
 
@@ -96,32 +86,12 @@ def register(app: typer.Typer) -> None:
         wd = _workdir(r, workdir)
         if dry_run:
             from dspark_kit.recipe import RecipeError
-            from dspark_kit.stages.pipeline import train_args
-            from dspark_kit.stages.train import node_plans
+            from dspark_kit.stages.pipeline import train_dry_run
 
-            endpoint = r.hidden_states.endpoint or (
-                f"http://{r.serve.host}:{r.serve.hidden_states_port}" if r.hidden_states.mode == "online" else None)
             try:
-                args, device = train_args(r, wd, endpoint, planning=True)
+                typer.echo("\n".join(train_dry_run(r, wd)))
             except (RecipeError, RuntimeError) as e:
                 fail(str(e))
-            from dspark_kit.rendezvous import rendezvous_for
-
-            rdzv = rendezvous_for(r, device)
-            try:
-                plans = node_plans(r, args, device, rdzv)
-            except RecipeError as e:
-                fail(str(e))
-            if len(plans) == 1:
-                typer.echo(plans[0].shell_line())
-                return
-            lines = [f"# {rdzv.summary()}"]
-            lines += [f"# warning: {w}" for w in rdzv.warnings]
-            if rdzv.backend == "c10d":
-                lines.append("# c10d assigns node ranks at rendezvous: every node runs the same command; "
-                             "`dspark-kit train` on each node resolves that node's own interface")
-            lines += [f"# node {i}\n{p.shell_line()}" for i, p in enumerate(plans)]
-            typer.echo("\n".join(lines))
             return
         _run_one("train", r, wd, json_out)
 
@@ -135,12 +105,14 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option("--force", help="Rerun every selected stage.")] = False,
         replay: Annotated[Path | None, typer.Option("--replay", help="Rerun a past run from its manifest.json "
                                                     "(its recipe and stages; --workdir for a fresh copy).")] = None,
+        dry_run: DryRunOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
         """Run the pipeline: regen -> prepare -> hidden-states -> train -> eval -> serve -> bench -> report.
 
         Finished stages are fingerprinted in DIR/state.json: a rerun skips unchanged stages, reruns
-        changed ones and everything downstream, and resumes an interrupted stage.
+        changed ones and everything downstream, and resumes an interrupted stage. --dry-run prints
+        each selected stage's command (what `<stage> --dry-run` prints) in order and runs nothing.
         """
         from dspark_kit.stages.pipeline import run_pipeline
 
@@ -159,6 +131,19 @@ def register(app: typer.Typer) -> None:
         else:
             r = load(recipe, set_)
             wd = _workdir(r, workdir)
+        if dry_run:
+            from dspark_kit.recipe import RecipeError
+            from dspark_kit.stages.pipeline import pipeline_dry_run
+
+            try:
+                lines = pipeline_dry_run(r, wd, chosen, start)
+            except (RecipeError, ValueError, RuntimeError) as e:
+                fail(str(e))
+            if json_out:
+                emit_json({"workdir": str(wd), "dry_run": lines})
+            else:
+                typer.echo("\n".join(lines))
+            return
         try:
             rows = run_pipeline(r, wd, chosen, start, force,
                                 log=lambda m: console.print(f"[bold cyan]{m}[/]"))

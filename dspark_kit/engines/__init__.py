@@ -28,9 +28,17 @@ def openai_base_url(url: str) -> str:
 
 
 def shell_line(argv: list[str], env: dict[str, str]) -> str:
-    """A command and its env as one copy-pasteable line (for --dry-run)."""
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    return (prefix + " " if prefix else "") + shlex.join(argv)
+    """A command and its env as one copy-pasteable line (for --dry-run, logs and errors).
+
+    Secrets (API keys, tokens) are shown as *** (dspark_kit.redact): this line is printed and recorded.
+    """
+    from dspark_kit.redact import MASK, redact_argv, redact_env
+
+    def quote(word: str) -> str:  # *** stays readable as the placeholder it is
+        return word if word == MASK or word.endswith("=" + MASK) else shlex.quote(word)
+
+    prefix = " ".join(f"{k}={quote(v)}" for k, v in sorted(redact_env(env).items()))
+    return (prefix + " " if prefix else "") + " ".join(quote(a) for a in redact_argv(argv))
 
 
 @dataclass

@@ -48,7 +48,13 @@ def plan_local(
             argv += ["--draft-window-size", str(window.value)]
         notes += [*k.notes, f"num_speculative_tokens {k.value} ({k.source})",
                   *window.notes, f"draft_window_size {window.value} ({window.source})"]
-    argv += list(extra_args or [])
+    if recipe.serve.max_model_len is not None:  # vLLM's flag, enforced the same way (400)
+        argv += ["--max-model-len", str(recipe.serve.max_model_len)]
+    from dspark_kit.engines.local_server import check_extra_args
+
+    extra = [*recipe.serve.extra_args, *(extra_args or [])]
+    check_extra_args(extra)  # options the local engine has pass; others fail here, not silently
+    argv += extra
     # the key travels in the environment, not argv, so `ps` does not show it
     env = {"DSPARK_KIT_API_KEY": api_key} if api_key else {}
     return ServerPlan(argv=argv, host=host, port=port, env=env, notes=notes)

@@ -20,37 +20,59 @@ import asyncio
 import fcntl
 import os
 import re
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from dspark_kit.recipe import ROLES
 
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")  # fullmatch: `$` would let "x\n" through
 MAX_BODY_BYTES = 16 * 2**20
+MAX_TEMPERATURE = 100.0  # finite and sane; 1e9 or Infinity is a client bug, not a sampling request
+DISCONNECT_POLL_S = 0.1
+SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError"):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def error_body(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> dict:
+    """OpenAI's error shape, used for every error this server answers."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, kind: str = "BadRequestError", param: str | None = None):
+    return JSONResponse(error_body(status, message, kind, param), status)
+
+
+_KINDS = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+          405: "MethodNotAllowedError", 413: "RequestTooLargeError", 422: "BadRequestError",
+          503: "ServiceUnavailableError"}
+
+INT64 = 2**63
+StrictPosInt = Annotated[int, Strict(), Field(ge=1)]
 
 
 class _Req(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we ignore
+    # extra fields are allowed only to be inspected: check_extras refuses what we cannot honour
+    model_config = ConfigDict(extra="allow")
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    n: int = 1
+    max_tokens: StrictPosInt | None = None
+    temperature: float = Field(0.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    seed: Annotated[int, Strict()] | None = Field(None, ge=-INT64, lt=INT64)  # vLLM: a C long long
+    n: Annotated[int, Strict()] = 1
     stream: bool = False
     stop: str | list[str] | None = None
     return_token_ids: bool = False
@@ -58,13 +80,78 @@ class _Req(BaseModel):
 
 
 class ChatRequest(_Req):
+    max_completion_tokens: StrictPosInt | None = None  # the newer OpenAI name of max_tokens
+
     messages: list[dict[str, Any]] = Field(min_length=1)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class CompletionRequest(_Req):
-    prompt: str | list[int] = Field(min_length=1)
-    max_tokens: int | None = Field(16, ge=1)
+    prompt: str | list[Annotated[int, Strict()]] = Field(min_length=1)
+    max_tokens: StrictPosInt | None = 16
+
+
+# Fields OpenAI clients may send that this engine cannot honour: accepted only at their no-op
+# value, refused (400) otherwise, never silently ignored.
+_NOOP_FIELDS: dict[str, Any] = {
+    "logprobs": lambda v: v in (None, False), "top_logprobs": lambda v: v in (None, 0),
+    "prompt_logprobs": lambda v: v is None, "echo": lambda v: v in (None, False),
+    "tools": lambda v: not v, "tool_choice": lambda v: v in (None, "none"),
+    "functions": lambda v: not v, "function_call": lambda v: v in (None, "none"),
+    "parallel_tool_calls": lambda v: True if v is None else v in (True, False),
+    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+    "logit_bias": lambda v: not v, "presence_penalty": lambda v: v in (None, 0),
+    "frequency_penalty": lambda v: v in (None, 0), "repetition_penalty": lambda v: v in (None, 1),
+    "best_of": lambda v: v in (None, 1), "suffix": lambda v: not v, "top_k": lambda v: v in (None, 0, -1),
+    "min_p": lambda v: v in (None, 0), "min_tokens": lambda v: v in (None, 0),
+    "stream_options": lambda v: v is None, "ignore_eos": lambda v: v in (None, False),
+    "user": lambda v: True, "metadata": lambda v: True, "store": lambda v: v in (None, False),
+}
+
+
+def check_extras(req: _Req) -> None:
+    for name, value in (req.model_extra or {}).items():
+        ok = _NOOP_FIELDS.get(name)
+        if ok is None:
+            raise ApiError(400, f"{name}: not supported by the local engine (remove the field)", param=name)
+        try:
+            fine = ok(value)
+        except TypeError:
+            fine = False
+        if not fine:
+            raise ApiError(400, f"{name}={value!r}: not supported by the local engine", param=name)
+
+
+def _check_text(value: str, where: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"{where}: text is not valid Unicode (lone surrogate)", param=where) from None
+
+
+def check_messages(messages: list[dict[str, Any]]) -> None:
+    """What vLLM refuses and the tokenizer would choke on, as 400s before any work."""
+    for i, m in enumerate(messages):
+        where = f"messages.{i}.content"
+        if "content" not in m or m["content"] is None:
+            raise ApiError(400, f"{where}: missing (every turn needs text content)", param=where)
+        content = m["content"]
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise ApiError(400, f"{where}.{j}: only text content parts are supported "
+                                        f"(got type {kind!r}); the local engine has no vision input", param=where)
+                _check_text(part["text"], where)
+        elif isinstance(content, str):
+            _check_text(content, where)
+        else:
+            raise ApiError(400, f"{where}: must be a string or a list of text parts", param=where)
+        for key in ("role", "name"):
+            if isinstance(m.get(key), str):
+                _check_text(m[key], f"messages.{i}.{key}")
 
 
 class EngineMetrics:
@@ -125,11 +212,17 @@ class Engine:
         config = config or model.config
         self.served_name = args.served_model_name or args.model
         self.max_len = int(getattr(config, "max_position_embeddings", 4096))
+        if getattr(args, "max_model_len", None):  # the recipe's serve.max_model_len, as vLLM's flag
+            self.max_len = min(self.max_len, args.max_model_len)
         self.vocab = int(config.vocab_size)
         stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
         self.stop_ids = frozenset(i for i in stop if isinstance(i, int) and i >= 0)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        # tokenizing a large prompt takes seconds: never on the event loop, never behind decoding
+        self.tok_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         self.in_flight = 0
+        self._longest_token: int | None = None
+        self.aborted = 0  # requests whose client left mid-decode (decoding stopped for them)
         self.metrics = EngineMetrics(self.served_name, spec=args.role == "spec")
         self.storage = Path(args.storage_path).resolve() if args.storage_path else None
 
@@ -141,22 +234,65 @@ class Engine:
             raise ApiError(400, "n: the local engine returns exactly one choice (n=1)")
         if req.stream:
             raise ApiError(400, "stream: not supported by the local engine; send stream=false")
+        check_extras(req)
+        if self.args.role == "spec" and req.top_p < 1.0 and req.temperature >= SAMPLING_EPS:
+            raise ApiError(400, "top_p: role spec samples from the verifier without nucleus filtering; "
+                                "send top_p=1 (or temperature=0)", param="top_p")
+        for i, stop in enumerate([req.stop] if isinstance(req.stop, str) else (req.stop or [])):
+            _check_text(stop, f"stop.{i}")
 
     def check_prompt(self, ids: list[int], max_tokens: int) -> None:
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:
             raise ApiError(400, f"prompt: token ids {bad[:5]} outside [0, {self.vocab})")
+        if not ids:
+            raise ApiError(400, "prompt: empty after tokenization", param="prompt")
+        if len(ids) >= self.max_len:
+            raise ApiError(400, f"prompt ({len(ids)} tokens) leaves no room to generate: the maximum "
+                                f"context length is {self.max_len} tokens", param="messages")
         if len(ids) + max_tokens > self.max_len:
             raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds "
-                                f"the model's max length {self.max_len}; shorten or lower max_tokens")
+                                f"the maximum context length {self.max_len}; shorten or lower max_tokens",
+                           param="max_tokens")
 
-    async def run(self, fn, *a):
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *a)
+    def check_text_size(self, chars: int, where: str) -> None:
+        """Refuse text that cannot fit before tokenizing it (seconds for megabytes): no token
+        covers more than the longest vocabulary entry's characters."""
+        if self._longest_token is None:
+            self._longest_token = max((len(t) for t in self.tok.get_vocab()), default=1) or 1
+        if chars > self.max_len * self._longest_token:
+            raise ApiError(400, f"{where}: {chars} characters cannot fit the maximum context length "
+                                f"{self.max_len} tokens", param=where)
 
-    def decode(self, ids: list[int], req: _Req, max_tokens: int) -> dict[str, Any]:
+    def default_max_tokens(self, ids: list[int], req: _Req) -> int:
+        given = req.max_tokens if req.max_tokens is not None else getattr(req, "max_completion_tokens", None)
+        return given if given is not None else max(1, self.max_len - len(ids))
+
+    async def tokenize(self, fn, *a):
+        return await asyncio.get_running_loop().run_in_executor(self.tok_pool, fn, *a)
+
+    async def run(self, fn, *a, request: Request | None = None):
+        """fn(*a, cancel) on the decode thread; set `cancel` when the client disconnects."""
+        cancel = threading.Event()
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, *a, cancel)
+        if request is None:
+            return await fut
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return fut.result()
+            if await request.is_disconnected():
+                cancel.set()  # the generator stops at its next step; a queued request never starts
+                self.aborted += 1
+                return await fut
+
+    def decode(self, ids: list[int], req: _Req, max_tokens: int, cancel: threading.Event) -> dict[str, Any]:
         kwargs = {"top_p": req.top_p} if req.top_p < 1.0 and self.args.role != "spec" else {}
-        res = self.generator.generate(ids, max_tokens, temperature=req.temperature,
-                                      seed=req.seed, stop_ids=self.stop_ids, **kwargs)
+        if cancel.is_set():
+            return {"text": "", "token_ids": [], "finish_reason": "abort"}
+        temperature = req.temperature if req.temperature >= SAMPLING_EPS else 0.0  # vLLM: below eps = greedy
+        res = self.generator.generate(ids, max_tokens, temperature=temperature,
+                                      seed=req.seed, stop_ids=self.stop_ids, cancel=cancel, **kwargs)
         shown = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in self.stop_ids else res.token_ids
         text, stopped = _cut_at_stop(self.tok.decode(shown, skip_special_tokens=False), req.stop)
         self.metrics.observe(len(ids), res)
@@ -170,14 +306,14 @@ class Engine:
     def request_file(self, request_id: str) -> Path:
         if self.storage is None:
             raise ApiError(400, "hidden states: server started without --storage-path")
-        if not REQUEST_ID_RE.match(request_id):
+        if not REQUEST_ID_RE.fullmatch(request_id):
             raise ApiError(400, f"request_id {request_id!r}: use letters, digits, '.', '_', '-' only")
         path = (self.storage / f"{request_id}.safetensors").resolve()
         if path.parent != self.storage:
             raise ApiError(400, f"request_id {request_id!r}: escapes the storage directory")
         return path
 
-    def write_hidden_states(self, ids: list[int], path: Path) -> int:
+    def write_hidden_states(self, ids: list[int], path: Path, cancel: threading.Event | None = None) -> int:
         import torch
         from safetensors.torch import save_file
 
@@ -220,42 +356,92 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+class _BodyTooLarge(HTTPException):
+    """Raised from receive(): an HTTPException so FastAPI's body reader passes it through."""
+
+    def __init__(self):
+        super().__init__(413, f"request body over {MAX_BODY_BYTES} bytes")
+
+
+class Guard:
+    """Pure ASGI middleware: API key, body cap counted while reading (a chunked upload has no
+    Content-Length to check), and the in-flight limit. Pure ASGI, unlike BaseHTTPMiddleware,
+    so `request.is_disconnected()` still sees the client leave."""
+
+    def __init__(self, app, engine: Engine):
+        self.app, self.engine = app, engine
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        args, engine = self.engine.args, self.engine
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if (scope["path"] != "/health" and args.api_key
+                and headers.get("authorization") != f"Bearer {args.api_key}"):
+            return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                                        "AuthenticationError")(scope, receive, send)
+        size = headers.get("content-length", "")
+        too_large = f"request body over {MAX_BODY_BYTES} bytes"
+        if size.isdigit() and int(size) > MAX_BODY_BYTES:
+            return await error_response(413, too_large, _KINDS[413])(scope, receive, send)
+        received = 0
+
+        async def counted_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > MAX_BODY_BYTES:
+                    raise _BodyTooLarge
+            return message
+
+        started = False
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        counted = scope["method"] == "POST"
+        if counted:
+            if engine.in_flight >= args.max_concurrency:
+                return await error_response(503, f"server busy: {args.max_concurrency} requests in flight "
+                                            "(--max-concurrency); retry later", _KINDS[503])(scope, receive, send)
+            engine.in_flight += 1
+            engine.metrics.running.set(engine.in_flight)
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except _BodyTooLarge:
+            if not started:
+                await error_response(413, too_large, _KINDS[413])(scope, receive, send)
+        finally:
+            if counted:
+                engine.in_flight -= 1
+                engine.metrics.running.set(engine.in_flight)
+
+
 def create_app(engine: Engine) -> FastAPI:
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
     app = FastAPI(title="dspark-kit local engine", docs_url=None, redoc_url=None)
     args = engine.args
+    app.add_middleware(Guard, engine=engine)
 
     @app.exception_handler(ApiError)
     async def _api_error(_r: Request, e: ApiError):
-        return JSONResponse({"error": {"message": e.message, "type": e.kind, "code": e.status}}, e.status)
+        return error_response(e.status, e.message, e.kind, e.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_r: Request, e: StarletteHTTPException):  # 404, 405, unreadable body
+        kind = _KINDS.get(e.status_code, "BadRequestError" if e.status_code < 500 else "InternalServerError")
+        return error_response(e.status_code, str(e.detail), kind)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, e: RequestValidationError):
-        msg = "; ".join(f"{'.'.join(str(p) for p in x['loc'][1:]) or 'body'}: {x['msg']}" for x in e.errors())
-        return JSONResponse({"error": {"message": msg, "type": "BadRequestError", "code": 400}}, 400)
-
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        if (request.url.path != "/health" and args.api_key
-                and request.headers.get("authorization") != f"Bearer {args.api_key}"):
-            return JSONResponse({"error": {"message": "missing or wrong API key (Authorization: "
-                                 "Bearer KEY)", "type": "AuthenticationError", "code": 401}}, 401)
-        size = request.headers.get("content-length")
-        if size and size.isdigit() and int(size) > MAX_BODY_BYTES:
-            return JSONResponse({"error": {"message": f"request body over {MAX_BODY_BYTES} bytes",
-                                 "type": "BadRequestError", "code": 413}}, 413)
-        if request.method == "POST":
-            if engine.in_flight >= args.max_concurrency:
-                return JSONResponse({"error": {"message": f"server busy: {args.max_concurrency} requests "
-                                     "in flight (--max-concurrency); retry later", "type":
-                                     "ServiceUnavailableError", "code": 503}}, 503)
-            engine.in_flight += 1
-            engine.metrics.running.set(engine.in_flight)
-            try:
-                return await call_next(request)
-            finally:
-                engine.in_flight -= 1
-                engine.metrics.running.set(engine.in_flight)
-        return await call_next(request)
+        errors = e.errors()
+        msg = "; ".join(f"{'.'.join(str(p) for p in x['loc'][1:]) or 'body'}: {x['msg']}" for x in errors)
+        param = ".".join(str(p) for p in errors[0]["loc"][1:]) or None if errors else None
+        return error_response(400, msg, "BadRequestError", param)
 
     @app.get("/health")
     async def health():
@@ -272,21 +458,36 @@ def create_app(engine: Engine) -> FastAPI:
             "id": engine.served_name, "object": "model", "created": int(time.time()),
             "owned_by": "dspark-kit", "root": args.model, "max_model_len": engine.max_len}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
-        from dspark_kit.data.chat import prompt_ids
+    def chat_ids(req: ChatRequest) -> list[int]:
+        from dspark_kit.data.chat import encode, render
         from dspark_kit.data.conversations import ConversationError, normalize
 
-        engine.check_model(req)
         try:
             msgs = normalize({"messages": req.messages})
         except ConversationError as e:
-            raise ApiError(400, f"messages: {e}") from None
+            raise ApiError(400, f"messages: {e}", param="messages") from None
         thinking = bool(req.chat_template_kwargs.get("enable_thinking", True))
-        ids = prompt_ids(engine.tok, msgs, thinking)
-        max_tokens = req.max_tokens or max(1, engine.max_len - len(ids))
+        if req.continue_final_message:  # speculators' re-render of a finished conversation
+            if req.add_generation_prompt:
+                raise ApiError(400, "continue_final_message and add_generation_prompt are exclusive")
+            text = engine.tok.apply_chat_template(msgs, tokenize=False, continue_final_message=True,
+                                                  enable_thinking=thinking)
+        else:
+            text = render(engine.tok, msgs, thinking, add_generation_prompt=req.add_generation_prompt)
+        return encode(engine.tok, text)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        engine.check_model(req)
+        check_messages(req.messages)
+        if not isinstance(req.chat_template_kwargs.get("enable_thinking", True), bool):
+            raise ApiError(400, "chat_template_kwargs.enable_thinking: must be true or false")
+        engine.check_text_size(sum(len(m["content"]) if isinstance(m["content"], str) else
+                                   sum(len(p["text"]) for p in m["content"]) for m in req.messages), "messages")
+        ids = await engine.tokenize(chat_ids, req)
+        max_tokens = engine.default_max_tokens(ids, req)
         engine.check_prompt(ids, max_tokens)
-        out = await engine.run(engine.decode, ids, req, max_tokens)
+        out = await engine.run(engine.decode, ids, req, max_tokens, request=request)
         message = {"role": "assistant", "content": out["text"]}
         if getattr(args, "reasoning_parser", None):
             message.update(split_reasoning_like_vllm(out["text"]))
@@ -302,10 +503,17 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
+        from dspark_kit.data.chat import encode
+
         engine.check_model(req)
-        ids = req.prompt if isinstance(req.prompt, list) else engine.tok(
-            req.prompt, add_special_tokens=False)["input_ids"]
-        engine.check_prompt(ids, req.max_tokens)
+        if isinstance(req.prompt, list):
+            ids = req.prompt
+        else:
+            _check_text(req.prompt, "prompt")
+            engine.check_text_size(len(req.prompt), "prompt")
+            ids = await engine.tokenize(encode, engine.tok, req.prompt)
+        max_tokens = engine.default_max_tokens(ids, req)
+        engine.check_prompt(ids, max_tokens)
         rid = req.request_id or request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
         body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": int(time.time()),
                                 "model": engine.served_name}
@@ -313,7 +521,7 @@ def create_app(engine: Engine) -> FastAPI:
             path = engine.request_file(rid)
             await engine.run(engine.write_hidden_states, ids, path)
             body["kv_transfer_params"] = {"hidden_states_path": str(path)}
-        out = await engine.run(engine.decode, ids, req, req.max_tokens)
+        out = await engine.run(engine.decode, ids, req, max_tokens, request=request)
         choice = {"index": 0, "text": out["text"], "finish_reason": out["finish_reason"], "logprobs": None}
         if req.return_token_ids:
             choice["prompt_token_ids"], choice["token_ids"] = ids, out["token_ids"]
@@ -339,7 +547,7 @@ def build_generator(args, model):
         draft_window_size=args.draft_window_size, device=resolve_device(args.device))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dspark_kit.engines.local_server",
                                 description="OpenAI-compatible local engine (vLLM API subset).")
     p.add_argument("--model", required=True, help="verifier HF directory")
@@ -357,16 +565,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
                    help="split <think>..</think> out of chat replies into message.reasoning_content (as vLLM)")
     p.add_argument("--api-key", default=os.environ.get("DSPARK_KIT_API_KEY"))
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + max_tokens limit (default: the model's max_position_embeddings), as vLLM")
     p.add_argument("--max-concurrency", type=int, default=256, help="in-flight requests before 503")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "npu"], default="auto")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--threads", type=int, default=1,
                    help="CPU intra-op threads (1 is fastest for small models next to other work; 0 = torch default)")
     p.add_argument("--token-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # tests
+    return p
+
+
+def check_extra_args(extra: list[str]) -> None:
+    """serve.extra_args for the local engine: options it has pass through; anything else is an error."""
+    import contextlib
+    import io
+
+    if not extra:
+        return
+    p = build_parser()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            _, unknown = p.parse_known_args(["--model", "x", *extra])
+    except SystemExit:
+        raise ValueError(f"serve.extra_args {extra}: {err.getvalue().strip().splitlines()[-1]}") from None
+    if unknown:
+        known = sorted(o for a in p._actions for o in a.option_strings if o.startswith("--") and a.help
+                       != argparse.SUPPRESS and o not in ("--help", "--model"))
+        raise ValueError(f"serve.extra_args {unknown}: not options of the local engine (it accepts "
+                         f"{', '.join(known)}); remove them, or use serve.engine vllm")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.role == "hidden-states" and (not args.layer_ids or not args.storage_path):
         p.error("role hidden-states needs --layer-ids and --storage-path")
     return args
+
+
+def watch_parent(poll_s: float = 0.5) -> None:
+    """Exit when the kit process that started us is gone (it was SIGKILLed: no handler ran).
+
+    Only when started by the kit (DSPARK_KIT_PARENT_PID set): a server run by hand stays up.
+    """
+    import signal
+
+    expected = os.environ.get("DSPARK_KIT_PARENT_PID")
+    if not expected or not expected.isdigit():
+        return
+
+    def loop() -> None:
+        while True:
+            if os.getppid() != int(expected):
+                os.kill(os.getpid(), signal.SIGTERM)  # uvicorn stops listening at once
+                time.sleep(5)
+                os._exit(1)  # still here (a decode step holds on): go anyway
+            time.sleep(poll_s)
+
+    threading.Thread(target=loop, name="parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -375,6 +632,7 @@ def main(argv: list[str] | None = None) -> None:
     from dspark_kit.spec.verifier import load_tokenizer, load_verifier
 
     args = parse_args(argv)
+    watch_parent()
     if args.threads > 0:
         import torch
 

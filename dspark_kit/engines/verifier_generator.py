@@ -33,7 +33,9 @@ class VerifierGenerator:
         seed: int | None = None,
         stop_ids: frozenset[int] = frozenset(),
         top_p: float = 1.0,
+        cancel=None,
     ) -> GenerationResult:
+        """`cancel` (a threading.Event): checked between decode steps; once set, stop with reason "abort"."""
         from transformers import DynamicCache
 
         gen = None
@@ -44,6 +46,8 @@ class VerifierGenerator:
         step_ids = torch.tensor([prompt_ids], device=self.device)
         out: list[int] = []
         while len(out) < max_new_tokens:
+            if cancel is not None and cancel.is_set():
+                return GenerationResult(out, "abort")  # the client went away: free the decoder
             logits = self.model(input_ids=step_ids, past_key_values=cache, use_cache=True).logits
             token = sample_token(logits[0, -1], temperature, top_p, gen)
             if self.token_delay_s:

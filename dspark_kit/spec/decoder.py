@@ -104,7 +104,8 @@ class VerifierGenerator:
     def __init__(self, verifier: Verifier):
         self.verifier = verifier
 
-    def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset()) -> SpecResult:
+    def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
+                 cancel=None) -> SpecResult:
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         cache, out, forwards = self.verifier.new_cache(), [], 0
@@ -115,6 +116,8 @@ class VerifierGenerator:
             pos += len(feed)
             nxt = sample_token(logits[-1], temperature, gen=gen)
             reason = _emit([nxt], out, max_new_tokens, stop_ids)
+            if reason is None and cancel is not None and cancel.is_set():
+                reason = "abort"  # the client went away: stop decoding for it
             feed = [nxt]
         return SpecResult(out, reason, verifier_forwards=forwards, wall_s=time.perf_counter() - t0)
 
@@ -155,9 +158,11 @@ class SpecGenerator:
         verifier = Verifier(verifier_path, draft.target_layer_ids, device)
         return cls(verifier, draft, num_speculative_tokens, draft_window_size, confidence_threshold)
 
-    def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset()) -> SpecResult:
+    def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
+                 cancel=None) -> SpecResult:
         if temperature > 0:  # lossless speculative sampling is out of scope here
-            res = VerifierGenerator(self.verifier).generate(prompt_ids, max_new_tokens, temperature, seed, stop_ids)
+            res = VerifierGenerator(self.verifier).generate(prompt_ids, max_new_tokens, temperature, seed, stop_ids,
+                                                            cancel=cancel)
             res.notes.append("temperature > 0: verifier-only sampling, no drafting")
             return res
         if not prompt_ids:
@@ -194,6 +199,8 @@ class SpecGenerator:
             ctx_feats = torch.cat([ctx_feats, d.context_features(aux[: n_acc + 1])])
             anchor, p = target[n_acc], p + n_acc + 1
             reason = _emit([*drafted[:n_acc], anchor], res.token_ids, max_new_tokens, stop_ids)
+            if reason is None and cancel is not None and cancel.is_set():
+                reason = "abort"
         res.finish_reason = reason
         res.wall_s = time.perf_counter() - t0
         return res

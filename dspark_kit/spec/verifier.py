@@ -120,14 +120,18 @@ class LayerTap:
         self.remove()
 
 
+SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS
+
+
 def sample_token(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
                  gen: torch.Generator | None = None) -> int:
     """Greedy at temperature 0, else (nucleus) sampling on the CPU with `gen` (None: global RNG)."""
-    if temperature <= 0:
+    if temperature < SAMPLING_EPS:  # as vLLM: a temperature this small is greedy (1/T would overflow)
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < top_p  # always keeps the top token
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < top_p
+        keep[0] = True  # the top token always stays (a top_p below float32's range compares as 0)
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))

@@ -80,7 +80,9 @@ def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
     res = Resolved(recipe, workdir)
     with hidden_state_server(res) as url:
         argv = offline_command(res, url, recipe.train.nnodes, recipe.train.node_rank)
-        code = subprocess.run(argv, check=False).returncode
+        from dspark_kit.engines.lifecycle import die_with_parent_preexec
+
+        code = subprocess.run(argv, check=False, preexec_fn=die_with_parent_preexec()).returncode
     if code != 0:
         raise RuntimeError(f"speculators generate-offline-data exited with {code}")
     files = len(list(res.run.hidden_states.glob("hs_*.safetensors")))

@@ -16,25 +16,10 @@ from pathlib import Path
 
 from dspark_kit import atomic
 from dspark_kit.recipe import Recipe
+from dspark_kit.redact import redact_argv, redact_obj
 from dspark_kit.rundir import RunDir
 
-SECRET_FLAGS = ("--api-key",)
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    out, hide = [], False
-    for a in argv:
-        if hide:
-            out.append("***")
-            hide = False
-        elif a in SECRET_FLAGS:
-            out.append(a)
-            hide = True
-        elif any(a.startswith(f + "=") for f in SECRET_FLAGS):
-            out.append(a.split("=", 1)[0] + "=***")
-        else:
-            out.append(a)
-    return out
+__all__ = ["git_info", "load_manifest", "redact_argv", "update_manifest"]
 
 
 def git_info(repo: Path | None = None) -> dict:
@@ -76,5 +61,6 @@ def update_manifest(workdir: Path, recipe: Recipe, stage: str | None = None, **s
         if "argv" in stage_fields:
             stage_fields["argv"] = redact_argv(list(stage_fields["argv"]))
         entry.update(stage_fields)
+    m = redact_obj(json.loads(json.dumps(m, default=str)))  # the recipe's extra_args, env, argv: no secrets
     atomic.write_text(RunDir.at(workdir).manifest, json.dumps(m, indent=2, default=str))
     return m

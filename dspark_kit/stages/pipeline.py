@@ -174,6 +174,97 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
     return {"seconds": round(time.time() - t0, 1), **metrics}
 
 
+# ---- dry runs: each stage's commands, what `<stage> --dry-run` prints ------------
+
+
+def hidden_states_dry_run(recipe: Recipe, workdir: Path) -> list[str]:
+    """What each node needs for hidden states, and the commands backend vllm would launch."""
+    from dspark_kit.stages.hidden_states_vllm import dry_run_lines, node_notes
+
+    hs = recipe.hidden_states
+    if hs.backend == "local" and hs.mode == "offline":
+        return [*node_notes(recipe, workdir), ("# nothing to launch: hidden_states backend=local runs in-process on "
+                                               "this machine (once; every node reads DIR/prepared/hidden_states)")]
+    if hs.mode == "online" and hs.backend == "local":
+        return ["# online, backend local: `dspark-kit train` starts the kit's own extraction server on each node"]
+    return dry_run_lines(recipe, workdir)
+
+
+def train_dry_run(recipe: Recipe, workdir: Path) -> list[str]:
+    """The exact training command(s), one per node with the rendezvous decision (raises
+    RecipeError/RuntimeError when unplannable)."""
+    from dspark_kit.rendezvous import rendezvous_for
+    from dspark_kit.stages.train import node_plans
+
+    hs = recipe.hidden_states
+    endpoint = hs.endpoint or (f"http://{recipe.serve.host}:{recipe.serve.hidden_states_port}"
+                               if hs.mode == "online" else None)
+    args, device = train_args(recipe, workdir, endpoint, planning=True)
+    rdzv = rendezvous_for(recipe, device)
+    plans = node_plans(recipe, args, device, rdzv)
+    if len(plans) == 1:
+        return [plans[0].shell_line()]
+    lines = [f"# {rdzv.summary()}", *(f"# warning: {w}" for w in rdzv.warnings)]
+    if rdzv.backend == "c10d":
+        lines.append("# c10d assigns node ranks at rendezvous: every node runs the same command; "
+                     "`dspark-kit train` on each node resolves that node's own interface")
+    return lines + [line for i, p in enumerate(plans) for line in (f"# node {i}", p.shell_line())]
+
+
+def _spec_server_dry_run(recipe: Recipe, workdir: Path, what: str) -> list[str]:
+    from dspark_kit.stages.serve import ServeError, plan_server
+
+    try:
+        sp = plan_server(recipe, RunDir.at(workdir), "spec", planning=True)
+    except (ServeError, ValueError, OSError) as e:
+        return [f"# {what}: cannot plan the spec server ({e})"]
+    return [f"# {what}: spec server on checkpoint {sp.resolved.checkpoint}", sp.plan.shell_line(),
+            *(f"# note: {n}" for n in sp.warnings)]
+
+
+def stage_dry_run(recipe: Recipe, workdir: Path, name: str) -> list[str]:
+    """What stage `name` would launch, as printable lines (commands, or a note for in-process work)."""
+    run = RunDir.at(workdir)
+    if name == "regen":
+        if not recipe.regen.enabled:
+            return ["# regen disabled (regen.enabled: false)"]
+        from dspark_kit.stages.regen import regen_plan, regen_plan_lines
+
+        return regen_plan_lines(regen_plan(recipe, outfile=run.regen_jsonl))
+    if name == "prepare":
+        src = run.regen_jsonl if recipe.regen.enabled else recipe.data.source
+        return [f"# in-process: tokenize {src} with {recipe.verifier.path}'s chat template -> {run.prepared}"]
+    if name == "hidden-states":
+        return hidden_states_dry_run(recipe, run.root)
+    if name == "train":
+        hs, lines = recipe.hidden_states, []
+        if hs.mode == "online" and not hs.endpoint:  # train starts the extraction server itself
+            from dspark_kit.engines.servers import server_plan
+
+            plan = server_plan(Resolved(recipe, run, planning=True), "hidden-states",
+                               port=recipe.serve.hidden_states_port)
+            lines = ["# hidden-state server train starts (online mode)", plan.shell_line()]
+        return [*lines, *train_dry_run(recipe, run.root)]
+    if name == "eval":
+        return [f"# in-process: offline acceptance of {recipe.serve.checkpoint} -> {run.eval}"]
+    if name == "serve":
+        return _spec_server_dry_run(recipe, run.root, "serve check")
+    if name == "bench":
+        return [*_spec_server_dry_run(recipe, run.root, "bench"), f"# in-process: benchmark that server -> {run.bench}"]
+    if name == "report":
+        return [f"# in-process: report -> {run.report_md}"]
+    raise ValueError(f"unknown stage {name!r}")
+
+
+def pipeline_dry_run(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
+                     start: str | None = None) -> list[str]:
+    """`run --dry-run`: every selected stage's dry-run output, in pipeline order."""
+    lines: list[str] = []
+    for name in resolve_stages(stages, start):
+        lines += [f"# ==> {name}", *stage_dry_run(recipe, workdir, name)]
+    return lines
+
+
 def _lazy(module: str, func: str) -> Callable[[Recipe, Path], dict]:
     def call(recipe: Recipe, workdir: Path) -> dict:
         import importlib

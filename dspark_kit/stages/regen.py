@@ -529,3 +529,38 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
         "local_engine": server is not None,
     })
     return summary
+
+
+def regen_plan(recipe: Recipe, endpoints: list[str] | None = None, outfile: Path | None = None) -> dict[str, Any]:
+    """What regen would do: the endpoints (N servers on M machines) into one resumable output, or
+    the recipe engine's chat server it would start when there is none."""
+    from urllib.parse import urlparse
+
+    from dspark_kit.engines.servers import regen_server_plan, server_plan
+    from dspark_kit.resolved import Resolved
+
+    endpoints = list(endpoints or recipe.regen.endpoints)
+    command = None if endpoints else regen_server_plan(Resolved(recipe, planning=True)).shell_line()
+    machines = sorted({urlparse(e if "//" in e else f"http://{e}").hostname or e for e in endpoints})
+    per_server = None
+    if endpoints and recipe.serve.engine != "local":
+        reachable = recipe.model_copy(deep=True)
+        reachable.serve.host = "0.0.0.0"  # a server other machines send requests to
+        per_server = server_plan(Resolved(reachable, planning=True), "chat", port=recipe.serve.port).shell_line()
+    return {"endpoints": endpoints, "machines": machines, "local_engine_command": command,
+            "server_command": per_server, "outfile": str(outfile) if outfile else None,
+            "concurrency_per_endpoint": recipe.regen.concurrency}
+
+
+def regen_plan_lines(plan: dict[str, Any]) -> list[str]:
+    if plan["local_engine_command"]:
+        return [plan["local_engine_command"]]
+    endpoints, machines = plan["endpoints"], plan["machines"]
+    lines = [(f"# {len(endpoints)} server(s) on {len(machines)} machine(s) ({', '.join(machines)}): one client here "
+             f"spreads rows over all of them ({plan['concurrency_per_endpoint']} in flight each) into one output "
+             f"{plan['outfile'] or 'regen.jsonl'}; --resume (default) skips rows already written and retries failed "
+             "ones, a server that keeps refusing is dropped and its rows go to the others")]
+    if plan["server_command"]:
+        lines += [("# start on each server machine (same verifier and thinking mode everywhere; one --port per "
+                   "server on a machine):"), f"#   {plan['server_command']}"]
+    return lines + [f"endpoint {e}" for e in endpoints]

@@ -150,14 +150,28 @@ def run_training(plan: LaunchPlan, log_path: Path) -> int:
     import subprocess
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    from dspark_kit.engines.lifecycle import die_with_parent_preexec, install_signal_handlers
+    from dspark_kit.redact import redact_text
+
     env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+    install_signal_handlers()  # SIGTERM to the kit unwinds through the except below
     with log_path.open("a") as log, subprocess.Popen(
-        plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - SIGKILL of the kit ends training too
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            sys.stderr.write(line)
+        try:
+            for line in proc.stdout:
+                line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
+                log.write(line)
+                sys.stderr.write(line)
+        except BaseException:  # Ctrl-C / SIGTERM to the kit: stop the trainer (torchrun forwards it)
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
         return proc.wait()
 
 

@@ -1,0 +1,122 @@
+"""Issue 14: every server the kit starts dies with the kit (SIGTERM, SIGINT or SIGKILL of the kit)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from dspark_kit.engines.lifecycle import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+KIT = [sys.executable, "-m", "dspark_kit"]
+SLOW_ENGINE = "serve.extra_args=[\"--token-delay-ms\", \"50\"]"  # keeps regen busy while we kill it
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+
+
+def _engine_child(parent: psutil.Process, timeout: float = 90) -> tuple[psutil.Process, int]:
+    """The local engine the kit started, and its port, once /health answers."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert parent.is_running(), "the kit exited before its engine was up"
+        for child in parent.children(recursive=True):
+            try:
+                cmd = child.cmdline()
+            except psutil.Error:
+                continue
+            if "dspark_kit.engines.local_server" in cmd:
+                port = int(cmd[cmd.index("--port") + 1])
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        return child, port
+                except httpx.HTTPError:
+                    pass
+        time.sleep(0.3)
+    raise AssertionError("no healthy local engine under the kit")
+
+
+def _assert_gone(child: psutil.Process, port: int, within: float = 10) -> None:
+    deadline = time.time() + within
+    while time.time() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
+        except httpx.HTTPError:
+            if not child.is_running() or child.status() == psutil.STATUS_ZOMBIE:
+                return
+        time.sleep(0.2)
+    try:
+        child.kill()  # do not leak it into the rest of the suite
+    finally:
+        raise AssertionError(f"engine on port {port} still running {within}s after its kit died")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_regen_ends_its_engine(tmp_path, sig):
+    proc = subprocess.Popen([*KIT, "regen", "-r", str(ROOT / "recipes/tiny-cpu.yaml"), "-o",
+                             str(tmp_path / "regen.jsonl"), "--set", SLOW_ENGINE, "--json"],
+                            env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        child, port = _engine_child(psutil.Process(proc.pid))
+        proc.send_signal(sig)
+        proc.wait(30)
+        _assert_gone(child, port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killing_serve_ends_its_server(tmp_path, sig):
+    port = free_port()
+    proc = subprocess.Popen([*KIT, "serve", "--role", "chat", "-r", str(ROOT / "recipes/tiny-cpu.yaml"),
+                             "--port", str(port), "--workdir", str(tmp_path)],
+                            env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        child, found = _engine_child(psutil.Process(proc.pid))
+        assert found == port
+        proc.send_signal(sig)
+        proc.wait(30)
+        _assert_gone(child, port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_server_run_by_hand_is_not_tied_to_a_parent(monkeypatch):
+    from dspark_kit.engines import local_server
+
+    monkeypatch.delenv("DSPARK_KIT_PARENT_PID", raising=False)
+    before = {t.name for t in __import__("threading").enumerate()}
+    local_server.watch_parent()
+    assert "parent-watch" not in {t.name for t in __import__("threading").enumerate()} - before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_kit_during_training_ends_the_trainer(tmp_path, sig):
+    script = tmp_path / "kit.py"
+    script.write_text(
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dspark_kit.stages.train import LaunchPlan, run_training\n"
+        "plan = LaunchPlan([sys.executable, '-c', 'import time; print(\"step\", flush=True); time.sleep(120)'], {})\n"
+        f"run_training(plan, Path({str(tmp_path / 'train.log')!r}))\n")
+    proc = subprocess.Popen([sys.executable, str(script)], env=_env(), stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr.readline().strip() == b"step"  # the trainer runs and its output is teed
+        trainer = psutil.Process(proc.pid).children()[0]
+        proc.send_signal(sig)
+        proc.wait(30)
+        trainer.wait(10)  # raises TimeoutExpired if the trainer outlived the kit
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,46 @@
+"""Issue 14: `run --dry-run` prints every selected stage's plan in order and runs nothing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dspark_kit.cli import app
+from dspark_kit.stages.pipeline import STAGES
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "recipes/tiny-cpu.yaml")
+
+
+def _no_port(text: str) -> str:
+    return re.sub(r"--port \d+", "--port N", text)
+
+
+def test_run_dry_run_prints_each_stage_plan_and_touches_nothing(tmp_path):
+    wd = tmp_path / "run"
+    r = CliRunner().invoke(app, ["run", TINY, "--dry-run", "--workdir", str(wd)])
+    assert r.exit_code == 0, r.output
+    headers = [ln[len("# ==> "):] for ln in r.output.splitlines() if ln.startswith("# ==> ")]
+    assert headers == STAGES
+    # the same lines the per-stage dry runs print
+    train = CliRunner().invoke(app, ["train", "-r", TINY, "--dry-run", "--workdir", str(wd)])
+    regen = CliRunner().invoke(app, ["regen", "-r", TINY, "--dry-run"])
+    assert train.exit_code == regen.exit_code == 0
+    assert train.output.strip() in r.output
+    assert _no_port(regen.output.strip()) in _no_port(r.output)
+    assert "--role spec" in r.output and "checkpoint_best" in r.output
+    assert not wd.exists()
+
+
+def test_run_dry_run_follows_stages_and_from(tmp_path):
+    r = CliRunner().invoke(app, ["run", TINY, "--dry-run", "--workdir", str(tmp_path / "w"),
+                                 "--stages", "prepare,train,bench", "--from", "train", "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    lines = json.loads(r.output)["dry_run"]
+    assert [ln for ln in lines if ln.startswith("# ==> ")] == ["# ==> train", "# ==> bench"]
+    bad = CliRunner().invoke(app, ["run", TINY, "--dry-run", "--stages", "nope"])
+    assert bad.exit_code == 2 and "unknown" in bad.output
