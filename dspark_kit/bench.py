@@ -22,7 +22,7 @@ import httpx
 
 from dspark_kit import atomic
 from dspark_kit.conversations import ConversationError, normalize
-from dspark_kit.prom import MetricsError, spec_decode_delta
+from dspark_kit.prom import MetricsError, server_delta, spec_decode_delta
 from dspark_kit.recipe import Recipe
 
 SCHEMA = "dspark-kit.bench/1"
@@ -220,9 +220,11 @@ async def run_load(base_url: str, model: str | None, prompts: list[list[dict[str
         records = await asyncio.gather(*(one(p) for p in prompts))
         duration = time.perf_counter() - t0
         after = await _scrape(client, base_url)
-    spec = spec_decode_delta(before, after) if before is not None and after is not None else None
+    scraped = before is not None and after is not None
+    spec = spec_decode_delta(before, after) if scraped else None
+    server = server_delta(before, after, duration) if scraped else None
     return {"model": model, "records": records, "duration_s": duration,
-            "spec_decode": spec, "metrics_available": after is not None}
+            "spec_decode": spec, "server_metrics": server, "metrics_available": after is not None}
 
 
 def _stats(prefix: str, values_s: list[float]) -> dict[str, float | None]:
@@ -289,6 +291,8 @@ def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = N
         "max_tokens": max_tok, "temperature": b.temperature, "thinking": recipe.verifier.thinking,
         "num_speculative_tokens": recipe.num_speculative_tokens,
         "metrics_available": load["metrics_available"], "spec_decode": load["spec_decode"],
+        # the server's own view from /metrics (vLLM: tokens, TTFT, TPOT histograms); None without
+        "server_metrics": load["server_metrics"],
     }
     result |= summarize(load["records"], load["duration_s"])
     if result["completed"] == 0:
