@@ -34,7 +34,7 @@ def test_cpu_chat_runs_the_cpu_build_module(fake_cpu_python):
     plan = plan_vllm(recipe(), "chat", engine="vllm", port=8123, installed_versions={})
     assert plan.argv[:5] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT, "--model", VERIFIER]
     argv = plan.argv
-    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert argv[argv.index("--dtype") + 1] == "float32" and "--enforce-eager" in argv
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.1"  # the recipe's 0.9 would refuse
     assert any("gpu_memory_utilization 0.9 -> 0.1" in n for n in plan.notes)
     assert argv[argv.index("--max-model-len") + 1] == "512" and plan.env == {}

