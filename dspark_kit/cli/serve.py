@@ -27,7 +27,7 @@ ENGINES = ("local", "vllm", "vllm-ascend")
 
 
 def _warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/] {message}", highlight=False)
+    console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)  # one line in pipes
 
 
 def make_plan(recipe, role: str, engine: str, port: int | None, checkpoint: Path | None, workdir: Path):
