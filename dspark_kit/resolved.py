@@ -169,6 +169,19 @@ class Resolved:
     def exported_layer_ids(self) -> list[int]:
         return self.recipe.exported_layer_ids(self.num_hidden_layers)
 
+    @cached_property
+    def vllm_on_cpu(self) -> bool:
+        """Engine vllm with no accelerator (train.device cpu, or auto on a machine without GPU/NPU):
+        the plan is vLLM's CPU build. A recipe naming cuda/npu keeps the accelerator command."""
+        device = self.recipe.train.device
+        if self.engine != "vllm" or device not in ("auto", "cpu"):
+            return False
+        if device == "cpu":
+            return True
+        from dspark_kit.devices import detect_device
+
+        return detect_device("auto") == "cpu"
+
     # ---- checkpoint ---------------------------------------------------------
     @cached_property
     def checkpoint(self) -> Path:

@@ -34,6 +34,7 @@ def setup(tmp_path: Path):
         "verifier": {"path": str(verifier)},
         "draft": {"block_size": 8},
         "hidden_states": {"target_layer_ids": [1, 2, 3]},
+        "train": {"device": "cuda"},  # the CUDA command even here (no GPU: auto would plan vLLM's CPU build)
         "serve": {"engine": "vllm", "port": 8123},
     }))
     return recipe, workdir, ckpt, verifier

