@@ -46,9 +46,9 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, help="a trained tiny run (checkpoints/checkpoint_best)")
     ap.add_argument("--contexts", default="512,1024,2048", help="long-context prompt lengths, tokens")
     args = ap.parse_args()
+    from dspark_kit.recipe import load_recipe
     from dspark_kit.spec.checkpoints import resolve_checkpoint
     from dspark_kit.stages.evaluate import run_eval
-    from dspark_kit.recipe import load_recipe
 
     recipe = load_recipe(RECIPE, ["train.device=cpu"])
     tmp = Path(tempfile.mkdtemp(prefix="bench-eval-"))

@@ -52,9 +52,9 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from dspark_kit.stages import prepare as P
     from dspark_kit.data.tiny import ensure_tiny_verifier
     from dspark_kit.data.tiny_data import conversations
+    from dspark_kit.stages import prepare as P
 
     vp = str(ensure_tiny_verifier())
     tok = AutoTokenizer.from_pretrained(vp)

@@ -38,8 +38,8 @@ def launch_overhead_s() -> float:
     device detection, patch probes and the patches (speculators itself is imported by both)."""
     import speculators.train.cli  # noqa: F401 - imported by both sides, not counted
 
-    from dspark_kit.devices import detect_device
     from dspark_kit.compat.patches import apply_for_training
+    from dspark_kit.devices import detect_device
 
     t0 = time.perf_counter()
     apply_for_training(detect_device("cpu"))
@@ -51,8 +51,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", type=Path, help="reuse a work dir with prepared/ and hidden states")
     args = ap.parse_args()
-    from dspark_kit.stages.pipeline import stage_hidden_states, stage_prepare, train_plan
     from dspark_kit.recipe import load_recipe
+    from dspark_kit.stages.steps import stage_hidden_states, stage_prepare, train_plan
     from dspark_kit.stages.train import run_training
 
     recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml", ["train.device=cpu"])

@@ -232,7 +232,7 @@ def test_bad_rows_from_regen_jsonl_are_counted_per_full_reason(tmp_path, tiny_ve
 
 def test_bad_rows_from_data_source_are_counted_too(tmp_path, tiny_recipe, tiny_verifier, capsys):
     """regen.enabled false: prepare reads data.source; the reader's skips reach the summary and the log."""
-    from dspark_kit.stages.pipeline import stage_prepare
+    from dspark_kit.stages.steps import stage_prepare
 
     src = tmp_path / "src.jsonl"
     n_lines, expected = _bad_file(src)
@@ -247,7 +247,7 @@ def test_bad_rows_from_data_source_are_counted_too(tmp_path, tiny_recipe, tiny_v
 
 
 def test_prepare_stops_when_regen_output_is_missing(tmp_path, tiny_recipe):
-    from dspark_kit.stages.pipeline import stage_prepare
+    from dspark_kit.stages.steps import stage_prepare
 
     assert tiny_recipe.regen.enabled
     with pytest.raises(ValueError, match="regen.jsonl not found: run regen first") as e:
@@ -292,8 +292,8 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
 
     from dspark_kit.data.tiny_data import thinking_reply
     from dspark_kit.engines.servers import regen_server_plan
-    from dspark_kit.stages.pipeline import stage_prepare
     from dspark_kit.stages.regen import run_regen
+    from dspark_kit.stages.steps import stage_prepare
 
     rng = random.Random(5)
     src = tmp_path / "src.jsonl"

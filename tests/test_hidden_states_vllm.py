@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from dspark_kit.stages.hidden_states_vllm import dry_run_lines, run_offline_vllm
-from dspark_kit.stages.pipeline import stage_hidden_states, stage_prepare
+from dspark_kit.stages.steps import stage_hidden_states, stage_prepare
 
 
 @pytest.mark.slow

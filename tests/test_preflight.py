@@ -256,8 +256,8 @@ def test_cli_exit_codes_and_json(recipe, run, tmp_path):
 def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
     """`train` refuses a planted pitfall before anything expensive starts."""
     import dspark_kit.stages.train as train_mod
-    from dspark_kit.stages.pipeline import stage_train
     from dspark_kit.stages.preflight import PreflightError
+    from dspark_kit.stages.steps import stage_train
 
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
     monkeypatch.setattr(train_mod, "run_training", lambda *a, **k: pytest.fail("training started"))

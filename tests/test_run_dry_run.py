@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
-from dspark_kit.stages.pipeline import STAGES
+from dspark_kit.stages.steps import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "recipes/tiny-cpu.yaml")

@@ -28,7 +28,7 @@ def _workdir(recipe, workdir: Path | None) -> Path:
 
 def _run_one(name: str, recipe, workdir: Path, json_out: bool) -> None:
     from dspark_kit.stages.manifest import update_manifest
-    from dspark_kit.stages.pipeline import REGISTRY
+    from dspark_kit.stages.steps import REGISTRY
 
     try:
         summary = REGISTRY[name].run(recipe, workdir)
@@ -66,9 +66,9 @@ def register(app: typer.Typer) -> None:
         """
         r = load(recipe, set_)
         if dry_run:
-            from dspark_kit.stages.pipeline import hidden_states_dry_run
+            from dspark_kit.stages.steps import REGISTRY
 
-            typer.echo("\n".join(hidden_states_dry_run(r, _workdir(r, workdir))))
+            typer.echo("\n".join(REGISTRY["hidden-states"].plan(r, _workdir(r, workdir))))
             return
         _run_one("hidden-states", r, _workdir(r, workdir), json_out)
 
@@ -86,10 +86,10 @@ def register(app: typer.Typer) -> None:
         wd = _workdir(r, workdir)
         if dry_run:
             from dspark_kit.recipe import RecipeError
-            from dspark_kit.stages.pipeline import train_dry_run
+            from dspark_kit.stages.steps import REGISTRY
 
             try:
-                typer.echo("\n".join(train_dry_run(r, wd)))
+                typer.echo("\n".join(REGISTRY["train"].plan(r, wd)))
             except (RecipeError, RuntimeError) as e:
                 fail(str(e))
             return
