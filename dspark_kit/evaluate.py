@@ -284,7 +284,7 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
                 log=lambda _msg: None) -> dict:
     """Sweep draft windows over context lengths; write <workdir>/eval/window_tune.json."""
     tw = recipe.training_window
-    ctx_lens = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw]))
+    ctx_lens = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw, 8 * tw]))
     cands = sorted(set(candidates or candidate_windows(tw, max(ctx_lens), allow_below=allow_below)))
     below = [w for w in cands if w < tw]
     if below and not allow_below:
@@ -296,6 +296,7 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
     chats = load_chats(recipe, workdir, prompts_file, limit=max(num_prompts, 16))
     thinking = recipe.verifier.thinking
     table: dict[str, dict[str, float | None]] = {}
+    measurements: list[dict] = []
     prompt_sets = {0: build_prompts(session.tokenizer, chats, num_prompts, thinking)}
     prompt_sets |= {n: build_prompts(session.tokenizer, chats, num_prompts, thinking, n) for n in ctx_lens}
     for w in [None, *cands]:
@@ -303,14 +304,24 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
         table[key] = {}
         for n, prompts in prompt_sets.items():
             log(f"window tune: window {key} context {n or 'short'}")
-            table[key][str(n)] = session.measure(prompts, max_new, w)["acceptance_length"]
+            m = session.measure(prompts, max_new, w)
+            table[key][str(n)] = m["acceptance_length"]
+            measurements.append({"window": w, "k": session.k, "context_length": n,
+                                 "mean_prompt_tokens": m["mean_prompt_tokens"],
+                                 "acceptance_length": m["acceptance_length"]})
     recommended = pick_window(table, ctx_lens, tolerance)
     result = {
         "recommended_window": recommended,
+        "num_speculative_tokens": session.k,
         "training_window": tw,
         "kernel_block_size": KERNEL_BLOCK_SIZE,
         "context_lengths": ctx_lens,
         "candidates": cands,
+        "num_prompts": num_prompts,
+        "max_new_tokens": max_new,
+        # one row per (window, K, context) measured; `acceptance_length` is the same
+        # figures as a window -> context table (window "off" = no window)
+        "measurements": measurements,
         "acceptance_length": table,
         "checkpoint": str(session.checkpoint),
         "rule": f"max mean AL over contexts > window, short-context AL within {tolerance} of no window, "
