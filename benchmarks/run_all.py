@@ -125,9 +125,9 @@ def main() -> None:
             rows.append(Row("acceptance", "not measured", None, notes="dspark_kit/evaluate.py or decoder.py not present yet",
                             command=".venv/bin/python benchmarks/bench_eval.py"))
         rows += run_script(["bench_prepare.py", "--conversations", "800" if q else "3000"], tmp / "prepare.json", "prepare", 480)
-        rows += run_script(["bench_hidden_states.py", "--conversations", "150" if q else "400"], tmp / "hs.json", "hidden-states", 600)
+        rows += run_script(["bench_hidden_states.py", "--conversations", "150" if q else "400"], tmp / "hs.json", "hidden-states", 900)
         rows += run_script(["bench_train.py", "--workdir", str(demo), "--repeats", "1" if q else "3",
-                            "--set", "train.epochs=1"], tmp / "train.json", "train", 900)
+                            "--set", "train.epochs=1"], tmp / "train.json", "train", 1500)
         rows += regen_client_rows(120, 1500 if q else 4000)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
