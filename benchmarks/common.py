@@ -49,6 +49,32 @@ def best_of(fn: Callable[[], object], repeats: int = 3) -> tuple[float, object]:
     return min(times), result
 
 
+def paired_ratios(baseline: Callable[[], float], subject: Callable[[], float], pairs: int = 3) -> dict:
+    """Interleave baseline and subject (B S B S ...) and take the ratio within each pair.
+
+    Each callable returns its own elapsed seconds. Load that lands on one pair lands on
+    both of its sides, so the median per-pair ratio means the same on a quiet or a busy
+    machine; the spread (min..max over pairs) shows how much the load moved it.
+    Returns {"ratio": median baseline/subject time (>1 = subject faster), "lo", "hi",
+    "pairs", "baseline_s", "subject_s"} (times: medians).
+    """
+    b_t, s_t = [], []
+    for i in range(max(1, pairs)):
+        if i % 2:  # alternate which side goes first: A B, B A, A B ...
+            s_t.append(subject())
+            b_t.append(baseline())
+        else:
+            b_t.append(baseline())
+            s_t.append(subject())
+    ratios = [b / s for b, s in zip(b_t, s_t, strict=True)]
+    return {"ratio": statistics.median(ratios), "lo": min(ratios), "hi": max(ratios), "pairs": len(ratios),
+            "baseline_s": statistics.median(b_t), "subject_s": statistics.median(s_t)}
+
+
+def spread(r: dict) -> str:
+    return f"median of {r['pairs']} interleaved pairs, range {r['lo']:.3f}-{r['hi']:.3f}"
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import set_args  # the trained_run fixture's recipe overrides
 
 TINY_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
 
@@ -45,7 +46,8 @@ def test_rerun_skips_unchanged_stages(trained_run):
     import sys
 
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages",
-           "prepare,hidden-states,train", "--workdir", str(trained_run), "--json", "--set", "regen.enabled=false"]
+           "prepare,hidden-states,train", "--workdir", str(trained_run), "--json", *set_args(),
+           "--set", "regen.enabled=false"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     assert {s["status"] for s in json.loads(out)["stages"]} == {"skipped (unchanged)"}
 

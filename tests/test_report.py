@@ -151,3 +151,33 @@ def test_compare_labels_and_missing_spec(tmp_path):
     assert written == []
     assert md.splitlines()[0] == "| metric | x | x#2 |"
     assert "no speculative drafts" in md and "did not stream" in md
+
+
+def test_report_plots_acceptance_vs_context_with_and_without_window(tmp_path):
+    """window tune's measurements (and eval.json runs) become one line per window setting."""
+    from dspark_kit.stages.report import context_series
+
+    (tmp_path / "eval").mkdir()
+    meas = [{"window": w, "k": 4, "context_length": c, "acceptance_length": al}
+            for w, c, al in [(None, 0, 3.5), (None, 1024, 1.8), (None, 2048, 1.6),
+                             (256, 0, 3.5), (256, 1024, 2.5), (256, 2048, 1.9)]]
+    (tmp_path / "eval" / "window_tune.json").write_text(json.dumps(
+        {"recommended_window": 256, "measurements": meas, "acceptance_length": {}}))
+    (tmp_path / "eval" / "eval.json").write_text(json.dumps(
+        {"runs": [{"context_length": 0, "window": None, "acceptance_length": 3.4},
+                  {"context_length": 512, "window": None, "acceptance_length": 2.4}]}))
+    series = context_series(tmp_path)
+    assert series["window 256"] == {0: 3.5, 1024: 2.5, 2048: 1.9}
+    assert series["no window"] == {0: 3.5, 512: 2.4, 1024: 1.8, 2048: 1.6}  # tune wins over eval at 0
+    md = build_report(tmp_path).read_text()
+    assert "![AL vs context](context_window.png)" in md
+    assert (tmp_path / "report" / "context_window.png").stat().st_size > 0
+
+
+def test_report_reads_older_window_tune_files(tmp_path):
+    from dspark_kit.stages.report import context_series
+
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "window_tune.json").write_text(json.dumps(
+        {"recommended_window": None, "acceptance_length": {"off": {"0": 3.0, "512": 2.0}, "256": {"0": 3.0, "512": 2.2}}}))
+    assert context_series(tmp_path) == {"no window": {0: 3.0, 512: 2.0}, "window 256": {0: 3.0, 512: 2.2}}

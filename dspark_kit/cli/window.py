@@ -81,7 +81,7 @@ def tune_cmd(
     windows: Annotated[str | None, typer.Option(
         "--windows", help="Candidate windows (default: training window x1, x2, x4... below the longest context).")] = None,
     context_lengths: Annotated[str | None, typer.Option(
-        "--context-lengths", help="Default: eval.context_lengths, else 2x and 4x the training window.")] = None,
+        "--context-lengths", help="Default: eval.context_lengths, else 2x, 4x and 8x the training window.")] = None,
     allow_below: Annotated[bool, typer.Option(
         "--allow-below", help="Allow windows below the draft's training window (REFERENCE pitfall 9).")] = False,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1)] = None,

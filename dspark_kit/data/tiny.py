@@ -73,12 +73,18 @@ class TinySpec:
     num_kv_heads: int = 2
     intermediate_size: int = 384
     max_position_embeddings: int = 4096
-    corpus_rows: int = 4000
-    train_steps: int = 600
-    batch_size: int = 16
+    corpus_rows: int = 6000
+    train_steps: int = 1800
+    batch_size: int = 8
+    # Every `long_every`-th step trains on `long_batch` packed multi-turn chats of
+    # `long_len` tokens, so the verifier stays coherent at 8x the demo draft's
+    # training length (long-context eval and window tuning need that).
+    long_every: int = 12
+    long_len: int = 2048
+    long_batch: int = 1
     lr: float = 3e-3
     seed: int = 0
-    version: int = 3  # bump when the build code changes meaning (3: <think> tokens not special)
+    version: int = 4  # bump when the build code changes meaning (3: <think> not special; 4: long-context corpus)
 
 
 def cache_root() -> Path:
@@ -192,11 +198,64 @@ def _config(spec: TinySpec, vocab: int):
     )
 
 
+def _long_sequences(spec: TinySpec, tok, chats: list[list[dict[str, str]]]):
+    """`long_len`-token multi-turn chats: earlier conversations as history, as eval builds long prompts."""
+    import torch
+
+    if not spec.long_every:
+        return []
+    rng = random.Random(spec.seed + 2)
+    plain = [c for c in chats if "</think>" not in c[-1]["content"]]
+    n = max(8, spec.train_steps // spec.long_every * spec.long_batch // 2)
+    out = []
+    for _ in range(n):
+        msgs: list[dict[str, str]] = []
+        ids: list[int] = []
+        while len(ids) < spec.long_len:
+            msgs += rng.choice(plain)
+            ids = encode(tok, render(tok, msgs, False))
+        out.append(torch.tensor(ids[: spec.long_len]))
+    return out
+
+
+def _assistant_labels(ids, assistant: list[int]):
+    """Labels with the loss on assistant replies only (+ their <|im_end|>): the prompts are
+    random by construction, so learning them only adds noise; what the verifier must learn
+    is to answer the prompt."""
+    import torch
+
+    labels = torch.full_like(ids, -100)
+    row = ids.tolist()
+    a = len(assistant)
+    start = None
+    for i, t in enumerate(row):
+        if row[i : i + a] == assistant:
+            start = i + a
+        elif t == assistant[0]:  # another role's turn
+            start = None
+        if start is not None and i >= start:
+            labels[i] = t
+            if t == 2:  # <|im_end|>
+                start = None
+    return labels
+
+
 def train_tiny_model(spec: TinySpec, tok, log=note):
+    import torch
+
+    torch.manual_seed(spec.seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: one thread beats two, by far on a busy machine
+    try:
+        return _train(spec, tok, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(spec: TinySpec, tok, log):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    torch.manual_seed(spec.seed)
     assert tok.convert_tokens_to_ids("<|im_end|>") == 2, "special token order changed"
     vocab = ((len(tok) + 63) // 64) * 64
     model = Qwen3ForCausalLM(_config(spec, vocab))
@@ -207,15 +266,22 @@ def train_tiny_model(spec: TinySpec, tok, log=note):
     for msgs in chats:
         thinking = "</think>" in msgs[-1]["content"]
         seqs.append(torch.tensor(encode(tok, render(tok, msgs, thinking))))
+    longs = _long_sequences(spec, tok, chats)
+    assistant = encode(tok, "<|im_start|>assistant\n")
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, spec.lr, total_steps=spec.train_steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(spec.seed)
     model.train()
+    t_start = time.time()
     for step in range(spec.train_steps):
-        idx = torch.randint(len(seqs), (spec.batch_size,), generator=gen).tolist()
-        batch = torch.nn.utils.rnn.pad_sequence([seqs[i] for i in idx], batch_first=True, padding_value=-100)
-        labels = batch.clone()
+        if spec.long_every and step % spec.long_every == spec.long_every - 1:
+            idx = torch.randint(len(longs), (spec.long_batch,), generator=gen).tolist()
+            batch = torch.stack([longs[i] for i in idx])
+        else:
+            idx = torch.randint(len(seqs), (spec.batch_size,), generator=gen).tolist()
+            batch = torch.nn.utils.rnn.pad_sequence([seqs[i] for i in idx], batch_first=True, padding_value=-100)
         inputs = batch.clamp(min=0)
+        labels = torch.stack([_assistant_labels(row, assistant) for row in batch])
         out = model(input_ids=inputs, attention_mask=(batch != -100).long(), labels=labels)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -223,6 +289,6 @@ def train_tiny_model(spec: TinySpec, tok, log=note):
         sched.step()
         opt.zero_grad(set_to_none=True)
         if step % 100 == 0 or step == spec.train_steps - 1:
-            log(f"  tiny verifier step {step:4d}/{spec.train_steps} loss {out.loss.item():.3f}")
+            log(f"  tiny verifier step {step:4d}/{spec.train_steps} loss {out.loss.item():.3f} ({time.time() - t_start:.0f}s)")
     model.eval()
     return model

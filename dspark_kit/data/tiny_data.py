@@ -96,3 +96,23 @@ def write_regen_style_jsonl(path: Path, n: int, seed: int = 0) -> Path:
             f.write(json.dumps({"id": f"tiny-{i}", "conversations": conv, "metadata": {"idx": i}}) + "\n")
     tmp.replace(path)
     return path
+
+
+EVAL_SEED = 9173  # held out: not the corpus seed the tiny verifier or the demo draft trained on
+
+
+def write_eval_prompts(path: Path, n: int = 32, seed: int = EVAL_SEED) -> Path:
+    """Held-out single-turn chats (with the corpus reply) as jsonl `{"messages": [...]}` rows.
+
+    `dspark-kit eval --prompts` takes the prompt of the first `--num-prompts` rows and,
+    for `--context-lengths`, prepends the other rows as earlier turns (a multi-turn chat
+    of 1k-2k tokens); `dspark-kit bench --dataset` sends the same first turns, so eval
+    and bench measure the same prompts.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for msgs in conversations(n, seed=seed, max_turns=1):
+            f.write(json.dumps({"messages": msgs}) + "\n")
+    tmp.replace(path)
+    return path

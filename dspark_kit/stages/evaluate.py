@@ -301,7 +301,7 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
     `recommended_k` and `recommended_window` from it (through the resolver).
     """
     tw = recipe.training_window
-    ctx_lens = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw]))
+    ctx_lens = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw, 8 * tw]))
     cands = sorted(set(candidates or candidate_windows(tw, max(ctx_lens), allow_below=allow_below)))
     below = [w for w in cands if w < tw]
     if below and not allow_below:
@@ -327,9 +327,11 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
             tables[k][key] = {}
             for n, prompts in prompt_sets.items():
                 log(f"tune: K {k} window {key} context {n or 'short'}")
-                al = session.measure(prompts, max_new, w, k=k)["acceptance_length"]
-                tables[k][key][str(n)] = al
-                measurements.append({"k": k, "window": w, "context_length": n, "acceptance_length": al})
+                m = session.measure(prompts, max_new, w, k=k)
+                tables[k][key][str(n)] = m["acceptance_length"]
+                measurements.append({"k": k, "window": w, "context_length": n,
+                                     "mean_prompt_tokens": m["mean_prompt_tokens"],
+                                     "acceptance_length": m["acceptance_length"]})
     by_k = {}
     for k, table in tables.items():
         w = pick_window(table, ctx_lens, tolerance)
@@ -349,6 +351,8 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
         "acceptance_length": tables[best_k],
         "acceptance_length_by_k": {str(k): t for k, t in tables.items()},
         "measurements": measurements,
+        "num_prompts": num_prompts,
+        "max_new_tokens": max_new,
         "checkpoint": str(session.checkpoint),
         "rule": f"per K: the window with max mean AL over contexts > window, short-context AL within {tolerance} "
                 f"of no window, gain over no window > {tolerance}, else null (no window); then the K whose "

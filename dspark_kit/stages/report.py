@@ -211,6 +211,51 @@ def eval_markdown(files: list[Path]) -> str | None:
     return _table(["eval", "acceptance length", "per-position acceptance"], body)
 
 
+def context_series(run_dir: Path) -> dict[str, dict[int, float]]:
+    """AL by context length per window setting, from eval/window_tune.json and eval/eval.json.
+
+    Keys: "no window" and "window W"; values: {context tokens (0 = short prompts): AL}.
+    Window-tune measurements win over eval runs at the same (window, context).
+    """
+    series: dict[str, dict[int, float]] = {}
+
+    def put(window, ctx, al) -> None:
+        if al is not None:
+            series.setdefault(f"window {window}" if window else "no window", {})[int(ctx)] = float(al)
+
+    ev = run_dir / "eval" / "eval.json"
+    try:
+        for r in json.loads(ev.read_text()).get("runs", []) if ev.is_file() else []:
+            put(r.get("window"), r.get("context_length", 0), r.get("acceptance_length"))
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    tune = run_dir / "eval" / "window_tune.json"
+    try:
+        obj = json.loads(tune.read_text()) if tune.is_file() else {}
+    except json.JSONDecodeError:
+        obj = {}
+    if obj.get("measurements"):
+        for m in obj["measurements"]:
+            put(m.get("window"), m.get("context_length", 0), m.get("acceptance_length"))
+    else:  # older files: window -> {context: AL}
+        for key, row in (obj.get("acceptance_length") or {}).items():
+            for ctx, al in row.items():
+                put(None if key == "off" else int(key), int(ctx), al)
+    return series
+
+
+def context_png(run_dir: Path, path: Path) -> Path | None:
+    """Line plot of AL vs context length per window; None when no long context was measured."""
+    from dspark_kit.stages.plots import lines
+
+    series = context_series(run_dir)
+    if not any(c > 0 for pts in series.values() for c in pts):
+        return None
+    data = {name: ([c for c in sorted(pts)], [pts[c] for c in sorted(pts)]) for name, pts in series.items()}
+    return lines(path, data, title="Acceptance length vs context length (0 = short prompts)",
+                 xlabel="context tokens", ylabel="acceptance length", markers=True)
+
+
 # ---- the report ----------------------------------------------------------------
 
 
@@ -253,6 +298,11 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     parts.append("## Offline eval")
     eval_md = eval_markdown(sorted(run.eval.glob("*.json")))
     parts.append(eval_md or "not run (no `eval/*.json`)")
+
+    png = context_png(run_dir, rep / "context_window.png")
+    if png:
+        parts.append("### Acceptance vs context length, with and without the draft window")
+        parts.append(f"![AL vs context]({link(png)})")
 
     parts.append("## Serving benchmark")
     bench_files = sorted(run.bench.glob("*.json"))
