@@ -28,9 +28,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from dspark_kit.devices import (
+from dspark_kit.compat.device_fixes import (
     Replacements,
-    detect_device,
     patch_checkpointer_device,
     patch_distributed_setup,
     patch_local_rank,
@@ -44,6 +43,7 @@ from dspark_kit.devices import (
     probe_synchronize,
     probe_trainer_device_type,
 )
+from dspark_kit.devices import detect_device
 
 ALL_DEVICES = ("cpu", "cuda", "npu")
 
