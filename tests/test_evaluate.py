@@ -120,9 +120,8 @@ def test_tune_writes_recommendation(workdir):
     assert "recommended_window" in saved and saved["recommended_window"] in (None, 64, 128)
     assert set(saved["acceptance_length"]) == {"off", "64", "128"}
     # the extensible shape: one measurement per (window, K, context)
-    assert {(m["window"], m["context_length"]) for m in saved["measurements"]} == {
-        (w, c) for w in (None, 64, 128) for c in (0, 160)}
-    assert all(m["k"] == saved["num_speculative_tokens"] for m in saved["measurements"])
+    assert {(m["k"], m["window"], m["context_length"]) for m in saved["measurements"]} == {
+        (k, w, c) for k in (3, 4) for w in (None, 64, 128) for c in (0, 160)}
     assert res["recommended_window"] == saved["recommended_window"]
     # K is swept too (block - 1 and block) and serving's auto K follows the tune
     assert saved["ks"] == [3, 4] and saved["recommended_k"] in (3, 4)

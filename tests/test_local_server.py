@@ -149,7 +149,8 @@ def test_api_key_everywhere_but_health(verifier):
 def test_503_when_full_and_health_stays_responsive(verifier):
     s = _serve(verifier, "--max-concurrency", "1", "--token-delay-ms", "60")
     try:
-        body = {"prompt": [1, 5, 6], "max_tokens": 16}
+        # ignore_eos: the slow request lasts 16 tokens x 60 ms whatever the verifier would say
+        body = {"prompt": [1, 5, 6], "max_tokens": 16, "ignore_eos": True}
         with ThreadPoolExecutor(2) as pool:
             slow = pool.submit(httpx.post, s.url + "/v1/completions", json=body, timeout=30)
             time.sleep(0.3)

@@ -160,7 +160,8 @@ def test_abandoned_requests_stop_decoding(verifier):  # noqa: F811
     engine = Engine(args, model, tok, build_generator(args, model))
     s = ThreadServer(create_app(engine))
     try:
-        body = json.dumps({"prompt": [1, 5, 6], "max_tokens": 200}).encode()
+        # ignore_eos: every request would decode 200 tokens, so only cancellation ends them early
+        body = json.dumps({"prompt": [1, 5, 6], "max_tokens": 200, "ignore_eos": True}).encode()
 
         async def abandon(n):
             async def one():

@@ -101,6 +101,7 @@ def test_trust_remote_code_only_when_the_recipe_says_so(tiny_recipe, tiny_verifi
     from dspark_kit.stages.train import build_train_args
 
     tiny_recipe.verifier.trust_remote_code = trust
+    tiny_recipe.train.device = "cuda"  # plan the GPU box's vllm serve (here engine vllm is the CPU build)
     train = build_train_args(tiny_recipe, tmp_path, verifier_path=str(tiny_verifier), num_hidden_layers=4, device="cpu")
     assert ("--trust-remote-code" in train) is trust
     for role in ("chat", "hidden-states"):

@@ -335,8 +335,8 @@ def test_broken_checkpoints_are_refused(parsed, trained_run):
 # ---- 4. reasoning: what vLLM returns with --reasoning-parser qwen3, and regen keeping it -------
 
 
-def _chat(url: str, model: str, stream: bool) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": "think about a red apple"}],
+def _chat(url: str, model: str, stream: bool, prompt: str) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": 64, "temperature": 0.0, "chat_template_kwargs": {"enable_thinking": True}}
     if not stream:
         return httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"]
@@ -360,19 +360,27 @@ def split_think(text: str) -> tuple[str, str]:
 
 def test_reasoning_parser_fields(vllm_reasoning_server):
     """What vLLM 0.32 returns in thinking mode with --reasoning-parser qwen3 (the tiny verifier)."""
+    import random
+
+    from dspark_kit.data.tiny_data import thinking_reply
+
     url = vllm_reasoning_server.url
     model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-    plain = _chat(url, model, stream=False)
-    streamed = _chat(url, model, stream=True)
-    print(f"\n[vllm-real] reasoning parser: message {json.dumps(plain)[:400]}; "
-          f"streamed delta fields {sorted(streamed)}")
-    # vLLM 0.32 names the field `reasoning` (no `reasoning_content`), streaming and not
-    assert isinstance(plain.get("reasoning"), str) and plain["reasoning"].strip(), plain
-    assert plain.get("reasoning_content") is None, plain
-    assert "reasoning_content" not in streamed, streamed
-    assert streamed.get("reasoning", "") == plain["reasoning"]
-    assert streamed.get("content", "") == (plain.get("content") or "")
-    assert "<think>" not in (plain.get("content") or "") and "</think>" not in (plain.get("content") or "")
+    rng = random.Random(5)  # prompts of the kind the tiny verifier learned to think about
+    said = []
+    for prompt in [thinking_reply(rng)[0] for _ in range(3)]:
+        plain = _chat(url, model, stream=False, prompt=prompt)
+        streamed = _chat(url, model, stream=True, prompt=prompt)
+        print(f"\n[vllm-real] reasoning parser: message {json.dumps(plain)[:300]}; "
+              f"streamed delta fields {sorted(streamed)}")
+        # vLLM 0.32 names the field `reasoning` (no `reasoning_content`), streaming and not
+        assert isinstance(plain.get("reasoning"), str), plain
+        assert plain.get("reasoning_content") is None and "reasoning_content" not in streamed, (plain, streamed)
+        assert streamed.get("reasoning", "") == plain["reasoning"]
+        assert streamed.get("content", "") == (plain.get("content") or "")
+        assert "<think>" not in (plain.get("content") or "") and "</think>" not in (plain.get("content") or "")
+        said.append(plain["reasoning"].strip())
+    assert any(said), "the tiny verifier reasoned about none of its own kind of prompt"
 
 
 @pytest.fixture(scope="session")

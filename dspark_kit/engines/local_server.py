@@ -77,6 +77,7 @@ class _Req(BaseModel):
     stop: str | list[str] | None = None
     return_token_ids: bool = False
     request_id: str | None = None
+    ignore_eos: Annotated[bool, Strict()] = False  # vLLM's extension: decode max_tokens whatever comes
 
 
 class ChatRequest(_Req):
@@ -106,7 +107,7 @@ _NOOP_FIELDS: dict[str, Any] = {
     "frequency_penalty": lambda v: v in (None, 0), "repetition_penalty": lambda v: v in (None, 1),
     "best_of": lambda v: v in (None, 1), "suffix": lambda v: not v, "top_k": lambda v: v in (None, 0, -1),
     "min_p": lambda v: v in (None, 0), "min_tokens": lambda v: v in (None, 0),
-    "stream_options": lambda v: v is None, "ignore_eos": lambda v: v in (None, False),
+    "stream_options": lambda v: v is None,
     "user": lambda v: True, "metadata": lambda v: True, "store": lambda v: v in (None, False),
 }
 
@@ -291,9 +292,10 @@ class Engine:
         if cancel.is_set():
             return {"text": "", "token_ids": [], "finish_reason": "abort"}
         temperature = req.temperature if req.temperature >= SAMPLING_EPS else 0.0  # vLLM: below eps = greedy
+        stop_ids = frozenset() if req.ignore_eos else self.stop_ids
         res = self.generator.generate(ids, max_tokens, temperature=temperature,
-                                      seed=req.seed, stop_ids=self.stop_ids, cancel=cancel, **kwargs)
-        shown = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in self.stop_ids else res.token_ids
+                                      seed=req.seed, stop_ids=stop_ids, cancel=cancel, **kwargs)
+        shown = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in stop_ids else res.token_ids
         text, stopped = _cut_at_stop(self.tok.decode(shown, skip_special_tokens=False), req.stop)
         self.metrics.observe(len(ids), res)
         out = {"text": text, "token_ids": res.token_ids, "finish_reason": "stop" if stopped else res.finish_reason}

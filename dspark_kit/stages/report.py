@@ -212,7 +212,8 @@ def eval_markdown(files: list[Path]) -> str | None:
 
 
 def context_series(run_dir: Path) -> dict[str, dict[int, float]]:
-    """AL by context length per window setting, from eval/window_tune.json and eval/eval.json.
+    """AL by context length per window setting, from the tune result and eval/eval.json (tune rows
+    at the tune's recommended K).
 
     Keys: "no window" and "window W"; values: {context tokens (0 = short prompts): AL}.
     Window-tune measurements win over eval runs at the same (window, context).
@@ -223,20 +224,23 @@ def context_series(run_dir: Path) -> dict[str, dict[int, float]]:
         if al is not None:
             series.setdefault(f"window {window}" if window else "no window", {})[int(ctx)] = float(al)
 
-    ev = run_dir / "eval" / "eval.json"
+    run = RunDir.at(run_dir)
+    ev = run.eval_json
     try:
         for r in json.loads(ev.read_text()).get("runs", []) if ev.is_file() else []:
             put(r.get("window"), r.get("context_length", 0), r.get("acceptance_length"))
     except (json.JSONDecodeError, AttributeError):
         pass
-    tune = run_dir / "eval" / "window_tune.json"
+    tune = run.tune_file
     try:
         obj = json.loads(tune.read_text()) if tune.is_file() else {}
     except json.JSONDecodeError:
         obj = {}
     if obj.get("measurements"):
+        k = obj.get("recommended_k")  # the K serving runs; other Ks are in the tune file
         for m in obj["measurements"]:
-            put(m.get("window"), m.get("context_length", 0), m.get("acceptance_length"))
+            if k is None or m.get("k") in (None, k):
+                put(m.get("window"), m.get("context_length", 0), m.get("acceptance_length"))
     else:  # older files: window -> {context: AL}
         for key, row in (obj.get("acceptance_length") or {}).items():
             for ctx, al in row.items():
