@@ -215,7 +215,7 @@ def test_local_plan_enforces_max_model_len_and_vets_extra_args(tiny_recipe):
 
 
 def test_spec_role_refuses_top_p_it_cannot_honour(verifier):  # noqa: F811
-    from dspark_kit.engines.local_server import ApiError, CompletionRequest
+    from dspark_kit.engines.local_api import ApiError, CompletionRequest
 
     path, model, tok = verifier
     args = parse_args(["--model", path, "--role", "spec", "--draft", "unused"])

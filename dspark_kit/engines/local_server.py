@@ -19,140 +19,33 @@ import argparse
 import asyncio
 import fcntl
 import os
-import re
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from fastapi.responses import Response
 
+from dspark_kit.engines.local_api import (
+    DISCONNECT_POLL_S,
+    ERROR_KINDS,
+    MAX_BODY_BYTES,
+    REQUEST_ID_RE,
+    SAMPLING_EPS,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    OpenAIRequest,
+    check_extras,
+    check_messages,
+    check_text,
+    error_response,
+)
 from dspark_kit.recipe import ROLES
-
-REQUEST_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")  # fullmatch: `$` would let "x\n" through
-MAX_BODY_BYTES = 16 * 2**20
-MAX_TEMPERATURE = 100.0  # finite and sane; 1e9 or Infinity is a client bug, not a sampling request
-DISCONNECT_POLL_S = 0.1
-SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-
-
-def error_body(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> dict:
-    """OpenAI's error shape, used for every error this server answers."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
-
-
-def error_response(status: int, message: str, kind: str = "BadRequestError", param: str | None = None):
-    return JSONResponse(error_body(status, message, kind, param), status)
-
-
-_KINDS = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-          405: "MethodNotAllowedError", 413: "RequestTooLargeError", 422: "BadRequestError",
-          503: "ServiceUnavailableError"}
-
-INT64 = 2**63
-StrictPosInt = Annotated[int, Strict(), Field(ge=1)]
-
-
-class _Req(BaseModel):
-    # extra fields are allowed only to be inspected: check_extras refuses what we cannot honour
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    max_tokens: StrictPosInt | None = None
-    temperature: float = Field(0.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    seed: Annotated[int, Strict()] | None = Field(None, ge=-INT64, lt=INT64)  # vLLM: a C long long
-    n: Annotated[int, Strict()] = 1
-    stream: bool = False
-    stop: str | list[str] | None = None
-    return_token_ids: bool = False
-    request_id: str | None = None
-    ignore_eos: Annotated[bool, Strict()] = False  # vLLM's extension: decode max_tokens whatever comes
-
-
-class ChatRequest(_Req):
-    max_completion_tokens: StrictPosInt | None = None  # the newer OpenAI name of max_tokens
-
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-
-
-class CompletionRequest(_Req):
-    prompt: str | list[Annotated[int, Strict()]] = Field(min_length=1)
-    max_tokens: StrictPosInt | None = 16
-
-
-# Fields OpenAI clients may send that this engine cannot honour: accepted only at their no-op
-# value, refused (400) otherwise, never silently ignored.
-_NOOP_FIELDS: dict[str, Any] = {
-    "logprobs": lambda v: v in (None, False), "top_logprobs": lambda v: v in (None, 0),
-    "prompt_logprobs": lambda v: v is None, "echo": lambda v: v in (None, False),
-    "tools": lambda v: not v, "tool_choice": lambda v: v in (None, "none"),
-    "functions": lambda v: not v, "function_call": lambda v: v in (None, "none"),
-    "parallel_tool_calls": lambda v: True if v is None else v in (True, False),
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-    "logit_bias": lambda v: not v, "presence_penalty": lambda v: v in (None, 0),
-    "frequency_penalty": lambda v: v in (None, 0), "repetition_penalty": lambda v: v in (None, 1),
-    "best_of": lambda v: v in (None, 1), "suffix": lambda v: not v, "top_k": lambda v: v in (None, 0, -1),
-    "min_p": lambda v: v in (None, 0), "min_tokens": lambda v: v in (None, 0),
-    "stream_options": lambda v: v is None,
-    "user": lambda v: True, "metadata": lambda v: True, "store": lambda v: v in (None, False),
-}
-
-
-def check_extras(req: _Req) -> None:
-    for name, value in (req.model_extra or {}).items():
-        ok = _NOOP_FIELDS.get(name)
-        if ok is None:
-            raise ApiError(400, f"{name}: not supported by the local engine (remove the field)", param=name)
-        try:
-            fine = ok(value)
-        except TypeError:
-            fine = False
-        if not fine:
-            raise ApiError(400, f"{name}={value!r}: not supported by the local engine", param=name)
-
-
-def _check_text(value: str, where: str) -> None:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(400, f"{where}: text is not valid Unicode (lone surrogate)", param=where) from None
-
-
-def check_messages(messages: list[dict[str, Any]]) -> None:
-    """What vLLM refuses and the tokenizer would choke on, as 400s before any work."""
-    for i, m in enumerate(messages):
-        where = f"messages.{i}.content"
-        if "content" not in m or m["content"] is None:
-            raise ApiError(400, f"{where}: missing (every turn needs text content)", param=where)
-        content = m["content"]
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind != "text" or not isinstance(part.get("text"), str):
-                    raise ApiError(400, f"{where}.{j}: only text content parts are supported "
-                                        f"(got type {kind!r}); the local engine has no vision input", param=where)
-                _check_text(part["text"], where)
-        elif isinstance(content, str):
-            _check_text(content, where)
-        else:
-            raise ApiError(400, f"{where}: must be a string or a list of text parts", param=where)
-        for key in ("role", "name"):
-            if isinstance(m.get(key), str):
-                _check_text(m[key], f"messages.{i}.{key}")
 
 
 class EngineMetrics:
@@ -227,7 +120,7 @@ class Engine:
         self.metrics = EngineMetrics(self.served_name, spec=args.role == "spec")
         self.storage = Path(args.storage_path).resolve() if args.storage_path else None
 
-    def check_model(self, req: _Req) -> None:
+    def check_model(self, req: OpenAIRequest) -> None:
         if req.model is not None and req.model != self.served_name:
             raise ApiError(404, f"The model `{req.model}` does not exist; this server serves "
                                 f"`{self.served_name}` (GET /v1/models)", "NotFoundError")
@@ -240,7 +133,7 @@ class Engine:
             raise ApiError(400, "top_p: role spec samples from the verifier without nucleus filtering; "
                                 "send top_p=1 (or temperature=0)", param="top_p")
         for i, stop in enumerate([req.stop] if isinstance(req.stop, str) else (req.stop or [])):
-            _check_text(stop, f"stop.{i}")
+            check_text(stop, f"stop.{i}")
 
     def check_prompt(self, ids: list[int], max_tokens: int) -> None:
         bad = [i for i in ids if not 0 <= i < self.vocab]
@@ -265,7 +158,7 @@ class Engine:
             raise ApiError(400, f"{where}: {chars} characters cannot fit the maximum context length "
                                 f"{self.max_len} tokens", param=where)
 
-    def default_max_tokens(self, ids: list[int], req: _Req) -> int:
+    def default_max_tokens(self, ids: list[int], req: OpenAIRequest) -> int:
         given = req.max_tokens if req.max_tokens is not None else getattr(req, "max_completion_tokens", None)
         return given if given is not None else max(1, self.max_len - len(ids))
 
@@ -287,7 +180,7 @@ class Engine:
                 self.aborted += 1
                 return await fut
 
-    def decode(self, ids: list[int], req: _Req, max_tokens: int, cancel: threading.Event) -> dict[str, Any]:
+    def decode(self, ids: list[int], req: OpenAIRequest, max_tokens: int, cancel: threading.Event) -> dict[str, Any]:
         kwargs = {"top_p": req.top_p} if req.top_p < 1.0 and self.args.role != "spec" else {}
         if cancel.is_set():
             return {"text": "", "token_ids": [], "finish_reason": "abort"}
@@ -385,7 +278,7 @@ class Guard:
         size = headers.get("content-length", "")
         too_large = f"request body over {MAX_BODY_BYTES} bytes"
         if size.isdigit() and int(size) > MAX_BODY_BYTES:
-            return await error_response(413, too_large, _KINDS[413])(scope, receive, send)
+            return await error_response(413, too_large, ERROR_KINDS[413])(scope, receive, send)
         received = 0
 
         async def counted_receive():
@@ -408,14 +301,14 @@ class Guard:
         if counted:
             if engine.in_flight >= args.max_concurrency:
                 return await error_response(503, f"server busy: {args.max_concurrency} requests in flight "
-                                            "(--max-concurrency); retry later", _KINDS[503])(scope, receive, send)
+                                            "(--max-concurrency); retry later", ERROR_KINDS[503])(scope, receive, send)
             engine.in_flight += 1
             engine.metrics.running.set(engine.in_flight)
         try:
             await self.app(scope, counted_receive, tracked_send)
         except _BodyTooLarge:
             if not started:
-                await error_response(413, too_large, _KINDS[413])(scope, receive, send)
+                await error_response(413, too_large, ERROR_KINDS[413])(scope, receive, send)
         finally:
             if counted:
                 engine.in_flight -= 1
@@ -435,7 +328,7 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_r: Request, e: StarletteHTTPException):  # 404, 405, unreadable body
-        kind = _KINDS.get(e.status_code, "BadRequestError" if e.status_code < 500 else "InternalServerError")
+        kind = ERROR_KINDS.get(e.status_code, "BadRequestError" if e.status_code < 500 else "InternalServerError")
         return error_response(e.status_code, str(e.detail), kind)
 
     @app.exception_handler(RequestValidationError)
@@ -511,7 +404,7 @@ def create_app(engine: Engine) -> FastAPI:
         if isinstance(req.prompt, list):
             ids = req.prompt
         else:
-            _check_text(req.prompt, "prompt")
+            check_text(req.prompt, "prompt")
             engine.check_text_size(len(req.prompt), "prompt")
             ids = await engine.tokenize(encode, engine.tok, req.prompt)
         max_tokens = engine.default_max_tokens(ids, req)
