@@ -14,7 +14,8 @@ single-turn chats, seed 9173, not the corpus the verifier or the draft trained o
   with the same prompts, K and max tokens; its AL (from the /metrics deltas) should
   equal eval's.
 - window: `evaluate.tune_window` (what `dspark-kit window tune` runs) at 2x, 4x and 8x
-  the draft's training length; the recommended window's AL over no window per length.
+  the draft's training length, at the same K; the recommended window's AL over no window
+  per length.
 
 Without --workdir it trains the tiny recipe first (`dspark-kit run --stages
 prepare,hidden-states,train`, which trains on the corpus replies instead of regen's).
@@ -55,9 +56,11 @@ def untrained_copy(checkpoint: Path, dest: Path) -> Path:
 def bench_al(recipe, wd: Path, ckpt: Path, prompts: Path, n: int, max_tokens: int, out: Path) -> float | None:
     from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
+    from dspark_kit.resolved import Resolved
     from dspark_kit.stages.bench import run_bench
 
-    with running_server(recipe, "spec", wd, port=free_port(), checkpoint=ckpt) as url:
+    served = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"checkpoint": str(ckpt)})})
+    with running_server(Resolved(served, wd), "spec", port=free_port()) as url:
         res = run_bench(recipe, url, label="bench-eval", out_dir=out, num_prompts=n, concurrency=1,
                         max_tokens=max_tokens, dataset=str(prompts))
     return res["spec_decode"]["acceptance_length"]
@@ -108,7 +111,8 @@ def main() -> None:
         tw = recipe.training_window
         ctx = [int(x) * tw for x in args.multiples.split(",") if x]
         cands = [int(x) for x in args.windows.split(",")] if args.windows else None
-        tune = tune_window(recipe, wd, best, candidates=cands, context_lengths=ctx, num_prompts=args.tune_prompts,
+        tune = tune_window(recipe, wd, best, candidates=cands, context_lengths=ctx, ks=[k],
+                           num_prompts=args.tune_prompts,
                            max_new_tokens=args.tune_new_tokens, prompts_file=prompts, allow_below=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -128,7 +132,8 @@ def main() -> None:
     meas = tune["measurements"]
 
     def al(w, c):
-        return next((x["acceptance_length"] for x in meas if x["window"] == w and x["context_length"] == c), None)
+        return next((x["acceptance_length"] for x in meas
+                     if x["k"] == k and x["window"] == w and x["context_length"] == c), None)
 
     rec = tune["recommended_window"]
     sweep = "; ".join(f"{c}: " + ", ".join(f"{w or 'off'} {al(w, c)}" for w in [None, *tune["candidates"]])

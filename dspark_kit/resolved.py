@@ -309,8 +309,13 @@ class Resolved:
                 notes.append("draft_window_size needs a vllm-ascend build with PR 14596 (DSpark window apply "
                              "point); could not check here because vllm-ascend is not installed")
         if window is not None and window < train_w:
-            notes.append(f"draft_window_size {window} < training window {train_w}: the draft saw longer contexts "
-                         "in training; acceptance usually drops (set >= training window)")
+            if source.startswith("auto: tuned"):  # measured on this draft: say so, keep the rule visible
+                notes.append(f"draft_window_size {window} < training window {train_w}: the tune measured it best "
+                             "on this draft (pitfall 9's rule of thumb is >= the training window; re-tune on "
+                             "the real verifier)")
+            else:
+                notes.append(f"draft_window_size {window} < training window {train_w}: the draft saw longer "
+                             "contexts in training; acceptance usually drops (set >= training window)")
         risk = long_context_note(self.recipe, window)
         if risk:
             notes.append(risk)

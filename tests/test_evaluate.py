@@ -27,7 +27,7 @@ from dspark_kit.stages.evaluate import (
 )
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml"
-MARGIN = 1.4  # trained / untrained AL floor in the direction test (measured 1.63 / 1.06 = 1.54x)
+MARGIN = 1.8  # trained / untrained AL floor in the direction test (measured 2.235 / 1.000 = 2.24x)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

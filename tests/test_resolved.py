@@ -114,6 +114,21 @@ def test_null_tune_means_no_window_for_eval_and_every_engine(tmp_path, tiny_veri
     assert argv[argv.index("--draft-window-size") + 1] == "8192"
 
 
+def test_a_tuned_window_below_training_says_it_was_measured(tmp_path):
+    """The tiny rehearsal's tune picks 64 < training window 256 (measured best there): the warning
+    says the tune chose it instead of claiming acceptance usually drops; a hand-set one keeps pitfall 9."""
+    recipe, verifier = seed_like(tmp_path)
+    write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
+    train_w = recipe.training_window
+    write_tune(tmp_path / "run", recommended_window=64)
+    tuned = Resolved(recipe, window_support="yes").window
+    assert tuned.value == 64 < train_w
+    assert any("the tune measured it best" in n for n in tuned.notes), tuned.notes
+    recipe.serve.draft_window_size = 64
+    manual = Resolved(recipe, window_support="yes").window
+    assert any("usually drops" in n for n in manual.notes) and not any("tune" in n for n in manual.notes)
+
+
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"recommended_window": -3}', '{"recommended_window": "x"}'])
 def test_a_corrupt_tune_file_is_one_line_naming_it(tmp_path, text):
     recipe, _ = seed_like(tmp_path)

@@ -1,7 +1,8 @@
 """The embedded chat corpus for the tiny verifier and the CPU demo.
 
 Built deterministically from the word list in `assets/words.txt`. Replies
-depend on the prompt (repeat, reverse, capitalise, count, sort, continue), so
+depend on the prompt (describe, tell a story, count, write a poem, make a
+sentence, suggest a title: templates filled with the words the prompt names), so
 draft acceptance on this corpus measures something real rather than a reply
 the model could produce without reading the user turn.
 """
@@ -36,35 +37,45 @@ def sentence(rng: random.Random) -> str:
     )
 
 
-def _words(rng: random.Random, n: int) -> list[str]:
-    return rng.sample(vocabulary()["nouns"], n)
+def _pick(rng: random.Random, group: str) -> str:
+    return rng.choice(vocabulary()[group])
 
 
 def _task(rng: random.Random) -> tuple[str, str, str]:
-    """(prompt, reply, one-line reasoning) for one randomly chosen task."""
+    """(prompt, reply, one-line reasoning) for one randomly chosen task.
+
+    Each reply is a fixed template filled with words the prompt names (one of each
+    class: noun, adjective, verb, place), or a count between two numbers the prompt
+    gives. A tiny verifier learns that in a few minutes on 2 cores: it has to find the
+    prompt's noun/adjective/... (attention by word class) and fill the template.
+    Tasks that copy whole word lists in order (repeat, reverse, sort) need induction
+    heads, which this model did not form within ~3000 steps; its replies were then
+    paraphrases no draft could predict (issue 13).
+    """
     kind = rng.randrange(6)
+    n, a, v, p = (_pick(rng, g) for g in ("nouns", "adjectives", "verbs", "places"))
     if kind == 0:
-        s = sentence(rng)
-        return f"Repeat after me: {s}", s, "The user wants the sentence repeated exactly."
+        return (f"Describe the {a} {n}.", f"The {n} is very {a}. I have never seen a {n} so {a}.",
+                f"The user wants a description of the {a} {n}.")
     if kind == 1:
-        w = _words(rng, rng.randint(3, 7))
-        return (f"Reverse the order of these words: {' '.join(w)}", " ".join(reversed(w)),
-                "I list the same words from last to first.")
+        return (f"Tell a story about a {n} {p}.",
+                f"Once upon a time there was a {n} that lived {p}. Every day the {n} played {p}. The end.",
+                f"A short story about the {n}.")
     if kind == 2:
-        s = sentence(rng)
-        return f"Write this in capital letters: {s}", s.upper(), "Every letter becomes a capital."
+        lo = rng.randint(1, 80)
+        hi = lo + rng.randint(4, 12)
+        return (f"Count from {lo} to {hi}.", ", ".join(str(i) for i in range(lo, hi + 1)) + ".",
+                f"I count up by one from {lo} until {hi}.")
     if kind == 3:
-        a = rng.randint(1, 80)
-        b = a + rng.randint(4, 12)
-        return (f"Count from {a} to {b}.", ", ".join(str(i) for i in range(a, b + 1)) + ".",
-                f"I count up by one from {a} until {b}.")
+        return (f"Write a poem about the {a} {n} that {v} things.",
+                f"Oh {a} {n}, you {v} so well,\nthe {a} {n} {v} and all is well.",
+                f"A two-line poem about the {n}.")
     if kind == 4:
-        w = _words(rng, rng.randint(3, 7))
-        return (f"Sort these words alphabetically: {', '.join(w)}", ", ".join(sorted(w)),
-                "I put the words in alphabetical order.")
-    s1, s2 = sentence(rng), sentence(rng)
-    return (f"Continue the story: {s1}", f"{s1} Then {s2} The end.",
-            "I keep the first sentence and add what happens next.")
+        return (f"Make a sentence with {n}, {v} and {p}.", f"The {n} {v} the ball {p}. That is my sentence.",
+                f"I use {n}, {v} and {p} in one sentence.")
+    return (f"Give me a title for a book about the {a} {n}.",
+            f"\"The {a} {n}\" is a good title for a book about a {a} {n}.",
+            f"A title about the {n}.")
 
 
 def conversation(rng: random.Random, max_turns: int = 2) -> list[dict[str, str]]:
