@@ -24,25 +24,41 @@ GOAL = 0.8
 
 
 def reference_rows(tok, msgs, thinking):
-    """The loss-mask rule written the plain way: render + encode every prefix on its own."""
+    """The loss-mask rule written the plain way: render + encode every prefix on its own.
+
+    Loss on each reply up to and including its end-of-turn token (the template's newline
+    after it is not generated); one row when every prefix is a token prefix of the full
+    conversation, else one row per turn: the generation prompt's tokens, then the reply."""
     from dspark_kit.data.chat import encode, render
+    from dspark_kit.data.conversations import template_messages
+
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def reply_n(span):
+        if eos in span:
+            end = len(span) - span[::-1].index(eos)
+            if tok.decode(span[end:]).strip() == "":
+                return end
+        return len(span)
 
     turns = [j for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
-    msgs = msgs[: turns[-1] + 1]
+    msgs = template_messages(msgs[: turns[-1] + 1])
     full = encode(tok, render(tok, msgs, thinking))
-    pairs = [(encode(tok, render(tok, msgs[:j], thinking, add_generation_prompt=True)),
-              encode(tok, render(tok, msgs[: j + 1], thinking))) for j in turns]
-    mask = [0] * len(full)
+    texts = [(render(tok, msgs[:j], thinking, add_generation_prompt=True), render(tok, msgs[: j + 1], thinking))
+             for j in turns]
+    pairs = [(encode(tok, pt), encode(tok, ut)) for pt, ut in texts]
     if all(full[: len(p)] == p and full[: len(u)] == u for p, u in pairs):
+        mask = [0] * len(full)
         for p, u in pairs:
-            mask[len(p) : len(u)] = [1] * (len(u) - len(p))
+            n = reply_n(u[len(p):])
+            mask[len(p) : len(p) + n] = [1] * n
         return [(full, mask)]
     rows = []
-    for p, u in pairs:
-        b = 0
-        while b < min(len(p), len(u)) and p[b] == u[b]:
-            b += 1
-        rows.append((u, [0] * b + [1] * (len(u) - b)))
+    for (p, u), (pt, ut) in zip(pairs, texts, strict=True):
+        if u[: len(p)] != p:
+            u = p + encode(tok, ut[len(pt):])
+        n = reply_n(u[len(p):])
+        rows.append((u, [0] * len(p) + [1] * n + [0] * (len(u) - len(p) - n)))
     return rows
 
 
@@ -64,7 +80,7 @@ def main() -> None:
     # same masks as the per-prefix reference (on a subset: the reference is slow by design)
     P._init_worker(vp, False)
     sample = rows[:300]
-    ours = [r for res in P._work((sample, False, 10**9)) for r in res["rows"]]
+    ours = [r for res in P._work((sample, False, 10**9, False)) for r in res["rows"]]
     ref = [r for row in sample for r in reference_rows(tok, row["messages"], False)]
     same = [(r["input_ids"], r["loss_mask"]) for r in ours] == ref
 
@@ -82,7 +98,7 @@ def main() -> None:
         return run
 
     def tokenize_path():
-        return [P._work((rows[i : i + 64], False, 10**9)) for i in range(0, len(rows), 64)]
+        return [P._work((rows[i : i + 64], False, 10**9, False)) for i in range(0, len(rows), 64)]
 
     pr = paired_ratios(timed(raw), timed(tokenize_path), 3)
     raw_s, ours_s, ratio = pr["baseline_s"], pr["subject_s"], pr["ratio"]
