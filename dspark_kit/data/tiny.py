@@ -3,7 +3,7 @@
 `ensure_tiny_verifier()` returns a HF model directory (config.json,
 model.safetensors, tokenizer files with a Qwen3-style chat template that has a
 thinking switch). It is built deterministically on first use from the shipped
-corpus (byte-level BPE + ~a minute of training on 2 cores) and cached; a
+corpus (byte-level BPE + ~4 minutes of training on one thread) and cached; a
 content hash of the build settings names the cache entry, so a change to the
 corpus or the settings builds a new one.
 """
@@ -121,7 +121,7 @@ def ensure_tiny_verifier(spec: TinySpec = TinySpec(), root: Path | None = None, 
         tmp = out.with_name(out.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.time()
-        log(f"building the tiny verifier (first use, ~1 min) -> {out}")
+        log(f"building the tiny verifier (first use, ~4 min on one thread) -> {out}")
         tok = build_tokenizer(spec)
         tok.save_pretrained(tmp)
         model = train_tiny_model(spec, tok, log=log)
