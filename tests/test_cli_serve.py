@@ -131,7 +131,9 @@ def test_serve_starts_waits_healthy_and_stops_on_ctrl_c(setup, tmp_path: Path):
     from dspark_kit.engines.lifecycle import free_port
 
     port = free_port()
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    # PYTHONFAULTHANDLER: if serve ever hangs on Ctrl-C (seen once on a loaded CI box), SIGABRT
+    # below makes it print every thread's stack, and the failure shows where it was stuck.
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "dspark_kit", "serve", "-r", str(recipe), "--role", "chat",
                              "--port", str(port), "--set", "serve.startup_timeout=30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=Path(__file__).parents[1], text=True)
@@ -140,7 +142,12 @@ def test_serve_starts_waits_healthy_and_stops_on_ctrl_c(setup, tmp_path: Path):
         assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() is not None else url
         assert httpx.get(url + "/health", timeout=5).status_code == 200
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        try:
+            code = proc.wait(timeout=45)  # stop() itself gives up after 25 s (SIGINT 10, SIGTERM 5, SIGKILL)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            pytest.fail("serve did not exit 45 s after Ctrl-C; its stacks:\n" + proc.communicate(timeout=30)[1][-6000:])
+        assert code == 0, proc.stderr.read()
         deadline = time.time() + 5
         while time.time() < deadline:  # the server is gone after a clean stop
             try:
