@@ -53,14 +53,14 @@ def untrained_copy(checkpoint: Path, dest: Path) -> Path:
     return dest
 
 
-def bench_al(recipe, wd: Path, ckpt: Path, prompts: Path, n: int, max_tokens: int, out: Path) -> float | None:
+def bench_al(recipe, wd: Path, prompts: Path, n: int, max_tokens: int, out: Path) -> float | None:
+    """AL of the local spec engine serving recipe.serve.checkpoint, from bench's /metrics deltas."""
     from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.bench import run_bench
 
-    served = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"checkpoint": str(ckpt)})})
-    with running_server(Resolved(served, wd), "spec", port=free_port()) as url:
+    with running_server(Resolved(recipe, wd), "spec", port=free_port()) as url:
         res = run_bench(recipe, url, label="bench-eval", out_dir=out, num_prompts=n, concurrency=1,
                         max_tokens=max_tokens, dataset=str(prompts))
     return res["spec_decode"]["acceptance_length"]
@@ -88,7 +88,8 @@ def main() -> None:
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster than two on a shared box
     base = load_recipe(RECIPE, ["train.device=cpu"])
     k = args.k or base.draft.block_size
-    recipe = load_recipe(RECIPE, ["train.device=cpu", f"serve.num_speculative_tokens={k}"])
+    sets = ["train.device=cpu", f"serve.num_speculative_tokens={k}"]
+    recipe = load_recipe(RECIPE, sets)
     tmp = Path(tempfile.mkdtemp(prefix="bench-eval-"))
     n, m = args.num_prompts, args.max_new_tokens
     try:
@@ -107,7 +108,8 @@ def main() -> None:
         untrained = run_eval(recipe, wd, untrained_copy(best, tmp / "untrained"), out_dir=tmp / "eval-u", **kw)
         # bench shuffles a jsonl and takes the first n: give it exactly eval's n prompts
         bench_prompts = write_eval_prompts(tmp / "bench_prompts.jsonl", n)
-        served = None if args.no_bench else bench_al(recipe, wd, best, bench_prompts, n, m, tmp / "bench")
+        served = None if args.no_bench else bench_al(load_recipe(RECIPE, [*sets, f"serve.checkpoint={best}"]), wd,
+                                                     bench_prompts, n, m, tmp / "bench")
         tw = recipe.training_window
         ctx = [int(x) * tw for x in args.multiples.split(",") if x]
         cands = [int(x) for x in args.windows.split(",")] if args.windows else None

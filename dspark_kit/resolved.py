@@ -35,6 +35,8 @@ from dspark_kit.recipe import ENGINES, Recipe, RecipeError, parse_window
 from dspark_kit.rundir import RunDir
 
 T = TypeVar("T")
+# The source of a K or window the tune chose ("auto: tuned ..."); the window warning keys on it.
+TUNED = "auto: tuned"
 
 
 class ResolveError(ValueError):
@@ -250,7 +252,7 @@ class Resolved:
         if isinstance(setting, int):
             k, source = setting, "serve.num_speculative_tokens"
         elif self.tune is not None and self.tune.k is not None:
-            k, source = self.tune.k, f"auto: tuned ({self.tune.path})"
+            k, source = self.tune.k, f"{TUNED} ({self.tune.path})"
         elif slots is not None:
             k, source = slots, f"auto: the checkpoint's {slots} trained slots ({self.checkpoint}/config.json)"
         else:
@@ -275,7 +277,7 @@ class Resolved:
             return Decision(setting, "serve.draft_window_size")
         if self.tune is not None:
             how = f"{self.tune.window}" if self.tune.window else "none (windows did not help)"
-            return Decision(self.tune.window, f"auto: tuned {how} ({self.tune.path})")
+            return Decision(self.tune.window, f"{TUNED} {how} ({self.tune.path})")
         return Decision(train_w, f"auto: the draft's training window {train_w}")
 
     @cached_property
@@ -309,7 +311,7 @@ class Resolved:
                 notes.append("draft_window_size needs a vllm-ascend build with PR 14596 (DSpark window apply "
                              "point); could not check here because vllm-ascend is not installed")
         if window is not None and window < train_w:
-            if source.startswith("auto: tuned"):  # measured on this draft: say so, keep the rule visible
+            if source.startswith(TUNED):  # measured on this draft: say so, keep the rule visible
                 notes.append(f"draft_window_size {window} < training window {train_w}: the tune measured it best "
                              "on this draft (pitfall 9's rule of thumb is >= the training window; re-tune on "
                              "the real verifier)")

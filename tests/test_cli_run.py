@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import set_args  # the trained_run fixture's recipe overrides
+from conftest import TRAINED_RUN_SETS, set_args  # the trained_run fixture's recipe overrides
 
 TINY_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
 
@@ -38,8 +38,6 @@ def test_tensorboard_has_val_accept_len(trained_run):
     acc = EventAccumulator(str(events[0].parent))
     acc.Reload()
     assert "val/accept_len_epoch" in acc.Tags()["scalars"]
-    from conftest import TRAINED_RUN_SETS
-
     from dspark_kit.recipe import load_recipe
 
     epochs = load_recipe(TINY_RECIPE, TRAINED_RUN_SETS).train.epochs
