@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_eval.py [--workdir TRAINED_RUN] [--json out.json]
 
 All acceptance figures come from greedy decoding, so they are deterministic: machine
-load changes none of them. Prompts: `tiny_data.write_eval_prompts` (held-out
+load changes none of them. Prompts: `tiny_corpus.write_eval_prompts` (held-out
 single-turn chats, seed 9173, not the corpus the verifier or the draft trained on).
 
 - trained vs untrained: `evaluate.run_eval` (the reference lossless decoder) on the same
@@ -80,9 +80,9 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from dspark_kit.data.tiny_data import write_eval_prompts
+    from dspark_kit.data.tiny_corpus import write_eval_prompts
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.spec.checkpoints import resolve_checkpoint
+    from dspark_kit.specdec.checkpoints import resolve_checkpoint
     from dspark_kit.stages.evaluate import run_eval, tune_window
 
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster than two on a shared box

@@ -31,8 +31,8 @@ def main() -> None:
     from datasets import load_from_disk
     from transformers import AutoModelForCausalLM
 
-    from dspark_kit.data.tiny import ensure_tiny_verifier
-    from dspark_kit.data.tiny_data import conversations
+    from dspark_kit.data.tiny_corpus import conversations
+    from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
     from dspark_kit.recipe import load_recipe
     from dspark_kit.stages.hidden_states import generate_offline
     from dspark_kit.stages.prepare import prepare

@@ -68,8 +68,8 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from dspark_kit.data.tiny import ensure_tiny_verifier
-    from dspark_kit.data.tiny_data import conversations
+    from dspark_kit.data.tiny_corpus import conversations
+    from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
     from dspark_kit.stages import prepare as P
 
     vp = str(ensure_tiny_verifier())

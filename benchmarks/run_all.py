@@ -99,7 +99,7 @@ def markdown(rows: list[Row], wall: float) -> str:
               "the median per-pair ratio is shown with its range, so a busy machine gives the same ratio "
               "as a quiet one (only the range widens)."),
               ("- Acceptance (AL) figures come from greedy decoding and are deterministic; machine load does "
-              "not change them. They are measured on held-out prompts (`tiny_data.write_eval_prompts`, "
+              "not change them. They are measured on held-out prompts (`tiny_corpus.write_eval_prompts`, "
               "seed 9173) at K = block size, `bench_eval.py --workdir DEMO_RUN`."),
               "- The demo's wall time depends on the machine's load; its CPU seconds much less.",
               "", "Details of each method: `benchmarks/README.md` and each script's docstring.", ""]

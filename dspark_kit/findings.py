@@ -1,5 +1,5 @@
 """One Finding type for every check (checkpoint validation, preflight): level, code, message,
-and the REFERENCE §8 pitfall it belongs to when there is one."""
+and the docs/PITFALLS.md pitfall it belongs to when there is one."""
 
 from __future__ import annotations
 

@@ -256,7 +256,7 @@ class Recipe(_Section):
         return self.draft.attention == "sliding" and len(self.full_attention_indices) < self.draft.num_layers
 
     def target_layer_ids(self, num_hidden_layers: int) -> list[int]:
-        """Verifier layer ids the draft reads (vLLM convention, see REFERENCE §2)."""
+        """Verifier layer ids the draft reads (vLLM convention, see docs/CONCEPTS.md#layer-ids)."""
         ids = self.hidden_states.target_layer_ids
         if ids is None:
             n = num_hidden_layers

@@ -133,7 +133,7 @@ class Resolved:
     # ---- verifier -----------------------------------------------------------
     @cached_property
     def verifier_path(self) -> str:
-        from dspark_kit.data.tiny import resolve_verifier_path
+        from dspark_kit.data.tiny_verifier import resolve_verifier_path
 
         return resolve_verifier_path(self.recipe.verifier.path)
 
@@ -145,13 +145,13 @@ class Resolved:
 
     @cached_property
     def verifier_config(self) -> dict | None:
-        from dspark_kit.spec.verifier import verifier_config
+        from dspark_kit.specdec.verifier import verifier_config
 
         return verifier_config(self.verifier_path)
 
     @cached_property
     def num_hidden_layers(self) -> int:
-        from dspark_kit.spec.verifier import num_layers_of
+        from dspark_kit.specdec.verifier import num_layers_of
 
         found, declared = num_layers_of(self.verifier_config), self.recipe.verifier.num_hidden_layers
         if found is None and declared is None:
@@ -189,7 +189,7 @@ class Resolved:
     def checkpoint(self) -> Path:
         """The checkpoint to serve/evaluate. Planning (dry runs) in a run folder that has not
         trained yet gets the path training will write (`checkpoint_exists` is then False)."""
-        from dspark_kit.spec.checkpoints import CheckpointError, resolve_checkpoint
+        from dspark_kit.specdec.checkpoints import CheckpointError, resolve_checkpoint
 
         which = self.checkpoint_choice if self.checkpoint_choice is not None else self.recipe.serve.checkpoint
         try:
@@ -206,13 +206,13 @@ class Resolved:
 
     @cached_property
     def checkpoint_config(self) -> dict | None:
-        from dspark_kit.spec.checkpoints import read_config
+        from dspark_kit.specdec.checkpoints import read_config
 
         return read_config(self.checkpoint) if self.checkpoint_exists else None
 
     @cached_property
     def trained_slots(self) -> int | None:
-        from dspark_kit.spec.checkpoints import trained_slots
+        from dspark_kit.specdec.checkpoints import trained_slots
 
         return trained_slots(self.checkpoint_config) if self.checkpoint_config else None
 
@@ -220,7 +220,7 @@ class Resolved:
         """Everything wrong with the checkpoint for this recipe: the one check serve, bench and
         preflight share (layer ids compared with the recipe's verifier.num_hidden_layers when the
         verifier's config is not on this machine)."""
-        from dspark_kit.spec.checkpoints import validate_checkpoint
+        from dspark_kit.specdec.checkpoints import validate_checkpoint
 
         path = path or self.checkpoint
         try:
@@ -284,7 +284,7 @@ class Resolved:
     def window(self) -> Decision[int | None]:
         """draft_window_size the engine applies (None: no window), with a note per rule that fired.
 
-        Rules (REFERENCE §5): upstream vLLM has no runtime window (on CUDA it is trained in);
+        Rules (docs/CONCEPTS.md#k-and-the-draft-window): upstream vLLM has no runtime window (on CUDA it is trained in);
         vllm-ascend needs PR 14596 for DSpark and warns for DeepSeek-V4-native drafts; our
         local engine and eval apply it exactly like vllm-ascend (context + K window start).
         """

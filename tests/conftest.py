@@ -47,7 +47,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_verifier() -> Path:
-    from dspark_kit.data.tiny import ensure_tiny_verifier
+    from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
 
     return ensure_tiny_verifier()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from dspark_kit.data.chat import encode, render
-from dspark_kit.data.tiny_data import conversations
+from dspark_kit.data.tiny_corpus import conversations
 
 TARGET_LAYER_IDS = [1, 2, 3]  # tiny verifier: 4 layers, ids 0..4 (vLLM convention)
 
@@ -63,7 +63,7 @@ def training_rows(verifier_path: str | Path, n: int, seed: int = 0) -> list[dict
 
 def verifier_states(verifier, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(aux [n, 3H] for the draft's target ids, last-layer pre-norm [n, H])."""
-    from dspark_kit.spec.decoder import Verifier
+    from dspark_kit.specdec.decoder import Verifier
 
     assert isinstance(verifier, Verifier)
     _, aux = verifier.forward(ids, verifier.new_cache(), 0)
@@ -73,7 +73,7 @@ def verifier_states(verifier, ids: list[int]) -> tuple[torch.Tensor, torch.Tenso
 
 def train_draft(model, verifier_path: str | Path, steps: int = 100, lr: float = 3e-3, seed: int = 0):
     """A short in-process training loop on the model's own loss (speculators forward)."""
-    from dspark_kit.spec.decoder import Verifier
+    from dspark_kit.specdec.decoder import Verifier
 
     verifier = Verifier(verifier_path, [*TARGET_LAYER_IDS, 4])
     rows = training_rows(verifier_path, 48, seed=seed + 100)

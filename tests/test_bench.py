@@ -217,7 +217,7 @@ def test_against_local_engine(tmp_path):
     """Real local engine (role chat, tiny verifier): the client falls back to JSON if it won't stream."""
     import sys
 
-    from dspark_kit.data.tiny import ensure_tiny_verifier
+    from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
     from dspark_kit.engines import ServerPlan
     from dspark_kit.engines.lifecycle import ManagedServer, free_port
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from dspark_kit.recipe import recipe_from_dict
-from dspark_kit.spec.checkpoints import (
+from dspark_kit.specdec.checkpoints import (
     CheckpointError,
     complete_epochs,
     errors,

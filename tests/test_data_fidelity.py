@@ -290,7 +290,7 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from dspark_kit.data.tiny_data import thinking_reply
+    from dspark_kit.data.tiny_corpus import thinking_reply
     from dspark_kit.engines.servers import regen_server_plan
     from dspark_kit.stages.regen import run_regen
     from dspark_kit.stages.steps import stage_prepare

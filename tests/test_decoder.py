@@ -12,10 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_decoder import fresh_draft, save_draft, train_draft, training_rows
 
 from dspark_kit.data.chat import prompt_ids
-from dspark_kit.data.tiny import ensure_tiny_verifier
-from dspark_kit.spec import draft_model
-from dspark_kit.spec.decoder import SpecGenerator, Verifier
-from dspark_kit.spec.draft_model import DSparkDraft, confident_prefix
+from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
+from dspark_kit.specdec import draft_model
+from dspark_kit.specdec.decoder import SpecGenerator, Verifier
+from dspark_kit.specdec.draft_model import DSparkDraft, confident_prefix
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -139,7 +139,7 @@ def test_spec_serve_matches_seed_faq_q6(tmp_path: Path):
         (save / str(e)).mkdir(parents=True)
         (save / str(e) / "config.json").write_text(json.dumps({"block_size": 8}))
         (save / str(e) / "model.safetensors").write_bytes(b"")
-    from dspark_kit.spec.checkpoints import resolve_checkpoint
+    from dspark_kit.specdec.checkpoints import resolve_checkpoint
 
     latest = resolve_checkpoint(save, "latest")
     r = seed_recipe(tensor_parallel_size=2, max_model_len=40960, reasoning_parser="qwen3",

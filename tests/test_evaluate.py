@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_decoder import fresh_draft, save_draft, train_draft
 
 from dspark_kit.cli import app
-from dspark_kit.data.tiny import ensure_tiny_verifier
+from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
 from dspark_kit.recipe import load_recipe
-from dspark_kit.spec.decoder import SpecResult
+from dspark_kit.specdec.decoder import SpecResult
 from dspark_kit.stages.evaluate import (
     EvalError,
     aggregate,
@@ -148,7 +148,7 @@ def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path):
     """Training works (a direction, not a timing): on held-out prompts, at K = block size, the
     briefly trained draft's acceptance is far above a freshly initialised draft's. AL is
     deterministic under greedy decoding, so machine load cannot flip this."""
-    from dspark_kit.data.tiny_data import write_eval_prompts
+    from dspark_kit.data.tiny_corpus import write_eval_prompts
 
     prompts = write_eval_prompts(tmp_path / "prompts.jsonl", 8)
     untrained = save_draft(fresh_draft(ensure_tiny_verifier()), tmp_path / "untrained")

@@ -13,7 +13,7 @@ LAYERS = [1, 2, 3, 4]
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, tiny_verifier):
     """A small prepared dataset (12 rows); tests copy it before touching it."""
-    from dspark_kit.data.tiny_data import conversations
+    from dspark_kit.data.tiny_corpus import conversations
     from dspark_kit.stages.prepare import prepare
 
     d = tmp_path_factory.mktemp("faults") / "prepared"
@@ -108,7 +108,7 @@ def test_a_file_for_another_row_is_not_taken_as_valid(work, tiny_verifier):
 def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_verifier, monkeypatch, where, kind):
     import speculators.data_generation.preprocessing as pre
 
-    from dspark_kit.data.tiny_data import conversations
+    from dspark_kit.data.tiny_corpus import conversations
     from dspark_kit.stages import prepare as P
 
     rows = [{"messages": m} for m in conversations(200, seed=4, max_turns=1)]  # 4 chunks of 64

@@ -1,7 +1,7 @@
 import torch
 from safetensors.torch import load_file
 
-from dspark_kit.data.tiny_data import conversations
+from dspark_kit.data.tiny_corpus import conversations
 from dspark_kit.stages.hidden_states import generate_offline
 from dspark_kit.stages.prepare import prepare
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import uvicorn
 
-from dspark_kit.data.tiny import ensure_tiny_verifier
+from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
 from dspark_kit.engines.lifecycle import free_port
 from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
-from dspark_kit.spec.verifier import load_tokenizer, load_verifier
+from dspark_kit.specdec.verifier import load_tokenizer, load_verifier
 
 
 class ThreadServer:
@@ -227,7 +227,7 @@ def test_hidden_states_header_request_id_names_the_file(hs_server):
 
 @pytest.mark.slow
 def test_spec_role_greedy_equals_verifier_and_reports_acceptance(verifier, chat_server, tmp_path):
-    pytest.importorskip("dspark_kit.spec.decoder")  # written by another engineer; skip only if absent
+    pytest.importorskip("dspark_kit.specdec.decoder")  # written by another engineer; skip only if absent
     from fixtures_decoder import fresh_draft, save_draft
     from transformers import AutoConfig
 

@@ -290,7 +290,7 @@ def _write_tiny_dataset(out: Path, verifier: Path, rows: int = 16) -> list[int]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dspark_kit.data.chat import encode, render
-    from dspark_kit.data.tiny_data import conversations
+    from dspark_kit.data.tiny_corpus import conversations
 
     tok = AutoTokenizer.from_pretrained(verifier)
     model = AutoModelForCausalLM.from_pretrained(verifier, dtype=torch.float32).eval()

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from dspark_kit.data.sources import PRESETS, SourceError, iter_source, preset_row
-from dspark_kit.data.tiny_data import conversations
+from dspark_kit.data.tiny_corpus import conversations
 from dspark_kit.recipe import DataCfg
 
 

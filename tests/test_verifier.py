@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dspark_kit.devices import detect_device
-from dspark_kit.spec.verifier import (
+from dspark_kit.specdec.verifier import (
     LayerTap,
     decoder_layers,
     load_verifier,
@@ -38,7 +38,7 @@ def test_layer_convention_matches_vllm(model):
 
 def test_cached_server_and_offline_paths_agree(tiny_verifier, model):
     from dspark_kit.engines.verifier_generator import extract_hidden_states
-    from dspark_kit.spec.decoder import Verifier
+    from dspark_kit.specdec.decoder import Verifier
 
     layer_ids = [1, 3, 4]
     with LayerTap(model, layer_ids) as tap:
@@ -57,7 +57,7 @@ def test_cached_server_and_offline_paths_agree(tiny_verifier, model):
 
 def test_bad_layer_ids_name_the_field(tiny_verifier, model):
     from dspark_kit.engines.verifier_generator import extract_hidden_states
-    from dspark_kit.spec.decoder import Verifier
+    from dspark_kit.specdec.decoder import Verifier
 
     extract_hidden_states(model, IDS, [4])  # transformers installs its own capture hooks on a first forward
     hooks_before = list(decoder_layers(model)[-1]._forward_hooks)

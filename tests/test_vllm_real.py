@@ -282,7 +282,7 @@ MODEL_RUNNER_CHECK = "Model Runner V1 does not support: dspark speculative decod
 @pytest.fixture(scope="session")
 def parsed(trained_run, tiny_verifier, tmp_path_factory):
     """One vLLM subprocess (its import dominates) for every generated and broken-checkpoint command."""
-    from dspark_kit.spec.checkpoints import resolve_checkpoint
+    from dspark_kit.specdec.checkpoints import resolve_checkpoint
 
     ckpt = resolve_checkpoint(trained_run / "checkpoints", "checkpoint_best").resolve()
     items = generated_commands(ckpt, trained_run, tiny_verifier)
@@ -362,7 +362,7 @@ def test_reasoning_parser_fields(vllm_reasoning_server):
     """What vLLM 0.32 returns in thinking mode with --reasoning-parser qwen3 (the tiny verifier)."""
     import random
 
-    from dspark_kit.data.tiny_data import thinking_reply
+    from dspark_kit.data.tiny_corpus import thinking_reply
 
     url = vllm_reasoning_server.url
     model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
-from dspark_kit.spec.window import (
+from dspark_kit.specdec.window import (
     draft_seq_len,
     future_offset,
     gather_block_table,
@@ -92,7 +92,7 @@ def test_dspark_window_starts_from_context_plus_k():
 
 def test_the_decoder_windows_like_vllm_ascend(monkeypatch):
     """DSparkDraft.draft keeps context positions >= window_start(context + K)."""
-    from dspark_kit.spec import draft_model
+    from dspark_kit.specdec import draft_model
 
     seen = {}
     real = draft_model.window_start

@@ -63,8 +63,8 @@ def register(app: typer.Typer) -> None:
 
           dspark-kit eval -r recipes/tiny-cpu.yaml --context-lengths 512,1024
         """
-        from dspark_kit.spec.checkpoints import CheckpointError
-        from dspark_kit.spec.draft_model import DraftLoadError
+        from dspark_kit.specdec.checkpoints import CheckpointError
+        from dspark_kit.specdec.draft_model import DraftLoadError
         from dspark_kit.stages.evaluate import EvalError, run_eval
 
         r = load(recipe, set_)

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         workdir: WorkdirOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Check the recipe and the run's artifacts against REFERENCE §8's pitfalls.
+        """Check the recipe and the run's artifacts against docs/PITFALLS.md's pitfalls.
 
         Looks at whatever exists in the work dir: regen.jsonl (model, thinking),
         prepared/prepare_meta.json, prepared/hidden_states/hs_0.safetensors

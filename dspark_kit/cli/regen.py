@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         dry_run: DryRunOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
-        """Stage 0: regenerate every assistant turn with the verifier (same model and thinking mode that training and serving use, REFERENCE §8).
+        """Stage 0: regenerate every assistant turn with the verifier (same model and thinking mode that training and serving use, docs/PITFALLS.md).
 
         User turns are kept, original replies dropped, each reply regenerated in order with the new replies as history. Rows are shared over all --endpoint servers (scale with more servers, not more concurrency); a server that keeps refusing connections is dropped and its rows go to the others. Failed rows (after retries with backoff) are listed in OUTFILE.errors.jsonl; re-running with --resume retries exactly those.
 

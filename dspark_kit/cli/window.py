@@ -49,7 +49,7 @@ def plan_cmd(
 
       dspark-kit window plan --context-lens 10,60,200,64 --window 64 --kv-block-size 16 --num-speculative-tokens 3
     """
-    from dspark_kit.spec.window import draft_seq_len, future_offset, plan_window
+    from dspark_kit.specdec.window import draft_seq_len, future_offset, plan_window
 
     lens = parse_int_list(context_lens, "--context-lens") or fail(
         "--context-lens: give at least one length, e.g. --context-lens 10,60")
@@ -83,7 +83,7 @@ def tune_cmd(
     context_lengths: Annotated[str | None, typer.Option(
         "--context-lengths", help="Default: eval.context_lengths, else 2x, 4x and 8x the training window.")] = None,
     allow_below: Annotated[bool, typer.Option(
-        "--allow-below", help="Allow windows below the draft's training window (REFERENCE pitfall 9).")] = False,
+        "--allow-below", help="Allow windows below the draft's training window (docs/PITFALLS.md, pitfall 9).")] = False,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1)] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
     prompts: Annotated[Path | None, typer.Option("--prompts", help="jsonl of chats or text lines.")] = None,
@@ -97,8 +97,8 @@ def tune_cmd(
     `recommended_k`, serve.draft_window_size: auto its `recommended_window`
     (null = no window: acceptance is flat). Also `dspark-kit window tune`.
     """
-    from dspark_kit.spec.checkpoints import CheckpointError
-    from dspark_kit.spec.draft_model import DraftLoadError
+    from dspark_kit.specdec.checkpoints import CheckpointError
+    from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluate import EvalError, tune_window
 
     r = load(recipe, set_)

@@ -1,4 +1,4 @@
-"""speculators' device assumptions on this device (seed §5.2 (b), REFERENCE §3).
+"""speculators' device assumptions on this device (docs/CONCEPTS.md#speculators-on-cpu-and-npu).
 
 Probes and patches used by dspark_kit.compat.patches: each probe runs the installed
 speculators code and checks it does not assume cuda on `device`; each patch returns

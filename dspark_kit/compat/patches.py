@@ -3,7 +3,7 @@
 The Ascend seed article (§5.2) lists four speculators fixes: (a) slot-0 loss
 weight 1 under sample_from_anchor, (b) device adaptation, (c) Markov
 prev_token_ids = block_tokens (no shift), (d) slot-0 counted in the metrics.
-speculators 0.9.0 ships (a), (c), (d); (b) is still partial (REFERENCE §3).
+speculators 0.9.0 ships (a), (c), (d); (b) is still partial (docs/CONCEPTS.md#speculators-on-cpu-and-npu).
 Every fix here has a probe that runs the *installed* code on a tiny input and
 checks the result; the patch is applied only when the probe fails, so a newer
 speculators is used as is and an older tree gets exactly the missing fix.

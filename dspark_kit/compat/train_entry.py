@@ -46,7 +46,7 @@ def _set_aside_half_written(argv: list[str]) -> None:
 
     if os.environ.get("RANK", "0") != "0" or "--save-path" not in argv:
         return
-    from dspark_kit.spec.checkpoints import set_aside_incomplete_checkpoints
+    from dspark_kit.specdec.checkpoints import set_aside_incomplete_checkpoints
 
     save = Path(argv[argv.index("--save-path") + 1])
     if save.is_dir():

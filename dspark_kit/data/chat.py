@@ -1,7 +1,7 @@
 """Chat-template rendering shared by prepare, regen, eval and the local engine.
 
 One place decides how messages become text and tokens, so every stage uses the
-same template and the same thinking mode (REFERENCE §8, pitfall 4).
+same template and the same thinking mode (docs/PITFALLS.md, pitfall 4).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def source_rows(cfg: DataCfg, seed: int, skipped: Counter) -> tuple[str | None, 
     """(preset name or None, raw rows) for a data section."""
     src = cfg.source
     if src == TINY_CHAT:
-        from dspark_kit.data.tiny_data import conversations
+        from dspark_kit.data.tiny_corpus import conversations
 
         n = cfg.limit or TINY_CHAT_ROWS
         return None, ({"messages": m} for m in conversations(n, seed=seed))

@@ -3,7 +3,7 @@
 An engine turns a recipe + role into a `ServerPlan` (argv + env + where it
 listens); `dspark_kit.engines.lifecycle` starts, health-checks and stops any plan the
 same way. Roles: `chat` (regen / bench without a draft), `hidden-states`
-(verifier hidden-state extraction, REFERENCE §4), `spec` (verifier + DSpark
+(verifier hidden-state extraction, docs/CONCEPTS.md#the-hidden-state-server), `spec` (verifier + DSpark
 draft). Engines: `local` (our FastAPI server, CPU/CUDA/NPU via transformers),
 `vllm` (CUDA), `vllm-ascend` (NPU).
 """

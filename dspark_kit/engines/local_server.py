@@ -6,7 +6,7 @@ every client works unchanged against vLLM later:
   GET /health (no auth), GET /v1/models, POST /v1/chat/completions,
   POST /v1/completions, GET /metrics (vLLM Prometheus counter names).
 Role `hidden-states` mirrors vLLM's extract_hidden_states + file connector
-(REFERENCE §4): a completions request with prompt token ids writes
+(docs/CONCEPTS.md#the-hidden-state-server): a completions request with prompt token ids writes
 `<storage>/<request-id>.safetensors` and answers with
 `kv_transfer_params.hidden_states_path`; role `spec` decodes with a DSpark draft.
 One decoding thread serves requests in turn (the tiny model is faster that way
@@ -49,7 +49,7 @@ from dspark_kit.recipe import ROLES
 
 
 class EngineMetrics:
-    """vLLM's Prometheus names (REFERENCE §6) so bench code reads either engine."""
+    """vLLM's Prometheus names (docs/CONCEPTS.md#acceptance-figures) so bench code reads either engine."""
 
     def __init__(self, model_name: str, spec: bool):
         from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
@@ -434,8 +434,8 @@ def build_generator(args, model):
     if not args.draft or not args.num_speculative_tokens:
         raise SystemExit("--draft and --num-speculative-tokens: role spec needs a DSpark checkpoint and K "
                          "(`dspark-kit serve` decides K; see `dspark-kit recipe show`)")
-    from dspark_kit.spec.decoder import SpecGenerator  # lazy: heavy imports, only for role spec
-    from dspark_kit.spec.verifier import resolve_device
+    from dspark_kit.specdec.decoder import SpecGenerator  # lazy: heavy imports, only for role spec
+    from dspark_kit.specdec.verifier import resolve_device
 
     return SpecGenerator.from_checkpoint(
         args.model, args.draft, num_speculative_tokens=args.num_speculative_tokens,
@@ -524,7 +524,7 @@ def watch_parent(poll_s: float = 0.5) -> None:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from dspark_kit.spec.verifier import load_tokenizer, load_verifier
+    from dspark_kit.specdec.verifier import load_tokenizer, load_verifier
 
     args = parse_args(argv)
     watch_parent()

@@ -1,4 +1,4 @@
-"""Spec-decode acceptance from Prometheus `/metrics` scrapes (REFERENCE §6).
+"""Spec-decode acceptance from Prometheus `/metrics` scrapes (docs/CONCEPTS.md#acceptance-figures).
 
 vLLM (and our local engine) export monotonically increasing counters; a
 benchmark scrapes before and after and turns the deltas into acceptance
@@ -102,7 +102,7 @@ def parse_spec_counters(text: str, model_name: str | None = None) -> SpecCounter
 
 def spec_metrics(drafts: float, draft_tokens: float, accepted: float,
                  accepted_per_pos: dict[int, float] | list[float]) -> dict[str, Any]:
-    """Acceptance figures from counts (REFERENCE §6); rates are fractions in [0, 1]."""
+    """Acceptance figures from counts (docs/CONCEPTS.md#acceptance-figures); rates are fractions in [0, 1]."""
     per_pos = (accepted_per_pos if isinstance(accepted_per_pos, list)
                else [accepted_per_pos[k] for k in sorted(accepted_per_pos)])
     return {

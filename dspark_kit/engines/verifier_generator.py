@@ -1,9 +1,9 @@
 """Verifier-only decoding and hidden-state extraction with transformers.
 
-`VerifierGenerator` implements the `Generator` protocol (engines/__init__.py):
+`VerifierGenerator` implements the `Generator` protocol (specdec/decoder.py):
 greedy at temperature 0, seeded sampling otherwise, one KV cache per request.
 `extract_hidden_states` reads aux states in vLLM's layer-id convention through
-dspark_kit.spec.verifier.LayerTap; loading the model is dspark_kit.spec.verifier.load_verifier.
+dspark_kit.specdec.verifier.LayerTap; loading the model is dspark_kit.specdec.verifier.load_verifier.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from dspark_kit.spec.decoder import GenerationResult
-from dspark_kit.spec.verifier import LayerTap, sample_token
+from dspark_kit.specdec.decoder import GenerationResult
+from dspark_kit.specdec.verifier import LayerTap, sample_token
 
 
 class VerifierGenerator:

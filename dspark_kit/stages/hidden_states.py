@@ -1,6 +1,6 @@
 """Stage 2, hidden states (offline, local backend): verifier forward -> hs_{i}.safetensors.
 
-Layer ids follow vLLM's convention (read by dspark_kit.spec.verifier.LayerTap). Each
+Layer ids follow vLLM's convention (read by dspark_kit.specdec.verifier.LayerTap). Each
 file holds `hidden_states` [seq, len(ids), hidden] (bf16) and `token_ids`
 int64 [seq]; `i` is the row index in the prepared dataset, exactly what
 speculators' file dataloader reads.
@@ -23,7 +23,7 @@ import torch
 
 from dspark_kit.progress import note
 from dspark_kit.rundir import hidden_states_dir
-from dspark_kit.spec.verifier import LayerTap, load_verifier
+from dspark_kit.specdec.verifier import LayerTap, load_verifier
 
 
 @dataclass

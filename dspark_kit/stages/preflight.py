@@ -1,6 +1,6 @@
 """Check a recipe and its run directory against the ten silent acceptance killers (+ multi-node reachability).
 
-Each pitfall of REFERENCE §8 loads, trains and serves without an error and
+Each pitfall of docs/PITFALLS.md loads, trains and serves without an error and
 only shows up as a low acceptance length much later. `run_preflight` looks at
 the recipe and whatever artifacts already exist in the work dir (regen jsonl,
 prepared data, hidden states, checkpoints) and reports one Finding per
@@ -21,7 +21,7 @@ from dspark_kit.findings import (
 from dspark_kit.recipe import Recipe, RecipeError
 from dspark_kit.resolved import Resolved, long_context_note
 from dspark_kit.rundir import RunDir
-from dspark_kit.spec import checkpoints as ckpt
+from dspark_kit.specdec import checkpoints as ckpt
 
 NODE_LOCAL_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 # checkpoints.validate_checkpoint finding codes -> pitfall number

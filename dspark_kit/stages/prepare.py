@@ -79,7 +79,7 @@ class PrepareSummary:
         self.rejected[reason] += n
 
     def check_thinking(self, thinking: bool) -> None:
-        """Warnings when the thinking mode and the data disagree (REFERENCE §8, pitfall 4)."""
+        """Warnings when the thinking mode and the data disagree (docs/PITFALLS.md, pitfall 4)."""
         off = self.rejected.get(REASONING_WITH_THINKING_OFF, 0)
         if not thinking and off:
             self.warnings.append(f"{off} conversations carry reasoning but verifier.thinking is false: skipped "

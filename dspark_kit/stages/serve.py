@@ -36,7 +36,7 @@ class ServePlan:
 def plan_server(recipe: Recipe, run: RunDir, role: str, *, engine: str | None = None, checkpoint: str | None = None,
                 port: int | None = None, planning: bool = False, api_key: str | None = None) -> ServePlan:
     from dspark_kit.engines.servers import server_plan
-    from dspark_kit.spec.checkpoints import CheckpointError, errors
+    from dspark_kit.specdec.checkpoints import CheckpointError, errors
     from dspark_kit.stages.preflight import PreflightError, enforce
 
     if role not in ROLES:

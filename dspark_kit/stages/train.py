@@ -21,7 +21,7 @@ from dspark_kit.engines import openai_base_url
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import device_env
 from dspark_kit.rundir import RunDir
-from dspark_kit.spec.checkpoints import set_aside_incomplete_checkpoints  # noqa: F401 - the stage's own API
+from dspark_kit.specdec.checkpoints import set_aside_incomplete_checkpoints  # noqa: F401 - the stage's own API
 
 
 @dataclass

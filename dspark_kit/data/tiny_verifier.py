@@ -22,7 +22,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from dspark_kit.data.chat import encode, render
-from dspark_kit.data.tiny_data import conversations, thinking_reply
+from dspark_kit.data.tiny_corpus import conversations, thinking_reply
 from dspark_kit.progress import note
 from dspark_kit.recipe import TINY_VERIFIER
 
@@ -146,7 +146,7 @@ def build_tokenizer(spec: TinySpec):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from dspark_kit.data.tiny_data import sentence
+    from dspark_kit.data.tiny_corpus import sentence
 
     rng = random.Random(spec.seed)
     texts = [m["content"] for c in _render_corpus(spec)[:2000] for m in c]

@@ -3,7 +3,7 @@
 speculators' save_path layout: `<save_path>/<epoch>/{model.safetensors,
 config.json}` per epoch, plus symlinks `epochN_end` and `checkpoint_best`.
 Serving the wrong directory, a K above the trained slots, other layer ids or
-another verifier all load fine and silently ruin acceptance (REFERENCE §8), so
+another verifier all load fine and silently ruin acceptance (docs/PITFALLS.md), so
 `validate_checkpoint` names each mismatch with both values.
 """
 

@@ -1,4 +1,4 @@
-"""Draft KV window arithmetic, as vLLM-Ascend computes it (REFERENCE §5).
+"""Draft KV window arithmetic, as vLLM-Ascend computes it (docs/CONCEPTS.md#k-and-the-draft-window).
 
 The draft attends only to the last ~W tokens of its context; the verifier keeps
 full attention. Windows start on a kernel-block boundary, so a windowed length
@@ -8,7 +8,7 @@ windowed: only the block table the draft's attention reads is.
 W = draft_window_size, b = KV-cache (kernel) block size `kv_block_size` (not
 the draft's block_size), future_offset: 0 for dflash/dspark, K for eagle3.
 
-What the sequence length is depends on the method (REFERENCE §5): for
+What the sequence length is depends on the method (docs/CONCEPTS.md#k-and-the-draft-window): for
 dflash/dspark the proposer passes context + K (the query block
 [anchor, MASK x (K-1)] is already counted) with future_offset 0; eagle3 passes
 the context and offsets by K. `draft_seq_len` + `future_offset` say both.

@@ -3,7 +3,7 @@
 import random
 import re
 
-from dspark_kit.data.tiny_data import _task, conversations, vocabulary
+from dspark_kit.data.tiny_corpus import _task, conversations, vocabulary
 
 
 def _content_words(text: str, known: set[str]) -> set[str]:

@@ -1,6 +1,6 @@
 """The verifier LLM under transformers: one loader and one aux hidden-state tap.
 
-Layer ids follow vLLM (REFERENCE §2): id k < N is the residual stream entering
+Layer ids follow vLLM (docs/CONCEPTS.md#layer-ids): id k < N is the residual stream entering
 decoder layer k (HF `output_hidden_states[k]`); id N (= number of layers) is the
 last layer's output *before* the final norm. HF's last `hidden_states` entry is
 after the norm, so `LayerTap` takes id N with a forward hook on the last layer.

@@ -1,10 +1,10 @@
 """Reference DSpark decoder: greedy speculative decoding, offline and lossless.
 
-`SpecGenerator` drafts with a DSpark checkpoint (dspark_kit.spec.draft_model) and
+`SpecGenerator` drafts with a DSpark checkpoint (dspark_kit.specdec.draft_model) and
 verifies with the transformers verifier under a KV cache, accepting the longest
 prefix that matches the verifier's greedy choice plus one bonus token. Its
 output is token-for-token the verifier's greedy output; its counters follow
-vLLM's /metrics semantics (REFERENCE §6), so acceptance measured here is
+vLLM's /metrics semantics (docs/CONCEPTS.md#acceptance-figures), so acceptance measured here is
 comparable with a served vLLM run.
 """
 
@@ -17,9 +17,9 @@ from typing import Protocol
 
 import torch
 
-from dspark_kit.spec.draft_model import DSparkDraft, confident_prefix
-from dspark_kit.spec.verifier import LayerTap, load_verifier, sample_token
-from dspark_kit.spec.window import LOCAL_KV_BLOCK_SIZE
+from dspark_kit.specdec.draft_model import DSparkDraft, confident_prefix
+from dspark_kit.specdec.verifier import LayerTap, load_verifier, sample_token
+from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
 
 
 @dataclass
@@ -92,7 +92,7 @@ def _emit(new: list[int], out: list[int], max_new: int, stop_ids: frozenset[int]
     return None
 
 
-class VerifierGenerator:
+class ReferenceDecoder:
     """Verifier-only decoding (greedy or sampled): the lossless reference.
 
     Kept apart from engines.verifier_generator.VerifierGenerator on purpose: it
@@ -123,7 +123,7 @@ class VerifierGenerator:
 
 
 class SpecGenerator:
-    """Greedy DSpark speculative decoding (implements engines.Generator)."""
+    """Greedy DSpark speculative decoding (implements specdec.decoder.Generator)."""
 
     def __init__(
         self,
@@ -161,7 +161,7 @@ class SpecGenerator:
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
                  cancel=None) -> SpecResult:
         if temperature > 0:  # lossless speculative sampling is out of scope here
-            res = VerifierGenerator(self.verifier).generate(prompt_ids, max_new_tokens, temperature, seed, stop_ids,
+            res = ReferenceDecoder(self.verifier).generate(prompt_ids, max_new_tokens, temperature, seed, stop_ids,
                                                             cancel=cancel)
             res.notes.append("temperature > 0: verifier-only sampling, no drafting")
             return res

@@ -1,4 +1,4 @@
-"""A speculators DSpark checkpoint, run the way vLLM drafts with it (REFERENCE §9).
+"""A speculators DSpark checkpoint, run the way vLLM drafts with it (docs/CONCEPTS.md#dspark-at-inference).
 
 The weights are loaded through speculators' own `DSparkDraftModel` and its own
 submodules are reused, so training and inference share one definition; only
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_kit.spec.window import LOCAL_KV_BLOCK_SIZE, draft_seq_len, window_start
+from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE, draft_seq_len, window_start
 
 
 class DraftLoadError(ValueError):
