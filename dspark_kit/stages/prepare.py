@@ -27,6 +27,7 @@ reasoning with thinking off, nothing trainable within seq_length).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -45,6 +46,7 @@ from dspark_kit.data.conversations import (
     template_messages,
     truncation,
 )
+from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.progress import note, progress_bar
 
 _TOKENIZER = None
@@ -196,13 +198,14 @@ def rows_from_ids(ids: list[list[int]], reply_len=len, encode_suffix=None
 
 
 def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
-    """chat.encode over many texts in one call (no special tokens added: the template holds them)."""
-    if not texts:
-        return []
-    backend = getattr(tok, "backend_tokenizer", None)
-    if backend is not None:  # the Rust tokenizer directly: same ids, none of the per-row wrapping
-        return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
-    return [list(x) for x in tok(texts, add_special_tokens=False)["input_ids"]]
+    """chat.encode over many texts at once (no special tokens added: the template holds them);
+    text they share is encoded once (data/piece_encoder.py)."""
+    return _encoder(tok)(texts)
+
+
+@functools.lru_cache(maxsize=4)
+def _encoder(tok) -> PieceEncoder:
+    return PieceEncoder(tok)
 
 
 def tokenize_conversation(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False
@@ -233,8 +236,8 @@ def _row_result(rows, fanned: bool, seq_length: int) -> dict:
 def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
     """Tokenize a chunk of raw rows; one result dict per input row.
 
-    Renders every text of the chunk first, then encodes them in one batched tokenizer call
-    (the Rust tokenizer's batch path is much cheaper than one call per prefix)."""
+    Renders every text of the chunk first, then encodes them in one batch (the prefixes of a
+    conversation share most of their text: each shared piece is encoded once)."""
     raw_rows, thinking, seq_length, keep_truncated = args
     out: list[dict] = []
     planned: list[tuple[int, list[str]]] = []  # (index in out, texts)
