@@ -88,3 +88,30 @@ def test_preset_rows_map_to_messages(monkeypatch):
     assert got == [(0, [{"role": "user", "content": "2+2?"}])] and sum(skipped.values()) == 1
     list(iter_source(DataCfg(source="ultrachat", split="test_sft")))
     assert calls[-1] == ((PRESETS["ultrachat"][0], None), {"split": "test_sft"})
+
+
+def test_source_size_counts_what_iter_source_reads(tmp_path):
+    from dspark_kit.data.sources import source_size
+
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" + ("\n" if i % 3 == 0 else "") for i in range(10)))
+    assert source_size(DataCfg(source=str(p))) == 10 == len(list(iter_source(DataCfg(source=str(p)))))
+    assert source_size(DataCfg(source=str(p), limit=4)) == 4
+    assert source_size(DataCfg(source="builtin:tiny-chat", limit=7)) == 7
+    assert source_size(DataCfg(source="ultrachat")) is None  # not cheap to know: no count
+
+
+def test_prepare_streams_its_source_and_still_counts_unusable_rows(tmp_path, tiny_recipe):
+    """prepare reads data.source as it goes (a 200k-row source is never held in memory); the
+    rows the reader could not use are counted once it has read them."""
+    from collections.abc import Iterator
+
+    from dspark_kit.stages.steps import prepare_input_rows
+
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps({"prompt": "q", "response": "r"}) + "\n{bad\n" + json.dumps({"prompt": "q2"}) + "\n")
+    recipe = tiny_recipe.model_copy(deep=True)
+    recipe.regen.enabled, recipe.data.source = False, str(p)
+    rows, total, unusable, _ = prepare_input_rows(recipe, tmp_path)
+    assert isinstance(rows, Iterator) and total == 3 and not unusable
+    assert len(list(rows)) == 2 and sum(unusable.values()) == 1

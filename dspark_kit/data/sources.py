@@ -98,6 +98,20 @@ def source_rows(cfg: DataCfg, seed: int, skipped: Counter) -> tuple[str | None, 
     return None, _file_rows(Path(src).expanduser(), skipped)
 
 
+def source_size(cfg: DataCfg) -> int | None:
+    """How many rows iter_source reads at most, when that is cheap to know (the builtin corpus,
+    a jsonl file's lines), for a progress bar; None otherwise."""
+    src, n = cfg.source, None
+    if src == TINY_CHAT:
+        n = cfg.limit or TINY_CHAT_ROWS
+    elif not src.startswith("builtin:") and src not in PRESETS:
+        path = Path(src).expanduser()
+        if path.suffix.lower() in (".jsonl", ".ndjson") and path.is_file():
+            with path.open("rb") as f:
+                n = sum(1 for line in f if line.strip())
+    return min(n, cfg.limit) if n is not None and cfg.limit else n
+
+
 def iter_source(
     cfg: DataCfg,
     skipped: Counter | None = None,

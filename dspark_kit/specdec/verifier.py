@@ -110,6 +110,19 @@ class LayerTap:
         out = inner(input_ids=input_ids[None], output_hidden_states=True, use_cache=False)
         return self.select(out.hidden_states)
 
+    @torch.inference_mode()
+    def batch(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The same for rows of one length, no padding: [rows, seq] -> [rows, seq, len(ids), hidden],
+        in `dtype` when given (converted while stacking: no full-precision copy of the stack)."""
+        inner = getattr(self.model, "model", self.model)
+        hs = inner(input_ids=input_ids, output_hidden_states=True, use_cache=False).hidden_states
+        picked = [self._last if i == self.num_layers else hs[i] for i in self.layer_ids]
+        rows, seq, hidden = picked[0].shape
+        out = picked[0].new_empty((rows, seq, len(picked), hidden), dtype=dtype or picked[0].dtype)
+        for k, h in enumerate(picked):
+            out[:, :, k] = h
+        return out
+
     def remove(self) -> None:
         self._handle.remove()
 

@@ -5,9 +5,10 @@ file holds `hidden_states` [seq, len(ids), hidden] (bf16) and `token_ids`
 int64 [seq]; `i` is the row index in the prepared dataset, exactly what
 speculators' file dataloader reads.
 
-Resumable: valid files are skipped, unreadable ones regenerated. Writes run
-on a background thread (tmp file, then rename) so the forward never waits on
-disk.
+Rows of one length share a forward (no padding, so each file holds its own
+row's states), rows are read per group, never all at once. Resumable: valid
+files are skipped, unreadable ones regenerated. On an accelerator writes run on
+a background thread (tmp file, then rename) so the forward never waits on disk.
 """
 
 from __future__ import annotations
@@ -108,6 +109,19 @@ class _Writer(threading.Thread):
         self._raise()
 
 
+def length_groups(lengths, max_tokens: int) -> list[list[int]]:
+    """Row indices in groups of one length (so no padding: each row's states are exactly those
+    of its own forward), at most `max_tokens` tokens or one row per group."""
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        by_length.setdefault(int(n), []).append(i)
+    groups = []
+    for n, rows in sorted(by_length.items()):
+        per = max(1, max_tokens // max(n, 1))
+        groups += [rows[k : k + per] for k in range(0, len(rows), per)]
+    return groups
+
+
 def generate_offline(
     prepared_dir: Path,
     verifier_path: str,
@@ -117,8 +131,12 @@ def generate_offline(
     dtype: str = "float32",
     out_dtype: str = "bfloat16",
     trust_remote_code: bool = False,
+    max_batch_tokens: int = 4096,
     log=note,
 ) -> HiddenStatesSummary:
+    """One forward per group of equal-length rows (`length_groups`): a short row's forward is
+    mostly per-call overhead, and same-length rows batch without padding or masks. Rows are read
+    per group, never the whole dataset; files are named by row index, so the order is free."""
     from datasets import load_from_disk
 
     from dspark_kit.progress import progress_bar
@@ -127,13 +145,13 @@ def generate_offline(
     out = hidden_states_dir(prepared_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = load_from_disk(str(prepared_dir))
-    lengths = [int(x) for x in data["seq_len"]]
-    all_ids = list(data["input_ids"])  # one column read; indexing the lazy Column costs ~0.5 ms a row
+    lengths = [int(x) for x in data["seq_len"]]  # one column; the rows are read per group
+    tokens = sum(lengths)
     model = load_verifier(verifier_path, device, dtype, trust_remote_code)
     hidden = model.config.hidden_size
-    estimate = sum(lengths) * len(layer_ids) * hidden * torch.finfo(getattr(torch, out_dtype)).bits // 8
+    estimate = tokens * len(layer_ids) * hidden * torch.finfo(getattr(torch, out_dtype)).bits // 8
     free = shutil.disk_usage(out).free
-    log(f"hidden states: {len(lengths)} rows, {sum(lengths):,} tokens, layers {layer_ids} "
+    log(f"hidden states: {len(lengths)} rows, {tokens:,} tokens, layers {layer_ids} "
         f"-> ~{estimate / 2**20:,.1f} MiB in {out} ({free / 2**30:,.1f} GiB free)")
     if estimate > free:
         raise OSError(f"hidden states need ~{estimate / 2**30:.1f} GiB but {out} has {free / 2**30:.1f} GiB free; "
@@ -144,19 +162,24 @@ def generate_offline(
     generated = skipped = corrupt = 0
     try:
         with progress_bar("hidden-states", total=len(lengths), unit="row") as bar:
-            for i in range(len(lengths)):
-                path = out / f"hs_{i}.safetensors"
-                ids = torch.as_tensor(all_ids[i], dtype=torch.long)
-                if path.exists():
-                    if is_valid_file(path, ids.tolist()):
-                        skipped += 1
-                        bar.advance()
-                        continue
-                    corrupt += 1
-                hs = tap(ids.to(device)).to(getattr(torch, out_dtype)).cpu().contiguous()
-                writer.put(path, {"hidden_states": hs, "token_ids": ids.cpu().contiguous()})
-                generated += 1
-                bar.advance()
+            for group in length_groups(lengths, max_batch_tokens):
+                ids = torch.as_tensor(data[group]["input_ids"], dtype=torch.long)
+                todo = []
+                for b, i in enumerate(group):
+                    path = out / f"hs_{i}.safetensors"
+                    if path.exists():
+                        if is_valid_file(path, ids[b].tolist()):
+                            skipped += 1
+                            continue
+                        corrupt += 1
+                    todo.append((b, path))
+                if todo:
+                    rows = ids[[b for b, _ in todo]]
+                    hs = tap.batch(rows.to(device), getattr(torch, out_dtype)).cpu()
+                    for k, (_b, path) in enumerate(todo):
+                        writer.put(path, {"hidden_states": hs[k], "token_ids": rows[k]})
+                    generated += len(todo)
+                bar.advance(len(group))
     finally:
         writer.close()
     return HiddenStatesSummary(len(lengths), generated, skipped, corrupt, list(layer_ids), estimate, time.time() - t0)

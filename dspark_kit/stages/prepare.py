@@ -310,7 +310,8 @@ def prepare(
 ) -> PrepareSummary:
     """Tokenize `rows` and write the speculators dataset atomically to `out_dir`.
 
-    `pre_rejected`: rows the reader already could not use (reason -> count), counted in too."""
+    `pre_rejected`: rows the reader could not use (reason -> count; it may fill while `rows` is
+    read), counted in too."""
     from speculators.data_generation.preprocessing import load_and_preprocess_dataset
 
     summary = PrepareSummary()

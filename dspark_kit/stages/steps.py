@@ -51,11 +51,11 @@ def prepare_input_rows(recipe: Recipe, workdir: Path):
             raise ValueError(f"{f} not found: run regen first (dspark-kit regen -w {workdir}), "
                              "or set regen.enabled=false to prepare data.source as is")
         return read_jsonl(f), sum(1 for line in f.open() if line.strip()), Counter(), str(f)
-    from dspark_kit.data.sources import iter_source
+    from dspark_kit.data.sources import iter_source, source_size
 
-    skipped: Counter = Counter()
-    rows = [{"messages": msgs} for _, msgs in iter_source(recipe.data, skipped=skipped)]
-    return rows, len(rows), skipped, recipe.data.source
+    skipped: Counter = Counter()  # filled while prepare reads the rows: it adds them in at the end
+    rows = ({"messages": msgs} for _, msgs in iter_source(recipe.data, skipped=skipped))  # streamed, never held
+    return rows, source_size(recipe.data), skipped, recipe.data.source
 
 
 def stage_prepare(recipe: Recipe, workdir: Path) -> dict:
