@@ -6,7 +6,7 @@ Baseline: `tokenizer(apply_chat_template(conv))` of every full conversation (ren
 one by one, encoded in one batched call: the fastest plain use of the HF API).
 Ours: dspark_kit.stages.prepare's tokenize path (normalise, the prefix renders the loss
 mask needs, one batched encode per chunk), then the whole `prepare()` (which also
-builds speculators' dataset and token_freq.pt and saves Arrow) with 1 and 2 workers.
+writes speculators' Arrow dataset and token_freq.pt) with 1 and 2 workers.
 Throughput is counted in tokens of the full conversations for both sides, so the
 ratio compares the time to turn the same input into training rows. Before timing,
 the masks are checked against a plain per-prefix reference (tests/prefix_reference.py,
@@ -84,7 +84,7 @@ def main() -> None:
             P.prepare(rows, vp, Path(d) / f"w{workers}", seq_length=10**6, thinking=False, num_workers=workers)
             per_worker[workers] = time.perf_counter() - t0
             out.append(Row("prepare", f"prepare() end to end, {workers} worker(s)", tokens / per_worker[workers], "tok/s",
-                           notes="incl. speculators dataset build, token_freq.pt, Arrow save"))
+                           notes="incl. token_freq.pt and the Arrow dataset in speculators' format"))
     e2e = raw_s / per_worker[1]
     out.append(Row("prepare", "prepare() 1 worker / raw tokenizer", e2e, "x", notes="end to end; informational"))
     out.append(Row("prepare", "scaling 2 workers / 1 worker", per_worker[1] / per_worker[2], "x", "> 1x",

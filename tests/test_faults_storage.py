@@ -106,8 +106,7 @@ def test_a_file_for_another_row_is_not_taken_as_valid(work, tiny_verifier):
 @pytest.mark.parametrize("where", ["tokenizing", "building the dataset"])
 @pytest.mark.parametrize("kind", [RuntimeError, KeyboardInterrupt])
 def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_verifier, monkeypatch, where, kind):
-    import speculators.data_generation.preprocessing as pre
-
+    from dspark_kit.data.speculators_dataset import DatasetWriter
     from dspark_kit.data.tiny_corpus import conversations
     from dspark_kit.stages import prepare as P
 
@@ -127,7 +126,7 @@ def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_ve
         def die(*_a, **_kw):
             raise kind("interrupted")
 
-        monkeypatch.setattr(pre, "load_and_preprocess_dataset", die)
+        monkeypatch.setattr(DatasetWriter, "save", die)
     with pytest.raises(kind, match="interrupted"):
         P.prepare(rows, str(tiny_verifier), out, seq_length=128, thinking=False)
     assert not out.exists()
@@ -135,8 +134,7 @@ def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_ve
 
 
 def test_interrupted_prepare_keeps_the_previous_complete_output(prepared, tmp_path, tiny_verifier, monkeypatch):
-    import speculators.data_generation.preprocessing as pre
-
+    from dspark_kit.data.speculators_dataset import DatasetWriter
     from dspark_kit.stages import prepare as P
 
     out = tmp_path / "prepared"
@@ -146,7 +144,7 @@ def test_interrupted_prepare_keeps_the_previous_complete_output(prepared, tmp_pa
     def die(*_a, **_kw):
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(pre, "load_and_preprocess_dataset", die)
+    monkeypatch.setattr(DatasetWriter, "save", die)
     with pytest.raises(RuntimeError):
         P.prepare([{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}],
                   str(tiny_verifier), out, seq_length=128, thinking=False)

@@ -1,8 +1,10 @@
 """Stage 1, prepare: chat rows -> speculators' Arrow dataset + token_freq.pt.
 
 We render with the verifier's own tokenizer and chat template (no vLLM
-/render server needed), then hand the `input_ids` + `loss_mask` rows to
-speculators' pre-tokenized path (dataset and `token_freq.pt` in its format).
+/render server needed), then write the `input_ids` + `loss_mask` rows in
+speculators' prepared-dataset format (dataset and `token_freq.pt`) as they
+come (data/speculators_dataset.py: the same result as speculators' own
+pre-tokenized path, without holding the dataset in memory).
 
 Rows are the verifier's generations in the context it saw. Messages come from
 `conversations.normalize` (reasoning as `reasoning_content`, which the template
@@ -47,6 +49,7 @@ from dspark_kit.data.conversations import (
     truncation,
 )
 from dspark_kit.data.piece_encoder import PieceEncoder
+from dspark_kit.data.speculators_dataset import DatasetWriter
 from dspark_kit.progress import note, progress_bar
 
 _TOKENIZER = None
@@ -312,17 +315,16 @@ def prepare(
 
     `pre_rejected`: rows the reader could not use (reason -> count; it may fill while `rows` is
     read), counted in too."""
-    from speculators.data_generation.preprocessing import load_and_preprocess_dataset
-
     summary = PrepareSummary()
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out_dir.parent))
+    writer = None
     try:
-        tokenized = work / "tokenized.jsonl"
+        writer = DatasetWriter(work)
         chunks = ((c, thinking, seq_length, keep_truncated) for c in _chunks(rows, 64))
-        with tokenized.open("w") as f, progress_bar("prepare", total=total, unit="conv") as bar:
+        with progress_bar("prepare", total=total, unit="conv") as bar:
             if num_workers > 1:
                 pool = ProcessPoolExecutor(num_workers, initializer=_init_worker, initargs=(tokenizer_path, trust_remote_code))
                 results = pool.map(_work, chunks)
@@ -330,6 +332,7 @@ def prepare(
                 _init_worker(tokenizer_path, trust_remote_code)
                 pool, results = None, map(_work, chunks)
             for chunk in results:
+                out_rows = []
                 for res in chunk:
                     if "error" in res:
                         summary.reject(res["error"])
@@ -348,7 +351,8 @@ def prepare(
                         summary.truncated += r["truncated"]
                         summary.tokens += len(r["input_ids"])
                         summary.trainable_tokens += sum(r["loss_mask"])
-                        f.write(json.dumps({"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]}) + "\n")
+                        out_rows.append((r["input_ids"], r["loss_mask"]))
+                writer.add(out_rows)
                 bar.advance(len(chunk))
             if pool:
                 pool.shutdown()
@@ -363,18 +367,7 @@ def prepare(
                 f"{summary.no_trainable_tokens}); check data.source and data.seq_length"
             )
         staged = work / "dataset"
-        staged.mkdir()
-        dataset, _ = load_and_preprocess_dataset(
-            target_model_path=tokenizer_path,
-            train_data_paths=[str(tokenized)],
-            seq_length=seq_length,
-            build_dataset_num_proc=1,
-            seed=seed,
-            token_freq_path=staged / "token_freq.pt",
-            trust_remote_code=trust_remote_code,
-            skip_token_freq=False,
-        )
-        dataset.save_to_disk(str(staged))
+        writer.save(staged, seed)
         summary.seconds = time.time() - t0
         (staged / "prepare_meta.json").write_text(
             json.dumps({**(meta or {}), "thinking": thinking, "seq_length": seq_length,
@@ -382,6 +375,8 @@ def prepare(
         )
         _replace_dir(staged, out_dir)
     finally:
+        if writer is not None:
+            writer.close()
         shutil.rmtree(work, ignore_errors=True)
     return summary
 

@@ -1,0 +1,63 @@
+"""speculators' prepared dataset, written as the rows stream in.
+
+The format its trainer and data-generation tools read: an Arrow dataset saved with
+`save_to_disk` (columns `input_ids`, `loss_mask` int64 lists and `seq_len` int64, torch
+format) and `token_freq.pt` ({token id: count over loss-masked tokens}). speculators'
+own pre-tokenized path (`load_and_preprocess_dataset`) reads the rows back from JSON
+into the user's HF cache, maps them with `keep_in_memory=True` (the whole dataset in
+RAM) and counts token frequencies one torch-formatted row at a time (most of prepare's
+time on short rows). We write the same thing without holding it: rows go to an Arrow
+file in the work dir as they come, the order is speculators' (two shuffles with the
+seed: one of the raw rows, one of the result), the counts are taken on the way.
+tests/test_speculators_dataset.py holds the result to speculators' own on the same rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import compress
+from pathlib import Path
+
+
+def _features():
+    from datasets import Features, List, Value
+
+    return Features({"input_ids": List(Value("int64")), "loss_mask": List(Value("int64")),
+                     "seq_len": Value("int64")})
+
+
+class DatasetWriter:
+    """add() rows of (input_ids, loss_mask) as they come; save() the dataset and token_freq.pt."""
+
+    def __init__(self, work: Path):
+        from datasets.arrow_writer import ArrowWriter
+
+        self.path = Path(work) / "rows.arrow"
+        self._writer = ArrowWriter(features=_features(), path=str(self.path))
+        self.token_freq: Counter = Counter()
+        self.rows = 0
+
+    def add(self, rows: list[tuple[list[int], list[int]]]) -> None:
+        if not rows:
+            return
+        self._writer.write_batch({"input_ids": [ids for ids, _ in rows], "loss_mask": [m for _, m in rows],
+                                  "seq_len": [len(ids) for ids, _ in rows]})
+        for ids, mask in rows:
+            self.token_freq.update(compress(ids, mask))
+        self.rows += len(rows)
+
+    def save(self, out: Path, seed: int) -> None:
+        """The dataset into `out` (which must not exist yet), in speculators' row order."""
+        import torch
+        from datasets import Dataset
+
+        self._writer.finalize()
+        self._writer.close()
+        data = Dataset.from_file(str(self.path)).shuffle(seed=seed).shuffle(seed=seed)
+        data.set_format(type="torch")
+        data.save_to_disk(str(out))
+        torch.save(dict(sorted(self.token_freq.items())), Path(out) / "token_freq.pt")
+
+    def close(self) -> None:
+        """Release the file when the run stops before save() (safe to call twice)."""
+        self._writer.close()
