@@ -91,6 +91,9 @@ def markdown(rows: list[Row], wall: float) -> str:
         unit = f" {r.unit}" if r.unit and r.value is not None else ""
         lines.append(f"| {r.benchmark} | {r.figure} | {fmt(r.value)}{unit} | {r.goal or '—'} | {mark[r.met]} "
                      f"| {r.notes} | `{r.command}` |")
+    if any(r.benchmark.startswith("scale:") and r.value is not None for r in rows):
+        lines += ["", ("Cost as the work grows (`bench_scale.py`: each size in its own process; time per row "
+                       "and peak RSS against rows):"), "", f"![time per row and peak RSS against rows]({SCALE_PLOT})"]
     missed = [r for r in rows if r.met is False]
     lines += ["", "## Goals missed", ""]
     lines += [f"- {r.benchmark}: {r.figure} = {fmt(r.value)} (goal {r.goal}). {r.notes}" for r in missed] or ["- none"]
@@ -106,6 +109,7 @@ def markdown(rows: list[Row], wall: float) -> str:
     return "\n".join(lines)
 
 
+SCALE_PLOT = "scale.png"  # next to the report; bench_scale.py draws it
 NOTES_MARK = "<!-- hand-written notes below this line: run_all.py keeps them -->"
 
 
@@ -133,6 +137,9 @@ def main() -> None:
         rows += run_script(["bench_train.py", "--workdir", str(demo), "--repeats", "1" if q else "3",
                             "--set", "train.epochs=1"], tmp / "train.json", "train", 1500)
         rows += regen_client_rows(120, 1500 if q else 4000)
+        scale = ["--prepare", "200,2000,20000", "--regen", "200,2000,20000", "--hidden", "10,100,1000"] if q else []
+        rows += run_script(["bench_scale.py", *scale, "--plot", str(args.out.parent / SCALE_PLOT)],
+                           tmp / "scale.json", "scale", 1200)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - t0
