@@ -15,6 +15,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    resolve,
 )
 
 
@@ -70,8 +71,9 @@ def register(app: typer.Typer) -> None:
         if files:
             fail(f"unexpected arguments {[str(f) for f in files]}: result files need --compare")
         r = load(recipe, set_)
+        res = resolve(r, planning=True)  # the model name and K to record: nothing to build or train
         try:
-            result = run_bench(r, base_url, label, out, num_prompts=num_prompts, concurrency=concurrency,
+            result = run_bench(res, base_url, label, out, num_prompts=num_prompts, concurrency=concurrency,
                                max_tokens=max_tokens, dataset=dataset)
         except (BenchError, MetricsError) as e:
             fail(str(e))
@@ -81,7 +83,5 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.stages.report import bench_markdown
 
         typer.echo(bench_markdown([result]))
-        from dspark_kit.rundir import RunDir
-
-        out_dir = out or RunDir.at(r.workdir_path()).bench
+        out_dir = out or res.run.bench
         typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)

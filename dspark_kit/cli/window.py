@@ -17,6 +17,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    resolve,
 )
 from dspark_kit.cli.eval import parse_int_list
 
@@ -101,10 +102,10 @@ def tune_cmd(
     from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluate import EvalError, tune_window
 
-    r = load(recipe, set_)
+    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint)
     try:
         result = tune_window(
-            r, r.workdir_path(workdir), checkpoint, candidates=parse_int_list(windows, "--windows"),
+            res, candidates=parse_int_list(windows, "--windows"),
             context_lengths=parse_int_list(context_lengths, "--context-lengths"), allow_below=allow_below,
             ks=parse_int_list(ks, "--ks"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, prompts_file=prompts,
