@@ -87,7 +87,8 @@ def tune_cmd(
         "--allow-below", help="Allow windows below the draft's training window (docs/PITFALLS.md, pitfall 9).")] = False,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1)] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="jsonl of chats or text lines.")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", help="jsonl of chats or text lines (default: prompts the draft never trained on, as eval).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Sweep K x draft window across context lengths and recommend both.

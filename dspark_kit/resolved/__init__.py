@@ -57,8 +57,7 @@ class Resolved:
     (--checkpoint), `window` (--draft-window-size N|auto|off, in place of
     serve.draft_window_size). `planning=True` (dry runs) builds nothing and tolerates what
     a laptop lacks: no checkpoint yet (K falls back to the recipe), no verifier config
-    (verifier.num_hidden_layers, or the tiny verifier's planned config), an explicit
-    device this machine does not have.
+    (verifier.num_hidden_layers, or the tiny verifier's planned config).
     """
 
     def __init__(self, recipe: Recipe, run: RunDir | str | Path | None = None, *, engine: str | None = None,
