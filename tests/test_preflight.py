@@ -266,19 +266,38 @@ def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
         stage_train(Resolved(recipe, run))
 
 
-def test_a_failed_verifier_build_is_not_reported_as_not_a_local_directory(tiny_recipe, tmp_path, monkeypatch):
-    """Reproduced: any error while resolving the verifier (a bug in the tiny build) became pitfall 7's
-    "verifier ... is not a local directory; mask token not checked" and the check went on."""
+def test_hidden_size_is_checked_for_a_verifier_in_the_model_cache(tiny_recipe, tmp_path, monkeypatch):
+    """Reproduced: preflight read config.json from a local directory only, so a verifier that lives in
+    the HF cache (a hub id) lost the hidden-size check; it now asks Resolved.verifier_config."""
+    from dspark_kit.specdec import verifier as verifier_mod
+
+    monkeypatch.setattr(verifier_mod, "verifier_config", lambda path: (
+        {"model_type": "qwen3", "num_hidden_layers": LAYERS, "hidden_size": 64} if path == "org/model" else None))
+    tiny_recipe.verifier.path = "org/model"  # in the model cache, not a directory
+    _write_hidden_states(tmp_path)  # [seq, 4 layers, 128]: written for another verifier
+    found = [f for f in run_preflight(Resolved(tiny_recipe, tmp_path), probes=False) if f.pitfall == 5]
+    assert found and found[0].level == "error" and "64" in found[0].message
+
+
+def test_a_failed_verifier_build_surfaces_with_its_cause(tiny_recipe, tmp_path, monkeypatch):
+    """Reproduced: any error while resolving the verifier (a bug in the tiny build) was swallowed as
+    "verifier ... is not a local directory; mask token not checked" and the build tried again."""
     import dspark_kit.data.tiny_verifier as tiny
 
     monkeypatch.setenv("DSPARK_KIT_CACHE", str(tmp_path / "cache"))  # nothing built here yet
 
+    calls = []
+
     def broken_build(*_a, **_k):
+        calls.append(1)
+        if len(calls) > 1:
+            raise AssertionError("the failed build was swallowed and tried again")
         raise RuntimeError("a bug in the tiny verifier build")
 
     monkeypatch.setattr(tiny, "train_tiny_model", broken_build)
     with pytest.raises(RuntimeError, match="a bug in the tiny verifier build"):
         run_preflight(Resolved(tiny_recipe, tmp_path / "run"), probes=False)
+    assert len(calls) == 1
 
 
 def test_train_preflight_ignores_a_partial_checkpoint_dir(recipe, run):

@@ -157,13 +157,13 @@ class Resolved:
             return Decision("npu", "engine vllm-ascend")
         if self.engine == "vllm":
             if self.vllm_on_cpu:
-                return Decision("cpu", f"engine vllm without GPU/NPU: vLLM's CPU build ({self.train_device.source})")
+                return Decision("cpu", f"engine vllm without GPU/NPU: vLLM's CPU build; {self.train_device.source}")
             return Decision("cuda", "engine vllm")
-        return Decision(self.train_device.value, f"engine local, where training runs ({self.train_device.source})")
+        return Decision(self.train_device.value, f"engine local runs where training does; {self.train_device.source}")
 
     @property
     def eval_device(self) -> Decision[str]:
-        return Decision(self.train_device.value, f"eval decodes in-process where training runs ({self.train_device.source})")
+        return Decision(self.train_device.value, f"eval decodes in-process where training runs; {self.train_device.source}")
 
     def _dtype_on(self, device: Decision[str]) -> Decision[str]:
         """The one dtype rule for a verifier forward (hidden states, local engine, eval)."""
