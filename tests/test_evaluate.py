@@ -146,6 +146,7 @@ def test_cli_eval_json_and_errors(workdir):
     assert bad.exit_code == 2 and "checkpoint" in bad.output
 
 
+@pytest.mark.slow
 def test_cli_eval_window_flag_auto_equals_no_flag(workdir, tmp_path):
     """Reproduced: eval kept its own window rule, so with serve.draft_window_size auto,
     `--draft-window-size auto` measured the training window while no flag measured what the engine
