@@ -19,6 +19,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    one_recipe,
     resolve,
 )
 
@@ -93,7 +94,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def run(
-        recipe: Annotated[Path, typer.Argument(help="Recipe YAML.")] = DEFAULT_RECIPE_PATH,
+        recipe_arg: Annotated[Path | None, typer.Argument(
+            metavar="RECIPE", help=f"Recipe YAML, the same as -r (default {DEFAULT_RECIPE_PATH}).")] = None,
+        recipe: Annotated[Path | None, typer.Option("-r", "--recipe", help="Recipe YAML (see recipes/).")] = None,
         set_: SetOpt = None,
         workdir: WorkdirOpt = None,
         stages: Annotated[str | None, typer.Option("--stages", help="Comma list, e.g. prepare,hidden-states,train.")] = None,
@@ -112,6 +115,7 @@ def register(app: typer.Typer) -> None:
         """
         from dspark_kit.stages.pipeline import run_pipeline
 
+        recipe_path = one_recipe(recipe_arg, recipe)
         chosen = stages.split(",") if stages else None
         if replay is not None:
             from dspark_kit.stages.pipeline import replay_recipe
@@ -125,7 +129,7 @@ def register(app: typer.Typer) -> None:
             for d in diffs:
                 console.print(f"[yellow]replay differs:[/] {d}", highlight=False)
         else:
-            r = load(recipe, set_)
+            r = load(recipe_path, set_)
             wd = r.workdir_path(workdir)
         res = resolve(r, wd, planning=dry_run)  # the run's one Resolved: every stage asks it
         if dry_run:

@@ -118,7 +118,7 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
         save_state(workdir, state)
         t0 = time.time()
         try:
-            with tee_stderr(RunDir.at(workdir).log(f"stage-{name}.log")):
+            with tee_stderr(RunDir.at(workdir).stage_log(name)):
                 summary = stage.run(res)
         except BaseException:
             state[name]["status"] = "failed"

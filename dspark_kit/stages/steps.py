@@ -115,7 +115,7 @@ def stage_train(res: Resolved) -> dict:
         plan = train_plan(res, endpoint)
         update_manifest(run.root, recipe, "train", resolved=res, argv=plan.argv, env=plan.env)
         run.logs.mkdir(parents=True, exist_ok=True)
-        log = run.log("train.log")
+        log = run.train_log
         since = log.stat().st_size if log.exists() else 0
         code = run_training(plan, log)
     res.checkpoints_changed()
