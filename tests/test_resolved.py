@@ -330,3 +330,21 @@ def test_planning_on_a_fresh_cache_builds_nothing(tmp_path, monkeypatch, command
     assert list(cache.iterdir()) == []
     if command[0] != "preflight":  # the plan names where the build will put it
         assert str(tiny.tiny_verifier_dir()) in res.output
+
+
+@pytest.mark.slow  # starts the CLI as a user would (three processes)
+def test_planning_commands_finish_on_a_fresh_cache(tmp_path):
+    """The same end to end: with an empty DSPARK_KIT_CACHE each planning command returns well inside
+    the ~4 minutes a tiny verifier build takes, and leaves the cache and the run folder empty."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {**os.environ, "DSPARK_KIT_CACHE": str(cache)}
+    for command in (["recipe", "show", "-r", TINY], ["serve", "-r", TINY, "--role", "spec", "--dry-run"],
+                    ["run", TINY, "--dry-run"]):
+        proc = subprocess.run([sys.executable, "-m", "dspark_kit", *command, "-w", str(tmp_path / "run")], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)  # a build would hang here
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert list(cache.iterdir()) == [] and not (tmp_path / "run").exists()
