@@ -208,8 +208,8 @@ def check_layers(ctx: _Context) -> list[Finding]:
 
 def check_mask(ctx: _Context) -> list[Finding]:
     if not Path(ctx.verifier_path).is_dir():
-        return [pitfall(7, "warning", f"verifier {ctx.recipe.verifier.path} is not a local directory; "
-                                      "mask token not checked")]  # fmt: skip
+        return [pitfall(7, "warning", f"verifier {ctx.verifier_path} is not a local directory here (a hub id, "
+                                      "or the tiny verifier not built yet); mask token not checked")]  # fmt: skip
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(ctx.verifier_path, trust_remote_code=ctx.recipe.verifier.trust_remote_code)
