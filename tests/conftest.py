@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-from tiers import pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
+from tiers import (  # noqa: F401 (hooks: the fast tier's guards)
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+    pytest_sessionfinish,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_RECIPE = REPO / "recipes" / "tiny-cpu.yaml"

@@ -14,6 +14,7 @@ Everything else about a test's tier is its own marker: `@pytest.mark.slow`.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -101,6 +102,11 @@ def fast_tier(item: pytest.Item):
 
 
 # --- hooks (conftest.py imports these names, which registers them) ---------------------------
+
+def pytest_sessionfinish(session):
+    if _EMPTY_CACHE:
+        shutil.rmtree(_EMPTY_CACHE.pop(), ignore_errors=True)
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
