@@ -24,8 +24,8 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 
 
-def _engine_child(parent: psutil.Process, timeout: float = 90) -> tuple[psutil.Process, int]:
-    """The local engine the kit started, and its port, once /health answers."""
+def _engine_child(parent: psutil.Process, timeout: float = 600) -> tuple[psutil.Process, int]:
+    """The local engine the kit started, and its port, once /health answers (timeout: a hang)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert parent.is_running(), "the kit exited before its engine was up"
