@@ -227,7 +227,8 @@ def test_cli_bench_workdir(serve, tmp_path):
 
     _, url = serve(StubServer("stream"))
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"name: t\nworkdir: {tmp_path / 'recipe-run'}\nbench: {{num_prompts: 2, concurrency: 2}}\n")
+    recipe.write_text(f"name: t\nworkdir: {tmp_path / 'recipe-run'}\nverifier: {{path: {UNSERVED}}}\n"
+                      "bench: {num_prompts: 2, concurrency: 2}\n")
     for flag, wd in (("-w", tmp_path / "w1"), ("--workdir", tmp_path / "w2")):
         res = CliRunner().invoke(app, ["bench", "-r", str(recipe), flag, str(wd), "--base-url", url, "--label", "x"])
         assert res.exit_code == 0, res.output
