@@ -13,7 +13,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_decoder import fresh_draft, save_draft, train_draft
 
 from dspark_kit.cli import app
-from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.decoder import SpecResult
@@ -34,10 +33,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tmp_path_factory, tiny_verifier) -> Path:
     """speculators' save_path layout: checkpoints/0 plus a checkpoint_best symlink."""
     wd = tmp_path_factory.mktemp("run")
-    vp = ensure_tiny_verifier()
+    vp = tiny_verifier
     save_draft(train_draft(fresh_draft(vp), vp, steps=150), wd / "checkpoints" / "0")
     (wd / "checkpoints" / "checkpoint_best").symlink_to("0")
     return wd
@@ -99,6 +98,7 @@ def test_eval_window_flag_is_resolveds_window(tmp_path, engine):
         window("big")
 
 
+@pytest.mark.slow
 def test_run_eval_outputs_and_context_sweep(workdir):
     r = recipe(workdir)
     s = run_eval(Resolved(r, workdir, window="32"), context_lengths=[160])
@@ -115,6 +115,7 @@ def test_run_eval_outputs_and_context_sweep(workdir):
     assert Path(s["checkpoint"]) == (workdir / "checkpoints" / "0").resolve()
 
 
+@pytest.mark.slow
 def test_tune_writes_recommendation(workdir):
     r = recipe(workdir, "data.seq_length=64")  # training window 64 so the tiny contexts exceed it
     with pytest.raises(EvalError, match="--allow-below"):
@@ -134,6 +135,7 @@ def test_tune_writes_recommendation(workdir):
     assert Resolved(r, workdir).k.value == saved["recommended_k"]
 
 
+@pytest.mark.slow
 def test_cli_eval_json_and_errors(workdir):
     runner = CliRunner()
     base = ["eval", "-r", str(RECIPE), "--set", f"workdir={workdir}", "--set", "data.limit=24",
@@ -162,14 +164,15 @@ def test_cli_eval_window_flag_auto_equals_no_flag(workdir, tmp_path):
     assert windows[0] == windows[1] == Resolved(load_recipe(RECIPE, sets)).window.value
 
 
-def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path):
+@pytest.mark.slow
+def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path, tiny_verifier):
     """Training works (a direction, not a timing): on held-out prompts, at K = block size, the
     briefly trained draft's acceptance is far above a freshly initialised draft's. AL is
     deterministic under greedy decoding, so machine load cannot flip this."""
     from dspark_kit.data.tiny_corpus import write_eval_prompts
 
     prompts = write_eval_prompts(tmp_path / "prompts.jsonl", 8)
-    untrained = save_draft(fresh_draft(ensure_tiny_verifier()), tmp_path / "untrained")
+    untrained = save_draft(fresh_draft(tiny_verifier), tmp_path / "untrained")
     r = recipe(workdir, "serve.num_speculative_tokens=4")
     kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": 4, "max_new_tokens": 24}
     trained_al = run_eval(Resolved(r, workdir, window="off"), out_dir=tmp_path / "t", **kw)["acceptance_length"]

@@ -14,6 +14,10 @@ from dspark_kit.recipe import dump_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.preflight import has_errors, run_preflight
 
+# every test reads the tiny verifier (its tokenizer and config); the shipped tiny recipe's
+# test also because planning still builds the built-in verifier
+pytestmark = pytest.mark.slow
+
 HIDDEN, LAYERS = 128, 4  # the tiny verifier
 
 
@@ -294,7 +298,7 @@ def test_a_failed_verifier_build_surfaces_with_its_cause(tiny_recipe, tmp_path, 
             raise AssertionError("the failed build was swallowed and tried again")
         raise RuntimeError("a bug in the tiny verifier build")
 
-    monkeypatch.setattr(tiny, "train_tiny_model", broken_build)
+    monkeypatch.setattr(tiny, "build_tokenizer", broken_build)  # the build's first step
     with pytest.raises(RuntimeError, match="a bug in the tiny verifier build"):
         run_preflight(Resolved(tiny_recipe, tmp_path / "run"), probes=False)
     assert len(calls) == 1
