@@ -20,6 +20,8 @@ from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.stages.prepare import tokenize_conversation
 
+pytestmark = pytest.mark.slow  # loads the tiny verifier's tokenizer
+
 # what a template can ask of a message besides its text: keys that are dict methods, missing
 # keys (undefined, not None), str methods, the sandbox's verdict on a mutating method
 EDGES_TEMPLATE = (

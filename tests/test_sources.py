@@ -106,12 +106,13 @@ def test_prepare_streams_its_source_and_still_counts_unusable_rows(tmp_path, tin
     rows the reader could not use are counted once it has read them."""
     from collections.abc import Iterator
 
-    from dspark_kit.stages.steps import prepare_input_rows
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.prepare_input import prepare_input_rows
 
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps({"prompt": "q", "response": "r"}) + "\n{bad\n" + json.dumps({"prompt": "q2"}) + "\n")
     recipe = tiny_recipe.model_copy(deep=True)
     recipe.regen.enabled, recipe.data.source = False, str(p)
-    rows, total, unusable, _ = prepare_input_rows(recipe, tmp_path)
+    rows, total, unusable, _ = prepare_input_rows(Resolved(recipe, tmp_path))
     assert isinstance(rows, Iterator) and total == 3 and not unusable
     assert len(list(rows)) == 2 and sum(unusable.values()) == 1

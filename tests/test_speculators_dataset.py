@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from dspark_kit.data.conversations import normalize
 from dspark_kit.data.tiny_corpus import conversations
 from dspark_kit.stages.prepare import prepare, tokenize_conversation
+
+pytestmark = pytest.mark.slow  # prepares with the tiny verifier's tokenizer
 
 
 def test_prepared_dataset_is_speculators_own(tmp_path, tiny_verifier):
