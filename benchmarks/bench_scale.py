@@ -62,6 +62,7 @@ def child_prepare(src: Path, work: Path, warm: Path) -> dict:
 
 def child_regen(src: Path, work: Path, warm: Path, url: str) -> dict:
     from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
     from dspark_kit.stages.regen import run_regen
 
     recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml")
@@ -70,7 +71,7 @@ def child_regen(src: Path, work: Path, warm: Path, url: str) -> dict:
 
     def run(path: Path, out: Path) -> int:
         recipe.data.source = str(path)
-        return run_regen(recipe, out, endpoints=[url], resume=False, overwrite=True)["written"]
+        return run_regen(Resolved(recipe, work), out, endpoints=[url], resume=False, overwrite=True)["written"]
 
     run(warm, work / "warm.jsonl")
     return _timed(lambda: run(src, work / "regen.jsonl"))
