@@ -1,7 +1,7 @@
 """A resumable JSONL output: append-only, one complete line per row, crash repair on resume.
 
 Rows are streamed, not written temp+rename: a crash keeps every finished row.
-Each write is flushed and every `fsync_every` lines fsync'ed; a resume cuts a
+Each write is flushed and every `fsync_every` lines fsync'ed (off the writer's thread); a resume cuts a
 partial last line, drops unparsable ones and returns the keys already done.
 A side file of per-key entries (e.g. errors) is compacted after a run to the
 latest entry per key, minus the keys that have since succeeded.
@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 Key = Callable[[dict[str, Any]], Any]
 
@@ -47,26 +50,53 @@ def open_for_resume(path: Path, resume: bool, key: Key) -> tuple[set[int], dict[
 
 
 class JsonlSink:
-    """One complete line per write; flush always, fsync every N lines."""
+    """One complete line per write, flushed at once; every `fsync_every` lines an fsync.
+
+    The fsync runs on a thread of its own: writers are often an event loop (regen), and an
+    fsync takes milliseconds during which no request would be sent or answered (measured: a
+    fifth of regen's wall time against a fast server). A flushed line survives the process
+    dying either way; what the fsync adds is surviving the machine going down, for every line
+    up to the last one it covered. close() waits for a last fsync of everything.
+    """
 
     def __init__(self, path: Path, fsync_every: int):
-        self.f = path.open("a", encoding="utf-8")
+        self.f = path.open("ab")  # orjson writes UTF-8 bytes, one line each
         self.fsync_every, self.unsynced = max(1, fsync_every), 0
+        self._wanted = threading.Event()
+        self._closing = False
+        self._error: OSError | None = None
+        self._syncer = threading.Thread(target=self._sync_loop, name=f"fsync {path.name}", daemon=True)
+        self._syncer.start()
 
     def write(self, obj: dict[str, Any]) -> None:
-        self.f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        if self._error:
+            raise self._error
+        self.f.write(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
         self.f.flush()
         self.unsynced += 1
         if self.unsynced >= self.fsync_every:
-            self.sync()
+            self.unsynced = 0
+            self._wanted.set()
 
-    def sync(self) -> None:
-        os.fsync(self.f.fileno())
-        self.unsynced = 0
+    def _sync_loop(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            closing = self._closing
+            try:
+                os.fsync(self.f.fileno())
+            except OSError as e:  # disk gone or full: the next write (or close) raises it
+                self._error = e
+            if closing:
+                return
 
     def close(self) -> None:
-        self.sync()
+        self._closing = True
+        self._wanted.set()
+        self._syncer.join()
         self.f.close()
+        if self._error:
+            raise self._error
 
 
 def compact_by_key(path: Path, settled: set[int], key: Key) -> None:

@@ -1,0 +1,43 @@
+"""JsonlSink: every line flushed at once, fsyncs off the writer's thread (an event loop must not
+wait on the disk), a last fsync on close that covers every line, a failed fsync surfaced."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+
+import pytest
+
+from dspark_kit.jsonl_sink import JsonlSink
+
+
+def test_lines_are_flushed_and_fsyncs_run_beside_the_writer(tmp_path, monkeypatch):
+    real, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append((threading.current_thread(), os.fstat(fd).st_size))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "out.jsonl"
+    sink = JsonlSink(path, fsync_every=2)
+    for i in range(5):
+        sink.write({"idx": i, "text": "é"})
+        assert len(path.read_bytes().splitlines()) == i + 1  # on disk (page cache) at once, whole lines
+    sink.close()
+    assert [json.loads(line)["idx"] for line in path.read_bytes().splitlines()] == list(range(5))
+    assert calls and all(thread is not threading.main_thread() for thread, _ in calls)
+    assert calls[-1][1] == path.stat().st_size  # the last fsync came after the last line
+
+
+def test_a_failed_fsync_is_raised_to_the_writer(tmp_path, monkeypatch):
+    def full(_fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    sink = JsonlSink(tmp_path / "out.jsonl", fsync_every=1)
+    sink.write({"idx": 0})
+    with pytest.raises(OSError, match="No space left"):
+        sink.close()
