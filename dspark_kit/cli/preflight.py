@@ -30,24 +30,28 @@ def register(app: typer.Typer) -> None:
         prepared/prepare_meta.json, prepared/hidden_states/hs_0.safetensors
         (layer count), checkpoints/<serve.checkpoint> (complete, verifier, slots,
         mask and layer ids), plus the recipe's window and K settings. Missing
-        artifacts are skipped. Exit 1 on any error; warnings only print.
+        artifacts are skipped. It prints the bytes offline hidden states will take next to the
+        free space where they go; not fitting is an error. Exit 1 on any error; warnings only print.
         """
         from rich.console import Console
 
         from dspark_kit.stages.preflight import PITFALLS, has_errors, run_preflight
+        from dspark_kit.stages.storage_plan import plan_storage
 
         # planning: preflight checks what exists; it builds nothing and plans an explicit device as written
-        findings = run_preflight(resolve(load(recipe, set_), workdir, planning=True))
+        res = resolve(load(recipe, set_), workdir, planning=True)
+        findings = run_preflight(res)
+        storage = plan_storage(res)
         if json_out:
-            emit_json({"ok": not has_errors(findings), "findings": [f.as_dict() for f in findings]})
+            emit_json({"ok": not has_errors(findings), "findings": [f.as_dict() for f in findings],
+                       "storage": storage.as_dict()})
         else:
             out = Console(stderr=True)
+            out.print(storage.line(), highlight=False, soft_wrap=True)
             for f in findings:
                 color = "red" if f.level == "error" else "yellow"
-                out.print(
-                    f"[{color}]{f.level}[/] pitfall {f.pitfall} ({PITFALLS[f.pitfall]}): {f.message}",
-                    highlight=False,
-                )
+                about = f"pitfall {f.pitfall} ({PITFALLS[f.pitfall]})" if f.pitfall is not None else f.code
+                out.print(f"[{color}]{f.level}[/] {about}: {f.message}", highlight=False)
             errors = sum(f.level == "error" for f in findings)
             out.print(
                 f"preflight: {errors} error(s), {len(findings) - errors} warning(s)"

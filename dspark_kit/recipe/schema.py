@@ -57,6 +57,9 @@ class VerifierCfg(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     num_hidden_layers: int | None = Field(
         None, ge=1, description="only for planning on a machine without the verifier (dry runs); checked when both exist")
+    hidden_size: int | None = Field(
+        None, ge=1, description="only for planning on a machine without the verifier (the hidden states' storage "
+                                "plan); checked when both exist")
 
 
 class DataCfg(_Section):

@@ -10,6 +10,7 @@ bench and the CLI ask a `Resolved` instead of re-deriving it.
     verifier_path      recipe verifier.path, builtin:tiny-qwen3 built/cached
     served_name        verifier.served_name, else the resolved verifier path
     num_hidden_layers  the verifier's config, else verifier.num_hidden_layers
+    hidden_size        the verifier's config, else verifier.hidden_size (or unknown)
     checkpoint         serve.checkpoint under DIR/checkpoints (or a path)
     k                  serve.num_speculative_tokens: int, or auto = the tune's K,
                        else the checkpoint's trained slots, else draft.block_size;
@@ -122,6 +123,16 @@ class Resolved:
             raise RecipeError(f"verifier.num_hidden_layers: recipe says {declared} but {self.verifier_path} "
                               f"has {found}")
         return found if found is not None else declared
+
+    @cached_property
+    def hidden_size(self) -> int | None:
+        """The verifier's hidden size: its config, else verifier.hidden_size; None when neither
+        says (a plan then leaves the bytes open)."""
+        cfg = self.verifier_config or {}
+        found, declared = (cfg.get("text_config") or cfg).get("hidden_size"), self.recipe.verifier.hidden_size
+        if isinstance(found, int) and declared is not None and found != declared:
+            raise RecipeError(f"verifier.hidden_size: recipe says {declared} but {self.verifier_path} has {found}")
+        return found if isinstance(found, int) else declared
 
     @property
     def target_layer_ids(self) -> list[int]:

@@ -25,6 +25,7 @@ import torch
 from dspark_kit.progress import note
 from dspark_kit.rundir import hidden_states_dir
 from dspark_kit.specdec.verifier import LayerTap, load_verifier
+from dspark_kit.stages.storage_plan import human, offline_bytes, written_bytes
 
 
 @dataclass
@@ -149,12 +150,12 @@ def generate_offline(
     tokens = sum(lengths)
     model = load_verifier(verifier_path, device, dtype, trust_remote_code)
     hidden = model.config.hidden_size
-    estimate = tokens * len(layer_ids) * hidden * torch.finfo(getattr(torch, out_dtype)).bits // 8
-    free = shutil.disk_usage(out).free
+    estimate = offline_bytes(tokens, len(lengths), len(layer_ids), hidden, out_dtype)
+    needed, free = max(0, estimate - written_bytes(out)), shutil.disk_usage(out).free  # a resume writes the rest
     log(f"hidden states: {len(lengths)} rows, {tokens:,} tokens, layers {layer_ids} "
-        f"-> ~{estimate / 2**20:,.1f} MiB in {out} ({free / 2**30:,.1f} GiB free)")
-    if estimate > free:
-        raise OSError(f"hidden states need ~{estimate / 2**30:.1f} GiB but {out} has {free / 2**30:.1f} GiB free; "
+        f"-> ~{human(estimate)} in {out} ({human(needed)} still to write, {human(free)} free)")
+    if needed > free:
+        raise OSError(f"hidden states need ~{human(needed)} more but {out} has {human(free)} free; "
                       "free space or use hidden_states.mode: online")
     tap = LayerTap(model, layer_ids)
     writer = _Writer(background=not str(device).startswith("cpu"))

@@ -313,8 +313,23 @@ def check_multinode(ctx: _Context) -> list[Finding]:
     return out
 
 
+def check_storage(ctx: _Context) -> list[Finding]:
+    """Offline hidden states must fit where they go (the plan: stages/storage_plan.py)."""
+    from dspark_kit.stages.storage_plan import human, plan_storage
+
+    if ctx.recipe.hidden_states.mode != "offline":
+        return []
+    plan = plan_storage(ctx.res)
+    if plan.fits is not False:
+        return []
+    return [Finding("error", "storage", f"offline hidden states need ~{human(plan.needed)} more in {plan.dest}, "
+                                        f"which has {human(plan.free)} free: free space there, or set "
+                                        "hidden_states.mode: online (the trainer asks a server; nothing is "
+                                        "written ahead)")]  # fmt: skip
+
+
 CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layers,
-          check_mask, check_windows, check_checkpoint, check_multinode]  # fmt: skip
+          check_mask, check_windows, check_checkpoint, check_multinode, check_storage]  # fmt: skip
 
 
 def _context(res: Resolved, checkpoints: bool = True) -> _Context:
@@ -330,20 +345,23 @@ def _context(res: Resolved, checkpoints: bool = True) -> _Context:
 
 
 def run_preflight(res: Resolved, *, probes: bool = True, checkpoints: bool = True,
-                  checkpoint_checked: bool = False) -> list[Finding]:
+                  checkpoint_checked: bool = False, storage: bool = True) -> list[Finding]:
     """All findings for the caller's resolution (recipe, run folder, --engine, --checkpoint) and
     the artifacts in its run folder.
 
     `checkpoints=False` ignores DIR/checkpoints: before training they are the
     stage's own output (an interrupted run leaves them partial), not an input.
     `checkpoint_checked`: the caller already judged the checkpoint (serve): not again.
+    `storage=False`: past the hidden-states stage (train, serve) their room is no question.
     """
     ctx = _context(res, checkpoints)
     skip = {check_markov} if not probes else set()
     if not checkpoints or checkpoint_checked:
         skip.add(check_checkpoint)
+    if not storage:
+        skip.add(check_storage)
     findings = [f for check in CHECKS if check not in skip for f in check(ctx)]
-    return sorted(findings, key=lambda f: (f.pitfall, f.level != "error"))
+    return sorted(findings, key=lambda f: (f.pitfall or 99, f.level != "error"))  # no pitfall (storage): last
 
 
 def has_errors(findings: list[Finding]) -> bool:
@@ -361,7 +379,8 @@ def enforce(res: Resolved, stage: str, log=None, checkpoint_checked: bool = Fals
     """
     from dspark_kit.progress import note
 
-    findings = run_preflight(res, probes=False, checkpoints=stage != "train", checkpoint_checked=checkpoint_checked)
+    findings = run_preflight(res, probes=False, checkpoints=stage != "train", checkpoint_checked=checkpoint_checked,
+                             storage=False)
     for f in findings:
         if f.level == "warning":
             (log or note)(f"preflight warning (pitfall {f.pitfall}): {f.message}")

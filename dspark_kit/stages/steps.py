@@ -129,7 +129,14 @@ def stage_train(res: Resolved) -> dict:
 
 
 def hidden_states_dry_run(res: Resolved) -> list[str]:
-    """What each node needs for hidden states, and the commands backend vllm would launch."""
+    """The bytes offline files take (or would), what each node needs for hidden states, and the
+    commands backend vllm would launch."""
+    from dspark_kit.stages.storage_plan import plan_lines
+
+    return [*plan_lines(res), *_hidden_states_commands(res)]
+
+
+def _hidden_states_commands(res: Resolved) -> list[str]:
     from dspark_kit.stages.hidden_states_vllm import dry_run_lines, node_notes
 
     hs = res.recipe.hidden_states
