@@ -142,14 +142,18 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
 
         ctx = nullcontext(None)
     with ctx as endpoint:
-        plan = train_plan(recipe, workdir, endpoint)
+        plan = train_plan(recipe, workdir, endpoint.url if endpoint else None)
         update_manifest(workdir, recipe, "train", argv=plan.argv, env=plan.env)
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.log("train.log")
         since = log.stat().st_size if log.exists() else 0
-        code = run_training(plan, log)
+        code = run_training(plan, log, watch=endpoint.gone if endpoint else None)
+        gone = endpoint.gone() if endpoint and code != 0 else None
+    if gone:
+        raise RuntimeError(f"train: {gone}; training stopped. Rerun the same command to resume from the last "
+                           "whole epoch")
     if code != 0:
-        raise RuntimeError(training_failure(code, log, since))
+        raise RuntimeError(training_failure(code, log, since, endpoint.url if endpoint else None))
     metrics = read_val_metrics(run.checkpoints) or {}
     return {"seconds": round(time.time() - t0, 1), **metrics}
 
