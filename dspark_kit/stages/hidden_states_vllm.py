@@ -85,8 +85,8 @@ def offline_failure(text: str) -> tuple[int, str] | None:
     """(row, reason) of the row that stopped generate-offline-data, from its output."""
     for line in reversed(text.splitlines()):
         m = _FATAL.search(line)
-        if m:
-            reason = m.group(2).strip()
+        if m:  # rich puts the logging call site (file.py:line) at the right edge
+            reason = re.sub(r"\s{2,}\S+\.py:\d+$", "", m.group(2).strip())
             return int(m.group(1)), reason if len(reason) <= 240 else reason[:237] + "..."
     return None
 
@@ -124,7 +124,8 @@ def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
         with log.open("rb") as f:
             f.seek(since)
             row = offline_failure(f.read().decode("utf-8", "replace"))
-        if row is not None:
+        if row is not None:  # --validate-outputs moved a bad file into place before it failed: never keep it
+            (res.run.hidden_states / f"hs_{row[0]}.safetensors").unlink(missing_ok=True)
             raise RuntimeError(f"hidden-states: row {row[0]} of {res.run.prepared} from {endpoint.url} failed: "
                                f"{row[1]}; see {log}")
         raise RuntimeError(f"speculators generate-offline-data exited with {code}; see {log}")

@@ -47,7 +47,7 @@ def plan_server(recipe: Recipe, run: RunDir, role: str, *, engine: str | None = 
     if checkpoint is not None and role != "spec":
         raise ServeError(f"--checkpoint: only role spec loads a draft (got --role {role})")
     res = Resolved(recipe, run, engine=engine, checkpoint=checkpoint, planning=planning)
-    if engine == "vllm":  # before the checkpoint checks: vLLM's CPU build serves chat only
+    if engine == "vllm":  # before the checkpoint checks: vLLM's CPU build has no role spec
         from dspark_kit.engines.vllm import cpu_refusal
 
         refused = cpu_refusal(res, role)
