@@ -157,7 +157,7 @@ max_consecutive_generation_failures: int = Field(default=20)"""
     (OLD_SPECULATORS, True, False),  # a release that reads --on-generate and has no circuit breaker
     (NEW_SPECULATORS, False, True),  # 0.9: deprecated (ignored with a FutureWarning)
     (None, True, True),  # not installed here (a dry run on a laptop): the seed's flags
-])
+], ids=["reads-on-generate", "0.9-deprecated", "not-installed"])
 def test_online_flags_follow_the_installed_speculators(ascend, tmp_path, monkeypatch, source, on_generate, breaker):
     from dspark_kit.compat import versions
 
