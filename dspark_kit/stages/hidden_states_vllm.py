@@ -110,7 +110,7 @@ def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
     t0 = time.time()
     res = Resolved(recipe, workdir)
     world, rank = recipe.train.nnodes, recipe.train.node_rank
-    log = res.run.log("generate-offline-data.log")
+    log = res.run.offline_data_log
     since = log.stat().st_size if log.exists() else 0
     with hidden_state_server(res) as endpoint:
         argv = offline_command(res, endpoint.url, world, rank)
