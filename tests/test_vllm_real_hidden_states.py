@@ -244,8 +244,13 @@ def test_speculators_prepare_data_matches_kit_prepare(hs_server, kit_regen, tmp_
     ours = tmp_path / "kit"
     ours.mkdir()
     shutil.copy(wd / "regen.jsonl", ours / "regen.jsonl")
-    kit("prepare", "-r", str(TINY), "-w", str(ours), "--set", "regen.enabled=true")
-    spec = {tuple(r["input_ids"]): r["loss_mask"] for r in load_from_disk(str(tmp_path / "speculators")).with_format(None)}
+    summary = json.loads(kit("prepare", "-r", str(TINY), "-w", str(ours), "--set", "regen.enabled=true",
+                             "--json").stdout)
+    # every reply kept the verifier's own ids, and the tiny tokenizer re-tokenizes them all the same
+    spec_rows = load_from_disk(str(tmp_path / "speculators"))
+    assert summary["turns_with_ids"] == len(spec_rows)
+    assert summary["retokenized_differs"] == 0
+    spec = {tuple(r["input_ids"]): r["loss_mask"] for r in spec_rows.with_format(None)}
     mine = {tuple(r["input_ids"]): r["loss_mask"] for r in load_from_disk(str(ours / "prepared")).with_format(None)}
     assert len(spec) == len(mine) > REGEN_ROWS  # one row per assistant turn on both sides
     assert set(spec) == set(mine), "input_ids differ"
@@ -285,5 +290,7 @@ def test_speculators_regenerate_responses_matches_kit_regen(hs_server, kit_regen
         reply = [m for m in ours[idx]["conversations"] if m["from"] == "gpt"][j]["value"]
         generated = [tid for tid, m in zip(t["input_ids"], t["loss_mask"], strict=True) if m]
         assert tok.decode(generated, skip_special_tokens=True) == reply, (idx, j)
+        kept = [m for m in ours[idx]["conversations"] if m["from"] == "gpt"][j]["token_ids"]
+        assert kept == generated, (idx, j)  # regen kept the verifier's own tokens, as speculators does
         assert t["metadata"]["usage"]["completion_tokens"] == len(generated)
     print(f"\n[vllm-hs] regenerate-responses vs regen: {len(turns)} assistant turns, all identical")
