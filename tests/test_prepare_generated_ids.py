@@ -35,6 +35,7 @@ def split_ids(tok, text: str) -> list[int]:
     pytest.skip("no splittable token in the text")
 
 
+@pytest.mark.slow  # the tiny verifier's tokenizer
 def test_same_ids_change_nothing(tok):
     reply = "The spoon is very heavy."
     eot = tok.convert_tokens_to_ids("<|im_end|>")
@@ -44,6 +45,7 @@ def test_same_ids_change_nothing(tok):
     assert same.rows == plain.rows and same.differs == 0 and not same.fanned
 
 
+@pytest.mark.slow  # the tiny verifier's tokenizer
 def test_differing_ids_are_trained_as_generated(tok):
     reply = "The spoon is very heavy."
     eot = tok.convert_tokens_to_ids("<|im_end|>")
@@ -85,6 +87,7 @@ def test_chat_response_token_ids():
         parse_chat_response({**body, "choices": [{"message": {"content": "yo"}, "token_ids": "5 6"}]})
 
 
+@pytest.mark.slow  # the tiny verifier's tokenizer
 def test_summary_counts_replies_with_ids(tok, tmp_path, tiny_verifier):
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     reply = "The spoon is very heavy."

@@ -13,7 +13,7 @@ on a machine without GPU/NPU: vLLM's CPU build with the kit's CPU-safe file conn
     rows: identical input_ids, masks equal except the kit's two deliberate differences;
 (d) speculators' own `regenerate-responses` and `dspark-kit regen` write the same assistant turns.
 
-Skips/fails like tests/test_vllm_real.py when .venv-vllm is missing (CI: fails).
+Skips/fails like tests/test_vllm_real.py when .venv-vllm is missing (the `vllm_cpu_build` fixture).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_vllm_real import STARTUP_TIMEOUT, Served, _stop, cpu_build
+from test_vllm_real import STARTUP_TIMEOUT, Served, _stop
 
 from dspark_kit.engines.lifecycle import ManagedServer, free_port
 from dspark_kit.engines.servers import server_plan
@@ -69,9 +69,9 @@ def speculators(*args: str, timeout: float = 900) -> subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="module")
-def hs_server(tmp_path_factory, tiny_verifier):
+def hs_server(tmp_path_factory, tiny_verifier, vllm_cpu_build):
     """The kit's vLLM CPU extraction server (plus --enable-scale-out for the render endpoint)."""
-    py = cpu_build()
+    py = vllm_cpu_build
     root = tmp_path_factory.mktemp("vllm-hs")
     r = recipe(f"hidden_states.storage_path={root / 'storage'}", 'serve.extra_args=["--enable-scale-out"]')
     plan = server_plan(Resolved(r, root), "hidden-states", port=free_port())
