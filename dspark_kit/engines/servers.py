@@ -64,6 +64,23 @@ def running_server(res: Resolved, role: Role, port: int | None = None) -> Iterat
         yield srv.base_url
 
 
+@contextmanager
+def mooncake_master(res: Resolved) -> Iterator[ManagedServer | None]:
+    """mooncake_master while the stage runs, on the node that starts it (transport mooncake); else nothing."""
+    mc = res.mooncake
+    if mc is None or mc.start_on_node != res.recipe.train.node_rank:
+        yield None
+        return
+    from dspark_kit.engines.lifecycle import ManagedServer
+
+    plan = ServerPlan(argv=mc.master_argv(), host="127.0.0.1", port=mc.admin_port)  # /health on its admin port
+    log = res.run.mooncake_log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with ManagedServer(plan, log) as srv:
+        srv.wait_healthy(res.recipe.serve.startup_timeout)
+        yield srv
+
+
 @dataclass
 class HiddenStateEndpoint:
     """Where hidden states come from: hidden_states.endpoint, or a server this command started."""

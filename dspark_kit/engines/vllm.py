@@ -72,10 +72,12 @@ def cpu_refusal(res: Resolved, role: str) -> str | None:
     return None
 
 
-def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int], on_cpu: bool = False) -> list[str]:
+def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int], on_cpu: bool = False,
+                       mooncake=None) -> list[str]:
     """What speculators' launch_vllm.py adds: export targets + N, file connector, no chunked prefill.
 
-    `on_cpu`: the kit's CPU-safe subclass of the file connector (same files, same protocol)."""
+    `on_cpu`: the kit's CPU-safe subclass of the connector (same files, same protocol);
+    `mooncake` (hs_transport.Mooncake): the Mooncake connector instead of files."""
     spec = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -88,6 +90,8 @@ def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int], on_cpu: bo
         kv["kv_connector_module_path"] = CPU_CONNECTOR_MODULE
     kv |= {"kv_role": "kv_producer",
            "kv_connector_extra_config": {"shared_storage_path": recipe.hidden_states.storage_path}}
+    if mooncake is not None:
+        kv = mooncake.kv_transfer_config(on_cpu)
     return ["--speculative-config", compact_json(spec), "--kv-transfer-config", compact_json(kv),
             "--no-enable-chunked-prefill"]
 
@@ -147,7 +151,7 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
 
     notes: list[str] = []
     if role == "hidden-states":
-        argv += hidden_states_args(recipe, res.exported_layer_ids)
+        argv += hidden_states_args(recipe, res.exported_layer_ids, mooncake=res.mooncake)
     elif role == "spec":
         args, spec_notes = spec_args(res)
         argv += args
@@ -183,7 +187,7 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None) -> ServerP
         argv.append("--enforce-eager")
     env: dict[str, str] = {}
     if role == "hidden-states":
-        argv += hidden_states_args(res.recipe, res.exported_layer_ids, on_cpu=True)
+        argv += hidden_states_args(res.recipe, res.exported_layer_ids, on_cpu=True, mooncake=res.mooncake)
         env["PYTHONPATH"] = str(CPU_CONNECTOR_DIR)  # the connector module, and nothing of dspark_kit
     elif s.reasoning_parser:
         argv += ["--reasoning-parser", s.reasoning_parser]

@@ -67,6 +67,7 @@ def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
     n = recipe.train.nnodes
     lines = node_notes(recipe, workdir)
     if recipe.hidden_states.mode == "online":
+        lines += res.mooncake.node_lines() if res.mooncake is not None else []
         lines.append("# online: no files are written ahead; each trainer asks "
                      f"{url} during training (`dspark-kit train --dry-run` prints the trainer command)")
         return lines + ([] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()])

@@ -107,7 +107,8 @@ def train_args(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
     device = wanted if planning and wanted != "auto" else detect_device(wanted)
     res = Resolved(recipe, workdir, planning=planning)
     args = build_train_args(recipe, workdir, verifier_path=res.verifier_path, device=device,
-                            num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=hidden_states_endpoint)
+                            num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=hidden_states_endpoint,
+                            mooncake=res.mooncake)
     return args, device
 
 
@@ -115,7 +116,11 @@ def train_plan(recipe: Recipe, workdir: Path, hidden_states_endpoint: str | None
     from dspark_kit.stages.train import launch_plan
 
     args, device = train_args(recipe, workdir, hidden_states_endpoint)
-    return launch_plan(recipe, args, device)
+    plan = launch_plan(recipe, args, device)
+    mooncake = Resolved(recipe, workdir).mooncake
+    if mooncake is not None and recipe.hidden_states.mode == "online":
+        plan.env.update(mooncake.env())  # the address this node's trainer joins the store as
+    return plan
 
 
 def stage_train(recipe: Recipe, workdir: Path) -> dict:
@@ -133,15 +138,17 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
     for d in set_aside_incomplete_checkpoints(run.checkpoints):
         note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
+    from contextlib import ExitStack, nullcontext
+
+    stack = ExitStack()
+    ctx = nullcontext(None)
     if recipe.hidden_states.mode == "online":
-        from dspark_kit.engines.servers import hidden_state_server
+        from dspark_kit.engines.servers import hidden_state_server, mooncake_master
 
-        ctx = hidden_state_server(Resolved(recipe, run))
-    else:
-        from contextlib import nullcontext
-
-        ctx = nullcontext(None)
-    with ctx as endpoint:
+        res = Resolved(recipe, run)
+        stack.enter_context(mooncake_master(res))  # before the server that joins it (transport mooncake)
+        ctx = hidden_state_server(res)
+    with stack, ctx as endpoint:
         plan = train_plan(recipe, workdir, endpoint.url if endpoint else None)
         update_manifest(workdir, recipe, "train", argv=plan.argv, env=plan.env)
         run.logs.mkdir(parents=True, exist_ok=True)
@@ -225,9 +232,14 @@ def plan_train(recipe: Recipe, workdir: Path) -> list[str]:
     if hs.mode == "online" and not hs.endpoint:  # train starts the extraction server itself
         from dspark_kit.engines.servers import server_plan
 
-        plan = server_plan(Resolved(recipe, workdir, planning=True), "hidden-states",
-                           port=recipe.serve.hidden_states_port)
+        res = Resolved(recipe, workdir, planning=True)
+        plan = server_plan(res, "hidden-states", port=recipe.serve.hidden_states_port)
         lines = ["# hidden-state server train starts (online mode)", plan.shell_line()]
+        if res.mooncake is not None:
+            from dspark_kit.engines import shell_line
+
+            lines = [*res.mooncake.node_lines(), "# mooncake master (node 0)",
+                     shell_line(res.mooncake.master_argv(), {}), *lines]
     return [*lines, *train_dry_run(recipe, workdir)]
 
 

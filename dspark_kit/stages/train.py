@@ -71,8 +71,10 @@ def build_train_args(
     num_hidden_layers: int,
     device: str,
     hidden_states_endpoint: str | None = None,
+    mooncake=None,
 ) -> list[str]:
-    """speculators train flags for this recipe (without the launcher)."""
+    """speculators train flags for this recipe (without the launcher); `mooncake`
+    (hs_transport.Mooncake, online): hidden states come through that store, not files."""
     d, t = recipe.draft, recipe.train
     paths = RunDir.at(workdir)
     args = [
@@ -120,6 +122,8 @@ def build_train_args(
                              "(set hidden_states.endpoint or let `train` start one)")
         args += ["--vllm-endpoint", openai_base_url(hidden_states_endpoint), "--on-missing", "generate"]
         args += online_generation_flags()
+        if mooncake is not None:
+            args += mooncake.trainer_flags()
     else:
         args += ["--on-missing", "raise"]
     device_flags = train_flags(device)
