@@ -123,10 +123,11 @@ def mooncake_for(recipe: Recipe) -> Mooncake | None:
     return Mooncake(host, c.master_port, 0 if c.start_master else None, t.nnodes, c)
 
 
-def transport_problems(recipe: Recipe) -> list[str]:
-    """Recipe combinations the Mooncake transport cannot serve (one line each)."""
+def transport_problems(recipe: Recipe, mooncake: Mooncake | None) -> list[str]:
+    """What stops the Mooncake transport (one line each): a combination it cannot serve, or no
+    master at its address when this node does not start one (`mooncake`: the command's decision)."""
     hs = recipe.hidden_states
-    if hs.transport != "mooncake":
+    if hs.transport != "mooncake" or mooncake is None:
         return []
     out = []
     if hs.mode != "online":
@@ -135,4 +136,6 @@ def transport_problems(recipe: Recipe) -> list[str]:
     if recipe.serve.engine == "local":
         out.append("hidden_states.transport mooncake: the local engine writes files only; serve the extraction "
                    "server with serve.engine vllm or vllm-ascend")
+    if not out and mooncake.start_on_node != recipe.train.node_rank and (why := mooncake.unreachable()):
+        out.append(why)  # nobody here starts it: it must be up already
     return out

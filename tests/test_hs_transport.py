@@ -70,7 +70,7 @@ def test_dry_run_prints_one_line_per_node(vllm_cpu_stub, tmp_path):
 def test_problems_and_an_unreachable_master(vllm_cpu_stub, tmp_path):
     bad = recipe()
     bad.hidden_states.mode, bad.serve.engine = "offline", "local"
-    assert [p.split(":")[1].split(";")[0].strip() for p in transport_problems(bad)] == [
+    assert [p.split(":")[1].split(";")[0].strip() for p in transport_problems(bad, mooncake_for(bad))] == [
         "only online training reads the store (offline hidden states are files in prepared/hidden_states)",
         "the local engine writes files only"]
     with socket.socket() as s:  # a port nothing listens on

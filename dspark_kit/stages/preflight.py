@@ -345,13 +345,7 @@ def check_transport(ctx: _Context) -> list[Finding]:
     """hidden_states.transport mooncake: a combination it serves, and a master someone runs."""
     from dspark_kit.hs_transport import transport_problems
 
-    out = [pitfall(11, "error", p) for p in transport_problems(ctx.recipe)]
-    mc = ctx.res.mooncake
-    if mc is not None and not out and mc.start_on_node != ctx.recipe.train.node_rank:
-        why = mc.unreachable()  # nobody here starts it: it must be up already
-        if why:
-            out.append(pitfall(11, "error", why))
-    return out
+    return [pitfall(11, "error", p) for p in transport_problems(ctx.recipe, ctx.res.mooncake)]
 
 
 CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layers,
