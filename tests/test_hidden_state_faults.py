@@ -80,7 +80,7 @@ def test_online_bad_row_stops_training_naming_it(prepared, fake, tmp_path):
         stage_train(r, wd)
     msg = str(e.value)
     print(f"\n[faults] online {next(iter(fake.faults.values()))}: stopped after {time.monotonic() - t0:.0f}s: {msg}")
-    assert msg.startswith(f"train: hidden states for prepared row {BAD_ROW} from {fake.url} failed")
+    assert msg.startswith(f"hidden states for prepared row {BAD_ROW} from {fake.url} failed")
     assert REASON[fake.faults[tuple(prepared[1][BAD_ROW])]] in msg and "\n" not in msg
     assert fake.requests.count(prepared[1][BAD_ROW]) >= 1  # really asked, not skipped
     assert not list((wd / "checkpoints").glob("[0-9]*"))  # no epoch trained without that row

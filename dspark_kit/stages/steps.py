@@ -157,8 +157,7 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
         code = run_training(plan, log, watch=endpoint.gone if endpoint else None)
         gone = endpoint.gone() if endpoint and code != 0 else None
     if gone:
-        raise RuntimeError(f"train: {gone}; training stopped. Rerun the same command to resume from the last "
-                           "whole epoch")
+        raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")
     if code != 0:
         raise RuntimeError(training_failure(code, log, since, endpoint.url if endpoint else None))
     metrics = read_val_metrics(run.checkpoints) or {}

@@ -244,7 +244,7 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
     row = hidden_state_row_failure(text)
     if row is not None:
         where = f" from {endpoint}" if endpoint else ""
-        return f"train: hidden states for prepared row {row[0]}{where} failed: {row[1]}; see {log_path}"
+        return f"hidden states for prepared row {row[0]}{where} failed: {row[1]}; see {log_path}"
     return f"speculators train exited with {code}; see {log_path}"
 
 
