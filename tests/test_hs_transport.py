@@ -9,7 +9,7 @@ from plan_helpers import plan_vllm
 
 from dspark_kit.hs_transport import mooncake_for, transport_problems
 from dspark_kit.recipe import recipe_from_dict
-from dspark_kit.rundir import RunDir
+from dspark_kit.resolved import Resolved
 from dspark_kit.stages.preflight import _context, check_transport
 from dspark_kit.stages.train import build_train_args
 
@@ -62,7 +62,7 @@ def test_dry_run_prints_one_line_per_node(vllm_cpu_stub, tmp_path):
     from dspark_kit.stages.hidden_states_vllm import dry_run_lines
 
     r = recipe(device="cuda", nnodes=3)
-    lines = [line for line in dry_run_lines(r, tmp_path) if line.startswith("# node ")]
+    lines = [line for line in dry_run_lines(Resolved(r, tmp_path, planning=True)) if line.startswith("# node ")]
     assert len(lines) == 3 and all("10.0.0.5:50051" in line for line in lines)
     assert "starts mooncake_master" in lines[0] and "starts mooncake_master" not in lines[1]
 
@@ -77,14 +77,15 @@ def test_problems_and_an_unreachable_master(vllm_cpu_stub, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     r = recipe(master_port=port, start_master=False)
-    findings = check_transport(_context(r, RunDir.at(tmp_path), checkpoints=False))
+    findings = check_transport(_context(Resolved(r, tmp_path, planning=True), checkpoints=False))
     assert len(findings) == 1 and findings[0].level == "error"
     assert f"no mooncake_master at 127.0.0.1:{port}" in findings[0].message
-    assert not check_transport(_context(recipe(master_port=port), RunDir.at(tmp_path), checkpoints=False))
+    assert not check_transport(_context(Resolved(recipe(master_port=port), tmp_path, planning=True),
+                                        checkpoints=False))
     with socket.socket() as s:  # someone runs it: fine
         s.bind(("127.0.0.1", port))
         s.listen()
-        assert not check_transport(_context(r, RunDir.at(tmp_path), checkpoints=False))
+        assert not check_transport(_context(Resolved(r, tmp_path, planning=True), checkpoints=False))
 
 
 def test_file_transport_is_unchanged(vllm_cpu_stub):

@@ -96,14 +96,14 @@ def hs_server(tmp_path_factory, tiny_verifier, vllm_cpu_build):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, tiny_verifier) -> Path:
     wd = tmp_path_factory.mktemp("hs-prepared")
-    stage_prepare(recipe(f"data.limit={HS_ROWS}"), wd)
+    stage_prepare(Resolved(recipe(f"data.limit={HS_ROWS}"), wd))
     return wd / "prepared"
 
 
 def hidden_state_files(prepared: Path, wd: Path, *sets: str) -> dict[int, dict]:
     """The hidden-states stage of the tiny recipe in `wd` on a copy of `prepared`: {row: tensors}."""
     shutil.copytree(prepared, wd / "prepared")
-    stage_hidden_states(recipe(f"data.limit={HS_ROWS}", *sets), wd)
+    stage_hidden_states(Resolved(recipe(f"data.limit={HS_ROWS}", *sets), wd))
     return {int(p.stem[3:]): load_file(str(p)) for p in (wd / "prepared" / "hidden_states").glob("hs_*.safetensors")}
 
 

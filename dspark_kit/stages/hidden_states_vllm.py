@@ -11,10 +11,8 @@ import re
 import shlex
 import sys
 import time
-from pathlib import Path
 
 from dspark_kit.engines import openai_base_url
-from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
 
 
@@ -37,8 +35,9 @@ def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int
     ]
 
 
-def node_notes(recipe: Recipe, workdir: Path) -> list[str]:
+def node_notes(res: Resolved) -> list[str]:
     """What every node needs for hidden states across train.nnodes machines (comment lines)."""
+    recipe, workdir = res.recipe, res.run.root
     hs, n = recipe.hidden_states, recipe.train.nnodes
     if n == 1:
         return []
@@ -57,15 +56,15 @@ def node_notes(recipe: Recipe, workdir: Path) -> list[str]:
     return lines
 
 
-def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
+def dry_run_lines(res: Resolved) -> list[str]:
     """The extraction server and one generate-offline-data command per node (train.nnodes)."""
     from dspark_kit.engines.servers import server_plan
 
-    res = Resolved(recipe, workdir, planning=True)
+    recipe = res.recipe
     plan = server_plan(res, "hidden-states", port=recipe.serve.hidden_states_port)
     url = recipe.hidden_states.endpoint or plan.base_url
     n = recipe.train.nnodes
-    lines = node_notes(recipe, workdir)
+    lines = node_notes(res)
     if recipe.hidden_states.mode == "online":
         lines += res.mooncake.node_lines() if res.mooncake is not None else []
         lines.append("# online: no files are written ahead; each trainer asks "
@@ -102,14 +101,13 @@ def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
     return get_indices_to_process(n, None, sorted(have), world_size, rank)
 
 
-def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
+def run_offline_vllm(res: Resolved) -> dict:
     """speculators generate-offline-data against the extraction server; a row that fails stops it
     (--fail-on-error) and the error names the row, never a file silently left out."""
     from dspark_kit.engines.servers import hidden_state_server
     from dspark_kit.stages.train import LaunchPlan, run_training
 
-    t0 = time.time()
-    res = Resolved(recipe, workdir)
+    recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank
     log = res.run.offline_data_log
     since = log.stat().st_size if log.exists() else 0
@@ -120,19 +118,19 @@ def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
         code = run_training(LaunchPlan(argv, {"COLUMNS": "240"}), log, watch=endpoint.gone)
         gone = endpoint.gone() if code != 0 else None
     if gone:
-        raise RuntimeError(f"hidden-states: {gone}; rerun to resume (written files are kept)")
+        raise RuntimeError(f"{gone}; rerun to resume (written files are kept)")
     if code != 0:
         with log.open("rb") as f:
             f.seek(since)
             row = offline_failure(f.read().decode("utf-8", "replace"))
         if row is not None:  # --validate-outputs moved a bad file into place before it failed: never keep it
             (res.run.hidden_states / f"hs_{row[0]}.safetensors").unlink(missing_ok=True)
-            raise RuntimeError(f"hidden-states: row {row[0]} of {res.run.prepared} from {endpoint.url} failed: "
+            raise RuntimeError(f"row {row[0]} of {res.run.prepared} from {endpoint.url} failed: "
                                f"{row[1]}; see {log}")
         raise RuntimeError(f"speculators generate-offline-data exited with {code}; see {log}")
     missing = missing_rows(res, world, rank)
     if missing:
-        raise RuntimeError(f"hidden-states: no file for rows {missing[:10]}{' ...' if len(missing) > 10 else ''} "
+        raise RuntimeError(f"no file for rows {missing[:10]}{' ...' if len(missing) > 10 else ''} "
                            f"of {res.run.prepared} after generate-offline-data; see {log}")
     files = len(list(res.run.hidden_states.glob("hs_*.safetensors")))
     return {"generated": files, "seconds": round(time.time() - t0, 1), "argv": argv}
