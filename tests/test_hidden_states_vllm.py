@@ -54,3 +54,36 @@ def test_layer_ids_outside_the_verifier_are_refused_before_any_server(command, v
     errors = [line for line in res.output.strip().splitlines() if not line.startswith("preflight warning")]
     assert len(errors) == 1 and "hidden_states.target_layer_ids: [40] >= verifier num_hidden_layers 28" in errors[0]
     assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").glob("*server*"))
+
+
+def _shard_dir(tmp_path, tiny_recipe, rows: int, have: list[int]) -> Resolved:
+    import json
+
+    res = Resolved(tiny_recipe, tmp_path, planning=True)
+    res.run.hidden_states.mkdir(parents=True)
+    (res.run.prepared / "prepare_meta.json").write_text(json.dumps({"summary": {"rows_out": rows}}))
+    for i in have:
+        (res.run.hidden_states / f"hs_{i}.safetensors").write_bytes(b"x")
+    return res
+
+
+def test_missing_rows_on_one_node_need_no_speculators_import(tmp_path, tiny_recipe, monkeypatch):
+    """The check after generate-offline-data: importing speculators for it cost 10 s and more."""
+    import sys
+
+    from dspark_kit.stages.hidden_states_vllm import missing_rows
+
+    monkeypatch.setitem(sys.modules, "speculators.data_generation.offline", None)  # importing it fails
+    assert missing_rows(_shard_dir(tmp_path, tiny_recipe, 7, [0, 2, 3, 6]), 1, 0) == [1, 4, 5]
+
+
+@pytest.mark.slow  # imports speculators
+@pytest.mark.parametrize("world, rank", [(1, 0), (2, 0), (2, 1), (3, 2)])
+def test_missing_rows_follow_speculators_own_shards(tmp_path, tiny_recipe, world, rank):
+    from speculators.data_generation.offline import get_indices_to_process
+
+    from dspark_kit.stages.hidden_states_vllm import missing_rows
+
+    have = [0, 2, 3, 9]
+    res = _shard_dir(tmp_path, tiny_recipe, 11, have)
+    assert missing_rows(res, world, rank) == get_indices_to_process(11, None, have, world, rank)

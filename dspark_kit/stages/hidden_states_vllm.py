@@ -92,12 +92,21 @@ def offline_failure(text: str) -> tuple[int, str] | None:
 
 
 def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
-    """Rows of this node's shard without a hidden-state file (speculators' own sharding)."""
-    from datasets import load_from_disk
+    """Rows of this node's shard without a hidden-state file (speculators' own sharding). On one
+    node the shard is every row: no import of speculators (10 s and more of the stage's time)."""
+    import json
+
+    have = {int(p.stem[3:]) for p in res.run.hidden_states.glob("hs_*.safetensors") if p.stem[3:].isdigit()}
+    try:  # prepare counted the rows it wrote
+        n = int(json.loads((res.run.prepared / "prepare_meta.json").read_text())["summary"]["rows_out"])
+    except (OSError, ValueError, KeyError, TypeError):
+        from datasets import load_from_disk
+
+        n = len(load_from_disk(str(res.run.prepared)))
+    if world_size == 1:
+        return [i for i in range(n) if i not in have]
     from speculators.data_generation.offline import get_indices_to_process
 
-    n = len(load_from_disk(str(res.run.prepared)))
-    have = {int(p.stem[3:]) for p in res.run.hidden_states.glob("hs_*.safetensors") if p.stem[3:].isdigit()}
     return get_indices_to_process(n, None, sorted(have), world_size, rank)
 
 
