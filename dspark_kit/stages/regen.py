@@ -53,7 +53,7 @@ from dspark_kit.engines.chat_client import (
     chat_with_retries,
     discover_model,
 )
-from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, open_for_resume
+from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, keys_in, open_for_resume
 from dspark_kit.resolved import Resolved
 
 
@@ -139,7 +139,8 @@ class _Run:
     written: int = 0
     failed: int = 0
     completion_tokens: int = 0
-    succeeded: set = field(default_factory=set)  # idx written this run
+    retrying: set = field(default_factory=set)  # idx the errors file names (earlier runs' failures)
+    succeeded: set = field(default_factory=set)  # of those, idx written this run (not every row: 200k idx add up)
     fail_reasons: Counter = field(default_factory=Counter)
     stopping: bool = False  # a worker raised: the others are being cancelled
 
@@ -181,7 +182,8 @@ class _Run:
             else:
                 self.sink.write(row)
                 self.written += 1
-                self.succeeded.add(idx)
+                if idx in self.retrying:
+                    self.succeeded.add(idx)
                 ep.rows += 1
                 self.completion_tokens += row["metadata"]["usage"].get("completion_tokens", 0)
                 if self.on_row:
@@ -194,7 +196,8 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
     """Regenerate `rows` ((idx, messages) iterable) over `endpoints` into outfile."""
     eps = [Endpoint(normalize_endpoint(u), model=opts.model) for u in endpoints]
     errors_file = outfile.with_name(outfile.name + ".errors.jsonl")
-    run = _Run(opts, eps, JsonlSink(outfile, opts.fsync_every), JsonlSink(errors_file, 1), on_row)
+    run = _Run(opts, eps, JsonlSink(outfile, opts.fsync_every), JsonlSink(errors_file, 1), on_row,
+               retrying=keys_in(errors_file, _error_idx))
     skipped_done = queued = 0
     clients = {ep.url: ChatClient(ep.url, concurrency=opts.concurrency, timeout=opts.timeout, api_key=opts.api_key)
                for ep in eps}
@@ -237,7 +240,7 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
         run.errors.close()
         for client in clients.values():
             await client.close()
-    compact_by_key(errors_file, done | run.succeeded, _error_idx)
+    compact_by_key(errors_file, (done & run.retrying) | run.succeeded, _error_idx)
     return {
         "written": run.written, "failed": run.failed,
         "not_attempted": queued - run.written - run.failed + unread,
