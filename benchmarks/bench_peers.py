@@ -1,6 +1,6 @@
 """dspark-kit against speculators' own tools on the same rows, through one vLLM server.
 
-    .venv/bin/python benchmarks/bench_peers.py [--rows 16] [--prepare-rows 500] [--pairs 3] [--json out.json]
+    .venv/bin/python benchmarks/bench_peers.py [--rows 16] [--prepare-rows 1000] [--pairs 3] [--json out.json]
 
 What a user would run instead, command for command, each side a fresh process as typed:
 - `dspark-kit regen` vs `speculators regenerate-responses` (same rows, concurrency, sampling);
@@ -74,7 +74,7 @@ def start_server(root: Path, tiny: Path):
 def main() -> None:
     ap = cli(__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=16, help="conversations regenerated, then extracted")
-    ap.add_argument("--prepare-rows", type=int, default=500, help="conversations prepared")
+    ap.add_argument("--prepare-rows", type=int, default=1000, help="conversations prepared")
     ap.add_argument("--pairs", type=int, default=3)
     args = ap.parse_args()
     from dspark_kit.data.tiny_corpus import write_regen_style_jsonl
