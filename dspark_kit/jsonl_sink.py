@@ -50,20 +50,23 @@ def open_for_resume(path: Path, resume: bool, key: Key) -> tuple[set[int], dict[
 
 
 class JsonlSink:
-    """One complete line per write, flushed at once; every `fsync_every` lines an fsync.
+    """One complete line per write, flushed at once; an fsync every `fsync_every` lines, at most
+    one per `min_interval` seconds.
 
     The fsync runs on a thread of its own: writers are often an event loop (regen), and an
-    fsync takes milliseconds during which no request would be sent or answered (measured: a
-    fifth of regen's wall time against a fast server). A flushed line survives the process
-    dying either way; what the fsync adds is surviving the machine going down, for every line
-    up to the last one it covered. close() waits for a last fsync of everything.
+    fsync takes milliseconds during which no request would be sent or answered. It also holds
+    the file, so a write that comes meanwhile waits for it: at thousands of rows a second an
+    fsync every 32 rows stalled the loop for a sixth of its time (scripts/bench_regen_client.py),
+    hence the floor between fsyncs. A flushed line survives the process dying either way; the
+    fsync adds surviving the machine going down, for every line up to the last one it covered:
+    at most `fsync_every` lines or `min_interval` seconds of them are at risk. close() waits for
+    a last fsync of everything.
     """
 
-    def __init__(self, path: Path, fsync_every: int):
+    def __init__(self, path: Path, fsync_every: int, min_interval: float = 1.0):
         self.f = path.open("ab")  # orjson writes UTF-8 bytes, one line each
-        self.fsync_every, self.unsynced = max(1, fsync_every), 0
-        self._wanted = threading.Event()
-        self._closing = False
+        self.fsync_every, self.unsynced, self.min_interval = max(1, fsync_every), 0, min_interval
+        self._wanted, self._closed = threading.Event(), threading.Event()
         self._error: OSError | None = None
         self._syncer = threading.Thread(target=self._sync_loop, name=f"fsync {path.name}", daemon=True)
         self._syncer.start()
@@ -82,16 +85,17 @@ class JsonlSink:
         while True:
             self._wanted.wait()
             self._wanted.clear()
-            closing = self._closing
+            closing = self._closed.is_set()
             try:
                 os.fsync(self.f.fileno())
             except OSError as e:  # disk gone or full: the next write (or close) raises it
                 self._error = e
             if closing:
                 return
+            self._closed.wait(self.min_interval)  # the floor between fsyncs; close() ends it at once
 
     def close(self) -> None:
-        self._closing = True
+        self._closed.set()
         self._wanted.set()
         self._syncer.join()
         self.f.close()

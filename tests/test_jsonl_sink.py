@@ -41,3 +41,19 @@ def test_a_failed_fsync_is_raised_to_the_writer(tmp_path, monkeypatch):
     sink.write({"idx": 0})
     with pytest.raises(OSError, match="No space left"):
         sink.close()
+
+
+def test_fsyncs_are_at_least_min_interval_apart_and_close_still_covers_every_line(tmp_path, monkeypatch):
+    real, sizes = os.fsync, []
+
+    def fsync(fd):
+        sizes.append(os.fstat(fd).st_size)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "out.jsonl"
+    sink = JsonlSink(path, fsync_every=2, min_interval=60)
+    for i in range(100):
+        sink.write({"idx": i})
+    sink.close()  # does not wait out the interval
+    assert len(sizes) <= 2 and sizes[-1] == path.stat().st_size  # not 50: one, then the last on close
