@@ -21,7 +21,7 @@ endpoints live its rows go to them at once. Every source row ends as written,
 failed (with reason, in the errors file) or not attempted (all endpoints gone),
 counted in the summary; an error that is not a failed request (a bug) stops the
 run with its traceback. Output is a resumable append-only jsonl
-(dspark_kit.jsonl_sink, fsync'ed every `fsync_every` rows); `resume` cuts a
+(dspark_kit.jsonl_sink, fsync'ed every `fsync_every` rows, at most once a second); `resume` cuts a
 partial last line and skips every idx present. Rows that exhaust their retries
 go to `<outfile>.errors.jsonl`; a resume retries them and drops the entries of
 rows that succeed. The source is checked before any output is touched, and an
