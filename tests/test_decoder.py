@@ -189,3 +189,70 @@ def test_confident_prefix():
 def test_bad_checkpoint_dir_is_one_line_error(tmp_path, verifier_path):
     with pytest.raises(draft_model.DraftLoadError, match="config.json"):
         DSparkDraft.load(tmp_path, verifier_path)
+
+
+# ---- the draft KV cache ------------------------------------------------------------
+
+def _long_prompt(prompts: list[list[int]], n: int) -> list[int]:
+    """n tokens of several chats one after another (history the draft has never seen this long)."""
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += [t for p in prompts for t in p]
+    return ids[-n:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [None, 32])
+def test_cached_draft_equals_recomputed_draft(verifier_path, checkpoints, prompts, window):
+    """The draft's context K/V cached across steps give the logits and tokens of recomputing them,
+    at several context lengths, with and without a window, however the context was appended."""
+    draft = DSparkDraft.load(checkpoints["trained"], verifier_path)
+    verifier = Verifier(verifier_path, draft.target_layer_ids)
+    ids = _long_prompt(prompts, 400)
+    _, aux = verifier.forward(ids, verifier.new_cache(), 0)
+    feats = draft.context_features(aux)
+    cache, step = draft.new_cache(), 0
+    for n in (3, 40, 120, 399):
+        while cache.length < n:  # uneven appends, as accepted runs of 1..K+1 tokens arrive
+            step += 1
+            draft.extend_cache(cache, feats[cache.length: min(n, cache.length + step % 5 + 1)])
+        for k in (1, BLOCK):
+            ref = draft.draft(feats[:n], torch.arange(n), ids[n], n, k, window=window, kv_block_size=16)
+            got = draft.draft_cached(cache, ids[n], k, window=window, kv_block_size=16)
+            assert got.tokens == ref.tokens, (n, k)
+            assert torch.allclose(got.logits, ref.logits, atol=1e-4, rtol=0), (n, k)
+            assert cache.length == n  # drafting never commits the block's scratch K/V
+
+
+@pytest.mark.slow
+def test_cached_decoder_equals_uncached_at_long_contexts(verifier_path, checkpoints, prompts, tokenizer):
+    draft = DSparkDraft.load(checkpoints["trained"], verifier_path)
+    verifier = Verifier(verifier_path, draft.target_layer_ids)
+    eos = frozenset([tokenizer.eos_token_id])
+    for n in (60, 250, 500):
+        prompt = _long_prompt(prompts, n)
+        for window in (None, 48):
+            runs = [SpecGenerator(verifier, draft, BLOCK, window, draft_kv_cache=c).generate(prompt, 20, stop_ids=eos)
+                    for c in (False, True)]
+            assert runs[0].token_ids == runs[1].token_ids, (n, window)
+            assert runs[0].accepted_per_pos == runs[1].accepted_per_pos, (n, window)
+            assert runs[0].num_drafts == runs[1].num_drafts
+
+
+@pytest.mark.slow
+def test_draft_projects_each_context_token_once(verifier_path, checkpoints, prompts):
+    """The draft's cost no longer grows with the context: over a whole generation, each draft layer's
+    K projection sees each verified token once plus each drafted block, not the whole context per step."""
+    draft = DSparkDraft.load(checkpoints["trained"], verifier_path)
+    gen = SpecGenerator(Verifier(verifier_path, draft.target_layer_ids), draft, BLOCK)
+    rows = []
+    hook = draft.model.layers[0].self_attn.k_proj.register_forward_hook(
+        lambda _m, inputs, _out: rows.append(inputs[0].shape[-2]))
+    try:
+        prompt = _long_prompt(prompts, 300)
+        res = gen.generate(prompt, 24)
+    finally:
+        hook.remove()
+    verified = len(prompt) + len(res.token_ids)
+    assert res.num_drafts >= 5
+    assert sum(rows) <= verified + res.num_drafts * BLOCK  # old code: about num_drafts x 300 rows

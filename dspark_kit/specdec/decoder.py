@@ -122,6 +122,30 @@ class ReferenceDecoder:
         return SpecResult(out, reason, verifier_forwards=forwards, wall_s=time.perf_counter() - t0)
 
 
+class _DraftContext:
+    """The verified context as the draft sees it: a draft KV cache, or (reference) raw features."""
+
+    def __init__(self, draft: DSparkDraft, cached: bool):
+        self.d = draft
+        self.cache = draft.new_cache() if cached else None
+        self.feats: torch.Tensor | None = None
+
+    def extend(self, aux: torch.Tensor) -> None:
+        """Append the verified tokens' aux states (only accepted positions ever come here)."""
+        feats = self.d.context_features(aux)
+        if self.cache is not None:
+            self.d.extend_cache(self.cache, feats)
+        else:
+            self.feats = feats if self.feats is None else torch.cat([self.feats, feats])
+
+    def draft(self, anchor: int, num_slots: int, window: int | None, kv_block_size: int):
+        if self.cache is not None:
+            return self.d.draft_cached(self.cache, anchor, num_slots, window, kv_block_size)
+        p = self.feats.shape[0]
+        return self.d.draft(self.feats, torch.arange(p, device=self.d.device), anchor, p, num_slots, window,
+                            kv_block_size)
+
+
 class SpecGenerator:
     """Greedy DSpark speculative decoding (implements specdec.decoder.Generator)."""
 
@@ -133,8 +157,12 @@ class SpecGenerator:
         draft_window_size: int | None = None,
         confidence_threshold: float | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
+        draft_kv_cache: bool = True,
     ):
+        """`draft_kv_cache=False` recomputes the draft's context K/V every step (the reference
+        path; same tokens, a cost that grows with the context): for tests and benchmarks."""
         self.verifier, self.draft = verifier, draft
+        self.draft_kv_cache = draft_kv_cache
         self.k = num_speculative_tokens  # decided by resolved.Resolved.k, never defaulted here
         if not 1 <= self.k <= draft.block_size:
             raise ValueError(
@@ -173,13 +201,13 @@ class SpecGenerator:
         cache = v.new_cache()
         logits, aux = v.forward(list(prompt_ids), cache, 0)  # prefill
         res.verifier_forwards = 1
-        ctx_feats = d.context_features(aux)
+        context = _DraftContext(d, self.draft_kv_cache)
+        context.extend(aux)
         anchor, p = int(logits[-1].argmax()), len(prompt_ids)  # p = anchor position
         reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids)
         while reason is None:
             num_slots = min(self.k, max_new_tokens - len(res.token_ids))
-            ctx_pos = torch.arange(p, device=d.device)
-            block = d.draft(ctx_feats, ctx_pos, anchor, p, num_slots, self.window, self.kv_block_size)
+            block = context.draft(anchor, num_slots, self.window, self.kv_block_size)
             keep = confident_prefix(block.confidence, self.confidence_threshold) or num_slots
             drafted = block.tokens[:keep]
             logits, aux = v.forward([anchor, *drafted], cache, p)
@@ -196,7 +224,7 @@ class SpecGenerator:
             # Keep anchor + accepted drafts in cache and context; drop rejected ones.
             if len(drafted) > n_acc:
                 cache.crop(n_acc - len(drafted))  # negative: drop the rejected tail
-            ctx_feats = torch.cat([ctx_feats, d.context_features(aux[: n_acc + 1])])
+            context.extend(aux[: n_acc + 1])
             anchor, p = target[n_acc], p + n_acc + 1
             reason = _emit([*drafted[:n_acc], anchor], res.token_ids, max_new_tokens, stop_ids)
             if reason is None and cancel is not None and cancel.is_set():

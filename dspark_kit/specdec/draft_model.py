@@ -13,6 +13,10 @@ the inference wiring lives here:
 - one parallel pass gives base logits; the Markov bias is then chained
   slot by slot: prev = anchor, slot i adds bias(prev), takes argmax,
   prev = chosen (sample_from_anchor: slot i predicts token p+i+1).
+
+`draft` recomputes every context K/V through speculators' layers (the reference,
+checked against the training forward); `draft_cached` runs the same layers on a
+`DraftKVCache` that holds them across steps (what the decoder uses).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from dspark_kit.specdec.draft_cache import DraftKVCache
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE, draft_seq_len, window_start
 
 
@@ -154,6 +159,69 @@ class DSparkDraft:
             feats = torch.cat([hidden_k, prev.to(hidden_k.dtype)])
         return float(torch.sigmoid(m.confidence_head(feats[None]))[0])
 
+    # ---- the draft KV cache (draft_cache.py) --------------------------------
+    def new_cache(self) -> DraftKVCache:
+        attn = self.model.layers[0].self_attn
+        kv_heads = attn.k_proj.out_features // attn.head_dim
+        param = next(self.model.parameters())
+        return DraftKVCache(len(self.model.layers), kv_heads, attn.head_dim, param.device, param.dtype)
+
+    @torch.no_grad()
+    def extend_cache(self, cache: DraftKVCache, ctx_feats: torch.Tensor) -> None:
+        """Commit the K/V of verified context features [m, hidden] at positions length..length+m-1.
+
+        The same per-token arithmetic as the layer's own attention (k_proj, k_norm,
+        RoPE at the token's position; v_proj), done once per token instead of once per step.
+        """
+        from speculators.models.dflash.model_definitions import apply_rotary_pos_emb
+
+        m = ctx_feats.shape[0]
+        cache.reserve(cache.length + m)
+        feats = ctx_feats.view(1, m, self.hidden_size)
+        pos = torch.arange(cache.length, cache.length + m, device=self.device).view(1, -1)
+        cos, sin = self.model.rotary_emb(feats, pos)
+        for i, layer in enumerate(self.model.layers):
+            a = layer.self_attn
+            k = a.k_norm(a.k_proj(feats).view(1, m, -1, a.head_dim)).transpose(1, 2)
+            v = a.v_proj(feats).view(1, m, -1, a.head_dim).transpose(1, 2)
+            cache.write(i, cache.length, apply_rotary_pos_emb(k, k, cos, sin)[1], v)
+        cache.commit(m)
+
+    @torch.no_grad()
+    def block_hidden_cached(self, cache: DraftKVCache, start: int, anchor: int, num_slots: int) -> torch.Tensor:
+        """`block_hidden` with the context K/V read from `cache` from position `start` on."""
+        m, anchor_pos = self.model, cache.length  # the block follows the verified context
+        ids = torch.full((1, num_slots), self.mask_token_id, dtype=torch.long, device=self.device)
+        ids[0, 0] = anchor
+        x = m.embed_tokens(ids)
+        block_pos = torch.arange(anchor_pos, anchor_pos + num_slots, device=self.device).view(1, -1)
+        cos_sin = m.rotary_emb(x, block_pos)
+        masks = self._layer_masks(torch.arange(start, anchor_pos, device=self.device), anchor_pos, num_slots)
+        no_context = x.new_zeros(1, 0, self.hidden_size)  # context K/V come from the cache
+        reader = cache.reader(start, num_slots)
+        for i, layer in enumerate(m.layers):
+            x = layer(
+                hidden_states=x,
+                target_hidden=no_context,
+                attention_mask=masks[i in self.sliding_layers],
+                position_ids=block_pos,
+                position_embeddings=cos_sin,
+                past_key_value=reader,
+            )
+        return m.norm(x)[0]
+
+    # ---- drafting -------------------------------------------------------------
+    def _check_slots(self, num_slots: int) -> None:
+        if not 1 <= num_slots <= self.block_size:
+            raise ValueError(f"num_speculative_tokens: {num_slots} outside 1..{self.block_size} (draft block_size)")
+
+    @staticmethod
+    def window_first_position(context_len: int, num_slots: int, window: int | None, kv_block_size: int) -> int:
+        """First context position the draft reads: 0, or where vllm-ascend starts the window (token level)."""
+        if window is None:
+            return 0
+        return window_start(draft_seq_len("dspark", context_len, num_slots), window, kv_block_size)
+
     @torch.no_grad()
     def draft(
         self,
@@ -165,14 +233,29 @@ class DSparkDraft:
         window: int | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
     ) -> DraftBlock:
-        """Propose num_slots tokens after `anchor` (at anchor_pos) from the context."""
-        if not 1 <= num_slots <= self.block_size:
-            raise ValueError(f"num_speculative_tokens: {num_slots} outside 1..{self.block_size} (draft block_size)")
+        """Propose num_slots tokens after `anchor` (at anchor_pos) from the context, recomputing its K/V."""
+        self._check_slots(num_slots)
         if window is not None:  # draft KV window: reads only, token level, as vllm-ascend starts it
-            seq = draft_seq_len("dspark", ctx_pos.numel(), num_slots)
-            keep = ctx_pos >= window_start(seq, window, kv_block_size)
+            keep = ctx_pos >= self.window_first_position(ctx_pos.numel(), num_slots, window, kv_block_size)
             ctx_feats, ctx_pos = ctx_feats[keep], ctx_pos[keep]
-        hidden = self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots)
+        return self._propose(self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots), anchor, num_slots)
+
+    @torch.no_grad()
+    def draft_cached(
+        self,
+        cache: DraftKVCache,
+        anchor: int,
+        num_slots: int,
+        window: int | None = None,
+        kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
+    ) -> DraftBlock:
+        """`draft` for the context held in `cache` (positions 0..cache.length-1); the anchor follows it."""
+        self._check_slots(num_slots)
+        start = self.window_first_position(cache.length, num_slots, window, kv_block_size)
+        return self._propose(self.block_hidden_cached(cache, start, anchor, num_slots), anchor, num_slots)
+
+    def _propose(self, hidden: torch.Tensor, anchor: int, num_slots: int) -> DraftBlock:
+        """Base logits, then the Markov bias chained slot by slot, and the confidences."""
         base = self.model.lm_head(hidden)
         logits = base.clone()
         chosen: list[int] = []
