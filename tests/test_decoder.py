@@ -256,3 +256,20 @@ def test_draft_projects_each_context_token_once(verifier_path, checkpoints, prom
     verified = len(prompt) + len(res.token_ids)
     assert res.num_drafts >= 5
     assert sum(rows) <= verified + res.num_drafts * BLOCK  # old code: about num_drafts x 300 rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
+def test_markov_bias_per_slot_equals_the_whole_chain(verifier_path, tmp_path, head_type):
+    """The decoder computes slot i's Markov bias alone (vanilla/gated are per position; rnn runs
+    the prefix): it equals slot i of the head's bias over the whole chain, as training computes it."""
+    draft = DSparkDraft.load(save_draft(fresh_draft(verifier_path, markov_head_type=head_type, seed=3), tmp_path),
+                             verifier_path)
+    torch.manual_seed(0)
+    for p in draft.model.markov_head.parameters():  # away from init, so every input matters
+        p.data.normal_(0, 0.5)
+    hidden = torch.randn(BLOCK, draft.hidden_size)
+    chain = [11, 250, 37, 602]
+    whole = draft.model.markov_head.block_bias(prev_token_ids=torch.tensor([chain]), hidden_states=hidden[None])[0]
+    for i in range(BLOCK):
+        assert torch.allclose(draft.markov_bias(chain[: i + 1], hidden), whole[i], atol=1e-5)

@@ -145,19 +145,30 @@ class DSparkDraft:
 
     @torch.no_grad()
     def markov_bias(self, prev_ids: list[int], hidden: torch.Tensor) -> torch.Tensor:
-        """Bias for slot len(prev_ids)-1 given the prev chain so far (any head type)."""
+        """Bias for slot len(prev_ids)-1 given the prev chain so far (any head type).
+
+        vanilla and gated heads are per position (slot i reads prev i and hidden i
+        only), so only the last slot is computed; the rnn head carries a state
+        through the chain, so it runs the whole prefix.
+        """
         head = self.model.markov_head
+        i = len(prev_ids) - 1
+        if head.head_type in ("vanilla", "gated"):
+            prev = torch.tensor([prev_ids[-1:]], dtype=torch.long, device=self.device)
+            return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, i: i + 1])[0, -1]
         prev = torch.tensor([prev_ids], dtype=torch.long, device=self.device)
-        return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, : len(prev_ids)])[0, -1]
+        return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, : i + 1])[0, -1]
 
     @torch.no_grad()
-    def confidence(self, prev_id: int, hidden_k: torch.Tensor) -> float:
+    def confidences(self, prev_ids: list[int], hidden: torch.Tensor) -> list[float]:
+        """sigmoid(confidence logit) of slots 0..len(prev_ids)-1, slot i given prev i (one batched call)."""
         m = self.model
-        feats = hidden_k
+        n = len(prev_ids)
+        feats = hidden[:n]
         if m.config.confidence_head_with_markov and m.markov_head is not None:
-            prev = m.markov_head.prev_embeddings(torch.tensor([prev_id], device=self.device))[0]
-            feats = torch.cat([hidden_k, prev.to(hidden_k.dtype)])
-        return float(torch.sigmoid(m.confidence_head(feats[None]))[0])
+            prev = m.markov_head.prev_embeddings(torch.tensor(prev_ids, device=self.device))
+            feats = torch.cat([feats, prev.to(feats.dtype)], dim=-1)
+        return torch.sigmoid(m.confidence_head(feats)).tolist()
 
     # ---- the draft KV cache (draft_cache.py) --------------------------------
     def new_cache(self) -> DraftKVCache:
@@ -259,15 +270,13 @@ class DSparkDraft:
         base = self.model.lm_head(hidden)
         logits = base.clone()
         chosen: list[int] = []
-        conf: list[float] | None = [] if self.model.confidence_head is not None else None
         for i in range(num_slots):
-            prev_chain = chain_prev_tokens(anchor, chosen)[: i + 1]
             if self.model.markov_head is not None:
-                logits[i] = base[i] + self.markov_bias(prev_chain, hidden)
-            if conf is not None:
-                conf.append(self.confidence(prev_chain[-1], hidden[i]))
-            pick = self.to_verifier_ids(logits[i].argmax().view(1))
-            chosen.append(int(pick[0]))
+                logits[i] = base[i] + self.markov_bias(chain_prev_tokens(anchor, chosen)[: i + 1], hidden)
+            chosen.append(int(self.to_verifier_ids(logits[i].argmax().view(1))[0]))
+        conf = None
+        if self.model.confidence_head is not None:
+            conf = self.confidences(chain_prev_tokens(anchor, chosen)[:num_slots], hidden)
         return DraftBlock(tokens=chosen, logits=logits, base_logits=base, confidence=conf)
 
 
