@@ -69,17 +69,18 @@ class Verifier:
         return DynamicCache(config=self.model.config)
 
     @torch.no_grad()
-    def forward(self, ids: list[int], cache, start_pos: int,
-                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, ids: list[int], cache, start_pos: int, last_only: bool = False,
+                aux: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [n, V] (`last_only`: [1, V], the next token's, as a prefill needs) and
-        concatenated aux states [n, len(ids)*H] for new tokens."""
+        concatenated aux states [n, len(ids)*H] for new tokens (None without `aux`)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos = torch.arange(start_pos, start_pos + len(ids), device=self.device).view(1, -1)
+        aux = aux and bool(self.layer_ids)
         out = self.model(
             input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True,
-            output_hidden_states=bool(self.layer_ids), logits_to_keep=1 if last_only else 0,
+            output_hidden_states=aux, logits_to_keep=1 if last_only else 0,
         )
-        aux = self.tap.select(out.hidden_states).flatten(1) if self.layer_ids else None
+        aux = self.tap.select(out.hidden_states).flatten(1) if aux else None
         return out.logits[0].float(), aux
 
 
@@ -113,7 +114,7 @@ class ReferenceDecoder:
         cache, out, forwards = self.verifier.new_cache(), [], 0
         feed, pos, reason = list(prompt_ids), 0, None
         while reason is None:
-            logits, _ = self.verifier.forward(feed, cache, pos, last_only=True)
+            logits, _ = self.verifier.forward(feed, cache, pos, last_only=True, aux=False)
             forwards += 1
             pos += len(feed)
             nxt = sample_token(logits[-1], temperature, gen=gen)

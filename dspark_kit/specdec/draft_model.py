@@ -108,12 +108,15 @@ class DSparkDraft:
         """[n, len(target ids) * hidden] concatenated aux states -> [n, hidden]."""
         return self.model.hidden_norm(self.model.fc(aux_hidden.to(self.device, torch.float32)))
 
-    def _layer_masks(self, ctx_pos: torch.Tensor, anchor_pos: int, num_slots: int) -> dict[bool, torch.Tensor]:
-        """Boolean [1, 1, K, n_ctx + K] masks (True = attend), full and sliding."""
+    def _layer_masks(self, ctx_pos: torch.Tensor, anchor_pos: int, num_slots: int) -> dict[bool, torch.Tensor | None]:
+        """Boolean [1, 1, K, n_ctx + K] masks (True = attend), full and sliding.
+
+        Full layers attend to everything (the context and the whole block): no mask,
+        which lets sdpa share K/V heads instead of copying them per query head.
+        """
         n = ctx_pos.numel()
         block = torch.ones(num_slots, num_slots, dtype=torch.bool, device=self.device)
-        full = torch.cat([torch.ones(num_slots, n, dtype=torch.bool, device=self.device), block], 1)
-        masks = {False: full[None, None]}
+        masks: dict[bool, torch.Tensor | None] = {False: None}
         if self.sliding_layers:
             in_win = (ctx_pos >= anchor_pos - self.sliding_window).to(self.device)
             ctx = in_win.view(1, n).expand(num_slots, n)
