@@ -144,6 +144,15 @@ def test_counters_and_lengths(verifier_path, checkpoints, prompts):
         SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], num_speculative_tokens=9)
 
 
+def test_tokens_are_handed_out_as_decided(verifier_path, checkpoints, prompts):
+    """Streaming: on_tokens gets each accepted run (anchor + accepted drafts) in order."""
+    g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], BLOCK)
+    runs: list[list[int]] = []
+    res = g.generate(prompts[0], 20, on_tokens=runs.append)
+    assert [t for run in runs for t in run] == res.token_ids
+    assert len(runs) == res.num_drafts + 1 and max(map(len, runs)) > 1  # the first anchor, then one run per step
+
+
 def test_temperature_falls_back_with_note(verifier_path, checkpoints, prompts):
     g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["fresh"], BLOCK)
     res = g.generate(prompts[0], 5, temperature=0.8, seed=1)

@@ -11,6 +11,7 @@ comparable with a served vLLM run.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -34,7 +35,11 @@ class GenerationResult:
 
 
 class Generator(Protocol):
-    """What the local engine needs from a decoding backend."""
+    """What the local engine needs from a decoding backend.
+
+    `on_tokens`, when given, is called with each run of new output tokens as soon as
+    they are decided (a token at a time, or an accepted draft run), for streaming.
+    """
 
     def generate(
         self,
@@ -43,6 +48,8 @@ class Generator(Protocol):
         temperature: float = 0.0,
         seed: int | None = None,
         stop_ids: frozenset[int] = frozenset(),
+        cancel=None,
+        on_tokens: Callable[[list[int]], None] | None = None,
     ) -> GenerationResult: ...
 
 
@@ -84,15 +91,21 @@ class Verifier:
         return out.logits[0].float(), aux
 
 
-def _emit(new: list[int], out: list[int], max_new: int, stop_ids: frozenset[int]) -> str | None:
-    """Append tokens to out; return a finish reason once generation must end."""
+def _emit(new: list[int], out: list[int], max_new: int, stop_ids: frozenset[int],
+          on_tokens: Callable[[list[int]], None] | None = None) -> str | None:
+    """Append tokens to out (and hand them to on_tokens); return a finish reason once generation must end."""
+    start, reason = len(out), None
     for t in new:
         out.append(t)
         if t in stop_ids:
-            return "stop"
+            reason = "stop"
+            break
         if len(out) >= max_new:
-            return "length"
-    return None
+            reason = "length"
+            break
+    if on_tokens is not None and len(out) > start:
+        on_tokens(out[start:])
+    return reason
 
 
 class ReferenceDecoder:
@@ -108,7 +121,7 @@ class ReferenceDecoder:
         self.verifier = verifier
 
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
-                 cancel=None) -> SpecResult:
+                 cancel=None, on_tokens=None) -> SpecResult:
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         cache, out, forwards = self.verifier.new_cache(), [], 0
@@ -118,7 +131,7 @@ class ReferenceDecoder:
             forwards += 1
             pos += len(feed)
             nxt = sample_token(logits[-1], temperature, gen=gen)
-            reason = _emit([nxt], out, max_new_tokens, stop_ids)
+            reason = _emit([nxt], out, max_new_tokens, stop_ids, on_tokens)
             if reason is None and cancel is not None and cancel.is_set():
                 reason = "abort"  # the client went away: stop decoding for it
             feed = [nxt]
@@ -190,10 +203,10 @@ class SpecGenerator:
         return cls(verifier, draft, num_speculative_tokens, draft_window_size, confidence_threshold)
 
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
-                 cancel=None) -> SpecResult:
+                 cancel=None, on_tokens=None) -> SpecResult:
         if temperature > 0:  # lossless speculative sampling is out of scope here
             res = ReferenceDecoder(self.verifier).generate(prompt_ids, max_new_tokens, temperature, seed, stop_ids,
-                                                            cancel=cancel)
+                                                            cancel=cancel, on_tokens=on_tokens)
             res.notes.append("temperature > 0: verifier-only sampling, no drafting")
             return res
         if not prompt_ids:
@@ -207,7 +220,7 @@ class SpecGenerator:
         context = _DraftContext(d, self.draft_kv_cache)
         context.extend(aux)
         anchor, p = int(logits[-1].argmax()), len(prompt_ids)  # p = anchor position
-        reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids)
+        reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids, on_tokens)
         while reason is None:
             num_slots = min(self.k, max_new_tokens - len(res.token_ids))
             block = context.draft(anchor, num_slots, self.window, self.kv_block_size)
@@ -229,7 +242,7 @@ class SpecGenerator:
                 cache.crop(n_acc - len(drafted))  # negative: drop the rejected tail
             context.extend(aux[: n_acc + 1])
             anchor, p = target[n_acc], p + n_acc + 1
-            reason = _emit([*drafted[:n_acc], anchor], res.token_ids, max_new_tokens, stop_ids)
+            reason = _emit([*drafted[:n_acc], anchor], res.token_ids, max_new_tokens, stop_ids, on_tokens)
             if reason is None and cancel is not None and cancel.is_set():
                 reason = "abort"
         res.finish_reason = reason
