@@ -75,7 +75,7 @@ class Verifier:
 
         return DynamicCache(config=self.model.config)
 
-    @torch.no_grad()
+    @torch.no_grad()  # not inference_mode: tests train on these states
     def forward(self, ids: list[int], cache, start_pos: int, last_only: bool = False,
                 aux: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [n, V] (`last_only`: [1, V], the next token's, as a prefill needs) and
@@ -120,6 +120,7 @@ class ReferenceDecoder:
     def __init__(self, verifier: Verifier):
         self.verifier = verifier
 
+    @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
                  cancel=None, on_tokens=None) -> SpecResult:
         t0 = time.perf_counter()
@@ -154,12 +155,12 @@ class _DraftContext:
         else:
             self.feats = feats if self.feats is None else torch.cat([self.feats, feats])
 
-    def draft(self, anchor: int, num_slots: int, window: int | None, kv_block_size: int):
+    def draft(self, anchor: int, num_slots: int, window: int | None, kv_block_size: int, with_confidence: bool):
         if self.cache is not None:
-            return self.d.draft_cached(self.cache, anchor, num_slots, window, kv_block_size)
+            return self.d.draft_cached(self.cache, anchor, num_slots, window, kv_block_size, with_confidence)
         p = self.feats.shape[0]
         return self.d.draft(self.feats, torch.arange(p, device=self.d.device), anchor, p, num_slots, window,
-                            kv_block_size)
+                            kv_block_size, with_confidence)
 
 
 class SpecGenerator:
@@ -202,6 +203,7 @@ class SpecGenerator:
         verifier = Verifier(verifier_path, draft.target_layer_ids, device)
         return cls(verifier, draft, num_speculative_tokens, draft_window_size, confidence_threshold)
 
+    @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
                  cancel=None, on_tokens=None) -> SpecResult:
         if temperature > 0:  # lossless speculative sampling is out of scope here
@@ -223,7 +225,8 @@ class SpecGenerator:
         reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids, on_tokens)
         while reason is None:
             num_slots = min(self.k, max_new_tokens - len(res.token_ids))
-            block = context.draft(anchor, num_slots, self.window, self.kv_block_size)
+            block = context.draft(anchor, num_slots, self.window, self.kv_block_size,
+                                  with_confidence=self.confidence_threshold is not None)
             keep = confident_prefix(block.confidence, self.confidence_threshold) or num_slots
             drafted = block.tokens[:keep]
             logits, aux = v.forward([anchor, *drafted], cache, p)

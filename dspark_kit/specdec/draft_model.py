@@ -103,7 +103,7 @@ class DSparkDraft:
         return draft_ids + d2t[draft_ids]  # d2t holds offsets (EAGLE convention)
 
     # ---- forward pieces -----------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def context_features(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """[n, len(target ids) * hidden] concatenated aux states -> [n, hidden]."""
         return self.model.hidden_norm(self.model.fc(aux_hidden.to(self.device, torch.float32)))
@@ -114,17 +114,17 @@ class DSparkDraft:
         Full layers attend to everything (the context and the whole block): no mask,
         which lets sdpa share K/V heads instead of copying them per query head.
         """
-        n = ctx_pos.numel()
-        block = torch.ones(num_slots, num_slots, dtype=torch.bool, device=self.device)
         masks: dict[bool, torch.Tensor | None] = {False: None}
         if self.sliding_layers:
+            n = ctx_pos.numel()
+            block = torch.ones(num_slots, num_slots, dtype=torch.bool, device=self.device)
             in_win = (ctx_pos >= anchor_pos - self.sliding_window).to(self.device)
             ctx = in_win.view(1, n).expand(num_slots, n)
             blk = block if self.sliding_non_causal else torch.tril(block)
             masks[True] = torch.cat([ctx, blk], 1)[None, None]
         return masks
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def block_hidden(self, ctx_feats: torch.Tensor, ctx_pos: torch.Tensor, anchor: int, anchor_pos: int, num_slots: int) -> torch.Tensor:
         """Final-normed hidden states [num_slots, hidden] of one drafted block."""
         m = self.model
@@ -146,7 +146,7 @@ class DSparkDraft:
             )
         return m.norm(x)[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def markov_bias(self, prev_ids: list[int], hidden: torch.Tensor) -> torch.Tensor:
         """Bias for slot len(prev_ids)-1 given the prev chain so far (any head type).
 
@@ -156,13 +156,15 @@ class DSparkDraft:
         """
         head = self.model.markov_head
         i = len(prev_ids) - 1
-        if head.head_type in ("vanilla", "gated"):
+        if head.head_type == "vanilla":  # W2 @ W1[prev], the head's own formula without its module calls
+            return head.markov_w2.weight @ head.markov_w1.weight[prev_ids[-1]].to(head.markov_w2.weight.dtype)
+        if head.head_type == "gated":
             prev = torch.tensor([prev_ids[-1:]], dtype=torch.long, device=self.device)
             return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, i: i + 1])[0, -1]
         prev = torch.tensor([prev_ids], dtype=torch.long, device=self.device)
         return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, : i + 1])[0, -1]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def confidences(self, prev_ids: list[int], hidden: torch.Tensor) -> list[float]:
         """sigmoid(confidence logit) of slots 0..len(prev_ids)-1, slot i given prev i (one batched call)."""
         m = self.model
@@ -180,7 +182,7 @@ class DSparkDraft:
         param = next(self.model.parameters())
         return DraftKVCache(len(self.model.layers), kv_heads, attn.head_dim, param.device, param.dtype)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def extend_cache(self, cache: DraftKVCache, ctx_feats: torch.Tensor) -> None:
         """Commit the K/V of verified context features [m, hidden] at positions length..length+m-1.
 
@@ -201,7 +203,7 @@ class DSparkDraft:
             cache.write(i, cache.length, apply_rotary_pos_emb(k, k, cos, sin)[1], v)
         cache.commit(m)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def block_hidden_cached(self, cache: DraftKVCache, start: int, anchor: int, num_slots: int) -> torch.Tensor:
         """`block_hidden` with the context K/V read from `cache` from position `start` on."""
         m, anchor_pos = self.model, cache.length  # the block follows the verified context
@@ -236,7 +238,7 @@ class DSparkDraft:
             return 0
         return window_start(draft_seq_len("dspark", context_len, num_slots), window, kv_block_size)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def draft(
         self,
         ctx_feats: torch.Tensor,
@@ -246,15 +248,17 @@ class DSparkDraft:
         num_slots: int,
         window: int | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
+        with_confidence: bool = True,
     ) -> DraftBlock:
         """Propose num_slots tokens after `anchor` (at anchor_pos) from the context, recomputing its K/V."""
         self._check_slots(num_slots)
         if window is not None:  # draft KV window: reads only, token level, as vllm-ascend starts it
             keep = ctx_pos >= self.window_first_position(ctx_pos.numel(), num_slots, window, kv_block_size)
             ctx_feats, ctx_pos = ctx_feats[keep], ctx_pos[keep]
-        return self._propose(self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots), anchor, num_slots)
+        hidden = self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots)
+        return self._propose(hidden, anchor, num_slots, with_confidence)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def draft_cached(
         self,
         cache: DraftKVCache,
@@ -262,23 +266,27 @@ class DSparkDraft:
         num_slots: int,
         window: int | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
+        with_confidence: bool = True,
     ) -> DraftBlock:
         """`draft` for the context held in `cache` (positions 0..cache.length-1); the anchor follows it."""
         self._check_slots(num_slots)
         start = self.window_first_position(cache.length, num_slots, window, kv_block_size)
-        return self._propose(self.block_hidden_cached(cache, start, anchor, num_slots), anchor, num_slots)
+        hidden = self.block_hidden_cached(cache, start, anchor, num_slots)
+        return self._propose(hidden, anchor, num_slots, with_confidence)
 
-    def _propose(self, hidden: torch.Tensor, anchor: int, num_slots: int) -> DraftBlock:
-        """Base logits, then the Markov bias chained slot by slot, and the confidences."""
+    def _propose(self, hidden: torch.Tensor, anchor: int, num_slots: int, with_confidence: bool = True) -> DraftBlock:
+        """Base logits, then the Markov bias chained slot by slot, and (if asked) the confidences."""
         base = self.model.lm_head(hidden)
         logits = base.clone()
         chosen: list[int] = []
+        d2t = self.model.d2t if self.model.use_draft_vocab else None
         for i in range(num_slots):
             if self.model.markov_head is not None:
-                logits[i] = base[i] + self.markov_bias(chain_prev_tokens(anchor, chosen)[: i + 1], hidden)
-            chosen.append(int(self.to_verifier_ids(logits[i].argmax().view(1))[0]))
+                logits[i] += self.markov_bias(chain_prev_tokens(anchor, chosen)[: i + 1], hidden)
+            pick = int(logits[i].argmax())
+            chosen.append(pick + int(d2t[pick]) if d2t is not None else pick)  # d2t: offsets (EAGLE convention)
         conf = None
-        if self.model.confidence_head is not None:
+        if with_confidence and self.model.confidence_head is not None:
             conf = self.confidences(chain_prev_tokens(anchor, chosen)[:num_slots], hidden)
         return DraftBlock(tokens=chosen, logits=logits, base_logits=base, confidence=conf)
 
