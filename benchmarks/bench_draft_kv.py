@@ -15,6 +15,8 @@ interleaved pairs (`common.paired_ratios`): verifier alone, speculative, alone, 
 
 "before" recomputes the draft's context K/V every step (`draft_kv_cache=False`, the
 reference path); "after" keeps them in the draft's KV cache (what serving runs).
+The draft's own cost per drafted block is also measured at each length (no window):
+recompute over cached, what the cache removes from every step.
 
 Without --workdir it trains the tiny recipe first (`dspark-kit run --stages
 prepare,hidden-states,train`).
@@ -52,6 +54,38 @@ def tuned_window(wd: Path, default: int) -> tuple[int, str]:
         if w:
             return int(w), f"tuned ({path.name})"
     return default, "the demo's tuned window (docs/PERFORMANCE.md)"
+
+
+def draft_step_row(session, prompt: list[int], k: int, length: int, tw: int, pairs: int) -> Row:
+    """The draft's cost for one block at this context: recomputing its context K/V vs reading them cached."""
+    import torch
+
+    v, d = session.verifier, session.draft
+    _, aux = v.forward(prompt, v.new_cache(), 0)
+    feats = d.context_features(aux)
+    n = feats.shape[0]
+    cache = d.new_cache()
+    d.extend_cache(cache, feats)
+    pos = torch.arange(n)
+    reps = 20
+
+    def recompute() -> float:
+        t0 = time.process_time()
+        for _ in range(reps):
+            d.draft(feats, pos, prompt[-1], n, k, with_confidence=False)
+        return time.process_time() - t0
+
+    def cached() -> float:
+        t0 = time.process_time()
+        for _ in range(reps):
+            d.draft_cached(cache, prompt[-1], k, with_confidence=False)
+        return time.process_time() - t0
+
+    r = paired_ratios(recompute, cached, pairs)
+    where = "short prompt" if length == 0 else f"{length // tw}x training length"
+    return Row("draft KV cache", f"draft step cost at {n} context tokens ({where}): recompute / cached", r["ratio"],
+               "x", notes=f"{spread(r)}; {1000 * r['baseline_s'] / reps:.2f} ms vs {1000 * r['subject_s'] / reps:.2f} ms "
+                          f"per drafted block of {k}, no window")
 
 
 def main() -> None:
@@ -121,6 +155,7 @@ def main() -> None:
                                           f"{r['subject_s']:.2f}s for {n} prompts x {m} tokens; K={k}"
                                           + (f"; window {window} from {window_src}" if w else "")))
                     print(rows[-1].figure, f"{r['ratio']:.3f}", file=sys.stderr, flush=True)
+            rows.append(draft_step_row(session, prompts[0], k, length, tw, args.pairs))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     emit(rows, args.json, this_command("bench_draft_kv.py", "--workdir WORKDIR" if args.workdir else ""))

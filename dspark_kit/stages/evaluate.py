@@ -47,7 +47,11 @@ def load_chats(recipe: Recipe, workdir: Path, prompts_file: Path | None = None, 
     if prompts_file is not None:
         if not prompts_file.is_file():
             raise EvalError(f"--prompts {prompts_file}: file not found (jsonl rows with conversations/messages/prompt)")
-        lines = [ln for ln in prompts_file.read_text().splitlines() if ln.strip()]
+        try:
+            lines = [ln for ln in prompts_file.read_text().splitlines() if ln.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise EvalError(f"--prompts {prompts_file}: unreadable ({type(e).__name__}); pass a UTF-8 jsonl "
+                            "of chats or text lines") from None
         rows = []
         for ln in lines:
             try:
