@@ -102,10 +102,12 @@ def main() -> None:
 
     from dspark_kit.data.tiny_corpus import write_eval_prompts
     from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
     from dspark_kit.specdec.checkpoints import resolve_checkpoint
     from dspark_kit.specdec.decoder import ReferenceDecoder, SpecGenerator
     from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
-    from dspark_kit.stages.evaluate import EvalSession, build_prompts, load_chats
+    from dspark_kit.stages.evaluate import EvalSession, build_prompts
+    from dspark_kit.stages.heldout import load_eval_prompts
 
     torch.set_num_threads(1)  # the local engine's default, and the least disturbed on a shared box
     recipe = load_recipe(RECIPE, ["train.device=cpu"])
@@ -118,10 +120,11 @@ def main() -> None:
                             "prepare,hidden-states,train", "--workdir", str(wd), "--json"],
                            check=True, stdout=subprocess.DEVNULL)
         wd = Path(wd)
-        session = EvalSession(recipe, wd, resolve_checkpoint(wd / "checkpoints"), sweep=True)
+        res = Resolved(recipe, wd, checkpoint=resolve_checkpoint(wd / "checkpoints"))
+        session = EvalSession(res, sweep=True)
         k, tw = session.draft.block_size, recipe.training_window
         window, window_src = (args.window, "--window") if args.window else tuned_window(wd, 64)
-        chats = load_chats(recipe, wd, write_eval_prompts(tmp / "prompts.jsonl", 32), limit=32)
+        chats = load_eval_prompts(res, session.tokenizer, write_eval_prompts(tmp / "prompts.jsonl", 32), limit=32).chats
         n, m = args.num_prompts, args.max_new_tokens
         alone = ReferenceDecoder(session.verifier)
 

@@ -46,7 +46,7 @@ def _sweep(wd: Path, **kw) -> dict:
     from dspark_kit.stages.served_tune import prompt_sets, run_served_tune
 
     res = Resolved(_recipe(wd), wd)
-    sets = prompt_sets(res, [CTX], N, wd / "prompts.jsonl")
+    sets, _ = prompt_sets(res, [CTX], N, wd / "prompts.jsonl")
     return run_served_tune(res, sets, ks=[K], windows=[WINDOW], concurrency=2, max_new_tokens=NEW, **kw)
 
 
@@ -110,19 +110,20 @@ def test_rerun_resumes_and_writes_every_point(swept, run):
 def test_served_acceptance_equals_in_process_eval(swept, run):
     """The consistency check: every served point's AL is in-process eval's on the same ids (within
     0.05; greedy makes them equal), and the window changes long-context AL the same way."""
-    from dspark_kit.stages.evaluate import EvalSession, build_prompts, load_chats, tune_window
+    from dspark_kit.stages.evaluate import EvalSession, build_prompts, tune_window
+    from dspark_kit.stages.heldout import load_eval_prompts
 
     _, served = swept
-    recipe = _recipe(run)
-    session = EvalSession(recipe, run, sweep=True)
-    chats = load_chats(recipe, run, run / "prompts.jsonl", limit=16)
+    res = Resolved(_recipe(run), run)
+    session = EvalSession(res, sweep=True)
+    chats = load_eval_prompts(res, session.tokenizer, run / "prompts.jsonl", limit=16).chats
     for n in (0, CTX):
         prompts = build_prompts(session.tokenizer, chats, N, False, n)
         for window in (None, WINDOW):
             ours = session.measure(prompts, NEW, window, k=K)["acceptance_length"]
             theirs = _point(served, K, window, n)["acceptance_length"]
             assert abs(theirs - ours) <= 0.05, (n, window, theirs, ours)
-    tuned = tune_window(recipe, run, candidates=[WINDOW], context_lengths=[CTX], ks=[K], num_prompts=N,
+    tuned = tune_window(res, candidates=[WINDOW], context_lengths=[CTX], ks=[K], num_prompts=N,
                         max_new_tokens=NEW, prompts_file=run / "prompts.jsonl", allow_below=True)
     gain_in_process = tuned["acceptance_length"][str(WINDOW)][str(CTX)] - tuned["acceptance_length"]["off"][str(CTX)]
     gain_served = (_point(served, K, WINDOW, CTX)["acceptance_length"]

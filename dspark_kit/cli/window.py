@@ -18,6 +18,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    resolve,
 )
 from dspark_kit.cli.eval import parse_int_list
 
@@ -87,7 +88,8 @@ def tune_cmd(
         "--allow-below", help="Allow windows below the draft's training window (docs/PITFALLS.md, pitfall 9).")] = False,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1)] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="jsonl of chats or text lines.")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", help="jsonl of chats or text lines (default: prompts the draft never trained on, as eval).")] = None,
     served: Annotated[bool, typer.Option(
         "--served", help="Measure through the recipe's serving engine and recommend by output throughput "
                          "(DIR/eval/served_tune.json).")] = False,
@@ -114,15 +116,15 @@ def tune_cmd(
     from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluate import EvalError, tune_window
 
-    r = load(recipe, set_)
+    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint)
     if served:
-        return served_tune_cmd(r, workdir, checkpoint, ks, windows, context_lengths, allow_below, num_prompts,
-                               max_new_tokens, prompts, concurrency, dry_run, json_out)
+        return served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
+                               prompts, concurrency, dry_run, json_out)
     if dry_run:
         fail("--dry-run: only with --served (the in-process tune starts nothing)")
     try:
         result = tune_window(
-            r, r.workdir_path(workdir), checkpoint, candidates=parse_int_list(windows, "--windows"),
+            res, candidates=parse_int_list(windows, "--windows"),
             context_lengths=parse_int_list(context_lengths, "--context-lengths"), allow_below=allow_below,
             ks=parse_int_list(ks, "--ks"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, prompts_file=prompts,
@@ -142,9 +144,9 @@ def tune_cmd(
                f"-> {result['file']}")
 
 
-def served_tune_cmd(r, workdir, checkpoint, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
-                    prompts, concurrency, dry_run, json_out) -> None:
-    from dspark_kit.resolved import Resolved, ResolveError
+def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens, prompts,
+                    concurrency, dry_run, json_out) -> None:
+    from dspark_kit.resolved import ResolveError
     from dspark_kit.specdec.checkpoints import CheckpointError
     from dspark_kit.stages.evaluate import EvalError
     from dspark_kit.stages.served_tune import prompt_sets, run_served_tune, sweep_inputs
@@ -152,16 +154,17 @@ def served_tune_cmd(r, workdir, checkpoint, ks, windows, context_lengths, allow_
     def say(m: str) -> None:
         console.print(m, highlight=False, soft_wrap=True)
 
+    r = res.recipe
     try:
-        res = Resolved(r, r.workdir_path(workdir), checkpoint=checkpoint)
         k_list, w_list, ctx = sweep_inputs(res, ks=parse_int_list(ks, "--ks"),
                                            windows=parse_int_list(windows, "--windows"),
                                            context_lengths=parse_int_list(context_lengths, "--context-lengths"),
                                            allow_below=allow_below)
         n = num_prompts or r.eval.num_prompts
-        sets = prompt_sets(res, ctx, n, prompts)
+        sets, source = prompt_sets(res, ctx, n, prompts)
         result = run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=concurrency or r.bench.concurrency,
-                                 max_new_tokens=max_new_tokens or r.eval.max_new_tokens, dry_run=dry_run, log=say)
+                                 max_new_tokens=max_new_tokens or r.eval.max_new_tokens, dry_run=dry_run, log=say,
+                                 prompts_source=source)
     except (EvalError, CheckpointError, ResolveError, ValueError) as e:
         fail(str(e))
     if json_out:

@@ -21,13 +21,8 @@ from typing import Any
 from dspark_kit.recipe import Recipe, apply_overrides, recipe_from_dict
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages import served_sweep as sweep
-from dspark_kit.stages.evaluate import (
-    EvalError,
-    build_prompts,
-    candidate_ks,
-    candidate_windows,
-    load_chats,
-)
+from dspark_kit.stages.evaluate import build_prompts, candidate_ks, candidate_windows
+from dspark_kit.stages.heldout import EvalError, load_eval_prompts
 
 FILE = "served_tune.json"
 REQUEST_TIMEOUT_S = 600.0  # one streamed request's wait for its next bytes: a hang, not a slow machine
@@ -123,15 +118,16 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
 
 
 def prompt_sets(res: Resolved, context_lengths: list[int], num_prompts: int,
-                prompts_file: Path | None = None) -> dict[int, list[list[int]]]:
-    """Token ids per context length (0: the short prompts), as in-process eval builds them; an
-    empty or unreadable prompts file stops here, before any server starts."""
+                prompts_file: Path | None = None) -> tuple[dict[int, list[list[int]]], str]:
+    """Token ids per context length (0: the short prompts), as in-process eval builds them from
+    the same held-out chats, and where they came from. An empty or unreadable prompts file stops
+    here, before any server starts."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(res.verifier_path)
-    chats = load_chats(res.recipe, res.run.root, prompts_file, limit=max(num_prompts, 16))
+    found = load_eval_prompts(res, tok, prompts_file, limit=max(num_prompts, 16))
     thinking = res.recipe.verifier.thinking
-    return {n: build_prompts(tok, chats, num_prompts, thinking, n) for n in [0, *context_lengths]}
+    return {n: build_prompts(tok, found.chats, num_prompts, thinking, n) for n in [0, *context_lengths]}, found.source
 
 
 def sweep_inputs(res: Resolved, *, ks: list[int] | None, windows: list[int] | None,
@@ -154,7 +150,8 @@ def sweep_inputs(res: Resolved, *, ks: list[int] | None, windows: list[int] | No
 
 
 def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, ks: list[int], windows: list[int],
-                    concurrency: int, max_new_tokens: int, dry_run: bool = False, log=lambda _m: None) -> dict:
+                    concurrency: int, max_new_tokens: int, dry_run: bool = False, log=lambda _m: None,
+                    prompts_source: str = "") -> dict:
     """Sweep, save as it goes, recommend; writes DIR/eval/served_tune.json and .md (not in a dry run)."""
     servers, notes = sweep.plan_servers(res.engine, ks, windows)
     ctx = sorted(prompt_sets)
@@ -183,7 +180,9 @@ def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, k
 
     def save(point: dict) -> None:
         points[:] = [p for p in points if sweep.point_key(p) != sweep.point_key(point)] + [point]
-        sweep.write(path, _result(res, settings, points, ctx, notes, concurrency, partial=True))
+        sweep.write(path, _result(res, settings, points, ctx, notes, concurrency, partial=True) | extra)
+
+    extra = {"prompts_source": prompts_source}
 
     for server in todo:
         started = run_server_point(res, server, prompt_sets, concurrency, max_new_tokens, max_model_len, log, save)
@@ -191,7 +190,7 @@ def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, k
             for p in points:
                 if (p["k"], p["window"], bool(p.get("repeat"))) == (server.k, server.window, server.repeat):
                     p["server_start_s"] = round(started, 2)
-    result = _result(res, settings, points, ctx, notes, concurrency, partial=False)
+    result = _result(res, settings, points, ctx, notes, concurrency, partial=False) | extra
     sweep.write(path, result)
     return {"plan": plan, **result, "file": str(path)}
 
