@@ -91,3 +91,75 @@ def test_estimate_uses_the_last_sweep_when_there_is_one():
     assert s == 2 * (15 + 600 / 60) and "assumed" in how
     s, how = sweep.estimate_seconds("local", 2, 600, {"server_start_s": 5.0, "output_tokens_per_s": 300.0})
     assert s == 2 * (5 + 2) and "measured" in how
+
+
+# ---- serve's auto K and window: the newest tune of either kind -------------------------------
+
+
+def _tunes(run, in_process: dict | None, served: dict | None, served_newer: bool = True):
+    import json
+    import os
+
+    (run / "eval").mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, data in (("window_tune.json", in_process), ("served_tune.json", served)):
+        if data is not None:
+            (run / "eval" / name).write_text(json.dumps(data))
+            files.append(run / "eval" / name)
+    if len(files) == 2:  # mtimes one second apart, the newer one as asked
+        old, new = (files[0], files[1]) if served_newer else (files[1], files[0])
+        os.utime(old, (1_000_000, 1_000_000))
+        os.utime(new, (1_000_001, 1_000_001))
+
+
+def _resolved(run):
+    from pathlib import Path
+
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
+
+    recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml", [f"workdir={run}"])
+    return Resolved(recipe, run, planning=True)
+
+
+IN_PROCESS = {"recommended_window": 256, "recommended_k": 3}
+SERVED = {"recommended": {"k": 4, "window": 128}, "recommended_by_acceptance": {"k": 4, "window": 64},
+          "concurrency": 4}
+
+
+def test_auto_follows_the_newest_tune_and_says_which(tmp_path):
+    run = tmp_path / "run"
+    _tunes(run, IN_PROCESS, SERVED, served_newer=True)
+    res = _resolved(run)
+    assert (res.k.value, res.window.value) == (4, 128)
+    assert "served" in res.k.source and "served_tune.json" in res.window.source
+    _tunes(run, IN_PROCESS, SERVED, served_newer=False)
+    res = _resolved(run)
+    assert (res.k.value, res.window.value) == (3, 256) and "in-process" in res.k.source
+
+
+def test_no_speculation_fastest_keeps_the_acceptance_choice_with_a_note(tmp_path):
+    run = tmp_path / "run"
+    _tunes(run, None, {**SERVED, "recommended": {"k": 0, "window": None}})
+    res = _resolved(run)
+    assert (res.k.value, res.window.value) == (4, 64)
+    assert any("verifier alone fastest at concurrency 4" in n for n in res.k.notes), res.k.notes
+    # a served sweep that completed nothing recommends nothing: the in-process tune still counts
+    _tunes(run, IN_PROCESS, {"recommended": None, "recommended_by_acceptance": None, "concurrency": 4})
+    assert _resolved(run).k.value == 3
+
+
+def test_serve_dry_run_uses_the_served_recommendation(tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    run = tmp_path / "run"
+    _tunes(run, IN_PROCESS, SERVED, served_newer=True)
+    recipe = str(Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml")
+    res = CliRunner().invoke(app, ["serve", "-r", recipe, "--role", "spec", "--dry-run", "-w", str(run)])
+    assert res.exit_code == 0, res.output
+    assert "--num-speculative-tokens 4" in res.stdout and "--draft-window-size 128" in res.stdout
+    assert "tuned (served" in res.output

@@ -95,6 +95,9 @@ def tune_cmd(
                          "(DIR/eval/served_tune.json).")] = False,
     concurrency: Annotated[int | None, typer.Option(
         "--concurrency", min=1, help="--served: requests in flight (default: bench.concurrency).")] = None,
+    device: Annotated[str | None, typer.Option(
+        "--device", help="In-process: auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft "
+                         "(default: where training runs).")] = None,
     dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -116,7 +119,10 @@ def tune_cmd(
     from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluate import EvalError, tune_window
 
-    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint)
+    if served and device:
+        fail("--device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
+             "drop --device or the --served flag")
+    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=device)
     if served:
         return served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
                                prompts, concurrency, dry_run, json_out)

@@ -24,7 +24,6 @@ from dspark_kit.stages import served_sweep as sweep
 from dspark_kit.stages.evaluate import build_prompts, candidate_ks, candidate_windows
 from dspark_kit.stages.heldout import EvalError, load_eval_prompts
 
-FILE = "served_tune.json"
 REQUEST_TIMEOUT_S = 600.0  # one streamed request's wait for its next bytes: a hang, not a slow machine
 
 
@@ -155,7 +154,7 @@ def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, k
     """Sweep, save as it goes, recommend; writes DIR/eval/served_tune.json and .md (not in a dry run)."""
     servers, notes = sweep.plan_servers(res.engine, ks, windows)
     ctx = sorted(prompt_sets)
-    path = res.run.eval / FILE
+    path = res.run.served_tune_file
     settings = {"engine": res.engine, "checkpoint": str(res.checkpoint), "concurrency": concurrency,
                 "max_new_tokens": max_new_tokens, "context_lengths": ctx,
                 "num_prompts": len(prompt_sets[0]), "prompts": sweep.prompts_fingerprint(prompt_sets)}
