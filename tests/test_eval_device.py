@@ -83,3 +83,27 @@ def test_eval_device_cpu(trained_run, tmp_path):
     summary = json.loads(res.stdout)
     assert summary["device"] == "cpu" and summary["dtype"] == "float32" and summary["acceptance_length"] >= 1.0
     assert json.loads((tmp_path / "eval.json").read_text())["device"] == "cpu"
+
+
+def _eval_plan(recipe: Path, tmp_path: Path) -> str:
+    res = CliRunner().invoke(app, ["run", str(recipe), "-w", str(tmp_path / "run"), "--dry-run", "--stages", "eval"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    return "\n".join(lines[lines.index("# ==> eval") + 1:])
+
+
+def test_run_plans_eval_where_the_verifier_fits(tmp_path, monkeypatch):
+    """`run` chooses: in-process when the verifier fits the eval device, served otherwise, and says why."""
+    from dspark_kit import devices
+
+    plan = _eval_plan(RECIPE, tmp_path)  # the tiny verifier on this machine's CPU
+    assert plan.startswith("# in-process: offline acceptance on cpu (float32)") and "fits cpu" in plan
+    # the seed's recipe planned on a laptop: no config, no NPU here -> decided when it runs
+    plan = _eval_plan(ASCEND, tmp_path)
+    assert plan.startswith("# decided when it runs") and "verifier size unknown" in plan and "vllm serve" in plan
+    # where it runs: 30.5B in bf16 on a 64 GiB NPU -> served, through the recipe's engine
+    monkeypatch.setattr(Resolved, "verifier_config", property(lambda self: QWEN3_30B_A3B))
+    monkeypatch.setattr(devices, "device_memory_bytes", lambda device: 64 * GiB)
+    plan = _eval_plan(ASCEND, tmp_path)
+    assert plan.startswith("# served: acceptance through the vllm-ascend engine"), plan
+    assert "does not fit npu" in plan and "30.5B parameters" in plan and "--speculative-config" in plan

@@ -26,8 +26,8 @@ RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml"
 K, WINDOW, CTX, N, NEW = 4, 64, 512, 3, 16
 
 
-def _recipe(wd: Path):
-    return load_recipe(RECIPE, [f"workdir={wd}", "train.device=cpu", "bench.concurrency=2"])
+def _recipe(wd: Path, *sets: str):
+    return load_recipe(RECIPE, [f"workdir={wd}", "train.device=cpu", "bench.concurrency=2", *sets])
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +152,26 @@ def test_dry_run_plan_and_refusals_before_any_server(run, tmp_path, monkeypatch)
     binary.write_bytes(b"\xff\xfe\x00garbage")
     res = CliRunner().invoke(app, [*base, "--allow-below", "--prompts", str(binary)])
     assert res.exit_code == 2 and "unreadable" in res.output
+
+
+def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, run, monkeypatch):
+    """`run`'s eval stage, made to find the verifier too large for the eval device: it serves the
+    resolved K and window and measures the same prompts; its AL is in-process eval's."""
+    from dspark_kit.resolved import Decision
+    from dspark_kit.stages.evaluate import EvalSession, build_prompts, stage_eval
+
+    monkeypatch.setattr(Resolved, "eval_fit", property(lambda self: Decision(False, "as if 64 GiB were too small")))
+    res = Resolved(_recipe(run, f"eval.num_prompts={N}", f"eval.max_new_tokens={NEW}", "eval.context_lengths=[]"), run)
+    assert res.eval_mode.value == "served"
+    out = stage_eval(res)
+    summary = json.loads(res.run.eval_json.read_text())
+    assert summary["mode"] == "served" and summary["engine"] == "local"
+    assert out["acceptance_length"] == summary["acceptance_length"] and out["tokens_per_verifier_forward"] is None
+    assert "Served eval" in (res.run.eval / "eval.md").read_text()
+    monkeypatch.undo()
+    from dspark_kit.stages.heldout import load_eval_prompts
+
+    session = EvalSession(res, sweep=True)
+    chats = load_eval_prompts(res, session.tokenizer, limit=16).chats
+    ours = session.measure(build_prompts(session.tokenizer, chats, N, False), NEW, res.window.value, k=res.k.value)
+    assert abs(summary["acceptance_length"] - ours["acceptance_length"]) <= 0.05, (summary, ours)

@@ -167,10 +167,10 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
                                            context_lengths=parse_int_list(context_lengths, "--context-lengths"),
                                            allow_below=allow_below)
         n = num_prompts or r.eval.num_prompts
-        sets, source = prompt_sets(res, ctx, n, prompts)
+        sets, found = prompt_sets(res, ctx, n, prompts)
         result = run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=concurrency or r.bench.concurrency,
                                  max_new_tokens=max_new_tokens or r.eval.max_new_tokens, dry_run=dry_run, log=say,
-                                 prompts_source=source)
+                                 prompts_source=found.source)
     except (EvalError, CheckpointError, ResolveError, ValueError) as e:
         fail(str(e))
     if json_out:

@@ -45,6 +45,7 @@ from dspark_kit.resolved.rules import (  # noqa: F401 - re-exported: callers imp
     check_eval_device,
     device_env,
     eval_fit,
+    eval_mode,
     is_deepseek_v4,
     long_context_note,
 )
@@ -188,6 +189,11 @@ class Resolved:
         device = self.eval_device.value
         return eval_fit(param_count(self.verifier_config), self.eval_dtype.value, device,
                         device_memory_bytes(device), self.recipe.verifier.path)
+
+    @cached_property
+    def eval_mode(self) -> Decision[str]:
+        """`run`'s eval: "in-process" when the verifier fits the eval device, else "served"."""
+        return eval_mode(self.eval_fit, self.eval_device.value)
 
     def _dtype_on(self, device: Decision[str]) -> Decision[str]:
         """The one dtype rule for a verifier forward (hidden states, local engine, eval)."""

@@ -152,3 +152,12 @@ def eval_fit(params: int | None, dtype: str, device: str, memory: int | None, ve
 
 def _bytes(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def eval_mode(fit: Decision[bool | None], device: str) -> Decision[str]:
+    """`run`'s eval stage: in-process when the verifier fits the eval device, else through the serving engine."""
+    if fit.value is False:
+        return Decision("served", f"the verifier does not fit {device}: {fit.source}")
+    if fit.value is True:
+        return Decision("in-process", f"the verifier fits {device}: {fit.source}")
+    return Decision("in-process", f"{fit.source}; in-process unless the verifier proves too large where it runs")

@@ -171,9 +171,15 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
     return summary
 
 
-def stage_eval(res: Resolved) -> dict:
-    """Pipeline stage hook (dspark_kit.stages.pipeline)."""
-    s = run_eval(res)
+def stage_eval(res: Resolved, log=lambda _msg: None) -> dict:
+    """Pipeline stage hook (dspark_kit.stages.pipeline): in-process when the verifier fits the eval
+    device, else through the serving engine (Resolved.eval_mode)."""
+    if res.eval_mode.value == "served":
+        from dspark_kit.stages.served_tune import served_eval
+
+        s = served_eval(res, log=log)
+    else:
+        s = run_eval(res, log=log)
     return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
 
 
@@ -181,8 +187,9 @@ def stage_eval(res: Resolved) -> dict:
 
 
 def markdown(summary: dict) -> str:
+    how = f"Served eval ({summary['engine']} engine)" if summary.get("mode") == "served" else "Offline eval"
     lines = [
-        f"# Offline eval: {summary['checkpoint']}",
+        f"# {how}: {summary['checkpoint']}",
         "",
         (f"K={summary['num_speculative_tokens']}, max_new_tokens={summary['max_new_tokens']}, "
          f"draft window={summary['draft_window_size']}"),

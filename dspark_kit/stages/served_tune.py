@@ -22,7 +22,7 @@ from dspark_kit.recipe import Recipe, apply_overrides, recipe_from_dict
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages import served_sweep as sweep
 from dspark_kit.stages.evaluate import build_prompts, candidate_ks, candidate_windows
-from dspark_kit.stages.heldout import EvalError, load_eval_prompts
+from dspark_kit.stages.heldout import EvalError, EvalPrompts, load_eval_prompts
 
 REQUEST_TIMEOUT_S = 600.0  # one streamed request's wait for its next bytes: a hang, not a slow machine
 
@@ -117,7 +117,7 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
 
 
 def prompt_sets(res: Resolved, context_lengths: list[int], num_prompts: int,
-                prompts_file: Path | None = None) -> tuple[dict[int, list[list[int]]], str]:
+                prompts_file: Path | None = None) -> tuple[dict[int, list[list[int]]], EvalPrompts]:
     """Token ids per context length (0: the short prompts), as in-process eval builds them from
     the same held-out chats, and where they came from. An empty or unreadable prompts file stops
     here, before any server starts."""
@@ -126,7 +126,7 @@ def prompt_sets(res: Resolved, context_lengths: list[int], num_prompts: int,
     tok = AutoTokenizer.from_pretrained(res.verifier_path)
     found = load_eval_prompts(res, tok, prompts_file, limit=max(num_prompts, 16))
     thinking = res.recipe.verifier.thinking
-    return {n: build_prompts(tok, found.chats, num_prompts, thinking, n) for n in [0, *context_lengths]}, found.source
+    return {n: build_prompts(tok, found.chats, num_prompts, thinking, n) for n in [0, *context_lengths]}, found
 
 
 def sweep_inputs(res: Resolved, *, ks: list[int] | None, windows: list[int] | None,
@@ -214,3 +214,38 @@ def _result(res: Resolved, settings: dict, points: list[dict], ctx: list[int], n
     return {"schema": sweep.SCHEMA, "engine": res.engine, "concurrency": concurrency, "settings": settings,
             "context_lengths": ctx, "partial": partial, "spread": spread, "notes": notes,
             **sweep.recommend(points, ctx, spread), "points": points}
+
+
+def served_eval(res: Resolved, log=lambda _m: None) -> dict:
+    """`run`'s eval when the verifier does not fit the eval device: the serving engine (role spec,
+    the resolved K and window) answers the eval prompts (short and eval.context_lengths) at the
+    bench concurrency; writes eval.json / eval.md as in-process eval does, with "mode": "served"."""
+    from dspark_kit.stages.evaluate import write_outputs
+
+    recipe = res.recipe
+    n, new = recipe.eval.num_prompts, recipe.eval.max_new_tokens
+    sets, found = prompt_sets(res, sorted(set(recipe.eval.context_lengths)), n)
+    k, window = res.k.value, res.window.value
+    longest = max(len(p) for ps in sets.values() for p in ps)
+    points: list[dict] = []
+    run_server_point(res, sweep.ServerPoint(k, window), sets, recipe.bench.concurrency, new,
+                     max(recipe.serve.max_model_len or 0, longest + new + 1), log, points.append)
+    done = [p for p in points if p.get("completed")]
+    if not done or done[0]["context_length"] != 0:
+        why = next((p.get("error") for p in points if p.get("error")), "no request completed")
+        raise EvalError(f"served eval on engine {res.engine}: {why} (log: {res.run.logs})")
+    runs = [{"context_length": p["context_length"], "window": window, "num_speculative_tokens": k,
+             "mean_prompt_tokens": p.get("mean_prompt_tokens"), "acceptance_length": p["acceptance_length"],
+             "per_position_acceptance": p["per_position_acceptance"], "tokens_per_verifier_forward": None,
+             "wall_s": p.get("duration_s"), "output_throughput": p["output_throughput"], "ttft_ms": p["ttft_ms"],
+             "tpot_ms": p["tpot_ms"], "completed": p["completed"], "failed": p["failed"]} for p in done]
+    head = runs[0]
+    summary = {"mode": "served", "mode_source": res.eval_mode.source, "engine": res.engine,
+               "checkpoint": str(res.checkpoint), "verifier": res.verifier_path, "num_speculative_tokens": k,
+               "num_speculative_tokens_source": res.k.source, "max_new_tokens": new, "draft_window_size": window,
+               "draft_window_size_source": res.window.source, "concurrency": recipe.bench.concurrency,
+               "prompts": found.record(n), "acceptance_length": head["acceptance_length"],
+               "per_position_acceptance": head["per_position_acceptance"], "tokens_per_verifier_forward": None,
+               "num_drafts": None, "runs": runs}
+    summary["files"] = write_outputs(summary, res.run.eval)
+    return summary

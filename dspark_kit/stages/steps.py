@@ -207,8 +207,16 @@ def run_eval(res: Resolved) -> dict:
 def plan_eval(res: Resolved) -> list[str]:
     from dspark_kit.stages.heldout import plan_line
 
-    return [(f"# in-process: offline acceptance of {res.recipe.serve.checkpoint} on {res.eval_device.value} "
-            f"({res.eval_dtype.value}), {plan_line(res)} -> {res.run.eval}")]
+    mode, where = res.eval_mode, f"{plan_line(res)} -> {res.run.eval}"
+    device = f"{res.eval_device.value} ({res.eval_dtype.value})"
+    if mode.value == "served":
+        return [(f"# served: acceptance through the {res.engine} engine at the bench concurrency, {where} "
+                f"(why: {mode.source})"), *_spec_server_dry_run(res, "eval")]
+    if res.eval_fit.value is None:  # cannot tell on this machine: the run decides
+        return [(f"# decided when it runs: in-process on {device} if the verifier fits there, else served through "
+                f"the {res.engine} engine (the server below); {where}; {res.eval_fit.source}"),
+                *_spec_server_dry_run(res, "eval if served")]
+    return [f"# in-process: offline acceptance on {device}, {where} (why: {mode.source})"]
 
 
 def run_serve(res: Resolved) -> dict:
