@@ -219,7 +219,7 @@ def _long_prompt(prompts: list[list[int]], n: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("window", [None, 32])
+@pytest.mark.parametrize("window", [None, 32, 2])  # 2 < K: the block still attends to itself
 def test_cached_draft_equals_recomputed_draft(verifier_path, checkpoints, prompts, window):
     """The draft's context K/V cached across steps give the logits and tokens of recomputing them,
     at several context lengths, with and without a window, however the context was appended."""
@@ -230,9 +230,9 @@ def test_cached_draft_equals_recomputed_draft(verifier_path, checkpoints, prompt
     feats = draft.context_features(aux)
     cache, step = draft.new_cache(), 0
     for n in (3, 40, 120, 399):
-        while cache.length < n:  # uneven appends, as accepted runs of 1..K+1 tokens arrive
+        while cache.context_len < n:  # uneven appends, as accepted runs of 1..K+1 tokens arrive
             step += 1
-            draft.extend_cache(cache, feats[cache.length: min(n, cache.length + step % 5 + 1)])
+            draft.extend_cache(cache, feats[cache.context_len: min(n, cache.context_len + step % 5 + 1)])
         for k in (1, BLOCK):
             ref = draft.draft(feats[:n], torch.arange(n), ids[n], n, k, window=window, kv_block_size=16)
             got = draft.draft_cached(cache, ids[n], k, window=window, kv_block_size=16)

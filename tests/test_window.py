@@ -118,7 +118,7 @@ def test_the_decoder_windows_like_vllm_ascend(monkeypatch):
     monkeypatch.setattr(draft_model.DSparkDraft, "block_hidden_cached",
                         lambda self, cache, start, *a: seen.update(start=start) or (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
-        fake.draft_cached(SimpleNamespace(length=200), anchor=5, num_slots=3, window=64, kv_block_size=16)
+        fake.draft_cached(SimpleNamespace(context_len=200), anchor=5, num_slots=3, window=64, kv_block_size=16)
     assert seen["seq"] == 203 and seen["start"] == 128  # (203 - 64) // 16 * 16
 
 

@@ -182,48 +182,37 @@ class DSparkDraft:
         param = next(self.model.parameters())
         return DraftKVCache(len(self.model.layers), kv_heads, attn.head_dim, param.device, param.dtype)
 
-    @torch.inference_mode()
     def extend_cache(self, cache: DraftKVCache, ctx_feats: torch.Tensor) -> None:
-        """Commit the K/V of verified context features [m, hidden] at positions length..length+m-1.
-
-        The same per-token arithmetic as the layer's own attention (k_proj, k_norm,
-        RoPE at the token's position; v_proj), done once per token instead of once per step.
-        """
-        from speculators.models.dflash.model_definitions import apply_rotary_pos_emb
-
-        m = ctx_feats.shape[0]
-        cache.reserve(cache.length + m)
-        feats = ctx_feats.view(1, m, self.hidden_size)
-        pos = torch.arange(cache.length, cache.length + m, device=self.device).view(1, -1)
-        cos, sin = self.model.rotary_emb(feats, pos)
-        for i, layer in enumerate(self.model.layers):
-            a = layer.self_attn
-            k = a.k_norm(a.k_proj(feats).view(1, m, -1, a.head_dim)).transpose(1, 2)
-            v = a.v_proj(feats).view(1, m, -1, a.head_dim).transpose(1, 2)
-            cache.write(i, cache.length, apply_rotary_pos_emb(k, k, cos, sin)[1], v)
-        cache.commit(m)
+        """Verified context features [m, hidden] for positions cache.context_len..: their K/V are
+        computed by the next drafted block's pass (draft_cached), once, then kept."""
+        cache.append(ctx_feats)
 
     @torch.inference_mode()
     def block_hidden_cached(self, cache: DraftKVCache, start: int, anchor: int, num_slots: int) -> torch.Tensor:
-        """`block_hidden` with the context K/V read from `cache` from position `start` on."""
-        m, anchor_pos = self.model, cache.length  # the block follows the verified context
+        """`block_hidden` on the cache: the pending context positions pass through the layers with
+        the block (speculators' own attention computes their K/V, as it does for a whole context),
+        the committed ones are read from `start` on; then the pending ones are committed."""
+        m = self.model
+        pending = cache.take_pending(self.hidden_size)
+        new, anchor_pos = pending.shape[0], cache.length + pending.shape[0]  # the block follows the context
         ids = torch.full((1, num_slots), self.mask_token_id, dtype=torch.long, device=self.device)
         ids[0, 0] = anchor
         x = m.embed_tokens(ids)
-        block_pos = torch.arange(anchor_pos, anchor_pos + num_slots, device=self.device).view(1, -1)
-        cos_sin = m.rotary_emb(x, block_pos)
+        positions = torch.arange(cache.length, anchor_pos + num_slots, device=self.device).view(1, -1)
+        cos_sin = m.rotary_emb(x, positions)
         masks = self._layer_masks(torch.arange(start, anchor_pos, device=self.device), anchor_pos, num_slots)
-        no_context = x.new_zeros(1, 0, self.hidden_size)  # context K/V come from the cache
-        reader = cache.reader(start, num_slots)
+        target = pending.to(self.device, x.dtype).view(1, new, self.hidden_size)
+        reader = cache.reader(start, new, num_slots)
         for i, layer in enumerate(m.layers):
             x = layer(
                 hidden_states=x,
-                target_hidden=no_context,
+                target_hidden=target,
                 attention_mask=masks[i in self.sliding_layers],
-                position_ids=block_pos,
+                position_ids=positions,
                 position_embeddings=cos_sin,
                 past_key_value=reader,
             )
+        cache.commit(new)
         return m.norm(x)[0]
 
     # ---- drafting -------------------------------------------------------------
@@ -268,9 +257,10 @@ class DSparkDraft:
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
         with_confidence: bool = True,
     ) -> DraftBlock:
-        """`draft` for the context held in `cache` (positions 0..cache.length-1); the anchor follows it."""
+        """`draft` for the context held in `cache` (positions 0..cache.context_len-1); the anchor follows it."""
         self._check_slots(num_slots)
-        start = self.window_first_position(cache.length, num_slots, window, kv_block_size)
+        # the window trims the context only: the block always attends to itself (as `draft` keeps it)
+        start = min(self.window_first_position(cache.context_len, num_slots, window, kv_block_size), cache.context_len)
         hidden = self.block_hidden_cached(cache, start, anchor, num_slots)
         return self._propose(hidden, anchor, num_slots, with_confidence)
 
