@@ -158,7 +158,8 @@ def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, 
     """`run`'s eval stage, made to find the verifier too large for the eval device: it serves the
     resolved K and window and measures the same prompts; its AL is in-process eval's."""
     from dspark_kit.resolved import Decision
-    from dspark_kit.stages.evaluate import EvalSession, build_prompts, stage_eval
+    from dspark_kit.stages.evaluate import EvalSession, build_prompts
+    from dspark_kit.stages.steps import run_eval as stage_eval
 
     monkeypatch.setattr(Resolved, "eval_fit", property(lambda self: Decision(False, "as if 64 GiB were too small")))
     res = Resolved(_recipe(run, f"eval.num_prompts={N}", f"eval.max_new_tokens={NEW}", "eval.context_lengths=[]"), run)

@@ -171,15 +171,9 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
     return summary
 
 
-def stage_eval(res: Resolved, log=lambda _msg: None) -> dict:
-    """Pipeline stage hook (dspark_kit.stages.pipeline): in-process when the verifier fits the eval
-    device, else through the serving engine (Resolved.eval_mode)."""
-    if res.eval_mode.value == "served":
-        from dspark_kit.stages.served_tune import served_eval
-
-        s = served_eval(res, log=log)
-    else:
-        s = run_eval(res, log=log)
+def stage_eval(res: Resolved) -> dict:
+    """Pipeline stage hook for in-process eval (stages.steps.run_eval chooses it or the served one)."""
+    s = run_eval(res)
     return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
 
 

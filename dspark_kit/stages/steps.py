@@ -199,6 +199,12 @@ def plan_train(res: Resolved) -> list[str]:
 
 
 def run_eval(res: Resolved) -> dict:
+    """In-process when the verifier fits the eval device, else through the serving engine (Resolved.eval_mode)."""
+    if res.eval_mode.value == "served":
+        from dspark_kit.stages.served_tune import served_eval
+
+        s = served_eval(res)
+        return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
     from dspark_kit.stages.evaluate import stage_eval
 
     return stage_eval(res)
