@@ -135,6 +135,7 @@ async def stream_events(tokens: AsyncIterator[list[int] | dict], text: TextStrea
         if final is None:
             raise RuntimeError("decoding ended without a result")
         last = chunk(text.finish(final["text"]), finish=final["finish_reason"], token_ids=pending)
+        last["choices"][0]["stop_reason"] = None  # vLLM's field (a matched stop string); always null here
         if "spec_decode" in final:  # the engine's own per-request count (a dspark-kit extension)
             last["spec_decode"] = final["spec_decode"]
         yield sse(last)
