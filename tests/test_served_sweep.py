@@ -163,3 +163,17 @@ def test_serve_dry_run_uses_the_served_recommendation(tmp_path):
     assert res.exit_code == 0, res.output
     assert "--num-speculative-tokens 4" in res.stdout and "--draft-window-size 128" in res.stdout
     assert "tuned (served" in res.output
+
+
+def test_dry_run_drops_contexts_past_the_verifiers_positions(tmp_path, monkeypatch):
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.served_tune import run_served_tune
+
+    monkeypatch.setattr(Resolved, "verifier_config", property(lambda self: {"max_position_embeddings": 1024}))
+    res = _resolved(tmp_path / "run")
+    sets = {0: [[1, 2, 3]], 512: [[1] * 512], 2048: [[1] * 2048]}
+    plan = run_served_tune(res, sets, ks=[4], windows=[64], concurrency=2, max_new_tokens=48, dry_run=True)["plan"]
+    assert plan["context_lengths"] == [0, 512] and plan["points"] == 4 * 2
+    assert any("contexts [2048] dropped" in n and "max_position_embeddings 1024" in n for n in plan["notes"])
+    assert plan["servers"] == ["verifier alone", "K 4, window off", "K 4, window 64", "verifier alone (again)"]
+    assert not (tmp_path / "run" / "eval" / "served_tune.json").exists()  # a dry run writes nothing

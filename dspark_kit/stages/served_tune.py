@@ -79,6 +79,7 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
     """Start one server, measure every prompt set on it (saving each point), stop it.
     Returns the seconds the server took to become healthy (None: it did not)."""
     from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError, free_port, log_tail
+    from dspark_kit.engines.prom import MetricsError
     from dspark_kit.engines.servers import server_plan
 
     recipe = point_recipe(res.recipe, res.checkpoint, server.k, server.window, max_model_len)
@@ -106,7 +107,11 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
             if not srv.alive():
                 save(_failed(server, n, len(prompts), "server died during the sweep") | {"log_tail": log_tail(log_path, 15)})
                 continue
-            point = asyncio.run(measure(plan.base_url, point_res.served_name, prompts, concurrency, max_tokens))
+            try:
+                point = asyncio.run(measure(plan.base_url, point_res.served_name, prompts, concurrency, max_tokens))
+            except MetricsError as e:  # the counters went down: the server restarted under us
+                save(_failed(server, n, len(prompts), str(e)) | {"log_tail": log_tail(log_path, 15)})
+                continue
             if point.get("failed") and not srv.alive():
                 point["log_tail"] = log_tail(log_path, 15)
             save({"k": server.k, "window": server.window, "context_length": n, "repeat": server.repeat,
@@ -153,6 +158,13 @@ def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, k
                     prompts_source: str = "") -> dict:
     """Sweep, save as it goes, recommend; writes DIR/eval/served_tune.json and .md (not in a dry run)."""
     servers, notes = sweep.plan_servers(res.engine, ks, windows)
+    cfg = res.verifier_config or {}
+    limit = (cfg.get("text_config") or cfg).get("max_position_embeddings")
+    too_long = [n for n in prompt_sets if n and isinstance(limit, int) and n + max_new_tokens > limit]
+    if too_long:  # the engine would refuse them (or fail to start with that max_model_len)
+        notes.append(f"contexts {too_long} dropped: with {max_new_tokens} new tokens they pass the verifier's "
+                     f"max_position_embeddings {limit}")
+        prompt_sets = {n: p for n, p in prompt_sets.items() if n not in too_long}
     ctx = sorted(prompt_sets)
     path = res.run.served_tune_file
     settings = {"engine": res.engine, "checkpoint": str(res.checkpoint), "concurrency": concurrency,
