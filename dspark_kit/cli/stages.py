@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
         --dry-run prints the exact command (torchrun when train.nproc > 1 or nnodes > 1; one line
         per node), including device env such as ASCEND_RT_VISIBLE_DEVICES on Ascend and the network
         interface collectives use. Across nodes (train.nnodes > 1) run it on every node with the same
-        recipe (shared storage for the work dir); see README "Multi-node".
+        recipe (shared storage for the work dir); see docs/MULTINODE.md.
         """
         r = load(recipe, set_)
         wd = _workdir(r, workdir)

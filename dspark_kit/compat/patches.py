@@ -1,6 +1,6 @@
 """speculators fixes DSpark training depends on, each guarded by a behavioural probe.
 
-The Ascend seed article (§5.2) lists four speculators fixes: (a) slot-0 loss
+DSpark training needs four behaviours older speculators trees lack: (a) slot-0 loss
 weight 1 under sample_from_anchor, (b) device adaptation, (c) Markov
 prev_token_ids = block_tokens (no shift), (d) slot-0 counted in the metrics.
 speculators 0.9.0 ships (a), (c), (d); (b) is still partial (docs/CONCEPTS.md#speculators-on-cpu-and-npu).

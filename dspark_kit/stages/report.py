@@ -59,7 +59,7 @@ def _server_latency(r: dict[str, Any]) -> str:
 
 
 def bench_markdown(results: list[dict[str, Any]]) -> str:
-    """Seed §8.2 layout: one row per metric, one column per result."""
+    """One row per metric, one column per result (compare runs side by side)."""
     specs = [r.get("spec_decode") or {} for r in results]
     n_pos = max((len(s.get("per_position_acceptance_rates") or []) for s in specs), default=0)
 
@@ -170,7 +170,7 @@ def val_by_epoch(run_dir: Path, scalars: dict[str, list]) -> dict[int, dict[str,
 
 
 def epoch_markdown(epochs: dict[int, dict[str, float]], best: str | None = None) -> str:
-    """Seed §7.1 layout: one row per metric, one column per epoch."""
+    """One row per metric, one column per epoch (training progress at a glance)."""
     cols = sorted(epochs)
     header = ["metric", *[f"epoch {e}" + (" (best)" if best == str(e) else "") for e in cols]]
     rows = [[name, *[_fmt(epochs[e].get(key)) for e in cols]] for key, name in VAL_ROWS

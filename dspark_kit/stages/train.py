@@ -1,9 +1,9 @@
 """Stage 3, train: the recipe -> the real `speculators train` invocation.
 
 We never re-implement training. `build_train_args` turns the recipe into
-speculators' own flags (with the DSpark defaults the seed guide insists on:
+speculators' own flags (DSpark's settings where speculators' defaults differ:
 loss, optimizer, max anchors, logger, full-attention indices set
-explicitly), and `launch_plan` wraps them in the process launcher: a single
+explicitly; docs/CONCEPTS.md#speculators-on-cpu-and-npu), and `launch_plan` wraps them in the process launcher: a single
 process or torchrun. Every process runs `dspark_kit.compat.train_entry`, which
 applies the device layer + patches and then calls speculators' train main.
 """
