@@ -10,8 +10,10 @@ applies the device layer + patches and then calls speculators' train main.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,26 +147,48 @@ def node_plans(recipe: Recipe, train_args: list[str], device: str, rdzv=None) ->
     return plans
 
 
+_EPOCH = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
+_STEP = re.compile(r"global_step[=': ]+(\d+)")
+
+
+def follow_progress(line: str, bar) -> None:
+    """Move the stage's progress line from what the trainer logs: epochs started/completed, steps."""
+    if m := _EPOCH.search(line):
+        epoch, epochs, what = int(m.group(1)), int(m.group(2)), m.group(3)
+        bar.total(epochs)
+        bar.describe(f"epoch {epoch}/{epochs}")
+        if what == "completed":
+            bar.advance(1)
+    elif m := _STEP.search(line):
+        bar.describe(f"step {m.group(1)}")
+
+
 def run_training(plan: LaunchPlan, log_path: Path) -> int:
-    """Run the plan, teeing output to `log_path`; returns the exit code."""
+    """Run the plan with its output in `log_path` (and on the console when stages stream, outside
+    `run` or with `run -v`); returns the exit code."""
     import subprocess
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     from dspark_kit.engines.lifecycle import die_with_parent_preexec, install_signal_handlers
+    from dspark_kit.progress import echo_child_output, progress_bar
     from dspark_kit.redact import redact_text
 
     env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+    echo = echo_child_output()
     install_signal_handlers()  # SIGTERM to the kit unwinds through the except below
     with log_path.open("a") as log, subprocess.Popen(
         plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - SIGKILL of the kit ends training too
-    ) as proc:
+    ) as proc, (contextlib.nullcontext() if echo else progress_bar("train", None, "epoch")) as bar:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
                 line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
                 log.write(line)
-                sys.stderr.write(line)
+                if echo:
+                    sys.stderr.write(line)
+                else:
+                    follow_progress(line, bar)
         except BaseException:  # Ctrl-C / SIGTERM to the kit: stop the trainer (torchrun forwards it)
             proc.terminate()
             try:

@@ -1,0 +1,111 @@
+"""`run`'s console (dspark_kit/progress.py): one line per stage, the stage's output in its log, the
+log's last lines when a stage fails, plain lines (no redraws) when the console is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dspark_kit import progress
+from dspark_kit.progress import StageDisplay, StageLine, note, progress_bar
+
+
+def test_plain_stage_shows_its_line_and_result_and_logs_the_noise(tmp_path):
+    out, log = io.StringIO(), tmp_path / "logs" / "stage-x.log"
+    with StageDisplay(out, terminal=False) as d:
+        with d.stage("prepare", log):
+            print("Map (num_proc=1): 100%|##########| 387/387")  # a library's progress bar on stdout
+            print("INFO step 1 loss 2.3", file=sys.stderr)
+            with progress_bar("prepare", total=100, unit="conv") as bar:
+                for _ in range(100):
+                    bar.advance()
+            note("prepare: 100 of 100 conversations used")
+        d.result("prepare", "rows_out 140", 1.5)
+    text = out.getvalue()
+    assert text.splitlines() == ["> prepare", "  prepare: 100 of 100 conversations used",
+                                 "- prepare in 0:01: rows_out 140"]
+    assert "\r" not in text
+    logged = log.read_text()
+    assert "387/387" in logged and "step 1 loss" in logged and "100 of 100 conversations" in logged
+    assert progress._active is None  # the display is gone after the block
+
+
+def test_a_failing_stage_shows_the_tail_of_its_logs(tmp_path):
+    out, logs = io.StringIO(), tmp_path / "logs"
+    logs.mkdir()
+    (logs / "old.log").write_text("from an earlier run\n")
+    import os
+    import time
+
+    os.utime(logs / "old.log", (time.time() - 3600, time.time() - 3600))
+    with StageDisplay(out, terminal=False) as d, pytest.raises(RuntimeError, match="boom"):
+        with d.stage("train", logs / "stage-train.log"):
+            (logs / "train.log").write_text("".join(f"trainer line {i}\n" for i in range(50)))
+            print("stage line", file=sys.stderr)
+            raise RuntimeError("boom: speculators train exited with 2")
+    text = out.getvalue()
+    assert "x train failed after 0:00: boom: speculators train exited with 2" in text
+    assert f"last lines of {logs / 'train.log'}" in text and f"last lines of {logs / 'stage-train.log'}" in text
+    assert "  | trainer line 49" in text and "  | trainer line 29" not in text  # the last 20 only
+    assert "  | stage line" in text and "earlier run" not in text  # only logs this stage wrote
+
+
+def test_verbose_streams_everything_as_the_stage_commands_do(tmp_path):
+    out, log = io.StringIO(), tmp_path / "stage.log"
+    with StageDisplay(out, verbose=True, terminal=False) as d:
+        with d.stage("train", log):
+            assert progress.echo_child_output()
+            print("INFO step 7", file=sys.stderr)
+    assert "==> train" in out.getvalue()
+    assert "INFO step 7" in log.read_text()  # tee: the log keeps it as before
+
+
+def test_stage_line_reports_progress_rate_and_eta():
+    now = [100.0]
+    line = StageLine("hidden-states", clock=lambda: now[0])
+    line.total, line.unit, line.detail = 400, "row", ""
+    line._since, line.count = 100.0, 0
+    now[0] = 110.0
+    line.count = 100
+    assert line.text() == "hidden-states  100/400 row  10.0 row/s  eta 0:30  0:10"
+
+
+def test_plain_progress_lines_are_rate_limited(tmp_path):
+    out = io.StringIO()
+    with StageDisplay(out, terminal=False, plain_every_s=0.0) as d:
+        with d.stage("regen", tmp_path / "s.log"), progress_bar("regen", total=3, unit="row") as bar:
+            for _ in range(3):
+                bar.advance()
+    assert sum("regen  " in ln and "/3 row" in ln for ln in out.getvalue().splitlines()) == 3
+    out = io.StringIO()
+    with StageDisplay(out, terminal=False) as d:  # the default: one line per 30 s at most
+        with d.stage("regen", tmp_path / "s.log"), progress_bar("regen", total=300, unit="row") as bar:
+            for _ in range(300):
+                bar.advance()
+    assert out.getvalue().splitlines() == ["> regen"]
+
+
+def test_descriptor_level_capture_catches_c_code_and_child_processes(tmp_path):
+    """What a plain Python redirect misses: writes to fd 2 and a child process's inherited stdout."""
+    log = tmp_path / "stage.log"
+    script = textwrap.dedent(f"""
+        import os, subprocess, sys
+        from dspark_kit.progress import StageDisplay
+        with StageDisplay(sys.stderr, terminal=False) as d:
+            with d.stage("hidden-states", {str(log)!r}):
+                os.write(2, b"written to fd 2\\n")
+                subprocess.run([sys.executable, "-c", "print('child says hi')"], check=True)
+            d.result("hidden-states", "generated 3", 0.2)
+        print("stdout after the stage")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["> hidden-states", "- hidden-states in 0:00: generated 3"]
+    assert proc.stdout == "stdout after the stage\n"
+    logged = Path(log).read_text()
+    assert "written to fd 2" in logged and "child says hi" in logged
