@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Self, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -205,7 +205,7 @@ class StageDisplay:
         self._last_plain = 0.0
 
     # ---- lifetime ---------------------------------------------------------------
-    def __enter__(self) -> StageDisplay:
+    def __enter__(self) -> Self:
         global _active
         try:  # our own handle on the console, so redirecting fd 1/2 during a stage leaves it alone
             self._owned = os.fdopen(os.dup(self.stream.fileno()), "w", buffering=1, encoding="utf-8",

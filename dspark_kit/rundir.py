@@ -2,7 +2,9 @@
 
 Stages, preflight, report and the CLI ask a RunDir for a path instead of
 joining folder names themselves, so the layout README documents is the
-layout the code writes.
+layout the code writes. regen's companions (`<output>.errors.jsonl`,
+`<output>.engine.log`) sit beside whatever output regen writes (`-o`), so
+regen names them from its output path.
 """
 
 from __future__ import annotations
@@ -90,9 +92,24 @@ class RunDir:
     def state(self) -> Path:
         return self.root / "state.json"
 
-    def log(self, name: str) -> Path:
-        """A named log under logs/ (train.log, stage-eval.log, spec-server.log, ...)."""
-        return self.logs / name
+    # ---- logs/: every log a run writes is named here ----------------------
+    # (speculators also writes its tensorboard events under logs/, in folders it names itself)
+    @property
+    def train_log(self) -> Path:
+        """The trainer's output (speculators / torchrun), appended to across runs."""
+        return self.logs / "train.log"
+
+    def stage_log(self, stage: str) -> Path:
+        """`dspark-kit run`: what one stage printed (stage-regen.log ... stage-report.log)."""
+        return self.logs / f"stage-{stage}.log"
+
+    def server_log(self, role: str) -> Path:
+        """A server a stage starts and stops (chat-server.log, hidden-states-server.log, spec-server.log)."""
+        return self.logs / f"{role}-server.log"
+
+    def serve_log(self, role: str) -> Path:
+        """The server `dspark-kit serve --role ROLE` keeps running (serve-spec.log, ...)."""
+        return self.logs / f"serve-{role}.log"
 
     def bench_file(self, label: str) -> Path:
         return self.bench / f"bench_{label}.json"

@@ -212,6 +212,21 @@ def test_cli_bench_then_compare(serve, tmp_path):
     assert res.exit_code == 2
 
 
+def test_cli_bench_workdir(serve, tmp_path):
+    """bench takes -w/--workdir like every other command: results go to DIR/bench."""
+    from dspark_kit.cli import app
+
+    _, url = serve(StubServer("stream"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: t\nworkdir: {tmp_path / 'recipe-run'}\nbench: {{num_prompts: 2, concurrency: 2}}\n")
+    for flag, wd in (("-w", tmp_path / "w1"), ("--workdir", tmp_path / "w2")):
+        res = CliRunner().invoke(app, ["bench", "-r", str(recipe), flag, str(wd), "--base-url", url, "--label", "x"])
+        assert res.exit_code == 0, res.output
+        assert json.loads((wd / "bench" / "bench_x.json").read_text())["completed"] == 2
+        assert str(wd / "bench" / "bench_x.json") in res.output
+    assert not (tmp_path / "recipe-run").exists()
+
+
 @pytest.mark.slow
 def test_against_local_engine(tmp_path):
     """Real local engine (role chat, tiny verifier): the client falls back to JSON if it won't stream."""

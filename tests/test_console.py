@@ -43,11 +43,11 @@ def test_a_failing_stage_shows_the_tail_of_its_logs(tmp_path):
     import time
 
     os.utime(logs / "old.log", (time.time() - 3600, time.time() - 3600))
-    with StageDisplay(out, terminal=False) as d, pytest.raises(RuntimeError, match="boom"):
-        with d.stage("train", logs / "stage-train.log"):
-            (logs / "train.log").write_text("".join(f"trainer line {i}\n" for i in range(50)))
-            print("stage line", file=sys.stderr)
-            raise RuntimeError("boom: speculators train exited with 2")
+    with (StageDisplay(out, terminal=False) as d, pytest.raises(RuntimeError, match="boom"),
+          d.stage("train", logs / "stage-train.log")):
+        (logs / "train.log").write_text("".join(f"trainer line {i}\n" for i in range(50)))
+        print("stage line", file=sys.stderr)
+        raise RuntimeError("boom: speculators train exited with 2")
     text = out.getvalue()
     assert "x train failed after 0:00: boom: speculators train exited with 2" in text
     assert f"last lines of {logs / 'train.log'}" in text and f"last lines of {logs / 'stage-train.log'}" in text
@@ -57,10 +57,9 @@ def test_a_failing_stage_shows_the_tail_of_its_logs(tmp_path):
 
 def test_verbose_streams_everything_as_the_stage_commands_do(tmp_path):
     out, log = io.StringIO(), tmp_path / "stage.log"
-    with StageDisplay(out, verbose=True, terminal=False) as d:
-        with d.stage("train", log):
-            assert progress.echo_child_output()
-            print("INFO step 7", file=sys.stderr)
+    with StageDisplay(out, verbose=True, terminal=False) as d, d.stage("train", log):
+        assert progress.echo_child_output()
+        print("INFO step 7", file=sys.stderr)
     assert "==> train" in out.getvalue()
     assert "INFO step 7" in log.read_text()  # tee: the log keeps it as before
 
@@ -77,16 +76,16 @@ def test_stage_line_reports_progress_rate_and_eta():
 
 def test_plain_progress_lines_are_rate_limited(tmp_path):
     out = io.StringIO()
-    with StageDisplay(out, terminal=False, plain_every_s=0.0) as d:
-        with d.stage("regen", tmp_path / "s.log"), progress_bar("regen", total=3, unit="row") as bar:
-            for _ in range(3):
-                bar.advance()
+    with (StageDisplay(out, terminal=False, plain_every_s=0.0) as d, d.stage("regen", tmp_path / "s.log"),
+          progress_bar("regen", total=3, unit="row") as bar):
+        for _ in range(3):
+            bar.advance()
     assert sum("regen  " in ln and "/3 row" in ln for ln in out.getvalue().splitlines()) == 3
     out = io.StringIO()
-    with StageDisplay(out, terminal=False) as d:  # the default: one line per 30 s at most
-        with d.stage("regen", tmp_path / "s.log"), progress_bar("regen", total=300, unit="row") as bar:
-            for _ in range(300):
-                bar.advance()
+    with (StageDisplay(out, terminal=False) as d, d.stage("regen", tmp_path / "s.log"),  # one line per 30 s at most
+          progress_bar("regen", total=300, unit="row") as bar):
+        for _ in range(300):
+            bar.advance()
     assert out.getvalue().splitlines() == ["> regen"]
 
 

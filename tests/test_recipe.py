@@ -22,6 +22,30 @@ def test_unknown_key_is_named(tmp_path):
         load_recipe(f)
 
 
+def test_dead_batch_tokens_key_is_refused(tmp_path):
+    """hidden_states.batch_tokens was never read: setting it is the usual unknown-key error."""
+    f = tmp_path / "r.yaml"
+    f.write_text("hidden_states:\n  batch_tokens: 4096\n")
+    with pytest.raises(RecipeError, match=r"hidden_states\.batch_tokens: unknown key"):
+        load_recipe(f)
+    with pytest.raises(RecipeError, match=r"hidden_states\.batch_tokens: unknown key"):
+        load_recipe(REPO / "recipes" / "tiny-cpu.yaml", ["hidden_states.batch_tokens=4096"])
+
+
+def test_workdir_tilde_is_the_home_directory(tmp_path, monkeypatch):
+    """Before: `workdir: ~/runs/x` became ./~/runs/x under the current directory."""
+    from dspark_kit.resolved import Resolved
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    r = recipe_from_dict({"workdir": "~/runs/x"})
+    assert r.workdir_path() == home.resolve() / "runs" / "x"
+    assert r.workdir_path("~/other") == home.resolve() / "other"
+    assert Resolved(r).run.root == home.resolve() / "runs" / "x"
+    assert recipe_from_dict({"workdir": "runs/y"}).workdir_path() == tmp_path.resolve() / "runs" / "y"
+
+
 def test_overrides_are_typed_and_nested():
     data = apply_overrides({}, ["train.epochs=3", "draft.attention=sliding", "hidden_states.target_layer_ids=[1, 5]"])
     r = recipe_from_dict(data)

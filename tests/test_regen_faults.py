@@ -16,6 +16,11 @@ from dspark_kit.recipe import Recipe
 from dspark_kit.stages.regen import run_regen
 
 BEHAVIOURS = ["ok", "fail-once", "fail-always", "slow", "malformed", "bad-schema", "reject"]
+# 200s whose JSON is not a chat completion: a per-row "malformed response", never a crash
+ODD_BODIES = {"not-an-object": [1, 2], "choice-not-an-object": {"choices": ["x"]},
+              "message-not-an-object": {"choices": [{"message": "hi"}]},
+              "usage-not-an-object": {"choices": [{"message": {"content": "x"}}], "usage": "lots"},
+              "usage-not-a-number": {"choices": [{"message": {"content": "x"}}], "usage": {"completion_tokens": "two"}}}
 
 
 class Stub:
@@ -60,6 +65,8 @@ class Stub:
             return web.json_response({"choices": []})
         if kind == "reject":
             return web.json_response({"error": {"message": "bad"}}, status=400)
+        if kind in ODD_BODIES:
+            return web.json_response(ODD_BODIES[kind])
         msg = ok["choices"][0]["message"]
         if kind == "think":  # vLLM --reasoning-parser: reasoning_content, content after </think>
             msg.update(reasoning_content=f"\nwhy {kind}\n", content=f"\n\nre:{kind}")
@@ -290,3 +297,26 @@ def test_server_still_starting_is_waited_for(tmp_path):
         timer.join()
         box["stub"].stop()
     assert summary["written"] == 3 and summary["endpoints"][0]["model"] == "stub"
+
+
+def test_odd_reply_bodies_are_failed_rows(tmp_path, stub):
+    out = tmp_path / "out.jsonl"
+    summary = run_regen(_recipe(tmp_path, ["ok", *ODD_BODIES], max_retries=0), out, endpoints=[stub.url])
+    assert summary["written"] == 1 and summary["failed"] == len(ODD_BODIES)
+    reasons = [e["reason"] for e in _lines(tmp_path / "out.jsonl.errors.jsonl")]
+    assert len(reasons) == len(ODD_BODIES) and all(r.startswith("malformed response") for r in reasons), reasons
+
+
+def test_a_bug_in_the_request_path_stops_the_run(tmp_path, stub, monkeypatch):
+    """Before: any exception in a worker (here a bug building the row) became a per-row "failed"
+    and the run completed; now only failed requests are rows' failures and a bug surfaces."""
+    from dspark_kit.stages import regen
+
+    def broken(_history):
+        raise ZeroDivisionError("a bug in the row builder")
+
+    monkeypatch.setattr(regen, "to_sharegpt", broken)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(ZeroDivisionError, match="a bug in the row builder"):
+        run_regen(_recipe(tmp_path, ["ok"] * 20), out, endpoints=[stub.url], concurrency=3)
+    assert out.read_text() == "" and not _lines(tmp_path / "out.jsonl.errors.jsonl")

@@ -181,3 +181,21 @@ def test_report_reads_older_window_tune_files(tmp_path):
     (tmp_path / "eval" / "window_tune.json").write_text(json.dumps(
         {"recommended_window": None, "acceptance_length": {"off": {"0": 3.0, "512": 2.0}, "256": {"0": 3.0, "512": 2.2}}}))
     assert context_series(tmp_path) == {"no window": {0: 3.0, 512: 2.0}, "window 256": {0: 3.0, 512: 2.2}}
+
+
+def test_report_eval_table_leaves_the_tune_result_out(tmp_path):
+    """Before: eval/window_tune.json was read as an eval result and its nested AL table printed as a row."""
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "eval.json").write_text(json.dumps(
+        {"acceptance_length": 3.25, "per_position_acceptance": [0.9, 0.7],
+         "runs": [{"context_length": 0, "window": None, "acceptance_length": 3.25}]}))
+    (tmp_path / "eval" / "window_tune.json").write_text(json.dumps(  # what `dspark-kit tune` writes
+        {"recommended_window": 256, "recommended_k": 4, "acceptance_length": {"off": {"0": 3.0}, "256": {"0": 3.1}},
+         "acceptance_length_by_k": {"4": {"off": {"0": 3.0}}},
+         "measurements": [{"k": 4, "window": 256, "context_length": 0, "acceptance_length": 3.1}]}))
+    md = build_report(tmp_path).read_text()
+    section = md.split("## Offline eval")[1].split("## Serving benchmark")[0]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert table[2:] == ["| eval | 3.250 | 0.900, 0.700 |"], section  # after the header and its rule
+    assert "{" not in section and "window_tune |" not in section
+    assert "recommended K 4, draft window 256" in section

@@ -44,3 +44,26 @@ def test_run_dry_run_follows_stages_and_from(tmp_path):
     assert [ln for ln in lines if ln.startswith("# ==> ")] == ["# ==> train", "# ==> bench"]
     bad = CliRunner().invoke(app, ["run", TINY, "--dry-run", "--stages", "nope"])
     assert bad.exit_code == 2 and "unknown" in bad.output
+
+
+def test_run_takes_the_recipe_positionally_or_with_r(tmp_path, monkeypatch):
+    """`run X` and `run -r X` are the same (every other command takes -r); two different files is an error.
+    Also: `workdir: ~/...` is the home directory (before: ./~/... under the current directory)."""
+    import json
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("name: a\nworkdir: ~/runs/a\n")
+    b.write_text("name: b\nworkdir: runs/b\n")
+
+    def workdir(*args: str) -> str:
+        r = CliRunner().invoke(app, ["run", *args, "--dry-run", "--stages", "report", "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["workdir"]
+
+    home_a = str((tmp_path / "home" / "runs" / "a").resolve())
+    assert workdir(str(a)) == workdir("-r", str(a)) == workdir(str(a), "-r", str(a)) == home_a
+    assert workdir("--recipe", str(b)) == str((tmp_path / "runs" / "b").resolve())
+    both = CliRunner().invoke(app, ["run", str(a), "-r", str(b), "--dry-run"])
+    assert both.exit_code == 2 and "recipe given twice" in both.output

@@ -12,6 +12,7 @@ from dspark_kit.cli.common import (
     JsonOpt,
     RecipeOpt,
     SetOpt,
+    WorkdirOpt,
     emit_json,
     fail,
     load,
@@ -25,6 +26,7 @@ def register(app: typer.Typer) -> None:
             help="With --compare: bench JSON files (ours or `vllm bench serve --save-result`).")] = None,
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
+        workdir: WorkdirOpt = None,
         base_url: Annotated[str | None, typer.Option(
             "--base-url", help="Running server, e.g. http://127.0.0.1:8000 (default: recipe serve.host:port).")] = None,
         num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1, help="Default: bench.num_prompts.")] = None,
@@ -34,7 +36,7 @@ def register(app: typer.Typer) -> None:
             "--dataset", help="'builtin' (shipped tiny prompts) or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
         label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
         out: Annotated[Path | None, typer.Option(
-            "--out", help="Output dir (default <workdir>/bench); with --compare a .md file or a dir.")] = None,
+            "--out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,
         compare: Annotated[bool, typer.Option(
             "--compare", help="Compare result files instead of benchmarking: prints a markdown table; --out also writes it + a per-position PNG.")] = False,
         json_out: JsonOpt = False,
@@ -69,9 +71,12 @@ def register(app: typer.Typer) -> None:
             return
         if files:
             fail(f"unexpected arguments {[str(f) for f in files]}: result files need --compare")
+        from dspark_kit.rundir import RunDir
+
         r = load(recipe, set_)
+        out_dir = out or RunDir.at(r.workdir_path(workdir)).bench
         try:
-            result = run_bench(r, base_url, label, out, num_prompts=num_prompts, concurrency=concurrency,
+            result = run_bench(r, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
                                max_tokens=max_tokens, dataset=dataset)
         except (BenchError, MetricsError) as e:
             fail(str(e))
@@ -81,7 +86,4 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.stages.report import bench_markdown
 
         typer.echo(bench_markdown([result]))
-        from dspark_kit.rundir import RunDir
-
-        out_dir = out or RunDir.at(r.workdir_path()).bench
         typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)

@@ -38,6 +38,13 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def one_recipe(positional: Path | None, option: Path | None) -> Path:
+    """`CMD RECIPE` and `CMD -r RECIPE` name the same thing; two different files is an error."""
+    if positional is not None and option is not None and positional.resolve() != option.resolve():
+        fail(f"recipe given twice: {positional} and -r {option}; pass one (positionally or with -r)")
+    return positional or option or DEFAULT_RECIPE_PATH
+
+
 def load(recipe: Path, sets: list[str] | None, require_run_keys: bool = False) -> Recipe:
     try:
         return load_recipe(recipe, sets or [], require_run_keys=require_run_keys)

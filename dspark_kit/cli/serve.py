@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
 def _run(plan, recipe, run, role: str, json_out: bool) -> None:
     from dspark_kit.engines.lifecycle import ManagedServer
 
-    log_path = run.log(f"serve-{role}.log")
+    log_path = run.serve_log(role)
     server = ManagedServer(plan, log_path)
     try:
         server.start()

@@ -19,6 +19,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    one_recipe,
 )
 
 
@@ -97,7 +98,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def run(
-        recipe: Annotated[Path, typer.Argument(help="Recipe YAML.")] = DEFAULT_RECIPE_PATH,
+        recipe_arg: Annotated[Path | None, typer.Argument(
+            metavar="RECIPE", help=f"Recipe YAML, the same as -r (default {DEFAULT_RECIPE_PATH}).")] = None,
+        recipe: Annotated[Path | None, typer.Option("-r", "--recipe", help="Recipe YAML (see recipes/).")] = None,
         set_: SetOpt = None,
         workdir: WorkdirOpt = None,
         stages: Annotated[str | None, typer.Option("--stages", help="Comma list, e.g. prepare,hidden-states,train.")] = None,
@@ -116,6 +119,7 @@ def register(app: typer.Typer) -> None:
         """
         from dspark_kit.stages.pipeline import run_pipeline
 
+        recipe_path = one_recipe(recipe_arg, recipe)
         chosen = stages.split(",") if stages else None
         if replay is not None:
             from dspark_kit.stages.pipeline import replay_recipe
@@ -129,7 +133,7 @@ def register(app: typer.Typer) -> None:
             for d in diffs:
                 console.print(f"[yellow]replay differs:[/] {d}", highlight=False)
         else:
-            r = load(recipe, set_)
+            r = load(recipe_path, set_)
             wd = _workdir(r, workdir)
         if dry_run:
             from dspark_kit.recipe import RecipeError

@@ -1,8 +1,9 @@
-"""The local engine's OpenAI-compatible request schema, error shape and input checks.
+"""The local engine's OpenAI-compatible request schema, error shape, input checks and guard.
 
 Kept apart from the server (local_server.py) so the rules a request must pass
 read as one list: bad input is a 4xx in OpenAI's error shape, never a 500,
-and fields we cannot honour are refused rather than silently ignored.
+and fields we cannot honour are refused rather than silently ignored. The
+guard (API key, body size, in-flight limit) runs before any route.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, Strict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")  # fullmatch: `$` would let "x\n" through
 MAX_BODY_BYTES = 16 * 2**20
@@ -132,3 +136,90 @@ def check_messages(messages: list[dict[str, Any]]) -> None:
         for key in ("role", "name"):
             if isinstance(m.get(key), str):
                 check_text(m[key], f"messages.{i}.{key}")
+
+
+# ---- the guard in front of every route, and the error handlers ------------------
+
+
+class _BodyTooLarge(HTTPException):
+    """Raised from receive(): an HTTPException so FastAPI's body reader passes it through."""
+
+    def __init__(self):
+        super().__init__(413, f"request body over {MAX_BODY_BYTES} bytes")
+
+
+class Guard:
+    """Pure ASGI middleware: API key, body cap counted while reading (a chunked upload has no
+    Content-Length to check), and the in-flight limit. Pure ASGI, unlike BaseHTTPMiddleware,
+    so `request.is_disconnected()` still sees the client leave."""
+
+    def __init__(self, app, engine):  # a local_engine.Engine
+        self.app, self.engine = app, engine
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        args, engine = self.engine.args, self.engine
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if (scope["path"] != "/health" and args.api_key
+                and headers.get("authorization") != f"Bearer {args.api_key}"):
+            return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                                        "AuthenticationError")(scope, receive, send)
+        size = headers.get("content-length", "")
+        too_large = f"request body over {MAX_BODY_BYTES} bytes"
+        if size.isdigit() and int(size) > MAX_BODY_BYTES:
+            return await error_response(413, too_large, ERROR_KINDS[413])(scope, receive, send)
+        received = 0
+
+        async def counted_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > MAX_BODY_BYTES:
+                    raise _BodyTooLarge
+            return message
+
+        started = False
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        counted = scope["method"] == "POST"
+        if counted:
+            if engine.in_flight >= args.max_concurrency:
+                return await error_response(503, f"server busy: {args.max_concurrency} requests in flight "
+                                            "(--max-concurrency); retry later", ERROR_KINDS[503])(scope, receive, send)
+            engine.in_flight += 1
+            engine.metrics.running.set(engine.in_flight)
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except _BodyTooLarge:
+            if not started:
+                await error_response(413, too_large, ERROR_KINDS[413])(scope, receive, send)
+        finally:
+            if counted:
+                engine.in_flight -= 1
+                engine.metrics.running.set(engine.in_flight)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error this server answers, in OpenAI's shape: ours, FastAPI's and bad request bodies."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_r: Request, e: ApiError):
+        return error_response(e.status, e.message, e.kind, e.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_r: Request, e: StarletteHTTPException):  # 404, 405, unreadable body
+        kind = ERROR_KINDS.get(e.status_code, "BadRequestError" if e.status_code < 500 else "InternalServerError")
+        return error_response(e.status_code, str(e.detail), kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_r: Request, e: RequestValidationError):
+        errors = e.errors()
+        msg = "; ".join(f"{'.'.join(str(p) for p in x['loc'][1:]) or 'body'}: {x['msg']}" for x in errors)
+        param = ".".join(str(p) for p in errors[0]["loc"][1:]) or None if errors else None
+        return error_response(400, msg, "BadRequestError", param)

@@ -11,225 +11,36 @@ Role `hidden-states` mirrors vLLM's extract_hidden_states + file connector
 `kv_transfer_params.hidden_states_path`; role `spec` decodes with a DSpark draft.
 One decoding thread serves requests in turn (the tiny model is faster that way
 on 2 cores than interleaving), so /health stays responsive while it works.
+
+Here: the routes and the command line. The model side (limits, decoding,
+hidden-state files) is local_engine.py; the request schema, input checks, the
+guard (API key, body cap, in-flight limit) and the error shape are local_api.py;
+the /metrics names are prom.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import fcntl
 import os
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from dspark_kit.engines.local_api import (
-    DISCONNECT_POLL_S,
-    ERROR_KINDS,
-    MAX_BODY_BYTES,
-    REQUEST_ID_RE,
-    SAMPLING_EPS,
     ApiError,
     ChatRequest,
     CompletionRequest,
-    OpenAIRequest,
-    check_extras,
+    Guard,
     check_messages,
     check_text,
-    error_response,
+    install_error_handlers,
 )
+from dspark_kit.engines.local_engine import Engine, build_generator
 from dspark_kit.recipe import ROLES
-
-
-class EngineMetrics:
-    """vLLM's Prometheus names (docs/CONCEPTS.md#acceptance-figures) so bench code reads either engine."""
-
-    def __init__(self, model_name: str, spec: bool):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
-
-        disable_created_metrics()  # vLLM exposes no *_created series either
-        self.registry = CollectorRegistry()
-        labels = {"model_name": model_name, "engine": "0"}
-        names = list(labels)
-
-        def counter(name: str, doc: str, extra: tuple[str, ...] = ()):
-            return Counter(name, doc, [*names, *extra], registry=self.registry)
-
-        self.prompt = counter("vllm:prompt_tokens", "Prefill tokens processed.").labels(**labels)
-        self.generation = counter("vllm:generation_tokens", "Tokens generated.").labels(**labels)
-        self.running = Gauge("vllm:num_requests_running", "Requests in flight.", names,
-                             registry=self.registry).labels(**labels)
-        self.spec = spec
-        if spec:
-            self.drafts = counter("vllm:spec_decode_num_drafts", "Draft proposals.").labels(**labels)
-            self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Drafted tokens.").labels(**labels)
-            self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Accepted tokens.").labels(**labels)
-            self._per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                    "Accepted tokens per draft position.", ("position",))
-            self._labels = labels
-
-    def observe(self, prompt_tokens: int, res) -> None:
-        self.prompt.inc(prompt_tokens)
-        self.generation.inc(len(res.token_ids))
-        if self.spec:
-            self.drafts.inc(res.num_drafts)
-            self.draft_tokens.inc(res.num_draft_tokens)
-            self.accepted.inc(res.num_accepted_tokens)
-            for pos, n in enumerate(res.accepted_per_pos):
-                self._per_pos.labels(**self._labels, position=str(pos)).inc(n)
-
-    def render(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-def _cut_at_stop(text: str, stop: str | list[str] | None) -> tuple[str, bool]:
-    stops = [stop] if isinstance(stop, str) else (stop or [])
-    hits = [text.index(s) for s in stops if s and s in text]
-    return (text[: min(hits)], True) if hits else (text, False)
-
-
-class Engine:
-    """Model, tokenizer, generator and the bookkeeping one server needs."""
-
-    def __init__(self, args: argparse.Namespace, model, tokenizer, generator, config=None):
-        # role spec passes model=None + the config: its generator holds its own verifier
-        self.args, self.model, self.tok, self.generator = args, model, tokenizer, generator
-        config = config or model.config
-        self.served_name = args.served_model_name or args.model
-        self.max_len = int(getattr(config, "max_position_embeddings", 4096))
-        if getattr(args, "max_model_len", None):  # the recipe's serve.max_model_len, as vLLM's flag
-            self.max_len = min(self.max_len, args.max_model_len)
-        self.vocab = int(config.vocab_size)
-        stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
-        self.stop_ids = frozenset(i for i in stop if isinstance(i, int) and i >= 0)
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
-        # tokenizing a large prompt takes seconds: never on the event loop, never behind decoding
-        self.tok_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
-        self.in_flight = 0
-        self._longest_token: int | None = None
-        self.aborted = 0  # requests whose client left mid-decode (decoding stopped for them)
-        self.metrics = EngineMetrics(self.served_name, spec=args.role == "spec")
-        self.storage = Path(args.storage_path).resolve() if args.storage_path else None
-
-    def check_model(self, req: OpenAIRequest) -> None:
-        if req.model is not None and req.model != self.served_name:
-            raise ApiError(404, f"The model `{req.model}` does not exist; this server serves "
-                                f"`{self.served_name}` (GET /v1/models)", "NotFoundError")
-        if req.n != 1:
-            raise ApiError(400, "n: the local engine returns exactly one choice (n=1)")
-        if req.stream:
-            raise ApiError(400, "stream: not supported by the local engine; send stream=false")
-        check_extras(req)
-        if self.args.role == "spec" and req.top_p < 1.0 and req.temperature >= SAMPLING_EPS:
-            raise ApiError(400, "top_p: role spec samples from the verifier without nucleus filtering; "
-                                "send top_p=1 (or temperature=0)", param="top_p")
-        for i, stop in enumerate([req.stop] if isinstance(req.stop, str) else (req.stop or [])):
-            check_text(stop, f"stop.{i}")
-
-    def check_prompt(self, ids: list[int], max_tokens: int) -> None:
-        bad = [i for i in ids if not 0 <= i < self.vocab]
-        if bad:
-            raise ApiError(400, f"prompt: token ids {bad[:5]} outside [0, {self.vocab})")
-        if not ids:
-            raise ApiError(400, "prompt: empty after tokenization", param="prompt")
-        if len(ids) >= self.max_len:
-            raise ApiError(400, f"prompt ({len(ids)} tokens) leaves no room to generate: the maximum "
-                                f"context length is {self.max_len} tokens", param="messages")
-        if len(ids) + max_tokens > self.max_len:
-            raise ApiError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds "
-                                f"the maximum context length {self.max_len}; shorten or lower max_tokens",
-                           param="max_tokens")
-
-    def check_text_size(self, chars: int, where: str) -> None:
-        """Refuse text that cannot fit before tokenizing it (seconds for megabytes): no token
-        covers more than the longest vocabulary entry's characters."""
-        if self._longest_token is None:
-            self._longest_token = max((len(t) for t in self.tok.get_vocab()), default=1) or 1
-        if chars > self.max_len * self._longest_token:
-            raise ApiError(400, f"{where}: {chars} characters cannot fit the maximum context length "
-                                f"{self.max_len} tokens", param=where)
-
-    def default_max_tokens(self, ids: list[int], req: OpenAIRequest) -> int:
-        given = req.max_tokens if req.max_tokens is not None else getattr(req, "max_completion_tokens", None)
-        return given if given is not None else max(1, self.max_len - len(ids))
-
-    async def tokenize(self, fn, *a):
-        return await asyncio.get_running_loop().run_in_executor(self.tok_pool, fn, *a)
-
-    async def run(self, fn, *a, request: Request | None = None):
-        """fn(*a, cancel) on the decode thread; set `cancel` when the client disconnects."""
-        cancel = threading.Event()
-        fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, *a, cancel)
-        if request is None:
-            return await fut
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return fut.result()
-            if await request.is_disconnected():
-                cancel.set()  # the generator stops at its next step; a queued request never starts
-                self.aborted += 1
-                return await fut
-
-    def decode(self, ids: list[int], req: OpenAIRequest, max_tokens: int, cancel: threading.Event) -> dict[str, Any]:
-        kwargs = {"top_p": req.top_p} if req.top_p < 1.0 and self.args.role != "spec" else {}
-        if cancel.is_set():
-            return {"text": "", "token_ids": [], "finish_reason": "abort"}
-        temperature = req.temperature if req.temperature >= SAMPLING_EPS else 0.0  # vLLM: below eps = greedy
-        stop_ids = frozenset() if req.ignore_eos else self.stop_ids
-        res = self.generator.generate(ids, max_tokens, temperature=temperature,
-                                      seed=req.seed, stop_ids=stop_ids, cancel=cancel, **kwargs)
-        shown = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in stop_ids else res.token_ids
-        text, stopped = _cut_at_stop(self.tok.decode(shown, skip_special_tokens=False), req.stop)
-        self.metrics.observe(len(ids), res)
-        out = {"text": text, "token_ids": res.token_ids, "finish_reason": "stop" if stopped else res.finish_reason}
-        if self.args.role == "spec":  # the engine's own per-request count (a dspark-kit extension)
-            out["spec_decode"] = {"num_drafts": res.num_drafts, "num_draft_tokens": res.num_draft_tokens,
-                                  "num_accepted_tokens": res.num_accepted_tokens,
-                                  "accepted_per_pos": list(res.accepted_per_pos)}
-        return out
-
-    def request_file(self, request_id: str) -> Path:
-        if self.storage is None:
-            raise ApiError(400, "hidden states: server started without --storage-path")
-        if not REQUEST_ID_RE.fullmatch(request_id):
-            raise ApiError(400, f"request_id {request_id!r}: use letters, digits, '.', '_', '-' only")
-        path = (self.storage / f"{request_id}.safetensors").resolve()
-        if path.parent != self.storage:
-            raise ApiError(400, f"request_id {request_id!r}: escapes the storage directory")
-        return path
-
-    def write_hidden_states(self, ids: list[int], path: Path, cancel: threading.Event | None = None) -> int:
-        import torch
-        from safetensors.torch import save_file
-
-        from dspark_kit.engines.verifier_generator import extract_hidden_states
-
-        hs, next_token = extract_hidden_states(self.model, ids, self.args.layer_ids)
-        tensors = {"hidden_states": hs.to(getattr(torch, self.args.hidden_states_dtype)).cpu().contiguous(),
-                   "token_ids": torch.tensor(ids, dtype=torch.int64)}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = f"{path}.lock"
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
-        try:  # readers (hs_connectors) wait on this lock before loading
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            tmp = path.with_name(path.name + ".tmp")
-            save_file(tensors, str(tmp))
-            os.replace(tmp, path)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-            os.remove(lock)  # written before we answer: no reader can be waiting on it
-        return next_token
 
 
 def split_reasoning_like_vllm(text: str) -> dict[str, str | None]:
@@ -251,92 +62,11 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-class _BodyTooLarge(HTTPException):
-    """Raised from receive(): an HTTPException so FastAPI's body reader passes it through."""
-
-    def __init__(self):
-        super().__init__(413, f"request body over {MAX_BODY_BYTES} bytes")
-
-
-class Guard:
-    """Pure ASGI middleware: API key, body cap counted while reading (a chunked upload has no
-    Content-Length to check), and the in-flight limit. Pure ASGI, unlike BaseHTTPMiddleware,
-    so `request.is_disconnected()` still sees the client leave."""
-
-    def __init__(self, app, engine: Engine):
-        self.app, self.engine = app, engine
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        args, engine = self.engine.args, self.engine
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if (scope["path"] != "/health" and args.api_key
-                and headers.get("authorization") != f"Bearer {args.api_key}"):
-            return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                        "AuthenticationError")(scope, receive, send)
-        size = headers.get("content-length", "")
-        too_large = f"request body over {MAX_BODY_BYTES} bytes"
-        if size.isdigit() and int(size) > MAX_BODY_BYTES:
-            return await error_response(413, too_large, ERROR_KINDS[413])(scope, receive, send)
-        received = 0
-
-        async def counted_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > MAX_BODY_BYTES:
-                    raise _BodyTooLarge
-            return message
-
-        started = False
-
-        async def tracked_send(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        counted = scope["method"] == "POST"
-        if counted:
-            if engine.in_flight >= args.max_concurrency:
-                return await error_response(503, f"server busy: {args.max_concurrency} requests in flight "
-                                            "(--max-concurrency); retry later", ERROR_KINDS[503])(scope, receive, send)
-            engine.in_flight += 1
-            engine.metrics.running.set(engine.in_flight)
-        try:
-            await self.app(scope, counted_receive, tracked_send)
-        except _BodyTooLarge:
-            if not started:
-                await error_response(413, too_large, ERROR_KINDS[413])(scope, receive, send)
-        finally:
-            if counted:
-                engine.in_flight -= 1
-                engine.metrics.running.set(engine.in_flight)
-
-
 def create_app(engine: Engine) -> FastAPI:
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-
     app = FastAPI(title="dspark-kit local engine", docs_url=None, redoc_url=None)
     args = engine.args
     app.add_middleware(Guard, engine=engine)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_r: Request, e: ApiError):
-        return error_response(e.status, e.message, e.kind, e.param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_r: Request, e: StarletteHTTPException):  # 404, 405, unreadable body
-        kind = ERROR_KINDS.get(e.status_code, "BadRequestError" if e.status_code < 500 else "InternalServerError")
-        return error_response(e.status_code, str(e.detail), kind)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_r: Request, e: RequestValidationError):
-        errors = e.errors()
-        msg = "; ".join(f"{'.'.join(str(p) for p in x['loc'][1:]) or 'body'}: {x['msg']}" for x in errors)
-        param = ".".join(str(p) for p in errors[0]["loc"][1:]) or None if errors else None
-        return error_response(400, msg, "BadRequestError", param)
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health():
@@ -424,22 +154,6 @@ def create_app(engine: Engine) -> FastAPI:
         return body
 
     return app
-
-
-def build_generator(args, model):
-    from dspark_kit.engines.verifier_generator import VerifierGenerator
-
-    if args.role != "spec":
-        return VerifierGenerator(model, token_delay_s=args.token_delay_ms / 1000)
-    if not args.draft or not args.num_speculative_tokens:
-        raise SystemExit("--draft and --num-speculative-tokens: role spec needs a DSpark checkpoint and K "
-                         "(`dspark-kit serve` decides K; see `dspark-kit recipe show`)")
-    from dspark_kit.specdec.decoder import SpecGenerator  # lazy: heavy imports, only for role spec
-    from dspark_kit.specdec.verifier import resolve_device
-
-    return SpecGenerator.from_checkpoint(
-        args.model, args.draft, num_speculative_tokens=args.num_speculative_tokens,
-        draft_window_size=args.draft_window_size, device=resolve_device(args.device))
 
 
 def build_parser() -> argparse.ArgumentParser:

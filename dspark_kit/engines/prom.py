@@ -1,9 +1,11 @@
-"""Spec-decode acceptance from Prometheus `/metrics` scrapes (docs/CONCEPTS.md#acceptance-figures).
+"""Prometheus metrics with vLLM's names: what our local engine exports, and what bench reads.
 
-vLLM (and our local engine) export monotonically increasing counters; a
-benchmark scrapes before and after and turns the deltas into acceptance
-length, acceptance rate and per-position rates. Also imports the JSON that
-`vllm bench serve --save-result` writes, into the same result schema.
+vLLM (and our local engine, `EngineMetrics`) export monotonically increasing
+counters; a benchmark scrapes before and after and turns the deltas into
+acceptance length, acceptance rate and per-position rates
+(docs/CONCEPTS.md#acceptance-figures). Every metric name is typed once, here.
+Also imports the JSON that `vllm bench serve --save-result` writes, into the
+same result schema.
 """
 
 from __future__ import annotations
@@ -20,6 +22,52 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUEST_SUCCESS = "vllm:request_success"
+
+
+class EngineMetrics:
+    """What the local engine exports at /metrics, under vLLM's names, so bench reads either engine."""
+
+    def __init__(self, model_name: str, spec: bool):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+
+        disable_created_metrics()  # vLLM exposes no *_created series either
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name, "engine": "0"}
+        names = list(labels)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()):
+            return Counter(name, doc, [*names, *extra], registry=self.registry)
+
+        self.prompt = counter(PROMPT_TOKENS, "Prefill tokens processed.").labels(**labels)
+        self.generation = counter(GENERATION_TOKENS, "Tokens generated.").labels(**labels)
+        self.running = Gauge(REQUESTS_RUNNING, "Requests in flight.", names, registry=self.registry).labels(**labels)
+        self.spec = spec
+        if spec:
+            self.drafts = counter(DRAFTS, "Draft proposals.").labels(**labels)
+            self.draft_tokens = counter(DRAFT_TOKENS, "Drafted tokens.").labels(**labels)
+            self.accepted = counter(ACCEPTED, "Accepted tokens.").labels(**labels)
+            self._per_pos = counter(ACCEPTED_PER_POS, "Accepted tokens per draft position.", ("position",))
+            self._labels = labels
+
+    def observe(self, prompt_tokens: int, res) -> None:
+        """One finished request: `res` is a specdec.decoder.GenerationResult."""
+        self.prompt.inc(prompt_tokens)
+        self.generation.inc(len(res.token_ids))
+        if self.spec:
+            self.drafts.inc(res.num_drafts)
+            self.draft_tokens.inc(res.num_draft_tokens)
+            self.accepted.inc(res.num_accepted_tokens)
+            for pos, n in enumerate(res.accepted_per_pos):
+                self._per_pos.labels(**self._labels, position=str(pos)).inc(n)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
 class MetricsError(ValueError):
@@ -151,8 +199,7 @@ def spec_decode_delta(before: str, after: str, model_name: str | None = None) ->
 # vLLM's request counters and latency histograms (per engine; summed here). TPOT is the
 # per-request mean (vllm:request_time_per_output_token_seconds, vLLM 0.11+; older builds:
 # time_per_output_token_seconds), as bench computes it; ITL is per token gap.
-SERVER_COUNTERS = {"requests": "vllm:request_success", "prompt_tokens": "vllm:prompt_tokens",
-                   "generation_tokens": "vllm:generation_tokens"}
+SERVER_COUNTERS = {"requests": REQUEST_SUCCESS, "prompt_tokens": PROMPT_TOKENS, "generation_tokens": GENERATION_TOKENS}
 SERVER_HISTOGRAMS = {"ttft": ("vllm:time_to_first_token_seconds",),
                      "tpot": ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds"),
                      "itl": ("vllm:inter_token_latency_seconds",),

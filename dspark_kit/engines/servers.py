@@ -45,7 +45,7 @@ def running_server(res: Resolved, role: Role, port: int | None = None) -> Iterat
     from dspark_kit.engines.lifecycle import ManagedServer
 
     plan = server_plan(res, role, port=port)
-    log = res.run.log(f"{role}-server.log")
+    log = res.run.server_log(role)
     log.parent.mkdir(parents=True, exist_ok=True)
     with ManagedServer(plan, log) as srv:
         srv.wait_healthy(res.recipe.serve.startup_timeout)

@@ -13,15 +13,15 @@ import json
 import random
 import statistics
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from dspark_kit import atomic
 from dspark_kit.data.conversations import ConversationError, normalize
+from dspark_kit.engines.chat_client import ChatClient, RequestFailed
 from dspark_kit.engines.prom import MetricsError, server_delta, spec_decode_delta
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
@@ -109,37 +109,25 @@ def _apply_usage(rec: RequestRecord, usage: dict | None) -> None:
         rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
 
 
-async def chat_request(client: httpx.AsyncClient, url: str, payload: dict) -> RequestRecord:
-    """POST one chat completion, streamed when the server streams."""
+async def chat_request(client: ChatClient, payload: dict) -> RequestRecord:
+    """POST one chat completion, streamed when the server streams; times every event."""
     rec = RequestRecord()
     start = time.perf_counter()
     last = start
     chunks = 0
     try:
-        async with client.stream("POST", url, json=payload) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")[:200]
-                rec.error = f"HTTP {resp.status_code}: {body}"
-                return rec
-            if "text/event-stream" not in resp.headers.get("content-type", ""):
-                data = json.loads(await resp.aread())
-                rec.latency_s = time.perf_counter() - start
-                rec.ttft_s = rec.latency_s
-                _apply_usage(rec, data.get("usage"))
-                rec.ok = True
-                return rec
-            rec.streamed = True
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data_str = line[5:].strip()
-                if data_str == "[DONE]":
-                    break
-                event = json.loads(data_str)
+        async with aclosing(client.stream_chat(payload)) as events:
+            async for kind, event in events:
+                now = time.perf_counter()
+                if kind == "body":  # the server answered one JSON body
+                    rec.latency_s = rec.ttft_s = now - start
+                    _apply_usage(rec, event.get("usage"))
+                    rec.ok = True
+                    return rec
+                rec.streamed = True
                 if "error" in event:
                     rec.error = str(event["error"])[:200]
                     return rec
-                now = time.perf_counter()
                 if any(_delta_text(c) for c in event.get("choices") or []):
                     chunks += 1
                     if rec.ttft_s is None:
@@ -154,8 +142,8 @@ async def chat_request(client: httpx.AsyncClient, url: str, payload: dict) -> Re
         if rec.output_tokens == 0:  # no usage chunk: one token per chunk is the best guess
             rec.output_tokens = chunks
         rec.ok = True
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
-        rec.error = f"{type(e).__name__}: {e}"[:200]
+    except RequestFailed as e:
+        rec.error = e.reason[:200]
     return rec
 
 
@@ -167,38 +155,24 @@ def _rejects_streaming(rec: RequestRecord) -> bool:
     return bool(rec.error and rec.error.startswith("HTTP 400") and "stream" in rec.error.lower())
 
 
-async def _scrape(client: httpx.AsyncClient, base_url: str) -> str | None:
-    try:
-        r = await client.get(f"{base_url}/metrics")
-    except httpx.HTTPError:
-        return None
-    return r.text if r.status_code == 200 else None
-
-
-async def _pick_model(client: httpx.AsyncClient, base_url: str, preferred: str) -> str:
-    """The recipe's served name when the server lists it, else the server's first model."""
-    try:
-        r = await client.get(f"{base_url}/v1/models")
-        ids = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        ids = []
-    return preferred if preferred in ids or not ids else ids[0]
-
-
 async def run_load(base_url: str, model: str | None, prompts: list[list[dict[str, str]]], *,
                    concurrency: int, max_tokens: int, temperature: float, thinking: bool,
-                   timeout: float = 600.0) -> dict[str, Any]:
-    """Send every prompt with at most `concurrency` in flight; returns records + metrics."""
-    base_url = base_url.rstrip("/")
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+                   timeout: float = 600.0, preferred_model: str = "") -> dict[str, Any]:
+    """Send every prompt with at most `concurrency` in flight; returns records + metrics.
+
+    No `model`: `preferred_model` when the server lists it, else the server's first model."""
+    async with ChatClient(base_url, concurrency=concurrency + 4, timeout=timeout, streaming=True) as client:
         try:
-            await client.get(f"{base_url}/v1/models", timeout=10)
-        except httpx.HTTPError as e:
-            raise BenchError(f"--base-url {base_url}: server not reachable ({type(e).__name__}); "
-                             "start it with `dspark-kit serve` or pass the right --base-url") from None
-        model = model or await _pick_model(client, base_url, "")
-        before = await _scrape(client, base_url)
+            ids = await asyncio.wait_for(client.model_ids(), 10)
+        except (RequestFailed, TimeoutError) as e:
+            if isinstance(e, RequestFailed) and not e.transport:
+                ids = []  # it answers: the model list is optional
+            else:
+                raise BenchError(f"--base-url {base_url}: server not reachable "
+                                 f"({getattr(e, 'reason', None) or 'no answer in 10 s'}); "
+                                 "start it with `dspark-kit serve` or pass the right --base-url") from None
+        model = model or (preferred_model if preferred_model in ids or not ids else ids[0])
+        before = await client.get_text("/metrics")
         sem = asyncio.Semaphore(concurrency)
         use_stream = [True]  # flipped once if the server rejects streaming
 
@@ -209,19 +183,18 @@ async def run_load(base_url: str, model: str | None, prompts: list[list[dict[str
                 "chat_template_kwargs": {"enable_thinking": thinking},
             }
             streamed = {"stream": True, "stream_options": {"include_usage": True}}
-            url = f"{base_url}/v1/chat/completions"
             async with sem:
                 if use_stream[0]:
-                    rec = await chat_request(client, url, payload | streamed)
+                    rec = await chat_request(client, payload | streamed)
                     if not _rejects_streaming(rec):
                         return rec
                     use_stream[0] = False
-                return await chat_request(client, url, payload)
+                return await chat_request(client, payload)
 
         t0 = time.perf_counter()
         records = await asyncio.gather(*(one(p) for p in prompts))
         duration = time.perf_counter() - t0
-        after = await _scrape(client, base_url)
+        after = await client.get_text("/metrics")
     scraped = before is not None and after is not None
     spec = spec_decode_delta(before, after) if scraped else None
     server = server_delta(before, after, duration) if scraped else None
@@ -274,16 +247,10 @@ def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = N
     max_tok = max_tokens or b.max_tokens
     prompts = load_prompts(dataset, n)
 
-    async def _go() -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=10) as c:
-            chosen = model or await _pick_model(c, base_url, Resolved(recipe).served_name)
-        return await run_load(base_url, chosen, prompts, concurrency=conc, max_tokens=max_tok,
-                              temperature=b.temperature, thinking=recipe.verifier.thinking)
-
     try:
-        load = asyncio.run(_go())
-    except httpx.HTTPError as e:
-        raise BenchError(f"--base-url {base_url}: {type(e).__name__}: {e}") from None
+        load = asyncio.run(run_load(base_url, model, prompts, concurrency=conc, max_tokens=max_tok,
+                                    temperature=b.temperature, thinking=recipe.verifier.thinking,
+                                    preferred_model="" if model else Resolved(recipe).served_name))
     except MetricsError as e:
         raise BenchError(str(e)) from None
     result: dict[str, Any] = {

@@ -117,7 +117,7 @@ def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
         save_state(workdir, state)
         t0 = time.time()
         try:
-            with tee_stderr(RunDir.at(workdir).log(f"stage-{name}.log")):
+            with tee_stderr(RunDir.at(workdir).stage_log(name)):
                 summary = stage.run(recipe, workdir)
         except BaseException:
             state[name]["status"] = "failed"

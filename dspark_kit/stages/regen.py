@@ -1,14 +1,5 @@
 """Stage 0: regenerate assistant turns with the verifier itself.
 
-Client choice: aiohttp (already a dependency), not httpx.AsyncClient or the
-openai package (which is httpx underneath). Measured with
-scripts/bench_regen_client.py on 2 busy cores at concurrency 64 against a
-zero-latency stub: httpx managed ~120 req/s with one shared pool (httpcore
-scans every pooled connection per request) and ~370 req/s with one client per
-worker plus TCP_NODELAY, below the 1000 req/s target; aiohttp's pooled
-session clears it. We also want the raw transport errors: the openai client's
-own retries would hide connection refusals from the endpoint-health logic.
-
 Per conversation: user/system turns kept, original assistant turns dropped,
 each reply regenerated in order with the new replies as history.
 Reasoning: a server with a reasoning parser (vLLM `--reasoning-parser qwen3`,
@@ -19,14 +10,16 @@ History sent back holds role and content only: the Qwen3 template drops the
 reasoning of turns before the last user turn anyway.
 
 `concurrency` workers per endpoint pull rows from one queue (faster servers
-take more). Refused connections do not use up a row's retries: the request
-waits with backoff while the endpoint is down (a restarting server), and the
-endpoint leaves the rotation only after refusing for `unavailable_timeout`
-seconds (and `dead_after` times) in a row; with other endpoints live its rows
-go to them at once. Every source row ends as written, failed (with reason, in
-the errors file) or not attempted (all endpoints gone), counted in the summary. Output is append-only
-jsonl, one complete line per row, flushed, fsync'ed every `fsync_every` rows
-(streamed, not temp+rename: a crash keeps finished rows); `resume` cuts a
+take more); the requests, their retries and endpoint health are
+dspark_kit.engines.chat_client's. Refused connections do not use up a row's
+retries: the request waits with backoff while the endpoint is down (a
+restarting server), and the endpoint leaves the rotation only after refusing
+for `unavailable_timeout` seconds (and `dead_after` times) in a row; with other
+endpoints live its rows go to them at once. Every source row ends as written,
+failed (with reason, in the errors file) or not attempted (all endpoints gone),
+counted in the summary; an error that is not a failed request (a bug) stops the
+run with its traceback. Output is a resumable append-only jsonl
+(dspark_kit.jsonl_sink, fsync'ed every `fsync_every` rows); `resume` cuts a
 partial last line and skips every idx present. Rows that exhaust their retries
 go to `<outfile>.errors.jsonl`; a resume retries them and drops the entries of
 rows that succeed. The source is checked before any output is touched, and an
@@ -36,11 +29,8 @@ existing output is only emptied with `overwrite`.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
-import json
 import os
-import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -48,222 +38,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
 from dspark_kit.engines import openai_base_url as normalize_endpoint
+from dspark_kit.engines.chat_client import (
+    ChatClient,
+    ClientOptions,
+    Endpoint,
+    EndpointDead,
+    EndpointDown,
+    RequestFailed,
+    backoff,
+    chat_with_retries,
+    discover_model,
+)
+from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, open_for_resume
 from dspark_kit.recipe import Recipe
-
-RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
-
-
-class RequestFailed(Exception):
-    def __init__(self, reason: str, retryable: bool = True, refused: bool = False):
-        super().__init__(reason)
-        self.reason, self.retryable, self.refused = reason, retryable, refused
-
-
-class EndpointDead(Exception):
-    """This endpoint left the rotation; the row goes back to the queue."""
-
-
-class EndpointDown(Exception):
-    """This endpoint refuses connections now and another one is up: the row goes to the queue."""
 
 
 @dataclass
-class RegenOptions:
-    concurrency: int = 64
+class RegenOptions(ClientOptions):
     max_tokens: int = 8192
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = 42
     thinking: bool = False
     model: str | None = None
-    timeout: float = 600.0
-    max_retries: int = 5
-    backoff_base: float = 0.5
-    backoff_cap: float = 30.0
-    dead_after: int = 5
-    unavailable_timeout: float = 300.0
     fsync_every: int = 32
-    api_key: str | None = None
 
 
-@dataclass
-class Endpoint:
-    url: str  # base URL ending in /v1
-    model: str | None = None
-    rows: int = 0
-    errors: int = 0
-    refused_in_a_row: int = 0
-    down_since: float | None = None  # monotonic time of the first refusal in the current run of them
-    dead_reason: str | None = None
-
-    def others_live(self, run_eps: list[Endpoint]) -> bool:
-        return any(e is not self and not e.dead_reason and e.down_since is None for e in run_eps)
+def _row_idx(row: dict[str, Any]) -> int:
+    return row["metadata"]["idx"]
 
 
-# ---- output file: append-only jsonl with crash repair -----------------------
-
-
-def prepare_outfile(path: Path, resume: bool) -> tuple[set[int], dict[str, int]]:
-    """Done idx set; on resume cut a partial last line and drop unparsable lines."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    info = {"truncated_bytes": 0, "dropped_lines": 0}
-    if not resume or not path.exists():
-        path.write_bytes(b"")
-        return set(), info
-    data = path.read_bytes()
-    keep = data[: data.rfind(b"\n") + 1]  # up to the last complete line (or nothing)
-    info["truncated_bytes"] = len(data) - len(keep)
-    done: set[int] = set()
-    good: list[bytes] = []
-    for line in keep.splitlines(keepends=True):
-        try:
-            done.add(int(json.loads(line)["metadata"]["idx"]))
-            good.append(line)
-        except (ValueError, KeyError, TypeError):
-            info["dropped_lines"] += 1
-    if info["truncated_bytes"] or info["dropped_lines"]:
-        tmp = path.with_name(path.name + ".repair")
-        tmp.write_bytes(b"".join(good))
-        os.replace(tmp, path)
-    return done, info
-
-
-class JsonlSink:
-    """One complete line per write; flush always, fsync every N lines."""
-
-    def __init__(self, path: Path, fsync_every: int):
-        self.f = path.open("a", encoding="utf-8")
-        self.fsync_every, self.unsynced = max(1, fsync_every), 0
-
-    def write(self, obj: dict[str, Any]) -> None:
-        self.f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        self.f.flush()
-        self.unsynced += 1
-        if self.unsynced >= self.fsync_every:
-            self.sync()
-
-    def sync(self) -> None:
-        os.fsync(self.f.fileno())
-        self.unsynced = 0
-
-    def close(self) -> None:
-        self.sync()
-        self.f.close()
-
-
-def compact_errors(path: Path, succeeded: set[int]) -> None:
-    """Errors file after a run: one entry per idx (the latest), none for rows now written."""
-    if not path.exists():
-        return
-    latest: dict[int, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            latest[int(json.loads(line)["idx"])] = line
-        except (ValueError, KeyError, TypeError):
-            continue
-    keep = [line for idx, line in latest.items() if idx not in succeeded]
-    if not keep:
-        path.unlink()
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-    os.replace(tmp, path)
+def _error_idx(entry: dict[str, Any]) -> int:
+    return entry["idx"]
 
 
 # ---- one request, one conversation ------------------------------------------
-
-
-async def _post_chat(client: aiohttp.ClientSession, ep: Endpoint, body: dict[str, Any],
-                     opts: RegenOptions) -> dict[str, Any]:
-    try:
-        async with client.post(ep.url + "/chat/completions", json=body) as r:
-            status, raw = r.status, await r.read()
-    except aiohttp.ClientConnectorError as e:
-        raise RequestFailed(f"connection refused ({e.__class__.__name__})", refused=True) from None
-    except (TimeoutError, aiohttp.ServerTimeoutError):
-        raise RequestFailed(f"timeout after {opts.timeout:.0f}s") from None
-    except aiohttp.ClientError as e:
-        raise RequestFailed(f"transport error: {e.__class__.__name__}: {e}") from None
-    if status != 200:
-        text = raw[:200].decode(errors="replace")
-        raise RequestFailed(f"HTTP {status}: {text}", status in RETRYABLE_STATUS)
-    try:
-        return parse_chat_response(json.loads(raw))
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        raise RequestFailed(f"malformed response ({e.__class__.__name__}: {str(e)[:80]})") from None
-
-
-def parse_chat_response(data: Any) -> dict[str, Any]:
-    """text, reasoning (None when the server gave none), finish_reason and usage of a chat
-    completion: one response body, or the list of chunks of a streamed one (`delta`s)."""
-    chunks = data if isinstance(data, list) else [data]
-    text = reasoning = finish = None
-    usage: dict = {}
-    seen = False
-    for chunk in chunks:
-        usage = chunk.get("usage") or usage
-        if not chunk.get("choices"):
-            continue
-        seen = True
-        choice = chunk["choices"][0]
-        msg = choice["message"] if "message" in choice or not isinstance(data, list) else choice["delta"]
-        content = msg.get("content")
-        r = msg.get("reasoning_content")
-        r = msg.get("reasoning") if r is None else r  # vLLM's older / newer name
-        for key, value in (("content", content), ("reasoning", r)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{key} is not text")
-        text = text if content is None else (text or "") + content
-        reasoning = reasoning if r is None else (reasoning or "") + r
-        finish = choice.get("finish_reason") or finish
-    if not seen:
-        raise IndexError("no choices")
-    if text is None and reasoning is None:
-        raise KeyError("content")
-    return {"text": text or "", "reasoning": reasoning, "finish_reason": finish, "usage": usage}
-
-
-def _backoff(opts: RegenOptions, attempt: int) -> float:
-    return min(opts.backoff_cap, opts.backoff_base * 2 ** min(attempt, 30))
-
-
-async def chat_with_retries(ep: Endpoint, client, body: dict[str, Any], opts: RegenOptions,
-                            peers: list[Endpoint] | None = None) -> dict[str, Any]:
-    """One reply. Refused connections wait for the endpoint (up to unavailable_timeout) without
-    using the row's retries; other failures retry max_retries times with backoff."""
-    attempt = refused = 0
-    while True:
-        if ep.dead_reason:
-            raise EndpointDead(ep.dead_reason)
-        try:
-            out = await _post_chat(client, ep, body, opts)
-            ep.refused_in_a_row, ep.down_since = 0, None
-            return out
-        except RequestFailed as e:
-            if e.refused:
-                now = time.monotonic()
-                ep.refused_in_a_row += 1
-                ep.down_since = ep.down_since or now
-                down_for = now - ep.down_since
-                if (ep.refused_in_a_row >= opts.dead_after and down_for >= opts.unavailable_timeout
-                        and not ep.dead_reason):
-                    ep.dead_reason = (f"{e.reason} {ep.refused_in_a_row} times in a row over {down_for:.1f}s "
-                                      f"(regen.unavailable_timeout {opts.unavailable_timeout:g}s)")
-                if ep.dead_reason:
-                    raise EndpointDead(ep.dead_reason) from None
-                if peers and ep.others_live(peers):
-                    raise EndpointDown(e.reason) from None  # the worker backs off after requeueing
-                await asyncio.sleep(_backoff(opts, refused))
-                refused += 1
-                continue
-            if not e.retryable or attempt >= opts.max_retries:
-                raise
-            await asyncio.sleep(_backoff(opts, attempt))
-            attempt += 1
 
 
 async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts: RegenOptions,
@@ -308,39 +119,6 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
                          "endpoint": ep.url, "model": ep.model, "thinking": opts.thinking}}
 
 
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    return ssl.create_default_context()  # loading the CA bundle costs ~50 ms: once per process
-
-
-def new_session(opts: RegenOptions) -> aiohttp.ClientSession:
-    """One pooled session per endpoint: keep-alive, TCP_NODELAY, `concurrency` sockets."""
-    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=opts.concurrency, ssl=_tls_context()), headers=headers,
-        timeout=aiohttp.ClientTimeout(total=opts.timeout, connect=min(10.0, opts.timeout)))
-
-
-async def discover_model(ep: Endpoint, client: aiohttp.ClientSession, opts: RegenOptions) -> None:
-    """The served model id; a server still starting (refusing connections) is waited for up to
-    unavailable_timeout, other failures get max_retries."""
-    t0, attempt = time.monotonic(), 0
-    while True:
-        try:
-            async with client.get(ep.url + "/models") as r:
-                r.raise_for_status()
-                ep.model = (await r.json(content_type=None))["data"][0]["id"]
-            return
-        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError) as e:
-            refused = isinstance(e, aiohttp.ClientConnectorError)
-            reason = f"GET {ep.url}/models failed: {e.__class__.__name__}: {str(e)[:120]}"
-        attempt += 1
-        if attempt > opts.max_retries and not (refused and time.monotonic() - t0 < opts.unavailable_timeout):
-            break
-        await asyncio.sleep(_backoff(opts, attempt - 1))
-    ep.dead_reason = reason + " (pass --model NAME or check the endpoint)"
-
-
 # ---- the run -----------------------------------------------------------------
 
 
@@ -358,6 +136,7 @@ class _Run:
     completion_tokens: int = 0
     succeeded: set = field(default_factory=set)  # idx written this run
     fail_reasons: Counter = field(default_factory=Counter)
+    stopping: bool = False  # a worker raised: the others are being cancelled
 
     def live(self) -> list[Endpoint]:
         return [e for e in self.endpoints if not e.dead_reason]
@@ -370,7 +149,7 @@ class _Run:
         if self.on_row:
             self.on_row({"idx": idx, "error": reason, "endpoint": ep.url})
 
-    async def worker(self, ep: Endpoint, client: aiohttp.ClientSession) -> None:
+    async def worker(self, ep: Endpoint, client: ChatClient) -> None:
         while not ep.dead_reason:
             item = await self.queue.get()
             if item is None:
@@ -383,7 +162,7 @@ class _Run:
                 await self.queue.put(item)  # a live endpoint takes it while this one backs off
                 self.queue.task_done()
                 try:
-                    await asyncio.wait_for(self.fed_all.wait(), _backoff(self.opts, ep.refused_in_a_row - 1))
+                    await asyncio.wait_for(self.fed_all.wait(), backoff(self.opts, ep.refused_in_a_row - 1))
                 except TimeoutError:
                     pass
                 continue
@@ -392,10 +171,8 @@ class _Run:
                     await self.queue.put(item)  # another endpoint takes it
                 else:
                     self.fail(idx, ep, f"no live endpoint left ({e})")
-            except RequestFailed as e:
+            except RequestFailed as e:  # HTTP, transport or an unparsable reply; anything else is a bug
                 self.fail(idx, ep, e.reason)
-            except Exception as e:  # noqa: BLE001 - one odd row must not stop the run
-                self.fail(idx, ep, f"{e.__class__.__name__}: {e}")
             else:
                 self.sink.write(row)
                 self.written += 1
@@ -414,10 +191,11 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
     errors_file = outfile.with_name(outfile.name + ".errors.jsonl")
     run = _Run(opts, eps, JsonlSink(outfile, opts.fsync_every), JsonlSink(errors_file, 1), on_row)
     skipped_done = queued = 0
-    sessions = {ep.url: new_session(opts) for ep in eps}
+    clients = {ep.url: ChatClient(ep.url, concurrency=opts.concurrency, timeout=opts.timeout, api_key=opts.api_key)
+               for ep in eps}
     try:
-        await asyncio.gather(*(discover_model(ep, sessions[ep.url], opts) for ep in eps if not ep.model))
-        workers = [asyncio.create_task(run.worker(ep, sessions[ep.url]))
+        await asyncio.gather(*(discover_model(ep, clients[ep.url], opts) for ep in eps if not ep.model))
+        workers = [asyncio.create_task(run.worker(ep, clients[ep.url]))
                    for ep in run.live() for _ in range(opts.concurrency)]
 
         async def feed() -> None:
@@ -432,11 +210,18 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
                 await run.queue.join()  # requeued rows included
             finally:  # also when reading the source fails: workers must not wait forever
                 run.fed_all.set()
-                for _ in workers:
+                for _ in workers if not run.stopping else ():
                     await run.queue.put(None)
 
         feeder = asyncio.create_task(feed())
-        await asyncio.gather(*workers)  # ends on sentinels, or when every endpoint died
+        try:
+            await asyncio.gather(*workers)  # ends on sentinels, or when every endpoint died
+        except BaseException:  # a bug (or Ctrl-C): stop every task before the files close
+            run.stopping = True
+            for task in [*workers, feeder]:
+                task.cancel()
+            await asyncio.gather(*workers, feeder, return_exceptions=True)
+            raise
         if feeder.done() and feeder.exception():
             raise feeder.exception()
         feeder.cancel()
@@ -445,9 +230,9 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
     finally:
         run.sink.close()
         run.errors.close()
-        for session in sessions.values():
-            await session.close()
-    compact_errors(errors_file, done | run.succeeded)
+        for client in clients.values():
+            await client.close()
+    compact_by_key(errors_file, done | run.succeeded, _error_idx)
     return {
         "written": run.written, "failed": run.failed,
         "not_attempted": queued - run.written - run.failed + unread,
@@ -497,7 +282,7 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
     if not resume and not overwrite and outfile.exists() and outfile.stat().st_size:
         raise OutputExists(f"{outfile} already holds rows: resume (the default) continues it, "
                            "--overwrite starts it over")
-    done, repair = prepare_outfile(outfile, resume)
+    done, repair = open_for_resume(outfile, resume, _row_idx)
     if not resume:
         errors_file.unlink(missing_ok=True)
     t0 = time.time()

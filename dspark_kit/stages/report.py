@@ -59,7 +59,7 @@ def _server_latency(r: dict[str, Any]) -> str:
 
 
 def bench_markdown(results: list[dict[str, Any]]) -> str:
-    """One row per metric, one column per result (compare runs side by side)."""
+    """One row per metric, one column per result."""
     specs = [r.get("spec_decode") or {} for r in results]
     n_pos = max((len(s.get("per_position_acceptance_rates") or []) for s in specs), default=0)
 
@@ -170,7 +170,7 @@ def val_by_epoch(run_dir: Path, scalars: dict[str, list]) -> dict[int, dict[str,
 
 
 def epoch_markdown(epochs: dict[int, dict[str, float]], best: str | None = None) -> str:
-    """One row per metric, one column per epoch (training progress at a glance)."""
+    """One row per metric, one column per epoch."""
     cols = sorted(epochs)
     header = ["metric", *[f"epoch {e}" + (" (best)" if best == str(e) else "") for e in cols]]
     rows = [[name, *[_fmt(epochs[e].get(key)) for e in cols]] for key, name in VAL_ROWS
@@ -185,10 +185,29 @@ def epoch_markdown(epochs: dict[int, dict[str, float]], best: str | None = None)
 # ---- eval results ------------------------------------------------------------
 
 
+def eval_files(run: RunDir) -> list[Path]:
+    """The eval results in eval/: every JSON there but the tune result (its own line, tune_line)."""
+    return sorted(f for f in run.eval.glob("*.json") if f.name != run.tune_file.name)
+
+
+def tune_line(run: RunDir) -> str | None:
+    """What `dspark-kit tune` recommended, as one line; None without a tune result."""
+    from dspark_kit.resolved import ResolveError, Tune
+
+    try:
+        tune = Tune.read(run.tune_file)
+    except ResolveError as e:
+        return f"window tune: {e}"
+    if tune is None:
+        return None
+    window = tune.window if tune.window is not None else "none (windows did not help)"
+    return f"Window tune (`eval/{run.tune_file.name}`): recommended K {_fmt(tune.k)}, draft window {window}."
+
+
 def _eval_rows(obj: Any, name: str) -> list[tuple[str, dict]]:
-    """Every dict that carries acceptance_length, named by file (+ context length)."""
+    """Every dict that carries a single acceptance_length, named by file (+ context length)."""
     if isinstance(obj, dict):
-        if "acceptance_length" in obj:
+        if "acceptance_length" in obj and not isinstance(obj["acceptance_length"], (dict, list)):
             ctx = obj.get("context_length")
             return [(f"{name} @ {ctx}" if ctx is not None else name, obj)]
         return [r for k, v in obj.items() for r in _eval_rows(v, name)]
@@ -300,8 +319,11 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         parts.append(f"![val accept_len]({link(png)})")
 
     parts.append("## Offline eval")
-    eval_md = eval_markdown(sorted(run.eval.glob("*.json")))
+    eval_md = eval_markdown(eval_files(run))
     parts.append(eval_md or "not run (no `eval/*.json`)")
+    tune = tune_line(run)
+    if tune:
+        parts.append(tune)
 
     png = context_png(run_dir, rep / "context_window.png")
     if png:

@@ -76,8 +76,22 @@ def plan_server(recipe: Recipe, run: RunDir, role: str, *, engine: str | None = 
     return ServePlan(plan, res, findings, warnings + plan.notes)
 
 
+async def smoke_reply(url: str) -> str:
+    """One short greedy chat request to a running server: its reply text."""
+    from dspark_kit.engines.chat_client import ChatClient, RequestFailed
+
+    async with ChatClient(url, concurrency=1, timeout=300) as client:
+        try:
+            ids = await client.model_ids()
+            out = await client.post_chat({"model": ids[0] if ids else None, "max_tokens": 8, "temperature": 0,
+                                          "messages": [{"role": "user", "content": "Count from 1 to 5."}]})
+        except RequestFailed as e:
+            raise ServeError(f"serve check: the spec server at {url} failed a chat request: {e.reason}") from None
+    return out["text"]
+
+
 def stage_serve_check(recipe: Recipe, workdir: Path) -> dict:
-    import httpx
+    import asyncio
 
     from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
@@ -91,10 +105,5 @@ def stage_serve_check(recipe: Recipe, workdir: Path) -> dict:
               "warnings": sp.warnings}
     if res.engine == "local":
         with running_server(res, "spec", port=free_port()) as url:
-            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-            r = httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
-                "model": model, "max_tokens": 8, "temperature": 0,
-                "messages": [{"role": "user", "content": "Count from 1 to 5."}]})
-            r.raise_for_status()
-            result["smoke_reply"] = r.json()["choices"][0]["message"]["content"]
+            result["smoke_reply"] = asyncio.run(smoke_reply(url))
     return result

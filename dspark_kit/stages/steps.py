@@ -145,7 +145,7 @@ def stage_train(recipe: Recipe, workdir: Path) -> dict:
         plan = train_plan(recipe, workdir, endpoint)
         update_manifest(workdir, recipe, "train", argv=plan.argv, env=plan.env)
         run.logs.mkdir(parents=True, exist_ok=True)
-        log = run.log("train.log")
+        log = run.train_log
         since = log.stat().st_size if log.exists() else 0
         code = run_training(plan, log)
     if code != 0:

@@ -1,0 +1,306 @@
+"""The client side of an OpenAI-compatible chat server (vLLM, vLLM-Ascend, our local engine).
+
+One `ChatClient` per server: a pooled aiohttp session on its `/v1` base URL.
+regen posts whole replies through it (with retries and endpoint health),
+bench streams them (timing every server-sent event) and scrapes `/metrics`.
+
+Client choice: aiohttp (already a dependency), not httpx.AsyncClient or the
+openai package (which is httpx underneath). Measured with
+scripts/bench_regen_client.py on 2 busy cores at concurrency 64 against a
+zero-latency stub: httpx managed ~120 req/s with one shared pool (httpcore
+scans every pooled connection per request) and ~370 req/s with one client per
+worker plus TCP_NODELAY, below the 1000 req/s target; aiohttp's pooled
+session clears it. We also want the raw transport errors: the openai client's
+own retries would hide connection refusals from the endpoint-health logic.
+
+Every way a request can fail (connection, timeout, HTTP status, a body that is
+not a chat completion) is one `RequestFailed` with a one-line reason; anything
+else is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Self
+
+import aiohttp
+
+from dspark_kit.engines import openai_base_url
+
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class RequestFailed(Exception):
+    """refused: the connection was refused; transport: no answer at all (refused, timeout, reset)."""
+
+    def __init__(self, reason: str, retryable: bool = True, refused: bool = False, transport: bool = False):
+        super().__init__(reason)
+        self.reason, self.retryable, self.refused, self.transport = reason, retryable, refused, transport or refused
+
+
+class MalformedResponse(ValueError):
+    """A 200 whose body is not the chat completion (or chunk) it should be."""
+
+
+class EndpointDead(Exception):
+    """This endpoint left the rotation; the row goes back to the queue."""
+
+
+class EndpointDown(Exception):
+    """This endpoint refuses connections now and another one is up: the row goes to the queue."""
+
+
+@dataclass
+class ClientOptions:
+    concurrency: int = 64
+    timeout: float = 600.0
+    max_retries: int = 5
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    dead_after: int = 5
+    unavailable_timeout: float = 300.0
+    api_key: str | None = None
+
+
+@dataclass
+class Endpoint:
+    url: str  # base URL ending in /v1
+    model: str | None = None
+    rows: int = 0
+    errors: int = 0
+    refused_in_a_row: int = 0
+    down_since: float | None = None  # monotonic time of the first refusal in the current run of them
+    dead_reason: str | None = None
+
+    def others_live(self, run_eps: list[Endpoint]) -> bool:
+        return any(e is not self and not e.dead_reason and e.down_since is None for e in run_eps)
+
+
+def backoff(opts: ClientOptions, attempt: int) -> float:
+    return min(opts.backoff_cap, opts.backoff_base * 2 ** min(attempt, 30))
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    return ssl.create_default_context()  # loading the CA bundle costs ~50 ms: once per process
+
+
+def _transport_failure(e: Exception, timeout: float) -> RequestFailed:
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return RequestFailed(f"connection refused ({e.__class__.__name__})", refused=True)
+    if isinstance(e, (TimeoutError, aiohttp.ServerTimeoutError)):
+        return RequestFailed(f"timeout after {timeout:.0f}s", transport=True)
+    return RequestFailed(f"transport error: {e.__class__.__name__}: {e}", transport=True)
+
+
+def _status_failure(status: int, raw: bytes) -> RequestFailed:
+    return RequestFailed(f"HTTP {status}: {raw[:200].decode(errors='replace')}", status in RETRYABLE_STATUS)
+
+
+def _malformed(e: ValueError) -> RequestFailed:
+    return RequestFailed(f"malformed response ({e.__class__.__name__}: {str(e)[:80]})")
+
+
+def _json_object(raw: bytes | str) -> dict[str, Any]:
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise MalformedResponse(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+class ChatClient:
+    """One pooled session to one server: keep-alive, TCP_NODELAY, `concurrency` sockets.
+
+    `timeout` bounds a whole request; with `streaming` it bounds each wait for the next
+    bytes instead (a long streamed reply is fine while tokens keep coming).
+    """
+
+    def __init__(self, url: str, *, concurrency: int = 64, timeout: float = 600.0, api_key: str | None = None,
+                 streaming: bool = False):
+        self.base = openai_base_url(url)  # .../v1
+        self.root = self.base.removesuffix("/v1")  # /metrics and /health live here
+        self.timeout = timeout
+        limit = (aiohttp.ClientTimeout(sock_read=timeout, connect=min(10.0, timeout)) if streaming
+                 else aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout)))
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=concurrency, ssl=_tls_context()), headers=headers, timeout=limit)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def post_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One whole chat completion, parsed (parse_chat_response)."""
+        try:
+            async with self.session.post(self.base + "/chat/completions", json=body) as r:
+                status, raw = r.status, await r.read()
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise _transport_failure(e, self.timeout) from None
+        if status != 200:
+            raise _status_failure(status, raw)
+        try:
+            return parse_chat_response(json.loads(raw))
+        except ValueError as e:  # not JSON, not UTF-8, or not a chat completion
+            raise _malformed(e) from None
+
+    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """POST a chat completion and yield what comes back as it arrives: ("event", chunk) per
+        server-sent event of a streamed reply (up to [DONE]), or one ("body", response) from a
+        server that answers a single JSON body. Use it under contextlib.aclosing."""
+        try:
+            async with self.session.post(self.base + "/chat/completions", json=body) as r:
+                if r.status != 200:
+                    raise _status_failure(r.status, await r.read())
+                if "text/event-stream" not in r.headers.get("content-type", ""):
+                    yield "body", _json_object(await r.read())
+                    return
+                async for raw_line in r.content:
+                    line = raw_line.decode("utf-8").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    yield "event", _json_object(data)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise _transport_failure(e, self.timeout) from None
+        except ValueError as e:  # a line that is not JSON (or too long for one event)
+            raise _malformed(e) from None
+
+    async def model_ids(self) -> list[str]:
+        """The ids GET /v1/models lists."""
+        try:
+            async with self.session.get(self.base + "/models") as r:
+                status, raw = r.status, await r.read()
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise _transport_failure(e, self.timeout) from None
+        if status != 200:
+            raise _status_failure(status, raw)
+        try:
+            data = _json_object(raw).get("data")
+            if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
+                                                     for m in data):
+                raise MalformedResponse("data: expected a list of models with string ids")
+        except ValueError as e:
+            raise _malformed(e) from None
+        return [m["id"] for m in data]
+
+    async def get_text(self, path: str) -> str | None:
+        """GET a server path (e.g. /metrics) under the root URL: its text, None on any failure."""
+        try:
+            async with self.session.get(self.root + path) as r:
+                return (await r.text(errors="replace")) if r.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+
+
+def parse_chat_response(data: Any) -> dict[str, Any]:
+    """text, reasoning (None when the server gave none), finish_reason and usage of a chat
+    completion: one response body, or the list of chunks of a streamed one (`delta`s).
+    Raises MalformedResponse when the body is not one."""
+    chunks = data if isinstance(data, list) else [data]
+    text = reasoning = finish = None
+    usage: dict = {}
+    seen = False
+    for chunk in chunks:
+        if not isinstance(chunk, dict):
+            raise MalformedResponse(f"expected a JSON object, got {type(chunk).__name__}")
+        usage = chunk.get("usage") or usage
+        if not isinstance(usage, dict):
+            raise MalformedResponse("usage is not an object")
+        if not chunk.get("choices"):
+            continue
+        seen = True
+        choices = chunk["choices"]
+        choice = choices[0] if isinstance(choices, list) else None
+        msg = None
+        if isinstance(choice, dict):
+            msg = choice.get("message") if "message" in choice or not isinstance(data, list) else choice.get("delta")
+        if not isinstance(msg, dict):
+            raise MalformedResponse("choices[0]: no message")
+        content = msg.get("content")
+        r = msg.get("reasoning_content")
+        r = msg.get("reasoning") if r is None else r  # vLLM's older / newer name
+        for key, value in (("content", content), ("reasoning", r)):
+            if value is not None and not isinstance(value, str):
+                raise MalformedResponse(f"{key} is not text")
+        text = text if content is None else (text or "") + content
+        reasoning = reasoning if r is None else (reasoning or "") + r
+        finish = choice.get("finish_reason") or finish
+    if not seen:
+        raise MalformedResponse("no choices")
+    if text is None and reasoning is None:
+        raise MalformedResponse("no content")
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        try:
+            int(usage.get(key) or 0)
+        except (TypeError, ValueError):
+            raise MalformedResponse(f"usage.{key} is not a number") from None
+    return {"text": text or "", "reasoning": reasoning, "finish_reason": finish, "usage": usage}
+
+
+async def chat_with_retries(ep: Endpoint, client: ChatClient, body: dict[str, Any], opts: ClientOptions,
+                            peers: list[Endpoint] | None = None) -> dict[str, Any]:
+    """One reply. Refused connections wait for the endpoint (up to unavailable_timeout) without
+    using the row's retries; other failures retry max_retries times with backoff."""
+    attempt = refused = 0
+    while True:
+        if ep.dead_reason:
+            raise EndpointDead(ep.dead_reason)
+        try:
+            out = await client.post_chat(body)
+            ep.refused_in_a_row, ep.down_since = 0, None
+            return out
+        except RequestFailed as e:
+            if e.refused:
+                now = time.monotonic()
+                ep.refused_in_a_row += 1
+                ep.down_since = ep.down_since or now
+                down_for = now - ep.down_since
+                if (ep.refused_in_a_row >= opts.dead_after and down_for >= opts.unavailable_timeout
+                        and not ep.dead_reason):
+                    ep.dead_reason = (f"{e.reason} {ep.refused_in_a_row} times in a row over {down_for:.1f}s "
+                                      f"(regen.unavailable_timeout {opts.unavailable_timeout:g}s)")
+                if ep.dead_reason:
+                    raise EndpointDead(ep.dead_reason) from None
+                if peers and ep.others_live(peers):
+                    raise EndpointDown(e.reason) from None  # the worker backs off after requeueing
+                await asyncio.sleep(backoff(opts, refused))
+                refused += 1
+                continue
+            if not e.retryable or attempt >= opts.max_retries:
+                raise
+            await asyncio.sleep(backoff(opts, attempt))
+            attempt += 1
+
+
+async def discover_model(ep: Endpoint, client: ChatClient, opts: ClientOptions) -> None:
+    """The served model id; a server still starting (refusing connections) is waited for up to
+    unavailable_timeout, other failures get max_retries."""
+    t0, attempt = time.monotonic(), 0
+    while True:
+        try:
+            ids = await client.model_ids()
+            if ids:
+                ep.model = ids[0]
+                return
+            refused, reason = False, f"GET {ep.url}/models failed: the server lists no model"
+        except RequestFailed as e:
+            refused, reason = e.refused, f"GET {ep.url}/models failed: {e.reason[:120]}"
+        attempt += 1
+        if attempt > opts.max_retries and not (refused and time.monotonic() - t0 < opts.unavailable_timeout):
+            break
+        await asyncio.sleep(backoff(opts, attempt - 1))
+    ep.dead_reason = reason + " (pass --model NAME or check the endpoint)"

@@ -1,0 +1,43 @@
+"""The recipe: one typed YAML file that is the single source of truth.
+
+schema.py holds the sections and what follows from the recipe alone; load.py
+reads a file with `--set` overrides into a `Recipe`. Import from here.
+"""
+
+from dspark_kit.recipe.load import (
+    DEFAULT_RECIPE,
+    RUN_KEYS,
+    apply_overrides,
+    check_run_keys,
+    dump_recipe,
+    load_recipe,
+    parse_override,
+    read_recipe_data,
+    recipe_from_dict,
+    shown_key,
+)
+from dspark_kit.recipe.schema import (
+    ENGINES,
+    ROLES,
+    TINY_VERIFIER,
+    BenchCfg,
+    DataCfg,
+    DraftCfg,
+    EvalCfg,
+    HiddenStatesCfg,
+    Recipe,
+    RecipeError,
+    RegenCfg,
+    ServeCfg,
+    TrainCfg,
+    VerifierCfg,
+    parse_window,
+    reference_markdown,
+)
+
+__all__ = [
+    "DEFAULT_RECIPE", "ENGINES", "ROLES", "RUN_KEYS", "TINY_VERIFIER", "BenchCfg", "DataCfg", "DraftCfg", "EvalCfg",
+    "HiddenStatesCfg", "Recipe", "RecipeError", "RegenCfg", "ServeCfg", "TrainCfg", "VerifierCfg", "apply_overrides",
+    "check_run_keys", "dump_recipe", "load_recipe", "parse_override", "parse_window", "read_recipe_data",
+    "recipe_from_dict", "reference_markdown", "shown_key",
+]

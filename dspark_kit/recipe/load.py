@@ -1,0 +1,153 @@
+"""Reading a recipe: the YAML file, `--set` overrides and one-line errors.
+
+Every way a file can be wrong (missing, a directory, not UTF-8, not YAML, a
+key given twice, an unknown key, a bad value) is one `RecipeError` line that
+names the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from dspark_kit.recipe.schema import Recipe, RecipeError
+
+DEFAULT_RECIPE = "recipes/tiny-cpu.yaml"
+
+
+def shown_key(part: object) -> str:
+    """A key as an error shows it: control characters escaped, so the error stays one line."""
+    text = str(part)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(shown_key(p) for p in e["loc"])
+        msg = " ".join(str(e["msg"]).split()).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check spelling; `dspark-kit recipe show` lists valid keys)"
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise RecipeError(f"--set {item!r}: expected section.key=value, e.g. --set train.epochs=3")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise RecipeError(f"--set {item!r}: empty key")
+    try:
+        return path, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        raise RecipeError(f"--set {item!r}: value is not valid YAML; quote it, e.g. --set '{key}=\"...\"'") from None
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for p in path[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise RecipeError(f"--set {item!r}: {p} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def recipe_from_dict(data: dict, source: str = "<dict>") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        raise RecipeError(f"{source}: {_format_error(e)}") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue  # the base constructor reports unhashable keys itself
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {shown_key(key)!r} (first at line {seen[key]}; "
+                                    "YAML would silently keep the last)", key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+# what a run cannot do without: `recipe validate` requires these to be written out in the file
+RUN_KEYS = (("data", "source"), ("verifier", "path"))
+
+
+def read_recipe_data(path: Path) -> dict:
+    """The recipe file's mapping; every way a file can be unreadable is one RecipeError line."""
+    if not path.exists():
+        raise RecipeError(f"recipe {path}: file not found (pass -r PATH; examples in recipes/)")
+    if path.is_dir():
+        raise RecipeError(f"recipe {path}: is a directory; pass a recipe file, e.g. recipes/tiny-cpu.yaml")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RecipeError(f"recipe {path}: cannot read ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise RecipeError(f"recipe {path}: not UTF-8 text (byte {e.start}, line {line}); "
+                          "save the file as UTF-8") from None
+    if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
+        raise RecipeError(f"recipe {path}: the file is empty; start from an example in recipes/")
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"recipe {path}: not valid YAML{where} ({problem})") from None
+    if data is None:
+        raise RecipeError(f"recipe {path}: the file is empty; start from an example in recipes/")
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {path}: top level must be a mapping of sections")
+    return data
+
+
+def check_run_keys(data: dict, source: str) -> None:
+    """A recipe a run can use names its data and verifier itself (defaults are for code and tests)."""
+    missing = []
+    for section, key in RUN_KEYS:
+        node = data.get(section)
+        if not isinstance(node, dict) or node.get(key) in (None, ""):
+            missing.append(f"{section}.{key}")
+    if missing:
+        raise RecipeError(f"recipe {source}: {', '.join(missing)} not set; a run needs them written "
+                          "in the recipe (e.g. data.source: builtin:tiny-chat, verifier.path: builtin:tiny-qwen3)")
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None,
+                require_run_keys: bool = False) -> Recipe:
+    """Load a recipe file (+ --set overrides). require_run_keys: also demand RUN_KEYS (recipe validate)."""
+    path = Path(path or DEFAULT_RECIPE)
+    data = read_recipe_data(path)
+    data = apply_overrides(data, overrides or [])
+    if require_run_keys:
+        check_run_keys(data, str(path))
+    return recipe_from_dict(data, str(path))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return yaml.safe_dump(json.loads(recipe.model_dump_json()), sort_keys=False)
