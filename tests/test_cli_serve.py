@@ -120,6 +120,7 @@ http.server.HTTPServer((host, port), H).serve_forever()
 """
 
 
+@pytest.mark.slow
 def test_serve_starts_waits_healthy_and_stops_on_ctrl_c(setup, tmp_path: Path):
     """A stand-in `vllm` on PATH (a real HTTP server on 127.0.0.1): start, health, URL, Ctrl-C, clean stop."""
     recipe, workdir, _, _ = setup

@@ -128,6 +128,7 @@ def check_rows(tok, msgs: list[dict], rows, thinking: bool) -> None:
 
 
 @pytest.mark.parametrize("form", FORMS)
+@pytest.mark.slow
 def test_reasoning_survives_in_every_form_thinking_on(tok, form):
     msgs = canonical(reasoning=True)
     got = normalize(as_form(msgs, form))
@@ -139,6 +140,7 @@ def test_reasoning_survives_in_every_form_thinking_on(tok, form):
 
 
 @pytest.mark.parametrize("system", [True, False])
+@pytest.mark.slow
 def test_thinking_off_without_reasoning(tok, system):
     msgs = canonical(reasoning=False, system=system)
     for form in ("reasoning_content", "sharegpt"):
@@ -146,6 +148,7 @@ def test_thinking_off_without_reasoning(tok, system):
         check_rows(tok, msgs, rows, thinking=False)
 
 
+@pytest.mark.slow
 def test_thinking_on_without_reasoning_trains_the_empty_think_block(tok):
     msgs = canonical(reasoning=False)
     rows, _ = tokenize_conversation(tok, normalize({"messages": msgs}), thinking=True)
@@ -153,12 +156,14 @@ def test_thinking_on_without_reasoning_trains_the_empty_think_block(tok):
 
 
 @pytest.mark.parametrize("form", FORMS)
+@pytest.mark.slow
 def test_reasoning_with_thinking_off_is_refused_not_mangled(tok, form):
     # Before: the context ended in "<think>\n" (the common prefix), not the generation prompt.
     with pytest.raises(ConversationError, match="verifier.thinking is false"):
         tokenize_conversation(tok, normalize(as_form(canonical(reasoning=True), form)), thinking=False)
 
 
+@pytest.mark.slow
 def test_tiny_template_renders_like_qwen3(tiny_verifier):
     from transformers import AutoTokenizer
 
@@ -175,6 +180,7 @@ def test_tiny_template_renders_like_qwen3(tiny_verifier):
                         assert tiny.apply_chat_template(msgs[:n], **kw) == qwen.apply_chat_template(msgs[:n], **kw)
 
 
+@pytest.mark.slow
 def test_truncated_replies_are_skipped_unless_kept(tok):
     cut_inline = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nno close"}]}
     cut_length = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "half a"}],
@@ -218,6 +224,7 @@ def _bad_file(path, n_good: int = 4):
     return len(lines), expected
 
 
+@pytest.mark.slow
 def test_bad_rows_from_regen_jsonl_are_counted_per_full_reason(tmp_path, tiny_verifier):
     src = tmp_path / "regen.jsonl"
     n_lines, expected = _bad_file(src)
@@ -230,6 +237,7 @@ def test_bad_rows_from_regen_jsonl_are_counted_per_full_reason(tmp_path, tiny_ve
     assert saved["rejected"] == dict(expected)
 
 
+@pytest.mark.slow
 def test_bad_rows_from_data_source_are_counted_too(tmp_path, tiny_recipe, tiny_verifier, capsys):
     """regen.enabled false: prepare reads data.source; the reader's skips reach the summary and the log."""
     from dspark_kit.stages.steps import stage_prepare
@@ -256,6 +264,7 @@ def test_prepare_stops_when_regen_output_is_missing(tmp_path, tiny_recipe):
     assert not (tmp_path / "prepared").exists()
 
 
+@pytest.mark.slow
 def test_thinking_on_with_no_reasoning_in_the_data_warns(tmp_path, tiny_verifier):
     src = tmp_path / "regen.jsonl"
     src.write_text(json.dumps(GOOD) + "\n")
@@ -319,6 +328,7 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
     assert trained == expected
 
 
+@pytest.mark.slow
 def test_cli_prepare_json_shows_every_reason(tmp_path, tiny_verifier):
     from typer.testing import CliRunner
 

@@ -12,7 +12,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_decoder import fresh_draft, save_draft, train_draft, training_rows
 
 from dspark_kit.data.chat import prompt_ids
-from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
 from dspark_kit.specdec import draft_model
 from dspark_kit.specdec.decoder import SpecGenerator, Verifier
 from dspark_kit.specdec.draft_model import DSparkDraft, confident_prefix
@@ -21,8 +20,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def verifier_path() -> Path:
-    return ensure_tiny_verifier()
+def verifier_path(tiny_verifier) -> Path:
+    return tiny_verifier
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +97,13 @@ def _consistency_gap(verifier_path, ckpt, prompt, monkeypatch) -> float:
     return float((train_logits - block.logits).abs().max())
 
 
+@pytest.mark.slow
 def test_block_logits_match_training_forward(verifier_path, checkpoints, prompts, monkeypatch):
     for prompt in prompts[:2]:
         assert _consistency_gap(verifier_path, checkpoints["trained"], prompt, monkeypatch) < 1e-4
 
 
+@pytest.mark.slow
 def test_shifted_markov_chain_is_detected(verifier_path, checkpoints, prompts, monkeypatch):
     # The old bug: slot i conditioned on the token at p+i-1 instead of p+i.
     monkeypatch.setattr(draft_model, "chain_prev_tokens", lambda anchor, chosen: [anchor, anchor, *chosen])
@@ -115,6 +116,7 @@ BLOCK = 4  # the fixture drafts' block size = their trained slots (K auto)
 
 # ---- lossless greedy decoding ------------------------------------------------
 
+@pytest.mark.slow
 def test_speculative_greedy_equals_verifier_greedy(verifier_path, checkpoints, prompts, tokenizer):
     eos = tokenizer.eos_token_id
     gens = [
@@ -134,6 +136,7 @@ def test_speculative_greedy_equals_verifier_greedy(verifier_path, checkpoints, p
             assert all(a >= b for a, b in zip(res.accepted_per_pos, res.accepted_per_pos[1:]))
 
 
+@pytest.mark.slow
 def test_counters_and_lengths(verifier_path, checkpoints, prompts):
     g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], num_speculative_tokens=3)
     res = g.generate(prompts[0], 10)  # no stop ids: must run to the length limit
@@ -144,12 +147,14 @@ def test_counters_and_lengths(verifier_path, checkpoints, prompts):
         SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], num_speculative_tokens=9)
 
 
+@pytest.mark.slow
 def test_temperature_falls_back_with_note(verifier_path, checkpoints, prompts):
     g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["fresh"], BLOCK)
     res = g.generate(prompts[0], 5, temperature=0.8, seed=1)
     assert res.num_drafts == 0 and res.notes and len(res.token_ids) <= 5
 
 
+@pytest.mark.slow
 def test_trained_draft_accepts_more_than_fresh(verifier_path, checkpoints, prompts, tokenizer):
     def acceptance_length(ckpt):
         g = SpecGenerator.from_checkpoint(verifier_path, ckpt, BLOCK)
@@ -164,6 +169,7 @@ def test_trained_draft_accepts_more_than_fresh(verifier_path, checkpoints, promp
 
 # ---- draft window and confidence ----------------------------------------------
 
+@pytest.mark.slow
 def test_window_only_changes_long_contexts(verifier_path, checkpoints, prompts):
     draft = DSparkDraft.load(checkpoints["trained"], verifier_path)
     verifier = Verifier(verifier_path, draft.target_layer_ids)
@@ -186,6 +192,7 @@ def test_confident_prefix():
     assert confident_prefix([0.1, 0.9], 0.5) == 1  # always verify one token
 
 
+@pytest.mark.slow
 def test_bad_checkpoint_dir_is_one_line_error(tmp_path, verifier_path):
     with pytest.raises(draft_model.DraftLoadError, match="config.json"):
         DSparkDraft.load(tmp_path, verifier_path)

@@ -13,7 +13,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_decoder import fresh_draft, save_draft, train_draft
 
 from dspark_kit.cli import app
-from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
 from dspark_kit.recipe import load_recipe
 from dspark_kit.specdec.decoder import SpecResult
 from dspark_kit.stages.evaluate import (
@@ -34,10 +33,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tmp_path_factory, tiny_verifier) -> Path:
     """speculators' save_path layout: checkpoints/0 plus a checkpoint_best symlink."""
     wd = tmp_path_factory.mktemp("run")
-    vp = ensure_tiny_verifier()
+    vp = tiny_verifier
     save_draft(train_draft(fresh_draft(vp), vp, steps=150), wd / "checkpoints" / "0")
     (wd / "checkpoints" / "checkpoint_best").symlink_to("0")
     return wd
@@ -95,6 +94,7 @@ def test_resolve_window(tmp_path):
         window("big")
 
 
+@pytest.mark.slow
 def test_run_eval_outputs_and_context_sweep(workdir):
     r = recipe(workdir)
     s = run_eval(r, workdir, context_lengths=[160], draft_window_size="32")
@@ -111,6 +111,7 @@ def test_run_eval_outputs_and_context_sweep(workdir):
     assert Path(s["checkpoint"]) == (workdir / "checkpoints" / "0").resolve()
 
 
+@pytest.mark.slow
 def test_tune_writes_recommendation(workdir):
     r = recipe(workdir, "data.seq_length=64")  # training window 64 so the tiny contexts exceed it
     with pytest.raises(EvalError, match="--allow-below"):
@@ -132,6 +133,7 @@ def test_tune_writes_recommendation(workdir):
     assert Resolved(r, workdir).k.value == saved["recommended_k"]
 
 
+@pytest.mark.slow
 def test_cli_eval_json_and_errors(workdir):
     runner = CliRunner()
     base = ["eval", "-r", str(RECIPE), "--set", f"workdir={workdir}", "--set", "data.limit=24",
@@ -144,14 +146,15 @@ def test_cli_eval_json_and_errors(workdir):
     assert bad.exit_code == 2 and "checkpoint" in bad.output
 
 
-def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path):
+@pytest.mark.slow
+def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path, tiny_verifier):
     """Training works (a direction, not a timing): on held-out prompts, at K = block size, the
     briefly trained draft's acceptance is far above a freshly initialised draft's. AL is
     deterministic under greedy decoding, so machine load cannot flip this."""
     from dspark_kit.data.tiny_corpus import write_eval_prompts
 
     prompts = write_eval_prompts(tmp_path / "prompts.jsonl", 8)
-    untrained = save_draft(fresh_draft(ensure_tiny_verifier()), tmp_path / "untrained")
+    untrained = save_draft(fresh_draft(tiny_verifier), tmp_path / "untrained")
     r = recipe(workdir, "serve.num_speculative_tokens=4")
     kw = {"prompts_file": prompts, "context_lengths": [], "draft_window_size": "off", "num_prompts": 4,
           "max_new_tokens": 24}

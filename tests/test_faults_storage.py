@@ -7,6 +7,8 @@ import shutil
 
 import pytest
 
+pytestmark = pytest.mark.slow  # prepares and writes hidden states with the tiny verifier
+
 LAYERS = [1, 2, 3, 4]
 
 

@@ -68,6 +68,7 @@ def test_a_missing_module_is_named_and_stops_before_any_step(smoke, monkeypatch,
     assert "speculators" in _report(tmp_path / "wd")["missing"]
 
 
+@pytest.mark.slow
 def test_steps_run_with_limits_and_every_figure_lands_in_the_report(smoke, monkeypatch, tmp_path):
     doctor_json = json.dumps({"probes": [{"name": "pos0-decay", "ok": True, "detail": "d"}]})
     fake = {
@@ -104,6 +105,7 @@ def _wheel(folder: Path, name: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_wheels_go_to_the_site_once_and_children_import_them(smoke, tmp_path):
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     wheels.mkdir()

@@ -1,9 +1,12 @@
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from dspark_kit.data.tiny_corpus import conversations
 from dspark_kit.stages.hidden_states import generate_offline
 from dspark_kit.stages.prepare import prepare
+
+pytestmark = pytest.mark.slow  # runs the tiny verifier
 
 
 def _prepared(tmp_path, tiny_verifier, n=6):

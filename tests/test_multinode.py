@@ -117,7 +117,7 @@ def test_two_nodes_rendezvous_train_and_restart_from_the_last_whole_epoch(tmp_pa
     epoch0 = wd / "checkpoints" / "0" / "training_state.json"
     try:
         while not epoch0.exists():  # trained together up to one whole checkpoint
-            assert time.time() - t0 < 300 and all(p.poll() is None for p, _ in nodes), \
+            assert time.time() - t0 < 600 and all(p.poll() is None for p, _ in nodes), \
                 [log.read_text()[-2000:] for _, log in nodes]
             time.sleep(0.2)
         import psutil
@@ -147,26 +147,27 @@ def test_killing_a_node_fails_the_job_within_the_rendezvous_timeout(tmp_path, pr
     commands = _node_commands(wd, "train.epochs=50", "train.max_restarts=1", "train.rdzv_timeout=10")
     assert "--max-restarts=1" in commands[0][1] and "--rdzv-conf=join_timeout=10" in commands[0][1]
     nodes = _launch(commands, wd)
+    epoch0 = wd / "checkpoints" / "0" / "training_state.json"
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:  # both workers joined the process group: the job is running
-            if all("gloo process group up" in log.read_text() for _, log in nodes):
-                break
+        deadline = time.time() + 600  # a hang, not a busy machine
+        while not epoch0.exists():  # one whole epoch trained together: the job is mid-run
+            assert time.time() < deadline, "the two nodes never finished epoch 0"
             assert all(proc.poll() is None for proc, _ in nodes), [log.read_text()[-2000:] for _, log in nodes]
             time.sleep(0.5)
-        else:
-            pytest.fail("nodes never formed a process group")
-        time.sleep(2)
         killed, survivor = nodes[1][0], nodes[0][0]
         _kill_node(killed)  # the whole "machine": agent and worker
         t_kill = time.time()
-        code = survivor.wait(timeout=150)  # join timeout 10 s + restart + teardown, with margin
+        try:
+            # join timeout 10 s + restart + teardown; torch's default join timeout is 600 s, so a
+            # survivor still waiting at 300 s did not take the recipe's rdzv_timeout
+            code = survivor.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"survivor still waiting 300 s after its peer died:\n{nodes[0][1].read_text()[-3000:]}")
         waited = time.time() - t_kill
     finally:
         _stop(nodes)
     log = nodes[0][1].read_text()
     assert code != 0, log[-3000:]
-    assert waited < 120, f"survivor took {waited:.0f}s to give up"
     # the worker saw the peer go (gloo), then the agent gave up: restart found no peer in time,
     # or the rendezvous store went with the killed node
     assert "Connection reset by peer" in log or "Rendezvous" in log, log[-3000:]

@@ -8,15 +8,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+import speculators  # noqa: F401 (a hard dependency: missing, this file fails to import)
 import torch
 
 from dspark_kit.compat import patches
-
-speculators = pytest.importorskip("speculators")
 
 
 @pytest.fixture()
@@ -233,9 +231,11 @@ from speculators.models.dspark.core import DSparkDraftModel
 from dspark_kit.compat.patches import apply_for_training
 t1 = time.time()
 applied = apply_for_training("cuda")
+from torch._dynamo.utils import counters
 print("@@" + json.dumps({
     "code": code, "doctor_s": doctor_s, "apply_s": time.time() - t1, "applied": applied,
     "compiled": hasattr(DSparkDraftModel.forward, "_torchdynamo_orig_callable"),
+    "graphs": counters["stats"]["unique_graphs"],
 }))
 """
 
@@ -243,12 +243,10 @@ print("@@" + json.dumps({
 @pytest.mark.slow
 def test_probes_finish_uncompiled_on_an_emulated_cuda_machine():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": _pythonpath()}
-    t0 = time.time()
     proc = subprocess.run(
         [sys.executable, "-c", EMULATED_CUDA],
-        check=False, capture_output=True, text=True, env=env, timeout=120,
+        check=False, capture_output=True, text=True, env=env, timeout=600,  # a hang (Inductor's C++ build)
     )  # fmt: skip
-    elapsed = time.time() - t0
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     doctor_out, _, marker = proc.stdout.rpartition("@@")
@@ -266,7 +264,7 @@ def test_probes_finish_uncompiled_on_an_emulated_cuda_machine():
     assert (
         result["applied"] == []
     )  # speculators 0.9.0 needs no fix on cuda: nothing patched blindly
-    assert elapsed < 60, f"doctor --device cuda took {elapsed:.0f}s (probes compiling?)"
+    assert result["graphs"] == 0, f"the probes compiled {result['graphs']} graph(s) with torch.compile"
 
 
 # ---- real speculators training on CPU after apply_for_training("cpu") ------
@@ -347,10 +345,9 @@ def test_real_speculators_training_runs_on_cpu_after_patches(tmp_path, tiny_veri
         "--target-layer-ids", *map(str, targets), "--loss-fn", '{"ce": 0.7, "tv": 0.3}',
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    t0 = time.time()
     proc = subprocess.run(
         [sys.executable, "-c", TRAIN_SCRIPT, *argv],
-        check=False, capture_output=True, text=True, env=env, timeout=180,
+        check=False, capture_output=True, text=True, env=env, timeout=600,  # a hang, not a busy machine
     )  # fmt: skip
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
@@ -359,7 +356,6 @@ def test_real_speculators_training_runs_on_cpu_after_patches(tmp_path, tiny_veri
     assert (checkpoint / "model.safetensors").exists(), tail
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["block_size"] == 4 and config["speculators_model_type"] == "dspark"
-    assert time.time() - t0 < 120
 
 
 EMULATED_CUDA_CPU_TRAIN = """

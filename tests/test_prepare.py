@@ -18,6 +18,7 @@ def trained_text(tok, ids, mask):
 
 
 @pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.slow
 def test_single_turn_mask_is_the_assistant_reply(tok, thinking):
     msgs = [{"role": "user", "content": "Count from 1 to 3."}, {"role": "assistant", "content": "1, 2, 3."}]
     rows, fanned = tokenize_conversation(tok, msgs, thinking)
@@ -28,6 +29,7 @@ def test_single_turn_mask_is_the_assistant_reply(tok, thinking):
     assert "Count from" not in text and "<|im_start|>" not in text
 
 
+@pytest.mark.slow
 def test_history_that_renders_differently_fans_out_one_row_per_turn(tok):
     # The last turn gets a think block, earlier ones do not (Qwen3 rule): the
     # incremental render is not a prefix of the full one, so one row per turn.
@@ -43,6 +45,7 @@ def test_history_that_renders_differently_fans_out_one_row_per_turn(tok):
     assert "one." in tok.decode(rows[1][0])  # history is still there as context
 
 
+@pytest.mark.slow
 def test_trailing_user_turn_is_dropped_and_no_assistant_is_rejected(tok):
     with pytest.raises(ConversationError, match="no assistant turn"):
         tokenize_conversation(tok, [{"role": "user", "content": "hi"}], False)
@@ -70,6 +73,7 @@ def test_formats_agree():
     assert normalize(sharegpt) == normalize(openai) == normalize(pair)
 
 
+@pytest.mark.slow
 def test_prepare_writes_speculators_format_and_counts_rejects(tmp_path, tiny_verifier):
     import torch
     from datasets import load_from_disk
@@ -99,6 +103,7 @@ def test_prepare_writes_speculators_format_and_counts_rejects(tmp_path, tiny_ver
     assert meta["thinking"] is False and meta["seq_length"] == 64
 
 
+@pytest.mark.slow
 def test_prepare_with_nothing_trainable_is_a_clear_error(tmp_path, tiny_verifier):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")

@@ -24,8 +24,8 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 
 
-def _engine_child(parent: psutil.Process, timeout: float = 90) -> tuple[psutil.Process, int]:
-    """The local engine the kit started, and its port, once /health answers."""
+def _engine_child(parent: psutil.Process, timeout: float = 600) -> tuple[psutil.Process, int]:
+    """The local engine the kit started, and its port, once /health answers (timeout: a hang)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert parent.is_running(), "the kit exited before its engine was up"
@@ -61,6 +61,7 @@ def _assert_gone(child: psutil.Process, port: int, within: float = 10) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.slow
 def test_killing_regen_ends_its_engine(tmp_path, sig):
     proc = subprocess.Popen([*KIT, "regen", "-r", str(ROOT / "recipes/tiny-cpu.yaml"), "-o",
                              str(tmp_path / "regen.jsonl"), "--set", SLOW_ENGINE, "--json"],
@@ -76,6 +77,7 @@ def test_killing_regen_ends_its_engine(tmp_path, sig):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.slow
 def test_killing_serve_ends_its_server(tmp_path, sig):
     port = free_port()
     proc = subprocess.Popen([*KIT, "serve", "--role", "chat", "-r", str(ROOT / "recipes/tiny-cpu.yaml"),
@@ -102,6 +104,7 @@ def test_a_server_run_by_hand_is_not_tied_to_a_parent(monkeypatch):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.slow
 def test_killing_the_kit_during_training_ends_the_trainer(tmp_path, sig):
     script = tmp_path / "kit.py"
     script.write_text(

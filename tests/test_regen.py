@@ -28,7 +28,7 @@ RECIPE = {"regen": {"max_tokens": 16, "concurrency": 8, "request_timeout": 60},
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
+def engines(tmp_path_factory, tiny_verifier):
     """Two local engines; the second one slowed so a SIGKILL lands mid-run."""
     logs = tmp_path_factory.mktemp("logs")
     recipe = Recipe.model_validate(RECIPE)
@@ -79,6 +79,10 @@ def test_two_engines_both_serve_rows(engines, tmp_path):
     assert {r["metadata"]["endpoint"] for r in _rows(out)} == set(served)
 
 
+def _count(out: Path) -> int:
+    return len(out.read_bytes().splitlines()) if out.exists() else 0
+
+
 def _cli(recipe_file: Path, out: Path, endpoint: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "dspark_kit", "regen", "-r", str(recipe_file), "--endpoint", endpoint,
             "--limit", "20", "--concurrency", "4", "--outfile", str(out), *extra]
@@ -91,12 +95,17 @@ def test_sigkill_at_random_moments_then_resume_gives_exactly_20_rows(engines, tm
     rng = random.Random(os.getpid())
     partial_counts = []
     for _ in range(3):
+        before = _count(out)
         proc = subprocess.Popen(_cli(recipe_file, out, engines[1]), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(1.5, 3.0))
+        deadline = time.monotonic() + 300  # a hang, not a busy machine
+        while _count(out) == before and proc.poll() is None:  # this run is writing rows now
+            assert time.monotonic() < deadline, "regen wrote no row"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 0.5))  # then a random moment of the run
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        partial_counts.append(len(out.read_bytes().splitlines()) if out.exists() else 0)
+        partial_counts.append(_count(out))
     # a crash in the middle of a write leaves a cut line: simulate the worst case too
     with out.open("a") as f:
         f.write('{"id": "regen-999", "conversations": [{"from": "hum')

@@ -114,6 +114,7 @@ def test_route_lookup_is_a_udp_connect_to_loopback_here():
     assert ip == "127.0.0.1" and err is None
 
 
+@pytest.mark.slow
 def test_seed_recipe_two_nodes_prints_commands_differing_only_in_node_rank():
     cmd = [sys.executable, "-m", "dspark_kit", "train", "-r", str(ASCEND), "--set", "train.nnodes=2",
            "--set", "train.master_addr=10.0.0.1", "--set", "train.socket_ifname=eth0", "--dry-run"]
@@ -129,6 +130,7 @@ def test_seed_recipe_two_nodes_prints_commands_differing_only_in_node_rank():
     assert not any("127.0.0.1" in w or w.endswith("=lo") for w in launcher), launcher
 
 
+@pytest.mark.slow
 def test_seed_recipe_two_nodes_loopback_dry_run_fails():
     cmd = [sys.executable, "-m", "dspark_kit", "train", "-r", str(ASCEND), "--set", "train.nnodes=2", "--dry-run"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, cwd=REPO)

@@ -91,6 +91,7 @@ def test_bench_records_the_k_the_server_got(tmp_path):
 # ---- window ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_null_tune_means_no_window_for_eval_and_every_engine(tmp_path, tiny_verifier):
     """Reproduced: with {"recommended_window": null} eval ran without a window while the Ascend command
     got 8192. Now eval, the local engine and vllm-ascend agree: no window."""

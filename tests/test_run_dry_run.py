@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
@@ -12,6 +13,7 @@ from dspark_kit.stages.steps import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "recipes/tiny-cpu.yaml")
+pytestmark = pytest.mark.slow  # plans with the built-in verifier, which planning still builds
 
 
 def _no_port(text: str) -> str:

@@ -51,7 +51,7 @@ def _assert_clean(outputs: list[str], folder: Path):
 
 
 @pytest.mark.slow
-def test_planted_key_reaches_no_output_of_a_run(tmp_path):
+def test_planted_key_reaches_no_output_of_a_run(tmp_path, vllm_cpu_stub):
     recipe = str(ROOT / "recipes/tiny-cpu.yaml")
     key_args = f'train.extra_args=["--api-key", "{TOKEN}", "--hf-token={SECRET}"]'
     wd = tmp_path / "run"
@@ -80,6 +80,7 @@ def test_planted_key_reaches_no_output_of_a_run(tmp_path):
     _assert_clean(outputs, tmp_path)
 
 
+@pytest.mark.slow  # plans with the built-in verifier, which planning still builds
 def test_serve_api_key_travels_in_env_never_argv(tiny_recipe):
     from dspark_kit.engines.servers import server_plan
     from dspark_kit.resolved import Resolved

@@ -3,6 +3,8 @@
 import random
 import re
 
+import pytest
+
 from dspark_kit.data.tiny_corpus import _task, conversations, vocabulary
 
 
@@ -36,6 +38,7 @@ def test_the_reply_changes_with_the_prompt_words():
     assert all(len(p) == 1 for p in replies.values())
 
 
+@pytest.mark.slow
 def test_the_tiny_verifier_ties_its_embeddings(tiny_verifier):
     """As Qwen3-0.6B does; speculators then takes lm_head from embed_tokens (no lm_head tensor)."""
     import json

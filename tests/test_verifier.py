@@ -22,6 +22,7 @@ def model(tiny_verifier):
     return load_verifier(tiny_verifier, "cpu")
 
 
+@pytest.mark.slow
 def test_layer_convention_matches_vllm(model):
     n = model.config.num_hidden_layers
     ids = torch.tensor(IDS)
@@ -36,6 +37,7 @@ def test_layer_convention_matches_vllm(model):
     assert torch.allclose(normed, ref[n][0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_cached_server_and_offline_paths_agree(tiny_verifier, model):
     from dspark_kit.engines.verifier_generator import extract_hidden_states
     from dspark_kit.specdec.decoder import Verifier
@@ -55,6 +57,7 @@ def test_cached_server_and_offline_paths_agree(tiny_verifier, model):
     assert torch.allclose(cached, offline.flatten(1), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bad_layer_ids_name_the_field(tiny_verifier, model):
     from dspark_kit.engines.verifier_generator import extract_hidden_states
     from dspark_kit.specdec.decoder import Verifier
@@ -70,6 +73,7 @@ def test_bad_layer_ids_name_the_field(tiny_verifier, model):
     assert list(decoder_layers(model)[-1]._forward_hooks) == hooks_before  # no tap hook left behind
 
 
+@pytest.mark.slow
 def test_device_resolution_goes_through_detect_device(tiny_verifier):
     assert resolve_device("cpu:0") == "cpu:0"
     with pytest.raises(ValueError, match="device 'gpu'"):

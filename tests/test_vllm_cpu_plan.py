@@ -80,6 +80,7 @@ def test_auto_follows_the_machine(fake_cpu_python, monkeypatch):
     assert runs_on_cpu(recipe(device="auto"), "vllm")
 
 
+@pytest.mark.slow  # plans with the built-in verifier, which planning still builds
 def test_cli_serve_refuses_spec_on_cpu_in_one_line(fake_cpu_python, tmp_path):
     """Refused before any checkpoint lookup: the reason, not a missing-checkpoint error."""
     res = CliRunner().invoke(app, ["serve", "--role", "spec", "--engine", "vllm", "--set", "train.device=cpu",

