@@ -89,6 +89,7 @@ def test_plain_progress_lines_are_rate_limited(tmp_path):
     assert out.getvalue().splitlines() == ["> regen"]
 
 
+@pytest.mark.slow  # starts a process
 def test_descriptor_level_capture_catches_c_code_and_child_processes(tmp_path):
     """What a plain Python redirect misses: writes to fd 2 and a child process's inherited stdout."""
     log = tmp_path / "stage.log"

@@ -1,9 +1,9 @@
 """`dspark-kit init`: a complete, commented recipe from a verifier's config.json, tokenizer and chat
 template; every bad input is one line and writes nothing.
 
-Fast tests use config-only verifier directories (a config.json plus the tiny verifier's tokenizer,
-built in a couple of seconds without the model); the slow test runs init on the real tiny verifier
-and the CLI's preflight and run --dry-run on what it wrote."""
+Fast tests use config-only verifier directories (a config.json plus the tiny verifier's tokenizer
+from tests/fixtures); the slow test runs init on the real tiny verifier and the CLI's preflight
+and run --dry-run on what it wrote."""
 
 from __future__ import annotations
 
@@ -29,17 +29,15 @@ QWEN3_30B_A3B = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    """The tiny verifier's tokenizer without a mask token, like Qwen3's (no model, ~2 s)."""
-    from dspark_kit.data.tiny_verifier import TinySpec, build_tokenizer
+# The tiny verifier's tokenizer as Qwen3's tokenizers come: no mask token. Written once by
+# build_tokenizer (test_the_tokenizer_fixture_is_the_tiny_verifiers keeps it in step), so fast
+# tests need no build.
+TOKENIZER_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny_tokenizer"
 
-    d = tmp_path_factory.mktemp("tokenizer")
-    build_tokenizer(TinySpec()).save_pretrained(d)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg.pop("mask_token", None)
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return d
+
+@pytest.fixture(scope="module")
+def tokenizer_dir() -> Path:
+    return TOKENIZER_FIXTURE
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +264,17 @@ def test_init_on_the_tiny_verifier_then_preflight_and_dry_run(tmp_path, tiny_ver
         dry = cli("run", str(recipe), "-w", str(wd), "--dry-run")
         assert dry.returncode == 0, dry.stderr
         assert "# ==> train" in dry.stdout and "--mask-token-id" in dry.stdout
+
+
+@pytest.mark.slow
+def test_the_tokenizer_fixture_is_the_tiny_verifiers(tmp_path):
+    """tests/fixtures/tiny_tokenizer is build_tokenizer's output minus the mask token; regenerate it
+    with build_tokenizer(TinySpec()).save_pretrained(...) when the tiny verifier changes."""
+    from dspark_kit.data.tiny_verifier import TinySpec, build_tokenizer
+
+    build_tokenizer(TinySpec()).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (tmp_path / name).read_text() == (TOKENIZER_FIXTURE / name).read_text(), name
+    built = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    built.pop("mask_token")
+    assert built == json.loads((TOKENIZER_FIXTURE / "tokenizer_config.json").read_text())
