@@ -60,8 +60,9 @@ def bench_al(recipe, wd: Path, prompts: Path, n: int, max_tokens: int, out: Path
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.bench import run_bench
 
-    with running_server(Resolved(recipe, wd), "spec", port=free_port()) as url:
-        res = run_bench(recipe, url, label="bench-eval", out_dir=out, num_prompts=n, concurrency=1,
+    resolved = Resolved(recipe, wd)
+    with running_server(resolved, "spec", port=free_port()) as url:
+        res = run_bench(resolved, url, label="bench-eval", out_dir=out, num_prompts=n, concurrency=1,
                         max_tokens=max_tokens, dataset=str(prompts))
     return res["spec_decode"]["acceptance_length"]
 
@@ -82,6 +83,7 @@ def main() -> None:
 
     from dspark_kit.data.tiny_corpus import write_eval_prompts
     from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
     from dspark_kit.specdec.checkpoints import resolve_checkpoint
     from dspark_kit.stages.evaluate import run_eval, tune_window
 
@@ -102,10 +104,10 @@ def main() -> None:
         wd = Path(wd)
         best = resolve_checkpoint(wd / "checkpoints")
         prompts = write_eval_prompts(tmp / "eval_prompts.jsonl", 32)
-        kw = {"prompts_file": prompts, "context_lengths": [], "draft_window_size": "off", "num_prompts": n,
-              "max_new_tokens": m}
-        trained = run_eval(recipe, wd, best, out_dir=tmp / "eval-t", **kw)
-        untrained = run_eval(recipe, wd, untrained_copy(best, tmp / "untrained"), out_dir=tmp / "eval-u", **kw)
+        kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": n, "max_new_tokens": m}
+        trained = run_eval(Resolved(recipe, wd, checkpoint=best, window="off"), out_dir=tmp / "eval-t", **kw)
+        untrained = run_eval(Resolved(recipe, wd, checkpoint=untrained_copy(best, tmp / "untrained"), window="off"),
+                             out_dir=tmp / "eval-u", **kw)
         # bench shuffles a jsonl and takes the first n: give it exactly eval's n prompts
         bench_prompts = write_eval_prompts(tmp / "bench_prompts.jsonl", n)
         served = None if args.no_bench else bench_al(load_recipe(RECIPE, [*sets, f"serve.checkpoint={best}"]), wd,
@@ -113,7 +115,7 @@ def main() -> None:
         tw = recipe.training_window
         ctx = [int(x) * tw for x in args.multiples.split(",") if x]
         cands = [int(x) for x in args.windows.split(",")] if args.windows else None
-        tune = tune_window(recipe, wd, best, candidates=cands, context_lengths=ctx, ks=[k],
+        tune = tune_window(Resolved(recipe, wd, checkpoint=best), candidates=cands, context_lengths=ctx, ks=[k],
                            num_prompts=args.tune_prompts,
                            max_new_tokens=args.tune_new_tokens, prompts_file=prompts, allow_below=True)
     finally:

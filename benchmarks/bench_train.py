@@ -53,6 +53,7 @@ def main() -> None:
                     help="recipe override, e.g. train.epochs=1 (both sides train the same)")
     args = ap.parse_args()
     from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
     from dspark_kit.stages.steps import stage_hidden_states, stage_prepare, train_plan
     from dspark_kit.stages.train import run_training
 
@@ -61,12 +62,13 @@ def main() -> None:
     try:
         wd = tmp / "run"
         wd.mkdir()
+        res = Resolved(recipe, wd)
         if args.workdir and (args.workdir / "prepared" / "hidden_states").is_dir():
             shutil.copytree(args.workdir / "prepared", wd / "prepared")
         else:
-            stage_prepare(recipe, wd)
-            stage_hidden_states(recipe, wd)
-        plan = train_plan(recipe, wd)
+            stage_prepare(res)
+            stage_hidden_states(res)
+        plan = train_plan(res)
         flags = plan.argv[plan.argv.index("--dspark-device") + 2 :]
         env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
 

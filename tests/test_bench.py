@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from typer.testing import CliRunner
 
 from dspark_kit.recipe import recipe_from_dict
+from dspark_kit.resolved import Resolved
 from dspark_kit.stages.bench import BenchError, load_prompts, run_bench
 
 TOKENS_PER_REPLY = 6
@@ -128,7 +129,7 @@ def _recipe(tmp_path, thinking=False):
 
 def test_streaming_latency_and_acceptance(serve, tmp_path):
     stub, url = serve(StubServer("stream", served_before=5))  # earlier traffic must not count
-    r = run_bench(_recipe(tmp_path, thinking=True), url, label="ckpt1")
+    r = run_bench(Resolved(_recipe(tmp_path, thinking=True)), url, label="ckpt1")
     assert r["completed"] == 6 and r["failed"] == 0 and r["streamed"] is True
     assert r["total_output_tokens"] == 6 * TOKENS_PER_REPLY
     # the stub's sleeps bound each figure from below; a busy machine only adds to them
@@ -155,7 +156,7 @@ def test_streaming_latency_and_acceptance(serve, tmp_path):
 @pytest.mark.parametrize("mode", ["json", "reject-stream"])
 def test_non_streaming_servers(serve, tmp_path, mode):
     stub, url = serve(StubServer(mode))
-    r = run_bench(_recipe(tmp_path), url, label=mode, out_dir=tmp_path / "o")
+    r = run_bench(Resolved(_recipe(tmp_path)), url, label=mode, out_dir=tmp_path / "o")
     assert r["completed"] == 6 and r["streamed"] is False
     assert r["total_output_tokens"] == 6 * TOKENS_PER_REPLY
     # without streaming the first token time is unknown: TTFT is the whole latency
@@ -168,7 +169,7 @@ def test_non_streaming_servers(serve, tmp_path, mode):
 def test_restarted_server_is_an_error(serve, tmp_path):
     _, url = serve(StubServer("json", restart_after=4, served_before=20))
     with pytest.raises(BenchError, match="restarted"):
-        run_bench(_recipe(tmp_path), url, label="x", out_dir=tmp_path / "o")
+        run_bench(Resolved(_recipe(tmp_path)), url, label="x", out_dir=tmp_path / "o")
 
 
 def test_unreachable_server(tmp_path):
@@ -178,7 +179,7 @@ def test_unreachable_server(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(BenchError, match="--base-url"):
-        run_bench(_recipe(tmp_path), f"http://127.0.0.1:{port}", label="x", out_dir=tmp_path / "o")
+        run_bench(Resolved(_recipe(tmp_path)), f"http://127.0.0.1:{port}", label="x", out_dir=tmp_path / "o")
 
 
 def test_prompts_from_jsonl(tmp_path):
@@ -253,7 +254,7 @@ def test_against_local_engine(tmp_path, tiny_verifier):
                                "bench": {"num_prompts": 2, "concurrency": 2, "max_tokens": 8}})
     with ManagedServer(plan, tmp_path / "server.log") as server:
         server.wait_healthy(600)  # a hang, not a busy machine
-        r = run_bench(recipe, server.base_url, label="local")
+        r = run_bench(Resolved(recipe), server.base_url, label="local")
     assert r["completed"] == 2 and r["failed"] == 0
     assert 0 < r["total_output_tokens"] <= 2 * 8
     assert r["output_throughput"] > 0 and r["mean_e2el_ms"] > 0

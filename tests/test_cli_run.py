@@ -73,3 +73,40 @@ def test_replay_reruns_from_the_manifest(trained_run, tmp_path):
     new = json.loads((tmp_path / "manifest.json").read_text())["recipe"]
     assert new == old
     assert (tmp_path / "prepared" / "token_freq.pt").exists()
+
+
+def test_pipeline_eval_prompts_are_not_training_rows(trained_run, tmp_path):
+    """Reproduced: the pipeline's eval read the first rows of the run's data, which are training rows
+    (one demo checkpoint: AL 3.475 there, 3.356 on held-out prompts). It now evaluates on prompts the
+    draft never trained on and eval.json says which."""
+    import shutil
+    import subprocess
+    import sys
+
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from dspark_kit.data.chat import render
+    from dspark_kit.data.tiny_corpus import eval_conversations
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.stages.heldout import until_last_user
+
+    wd = tmp_path / "run"
+    shutil.copytree(trained_run, wd, symlinks=True)
+    sets = [*TRAINED_RUN_SETS, "regen.enabled=false", "eval.num_prompts=4", "eval.max_new_tokens=8"]
+    cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages", "eval", "--workdir", str(wd),
+           "--json", *set_args(sets)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prompts = json.loads((wd / "eval" / "eval.json").read_text())["prompts"]
+    assert prompts["held_out"] is True and prompts["count"] == 4 and "held-out" in prompts["source"]
+    held_out = eval_conversations(64)
+    used = [held_out[int(i.removeprefix("tiny-heldout-"))] for i in prompts["ids"] + prompts["history_ids"]]
+    recipe = load_recipe(TINY_RECIPE, sets)
+    tok = AutoTokenizer.from_pretrained(json.loads((wd / "prepared" / "prepare_meta.json").read_text())["tokenizer"])
+    data = load_from_disk(str(wd / "prepared")).with_format(None)
+    cut = int(len(data) * recipe.train.train_data_ratio)  # what speculators trains on: the rows before it
+    trained = [tok.decode(ids) for ids in data["input_ids"][:cut]]
+    for chat in used:
+        prompt = render(tok, until_last_user(chat), False, add_generation_prompt=True)
+        assert not any(prompt in t for t in trained), prompt

@@ -87,6 +87,51 @@ def test_spec_warnings_print_but_continue(setup):
     res = run("-r", recipe, "--role", "spec", "--checkpoint", "latest", "--set", "draft.block_size=7", "--dry-run")
     assert res.exit_code == 0, res.output
     assert "block-size" in res.stderr and str((workdir / "checkpoints" / "2").resolve()) in res.stdout
+    assert res.stderr.count("block_size 8 != recipe draft.block_size 7") == 1  # once: not again by preflight
+
+
+def test_checkpoint_and_engine_flags_reach_preflight(setup):
+    """Reproduced: in a trained run without checkpoint_best, `serve --checkpoint 1 --engine local` stopped
+    with preflight's "serve.checkpoint checkpoint_best ... not found" (preflight re-resolved the recipe's
+    own checkpoint and engine), and every checkpoint warning printed twice."""
+    recipe, workdir, _, verifier = setup
+    (workdir / "checkpoints" / "checkpoint_best").unlink()
+    write_ckpt(workdir / "checkpoints" / "1", str(verifier), block=7)  # a warning: trained block 7, recipe 8
+    res = run("-r", recipe, "--role", "spec", "--engine", "local", "--checkpoint", "1", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "pitfall" not in res.output and "checkpoint_best" not in res.output
+    words = shlex.split(res.stdout.strip().splitlines()[-1])
+    assert "dspark_kit.engines.local_server" in words  # the --engine flag, not the recipe's vllm
+    assert words[words.index("--draft") + 1] == str((workdir / "checkpoints" / "1").resolve())
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert sum("block-size" in w for w in warnings) == 1
+    assert len(warnings) == len(set(warnings)), warnings  # each warning once
+
+
+def test_a_bug_while_starting_surfaces_with_its_traceback(setup, monkeypatch):
+    """Expected start failures are one line with their cause; anything else (a bug) keeps its
+    traceback instead of becoming "did not become healthy", and the server is stopped either way."""
+    from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
+
+    recipe = setup[0]
+    stopped = []
+    monkeypatch.setattr(ManagedServer, "start", lambda self: self)
+    monkeypatch.setattr(ManagedServer, "stop", lambda self: stopped.append(1))
+
+    def bug(self, timeout):
+        raise KeyError("a bug in the health check")
+
+    monkeypatch.setattr(ManagedServer, "wait_healthy", bug)
+    res = run("-r", recipe, "--role", "chat", "--port", "9")
+    assert isinstance(res.exception, KeyError) and "did not become healthy" not in res.output
+    assert stopped
+
+    def exited(self, timeout):
+        raise ServerStartError("server exited with code 1 before becoming healthy; log ends with: CUDA OOM")
+
+    monkeypatch.setattr(ManagedServer, "wait_healthy", exited)
+    res = run("-r", recipe, "--role", "chat", "--port", "9")
+    assert res.exit_code == 1 and "did not become healthy" in res.output and "CUDA OOM" in res.output
 
 
 @pytest.mark.parametrize("args,message", [

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dspark_kit.data.conversations import ConversationError, normalize, to_sharegpt
+from dspark_kit.resolved import Resolved
 from dspark_kit.stages.prepare import (
     REASONING_WITH_THINKING_OFF,
     prepare,
@@ -247,7 +248,7 @@ def test_bad_rows_from_data_source_are_counted_too(tmp_path, tiny_recipe, tiny_v
     recipe = tiny_recipe.model_copy(deep=True)
     recipe.regen.enabled = False
     recipe.data.source, recipe.data.limit, recipe.data.seq_length = str(src), None, 128
-    summary = stage_prepare(recipe, tmp_path)
+    summary = stage_prepare(Resolved(recipe, tmp_path))
     assert Counter(summary["rejected"]) == expected
     assert summary["conversations_in"] == n_lines
     err = capsys.readouterr().err
@@ -259,7 +260,7 @@ def test_prepare_stops_when_regen_output_is_missing(tmp_path, tiny_recipe):
 
     assert tiny_recipe.regen.enabled
     with pytest.raises(ValueError, match="regen.jsonl not found: run regen first") as e:
-        stage_prepare(tiny_recipe, tmp_path)
+        stage_prepare(Resolved(tiny_recipe, tmp_path))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "prepared").exists()
 
@@ -313,12 +314,12 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
     from dspark_kit.resolved import Resolved
 
     assert "--reasoning-parser" in regen_server_plan(Resolved(recipe)).argv
-    summary = run_regen(recipe, tmp_path / "regen.jsonl", concurrency=3)
+    summary = run_regen(Resolved(recipe), tmp_path / "regen.jsonl", concurrency=3)
     assert (summary["written"], summary["failed"], summary["not_attempted"]) == (3, 0, 0)
     replies = [json.loads(line)["conversations"][1] for line in (tmp_path / "regen.jsonl").read_text().splitlines()]
     assert all("reasoning_content" in r and "<think>" not in r["value"] for r in replies)
     assert sum(bool(r["reasoning_content"].strip()) for r in replies) >= 2
-    prepared = stage_prepare(recipe, tmp_path)
+    prepared = stage_prepare(Resolved(recipe, tmp_path))
     assert prepared["conversations_used"] == 3 and prepared["with_reasoning"] >= 2
     tok = AutoTokenizer.from_pretrained(tiny_verifier)
     ds = load_from_disk(str(tmp_path / "prepared"))

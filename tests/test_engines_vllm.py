@@ -284,3 +284,25 @@ def test_spec_plan_without_a_trained_checkpoint_says_so_and_valid_names():
         plan_vllm(seed_recipe(), "chat", engine="sglang")
     with pytest.raises(PlanError, match="--engine"):
         vllm_engine.plan_vllm(Resolved(seed_recipe(), "/nonexistent/run", engine="local"), "chat")
+
+
+def test_k_is_noted_as_assumed_only_when_it_was():
+    """Reproduced: the seed recipe's dry run printed "K assumed = draft.block_size" next to
+    "num_speculative_tokens 7 (serve.num_speculative_tokens)"; K was set, nothing was assumed."""
+    explicit = plan_vllm(seed_recipe(), "spec", engine="vllm-ascend", installed_versions={}).notes
+    assert "num_speculative_tokens 7 (serve.num_speculative_tokens)" in explicit
+    assert not any("assumed" in n or "block_size" in n for n in explicit), explicit
+    auto = plan_vllm(seed_recipe(num_speculative_tokens="auto"), "spec", engine="vllm-ascend",
+                     installed_versions={}).notes
+    assert any(n.startswith("num_speculative_tokens 8 (auto: draft.block_size 8") for n in auto), auto
+
+
+def test_seed_recipe_dry_run_does_not_say_k_was_assumed(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    seed = Path(__file__).resolve().parents[1] / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml"
+    res = CliRunner().invoke(app, ["serve", "-r", str(seed), "--role", "spec", "--dry-run", "-w", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "num_speculative_tokens 7" in res.stderr and "assumed" not in res.stderr

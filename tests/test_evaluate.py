@@ -14,13 +14,13 @@ from fixtures_decoder import fresh_draft, save_draft, train_draft
 
 from dspark_kit.cli import app
 from dspark_kit.recipe import load_recipe
+from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.decoder import SpecResult
 from dspark_kit.stages.evaluate import (
     EvalError,
     aggregate,
     candidate_windows,
     pick_window,
-    resolve_window,
     run_eval,
     tune_window,
 )
@@ -75,29 +75,33 @@ def test_candidate_windows_respect_training_window():
     assert all(w % 16 == 0 for w in candidate_windows(100, 2000, 16))
 
 
-def test_resolve_window(tmp_path):
-    from dspark_kit.resolved import Resolved
+@pytest.mark.parametrize("engine", ["local", "vllm", "vllm-ascend"])
+def test_eval_window_flag_is_resolveds_window(tmp_path, engine):
+    """One window rule: --draft-window-size enters Resolved, so `auto` and no flag (recipe auto)
+    give the window serving applies on every engine."""
+    from dspark_kit.resolved import ResolveError
 
-    r = recipe(tmp_path)
+    r = recipe(tmp_path, f"serve.engine={engine}")
 
     def window(flag):
-        return resolve_window(flag, Resolved(r, tmp_path, planning=True))
+        return Resolved(r, tmp_path, window=flag, planning=True, window_support="no").window.value
 
-    assert window("off") is None and window("96") == 96
-    assert window("auto") == window(None) == r.training_window  # no tune file yet: the training window
+    applies = engine != "vllm" and engine != "vllm-ascend"  # CUDA vLLM, or vllm-ascend without PR 14596
+    assert window("off") is None and window("96") == (96 if applies else None)
+    assert window("auto") == window(None) == (r.training_window if applies else None)
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "window_tune.json").write_text(json.dumps({"recommended_window": 48}))
-    assert window("auto") == window(None) == 48
+    assert window("auto") == window(None) == (48 if applies else None)
     (tmp_path / "eval" / "window_tune.json").write_text(json.dumps({"recommended_window": None}))
     assert window("auto") is None and window(None) is None  # the tune found windows do not help
-    with pytest.raises(EvalError, match="--draft-window-size"):
+    with pytest.raises(ResolveError, match="--draft-window-size"):
         window("big")
 
 
 @pytest.mark.slow
 def test_run_eval_outputs_and_context_sweep(workdir):
     r = recipe(workdir)
-    s = run_eval(r, workdir, context_lengths=[160], draft_window_size="32")
+    s = run_eval(Resolved(r, workdir, window="32"), context_lengths=[160])
     assert s["acceptance_length"] > 1.0
     assert abs(1 + sum(s["per_position_acceptance"]) - s["acceptance_length"]) < 1e-3
     assert s["num_speculative_tokens"] == 4 and "trained slots" in s["num_speculative_tokens_source"]
@@ -115,8 +119,8 @@ def test_run_eval_outputs_and_context_sweep(workdir):
 def test_tune_writes_recommendation(workdir):
     r = recipe(workdir, "data.seq_length=64")  # training window 64 so the tiny contexts exceed it
     with pytest.raises(EvalError, match="--allow-below"):
-        tune_window(r, workdir, candidates=[32, 64], context_lengths=[160])
-    res = tune_window(r, workdir, candidates=[64, 128], context_lengths=[160], num_prompts=2, max_new_tokens=12)
+        tune_window(Resolved(r, workdir), candidates=[32, 64], context_lengths=[160])
+    res = tune_window(Resolved(r, workdir), candidates=[64, 128], context_lengths=[160], num_prompts=2, max_new_tokens=12)
     saved = json.loads((workdir / "eval" / "window_tune.json").read_text())
     assert "recommended_window" in saved and saved["recommended_window"] in (None, 64, 128)
     assert set(saved["acceptance_length"]) == {"off", "64", "128"}
@@ -128,8 +132,6 @@ def test_tune_writes_recommendation(workdir):
     assert saved["ks"] == [3, 4] and saved["recommended_k"] in (3, 4)
     assert set(saved["acceptance_length_by_k"]) == {"3", "4"}
     assert len(saved["measurements"]) == 2 * 3 * 2  # K x (off + 2 windows) x (short + 160)
-    from dspark_kit.resolved import Resolved
-
     assert Resolved(r, workdir).k.value == saved["recommended_k"]
 
 
@@ -147,6 +149,22 @@ def test_cli_eval_json_and_errors(workdir):
 
 
 @pytest.mark.slow
+def test_cli_eval_window_flag_auto_equals_no_flag(workdir, tmp_path):
+    """Reproduced: eval kept its own window rule, so with serve.draft_window_size auto,
+    `--draft-window-size auto` measured the training window while no flag measured what the engine
+    applies (none on CUDA vLLM). One rule now: the flag enters Resolved."""
+    runner = CliRunner()
+    sets = [f"workdir={workdir}", "data.limit=24", "serve.engine=vllm"]
+    base = ["eval", "-r", str(RECIPE), *(a for s in sets for a in ("--set", s)), "--num-prompts", "1",
+            "--max-new-tokens", "4", "--json"]
+    auto = runner.invoke(app, [*base, "--draft-window-size", "auto", "--out", str(tmp_path / "auto")])
+    plain = runner.invoke(app, [*base, "--out", str(tmp_path / "plain")])
+    assert auto.exit_code == plain.exit_code == 0, auto.output + plain.output
+    windows = [json.loads(r.stdout)["draft_window_size"] for r in (auto, plain)]
+    assert windows[0] == windows[1] == Resolved(load_recipe(RECIPE, sets)).window.value
+
+
+@pytest.mark.slow
 def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path, tiny_verifier):
     """Training works (a direction, not a timing): on held-out prompts, at K = block size, the
     briefly trained draft's acceptance is far above a freshly initialised draft's. AL is
@@ -156,8 +174,8 @@ def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path, tiny_
     prompts = write_eval_prompts(tmp_path / "prompts.jsonl", 8)
     untrained = save_draft(fresh_draft(tiny_verifier), tmp_path / "untrained")
     r = recipe(workdir, "serve.num_speculative_tokens=4")
-    kw = {"prompts_file": prompts, "context_lengths": [], "draft_window_size": "off", "num_prompts": 4,
-          "max_new_tokens": 24}
-    trained_al = run_eval(r, workdir, out_dir=tmp_path / "t", **kw)["acceptance_length"]
-    untrained_al = run_eval(r, workdir, untrained, out_dir=tmp_path / "u", **kw)["acceptance_length"]
+    kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": 4, "max_new_tokens": 24}
+    trained_al = run_eval(Resolved(r, workdir, window="off"), out_dir=tmp_path / "t", **kw)["acceptance_length"]
+    untrained = Resolved(r, workdir, checkpoint=untrained, window="off")
+    untrained_al = run_eval(untrained, out_dir=tmp_path / "u", **kw)["acceptance_length"]
     assert trained_al >= MARGIN * untrained_al, (trained_al, untrained_al)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dspark_kit.resolved import Resolved
 from dspark_kit.stages.hidden_states_vllm import dry_run_lines, run_offline_vllm
 from dspark_kit.stages.steps import stage_hidden_states, stage_prepare
 
@@ -17,10 +18,10 @@ def test_server_backend_matches_local_backend(tmp_path, tiny_recipe, tiny_verifi
     tiny_recipe.regen.enabled = False  # prepare the raw data.source
     a, b = tmp_path / "a", tmp_path / "b"
     for wd in (a, b):
-        stage_prepare(tiny_recipe, wd)
-    stage_hidden_states(tiny_recipe, a)  # in-process transformers
+        stage_prepare(Resolved(tiny_recipe, wd))
+    stage_hidden_states(Resolved(tiny_recipe, a))  # in-process transformers
     tiny_recipe.hidden_states.backend = "vllm"  # the recipe's engine (local) serves extraction
-    summary = run_offline_vllm(tiny_recipe, b)
+    summary = run_offline_vllm(Resolved(tiny_recipe, b))
     assert summary["generated"] == len(list((a / "prepared" / "hidden_states").glob("hs_*.safetensors")))
     for f in sorted((a / "prepared" / "hidden_states").glob("hs_*.safetensors")):
         x, y = load_file(str(f)), load_file(str(b / "prepared" / "hidden_states" / f.name))
@@ -32,6 +33,6 @@ def test_server_backend_matches_local_backend(tmp_path, tiny_recipe, tiny_verifi
 def test_dry_run_prints_one_command_per_node(tiny_recipe, tmp_path):
     tiny_recipe.hidden_states.backend = "vllm"
     tiny_recipe.train.nnodes = 3
-    lines = [line for line in dry_run_lines(tiny_recipe, tmp_path) if "generate-offline-data" in line]
+    lines = [line for line in dry_run_lines(Resolved(tiny_recipe, tmp_path, planning=True)) if "generate-offline-data" in line]
     ranks = [shlex.split(line)[shlex.split(line).index("--rank") + 1] for line in lines]
     assert ranks == ["0", "1", "2"] and all("--world-size 3" in line for line in lines)

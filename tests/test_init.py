@@ -68,6 +68,7 @@ def comment_of(text: str, key: str) -> str:
 
 
 def test_init_on_a_qwen3_30b_a3b_shaped_verifier(tmp_path, tokenizer_dir, tokenizer):
+    from dspark_kit.resolved import Resolved
     from dspark_kit.stages.pipeline import pipeline_dry_run
     from dspark_kit.stages.preflight import run_preflight
 
@@ -93,8 +94,8 @@ def test_init_on_a_qwen3_30b_a3b_shaped_verifier(tmp_path, tokenizer_dir, tokeni
 
     recipe = load_recipe(out, require_run_keys=True)  # every key is a real recipe key
     wd = tmp_path / "run"
-    assert run_preflight(recipe, wd, probes=False) == []  # the Markov probe is the slow test's (CLI) job
-    plan = "\n".join(pipeline_dry_run(recipe, wd))
+    assert run_preflight(Resolved(recipe, wd), probes=False) == []  # the Markov probe: the slow test's (CLI)
+    plan = "\n".join(pipeline_dry_run(Resolved(recipe, wd, planning=True)))
     assert "--target-layer-ids 1 12 23 34 45" in plan and f"--mask-token-id {len(tokenizer)}" in plan
     assert "eagle_aux_hidden_state_layer_ids\":[1,12,23,34,45,48]" in plan
     assert "ASCEND_RT_VISIBLE_DEVICES=0,1" in plan and "ASCEND_RT_VISIBLE_DEVICES=2,3" in plan

@@ -3,7 +3,7 @@
     0 core     recipe, rundir, atomic, jsonl_sink, progress, devices
     1 data     data/ (conversation model, chat rendering, sources, the tiny verifier)
     2 specdec  specdec/ (window math, verifier, draft, decoder, checkpoints), compat/ (speculators fixes)
-    3 resolve  resolved.py (every derived value), rendezvous.py (multi-node launch decisions)
+    3 resolve  resolved/ (every derived value), rendezvous.py (multi-node launch decisions)
     4 engines  engines/ (plans, local server, lifecycle)
     5 stages   stages/ (regen ... report, pipeline, preflight)
     6 cli      cli/

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from dspark_kit.recipe import dump_recipe
+from dspark_kit.resolved import Resolved
 from dspark_kit.stages.preflight import has_errors, run_preflight
 
 # every test reads the tiny verifier (its tokenizer and config); the shipped tiny recipe's
@@ -83,11 +84,11 @@ def _rewrite_config(run: Path, **changes) -> None:
 
 
 def test_clean_run_has_no_findings(recipe, run):
-    assert run_preflight(recipe, run, probes=False) == []
+    assert run_preflight(Resolved(recipe, run), probes=False) == []
 
 
 def test_shipped_tiny_recipe_has_no_errors_on_an_empty_workdir(tiny_recipe, tmp_path):
-    findings = run_preflight(tiny_recipe, tmp_path / "fresh", probes=False)
+    findings = run_preflight(Resolved(tiny_recipe, tmp_path / "fresh"), probes=False)
     assert not has_errors(findings), findings
 
 
@@ -100,16 +101,16 @@ def test_pitfall_1_shifted_markov_prev_token(recipe, run, monkeypatch):
         "    prev_token_ids = block_tokens\n",
         "    prev_token_ids = torch.cat([block_tokens[:, :1], block_tokens[:, :-1]], dim=1)\n",
     )
-    assert 1 not in _pitfalls(run_preflight(recipe, run))
+    assert 1 not in _pitfalls(run_preflight(Resolved(recipe, run)))
     monkeypatch.setattr(DSparkDraftModel, "forward", shifted)
-    assert 1 in _pitfalls(run_preflight(recipe, run))
+    assert 1 in _pitfalls(run_preflight(Resolved(recipe, run)))
 
 
 def test_pitfall_2_sliding_layers(recipe, run):
     recipe.draft.num_layers = 3
     recipe.draft.attention = "sliding"
     recipe.draft.full_attention_indices = [0]
-    findings = run_preflight(recipe, run, probes=False)
+    findings = run_preflight(Resolved(recipe, run), probes=False)
     assert any(f.pitfall == 2 and f.level == "warning" and "[1, 2]" in f.message for f in findings)
     # indices outside the draft never reach preflight: the recipe validator rejects them
     from dspark_kit.recipe import RecipeError, recipe_from_dict
@@ -120,23 +121,23 @@ def test_pitfall_2_sliding_layers(recipe, run):
 
 def test_pitfall_2_checkpoint_trained_with_sliding_layers(recipe, run):
     _rewrite_config(run, transformer_layer_config={"layer_types": ["sliding_attention"]})
-    assert 2 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 2 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_3_regen_by_another_model(recipe, run):
     _write_regen(run, model="qwen3-8b")
-    assert 3 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 3 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_3_checkpoint_trained_on_another_verifier(recipe, run):
     _rewrite_config(run, speculators_config={"proposal_methods": [{"speculative_tokens": 4}],
                                              "verifier": {"name_or_path": "/models/Qwen3-8B"}})  # fmt: skip
-    assert 3 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 3 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_4_thinking_replies_with_thinking_off(recipe, run):
     _write_regen(run, reply="<think>\nfirst restate it\n</think>\n\nthe reply")
-    assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 4 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_4_reasoning_field_with_thinking_off(recipe, run):
@@ -145,51 +146,51 @@ def test_pitfall_4_reasoning_field_with_thinking_off(recipe, run):
                              {"from": "gpt", "value": "the reply", "reasoning_content": "first restate it"}],
            "metadata": {"idx": 0, "finish_reasons": ["stop"]}}
     (run / "regen.jsonl").write_text(json.dumps(row) + "\n")
-    assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 4 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_4_thinking_on_without_any_reasoning(recipe, run):
     recipe.verifier.thinking = True
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
     _write_regen(run, thinking=True)
-    found = [f for f in run_preflight(recipe, run, probes=False) if f.pitfall == 4]
+    found = [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.pitfall == 4]
     assert [f.level for f in found] == ["error"] and "carries reasoning" in found[0].message
 
 
 def test_pitfall_4_empty_think_block_is_not_thinking(recipe, run):
     _write_regen(run, reply="<think>\n\n</think>\n\nthe reply")
-    assert 4 not in _pitfalls(run_preflight(recipe, run, probes=False))
+    assert 4 not in _pitfalls(run_preflight(Resolved(recipe, run), probes=False))
 
 
 def test_pitfall_4_regen_recorded_another_mode(recipe, run):
     _write_regen(run, thinking=True)  # regen metadata records the mode it requested
-    assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 4 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
     _write_regen(run, thinking=False)
-    assert 4 not in _pitfalls(run_preflight(recipe, run, probes=False))
+    assert 4 not in _pitfalls(run_preflight(Resolved(recipe, run), probes=False))
 
 
 def test_pitfall_4_prepared_with_other_mode(recipe, run):
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
-    assert 4 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 4 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_5_hidden_states_with_other_layer_count(recipe, run):
     _write_hidden_states(run, layers=LAYERS - 1)
-    assert 5 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 5 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_5_checkpoint_reads_other_layers(recipe, run):
     _rewrite_config(run, aux_hidden_state_layer_ids=[0, 1, 2])
-    assert 5 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 5 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_6_k_above_trained_slots(recipe, run):
     _rewrite_config(run, speculators_config={"proposal_methods": [{"speculative_tokens": 2}],
                                              "verifier": {"name_or_path": str(_verifier(run))}})  # fmt: skip
     recipe.serve.num_speculative_tokens = 3
-    assert 6 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 6 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
     recipe.serve.num_speculative_tokens = 5  # above block_size 4 (assignment skips the validator)
-    assert 6 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 6 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def _verifier(run: Path) -> str:
@@ -202,14 +203,14 @@ def test_pitfall_7_mask_is_a_text_token_or_out_of_vocab(recipe, run, tiny_verifi
 
     tok = AutoTokenizer.from_pretrained(tiny_verifier)
     recipe.draft.mask_token_id = tok.convert_tokens_to_ids(tok.tokenize("hello")[0])
-    assert 7 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 7 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
     recipe.draft.mask_token_id = 10**6
-    assert 7 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 7 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_7_checkpoint_mask_differs_from_tokenizer(recipe, run, mask_id):
     _rewrite_config(run, mask_token_id=mask_id - 1)
-    assert 7 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 7 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 @pytest.mark.parametrize("fault", ["missing", "truncated", "absent-epoch"])
@@ -221,23 +222,23 @@ def test_pitfall_8_wrong_or_incomplete_checkpoint(recipe, run, fault):
         weights.write_bytes(weights.read_bytes()[:40])
     else:
         recipe.serve.checkpoint = "7"
-    assert 8 in _pitfalls(run_preflight(recipe, run, probes=False), "error")
+    assert 8 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_9_window_below_training_window(recipe, run):
     recipe.serve.engine = "vllm-ascend"
     recipe.serve.draft_window_size = 64
-    assert 9 in _pitfalls(run_preflight(recipe, run, probes=False), "warning")
+    assert 9 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "warning")
     recipe.serve.draft_window_size = 256
-    assert 9 not in _pitfalls(run_preflight(recipe, run, probes=False))
+    assert 9 not in _pitfalls(run_preflight(Resolved(recipe, run), probes=False))
 
 
 def test_pitfall_10_long_serving_context_without_window(recipe, run):
     recipe.serve.engine = "vllm"
     recipe.serve.max_model_len = 8192
-    assert 10 in _pitfalls(run_preflight(recipe, run, probes=False), "warning")
+    assert 10 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "warning")
     recipe.serve.engine = "vllm-ascend"  # draft_window_size auto -> a window is passed
-    assert 10 not in _pitfalls(run_preflight(recipe, run, probes=False))
+    assert 10 not in _pitfalls(run_preflight(Resolved(recipe, run), probes=False))
 
 
 def test_cli_exit_codes_and_json(recipe, run, tmp_path):
@@ -266,7 +267,41 @@ def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
     monkeypatch.setattr(train_mod, "run_training", lambda *a, **k: pytest.fail("training started"))
     with pytest.raises(PreflightError, match=r"pitfall 4"):
-        stage_train(recipe, run)
+        stage_train(Resolved(recipe, run))
+
+
+def test_hidden_size_is_checked_for_a_verifier_in_the_model_cache(tiny_recipe, tmp_path, monkeypatch):
+    """Reproduced: preflight read config.json from a local directory only, so a verifier that lives in
+    the HF cache (a hub id) lost the hidden-size check; it now asks Resolved.verifier_config."""
+    from dspark_kit.specdec import verifier as verifier_mod
+
+    monkeypatch.setattr(verifier_mod, "verifier_config", lambda path: (
+        {"model_type": "qwen3", "num_hidden_layers": LAYERS, "hidden_size": 64} if path == "org/model" else None))
+    tiny_recipe.verifier.path = "org/model"  # in the model cache, not a directory
+    _write_hidden_states(tmp_path)  # [seq, 4 layers, 128]: written for another verifier
+    found = [f for f in run_preflight(Resolved(tiny_recipe, tmp_path), probes=False) if f.pitfall == 5]
+    assert found and found[0].level == "error" and "64" in found[0].message
+
+
+def test_a_failed_verifier_build_surfaces_with_its_cause(tiny_recipe, tmp_path, monkeypatch):
+    """Reproduced: any error while resolving the verifier (a bug in the tiny build) was swallowed as
+    "verifier ... is not a local directory; mask token not checked" and the build tried again."""
+    import dspark_kit.data.tiny_verifier as tiny
+
+    monkeypatch.setenv("DSPARK_KIT_CACHE", str(tmp_path / "cache"))  # nothing built here yet
+
+    calls = []
+
+    def broken_build(*_a, **_k):
+        calls.append(1)
+        if len(calls) > 1:
+            raise AssertionError("the failed build was swallowed and tried again")
+        raise RuntimeError("a bug in the tiny verifier build")
+
+    monkeypatch.setattr(tiny, "build_tokenizer", broken_build)  # the build's first step
+    with pytest.raises(RuntimeError, match="a bug in the tiny verifier build"):
+        run_preflight(Resolved(tiny_recipe, tmp_path / "run"), probes=False)
+    assert len(calls) == 1
 
 
 def test_train_preflight_ignores_a_partial_checkpoint_dir(recipe, run):
@@ -274,9 +309,9 @@ def test_train_preflight_ignores_a_partial_checkpoint_dir(recipe, run):
     from dspark_kit.stages.preflight import PreflightError, enforce
 
     (run / "checkpoints" / "checkpoint_best").unlink()
-    enforce(recipe, run, "train")  # no error: the checkpoints are train's own output
+    enforce(Resolved(recipe, run), "train")  # no error: the checkpoints are train's own output
     with pytest.raises(PreflightError, match=r"pitfall 8"):
-        enforce(recipe, run, "serve")
+        enforce(Resolved(recipe, run), "serve")
 
 
 # ---- pitfall 11: a multi-node run only one machine can reach ----------------
@@ -284,7 +319,7 @@ def test_train_preflight_ignores_a_partial_checkpoint_dir(recipe, run):
 
 
 def _errors11(recipe, run) -> list[str]:
-    return [f.message for f in run_preflight(recipe, run, probes=False) if f.pitfall == 11 and f.level == "error"]
+    return [f.message for f in run_preflight(Resolved(recipe, run), probes=False) if f.pitfall == 11 and f.level == "error"]
 
 
 def test_pitfall_11_two_nodes_loopback_master(recipe, run):

@@ -52,7 +52,7 @@ def _rows(path: Path) -> list[dict]:
 def test_20_rows_at_concurrency_8(engines, tmp_path):
     recipe = Recipe.model_validate(RECIPE)
     out = tmp_path / "regen.jsonl"
-    summary = run_regen(recipe, out, endpoints=[engines[0]], limit=20)
+    summary = run_regen(Resolved(recipe), out, endpoints=[engines[0]], limit=20)
     rows = _rows(out)
     assert summary["written"] == 20 and summary["failed"] == 0 and len(rows) == 20
     source = dict(iter_source(recipe.data, limit=20))
@@ -73,7 +73,7 @@ def test_20_rows_at_concurrency_8(engines, tmp_path):
 
 def test_two_engines_both_serve_rows(engines, tmp_path):
     out = tmp_path / "regen.jsonl"
-    summary = run_regen(Recipe.model_validate(RECIPE), out, endpoints=engines, limit=16, concurrency=2)
+    summary = run_regen(Resolved(Recipe.model_validate(RECIPE)), out, endpoints=engines, limit=16, concurrency=2)
     served = {e["url"]: e["rows"] for e in summary["endpoints"]}
     assert sum(served.values()) == 16 and all(n > 0 for n in served.values()), served
     assert {r["metadata"]["endpoint"] for r in _rows(out)} == set(served)
@@ -123,7 +123,7 @@ def test_sigkill_at_random_moments_then_resume_gives_exactly_20_rows(engines, tm
 def test_no_endpoint_starts_and_stops_a_local_engine(tmp_path):
     recipe = Recipe.model_validate({**RECIPE, "serve": {"startup_timeout": 120}})
     out = tmp_path / "regen.jsonl"
-    summary = run_regen(recipe, out, limit=3)
+    summary = run_regen(Resolved(recipe), out, limit=3)
     assert summary["local_engine"] and summary["written"] == 3
     engine_url = summary["endpoints"][0]["url"]
     with pytest.raises(httpx.ConnectError):  # stopped after the run

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from dspark_kit.engines.lifecycle import free_port
 from dspark_kit.recipe import Recipe
+from dspark_kit.resolved import Resolved
 from dspark_kit.stages.regen import run_regen
 
 BEHAVIOURS = ["ok", "fail-once", "fail-always", "slow", "malformed", "bad-schema", "reject"]
@@ -104,7 +105,7 @@ def _lines(path):
 
 def test_retries_then_errors_file_and_run_finishes(tmp_path, stub):
     out = tmp_path / "out.jsonl"
-    summary = run_regen(_recipe(tmp_path, BEHAVIOURS), out, endpoints=[stub.url], backoff_base=0.01,
+    summary = run_regen(Resolved(_recipe(tmp_path, BEHAVIOURS)), out, endpoints=[stub.url], backoff_base=0.01,
                         concurrency=4)
     rows = {r["metadata"]["idx"]: r for r in _lines(out)}
     assert sorted(rows) == [0, 1]  # ok, fail-once (succeeded on its retry)
@@ -122,11 +123,11 @@ def test_retries_then_errors_file_and_run_finishes(tmp_path, stub):
 def test_resume_retries_only_failed_rows(tmp_path, stub):
     out = tmp_path / "out.jsonl"
     recipe = _recipe(tmp_path, ["ok", "fail-once", "ok"], max_retries=0)
-    first = run_regen(recipe, out, endpoints=[stub.url], backoff_base=0.01)
+    first = run_regen(Resolved(recipe), out, endpoints=[stub.url], backoff_base=0.01)
     assert (first["written"], first["failed"]) == (2, 1)
     errors = tmp_path / "out.jsonl.errors.jsonl"
     assert [e["idx"] for e in _lines(errors)] == [1]
-    second = run_regen(recipe, out, endpoints=[stub.url], backoff_base=0.01)
+    second = run_regen(Resolved(recipe), out, endpoints=[stub.url], backoff_base=0.01)
     assert (second["written"], second["already_done"], second["skipped_already_done"]) == (1, 2, 2)
     assert sorted(r["metadata"]["idx"] for r in _lines(out)) == [0, 1, 2]
     assert not _lines(errors)  # the retried failure succeeded: its entry is gone
@@ -135,7 +136,7 @@ def test_resume_retries_only_failed_rows(tmp_path, stub):
 def test_refused_endpoint_leaves_rotation_and_others_take_its_rows(tmp_path, stub):
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "out.jsonl"
-    summary = run_regen(_recipe(tmp_path, ["ok"] * 12, unavailable_timeout=0), out, endpoints=[dead, stub.url],
+    summary = run_regen(Resolved(_recipe(tmp_path, ["ok"] * 12, unavailable_timeout=0)), out, endpoints=[dead, stub.url],
                         model="stub", concurrency=3, backoff_base=0.01, dead_after=2)
     assert sorted(r["metadata"]["idx"] for r in _lines(out)) == list(range(12))
     by_url = {e["url"]: e for e in summary["endpoints"]}
@@ -146,7 +147,7 @@ def test_refused_endpoint_leaves_rotation_and_others_take_its_rows(tmp_path, stu
 def test_only_endpoint_refused_run_finishes_and_reports(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     out = tmp_path / "out.jsonl"
-    summary = run_regen(_recipe(tmp_path, ["ok"] * 5, unavailable_timeout=0), out, endpoints=[dead], model="m",
+    summary = run_regen(Resolved(_recipe(tmp_path, ["ok"] * 5, unavailable_timeout=0)), out, endpoints=[dead], model="m",
                         concurrency=2, backoff_base=0.01, dead_after=2)
     assert summary["all_endpoints_dead"] and summary["written"] == 0
     errors = _lines(tmp_path / "out.jsonl.errors.jsonl")
@@ -176,7 +177,7 @@ def test_bad_source_fails_fast_without_hanging(tmp_path, stub):
 
     recipe = Recipe.model_validate({"data": {"source": str(tmp_path / "missing.jsonl")}})
     with pytest.raises(SourceError, match="file not found"):
-        run_regen(recipe, tmp_path / "o.jsonl", endpoints=[stub.url])
+        run_regen(Resolved(recipe), tmp_path / "o.jsonl", endpoints=[stub.url])
     assert stub.attempts == Counter()
 
 
@@ -192,7 +193,7 @@ def test_reasoning_from_the_server_is_stored_explicitly(tmp_path, stub):
 
     out = tmp_path / "out.jsonl"
     kinds = ["think", "think-new", "think-inline", "ok", "cut"]
-    summary = run_regen(_recipe(tmp_path, kinds), out, endpoints=[stub.url], backoff_base=0.01)
+    summary = run_regen(Resolved(_recipe(tmp_path, kinds)), out, endpoints=[stub.url], backoff_base=0.01)
     assert summary["written"] == 5
     rows = {r["metadata"]["idx"]: r for r in _lines(out)}
     gpt = {i: r["conversations"][1] for i, r in rows.items()}
@@ -224,7 +225,7 @@ def test_server_restarted_within_unavailable_timeout_loses_no_row(tmp_path):
 
     out = tmp_path / "out.jsonl"
     try:
-        summary = run_regen(_recipe(tmp_path, ["ok"] * 40, unavailable_timeout=30), out, endpoints=[stub.url],
+        summary = run_regen(Resolved(_recipe(tmp_path, ["ok"] * 40, unavailable_timeout=30)), out, endpoints=[stub.url],
                             model="stub", concurrency=4, backoff_base=0.05, backoff_cap=0.3, on_row=on_row)
     finally:
         box["restarted"].wait(10)
@@ -237,7 +238,7 @@ def test_server_restarted_within_unavailable_timeout_loses_no_row(tmp_path):
 def test_every_row_is_accounted_when_all_endpoints_are_gone(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     out = tmp_path / "out.jsonl"
-    summary = run_regen(_recipe(tmp_path, ["ok"] * 35, unavailable_timeout=0.3), out, endpoints=[dead], model="m",
+    summary = run_regen(Resolved(_recipe(tmp_path, ["ok"] * 35, unavailable_timeout=0.3)), out, endpoints=[dead], model="m",
                         concurrency=4, backoff_base=0.01, dead_after=2)
     assert summary["all_endpoints_dead"] and summary["written"] == 0
     assert summary["failed"] + summary["not_attempted"] == 35 == summary["source_rows"]
@@ -252,16 +253,16 @@ def test_no_resume_with_a_bad_dataset_or_without_overwrite_keeps_the_output(tmp_
 
     out = tmp_path / "out.jsonl"
     recipe = _recipe(tmp_path, ["ok"] * 40)
-    run_regen(recipe, out, endpoints=[stub.url])
+    run_regen(Resolved(recipe), out, endpoints=[stub.url])
     errors = tmp_path / "out.jsonl.errors.jsonl"
     errors.write_text(json.dumps({"idx": 99, "reason": "x"}) + "\n")
     before = out.read_bytes()
     with pytest.raises(SourceError, match="file not found"):
-        run_regen(recipe, out, endpoints=[stub.url], resume=False, dataset=str(tmp_path / "typo.jsonl"))
+        run_regen(Resolved(recipe), out, endpoints=[stub.url], resume=False, dataset=str(tmp_path / "typo.jsonl"))
     with pytest.raises(OutputExists, match="--overwrite"):
-        run_regen(recipe, out, endpoints=[stub.url], resume=False)
+        run_regen(Resolved(recipe), out, endpoints=[stub.url], resume=False)
     assert out.read_bytes() == before and len(before.splitlines()) == 40 and errors.exists()
-    summary = run_regen(recipe, out, endpoints=[stub.url], resume=False, overwrite=True, limit=3)
+    summary = run_regen(Resolved(recipe), out, endpoints=[stub.url], resume=False, overwrite=True, limit=3)
     assert summary["written"] == 3 and len(_lines(out)) == 3 and not errors.exists()
 
 
@@ -291,7 +292,7 @@ def test_server_still_starting_is_waited_for(tmp_path):
     timer = threading.Timer(1.0, lambda: box.setdefault("stub", Stub(port=port)))
     timer.start()
     try:
-        summary = run_regen(_recipe(tmp_path, ["ok"] * 3, unavailable_timeout=20, max_retries=0),
+        summary = run_regen(Resolved(_recipe(tmp_path, ["ok"] * 3, unavailable_timeout=20, max_retries=0)),
                             tmp_path / "out.jsonl", endpoints=[f"http://127.0.0.1:{port}/v1"], backoff_base=0.05)
     finally:
         timer.join()
@@ -301,7 +302,7 @@ def test_server_still_starting_is_waited_for(tmp_path):
 
 def test_odd_reply_bodies_are_failed_rows(tmp_path, stub):
     out = tmp_path / "out.jsonl"
-    summary = run_regen(_recipe(tmp_path, ["ok", *ODD_BODIES], max_retries=0), out, endpoints=[stub.url])
+    summary = run_regen(Resolved(_recipe(tmp_path, ["ok", *ODD_BODIES], max_retries=0)), out, endpoints=[stub.url])
     assert summary["written"] == 1 and summary["failed"] == len(ODD_BODIES)
     reasons = [e["reason"] for e in _lines(tmp_path / "out.jsonl.errors.jsonl")]
     assert len(reasons) == len(ODD_BODIES) and all(r.startswith("malformed response") for r in reasons), reasons
@@ -318,5 +319,5 @@ def test_a_bug_in_the_request_path_stops_the_run(tmp_path, stub, monkeypatch):
     monkeypatch.setattr(regen, "to_sharegpt", broken)
     out = tmp_path / "out.jsonl"
     with pytest.raises(ZeroDivisionError, match="a bug in the row builder"):
-        run_regen(_recipe(tmp_path, ["ok"] * 20), out, endpoints=[stub.url], concurrency=3)
+        run_regen(Resolved(_recipe(tmp_path, ["ok"] * 20)), out, endpoints=[stub.url], concurrency=3)
     assert out.read_text() == "" and not _lines(tmp_path / "out.jsonl.errors.jsonl")

@@ -18,6 +18,7 @@ from dspark_kit.rendezvous import (
     resolve_rendezvous,
     route_ip,
 )
+from dspark_kit.resolved import Resolved
 
 REPO = Path(__file__).resolve().parent.parent
 ASCEND = REPO / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml"
@@ -143,11 +144,11 @@ def test_seed_recipe_two_nodes_loopback_dry_run_fails():
 def test_hidden_states_dry_run_says_what_each_node_needs(tmp_path):
     from dspark_kit.stages.hidden_states_vllm import dry_run_lines
 
-    per_node = dry_run_lines(_recipe("train.nnodes=2", "hidden_states.mode=offline"), tmp_path)
+    per_node = dry_run_lines(Resolved(_recipe("train.nnodes=2", "hidden_states.mode=offline"), tmp_path, planning=True))
     text = "\n".join(per_node)
     assert "run dir" in text and "shared storage" in text and "one extraction server per node" in text
     assert "--world-size 2 --rank 1" in text
-    shared = "\n".join(dry_run_lines(_recipe("train.nnodes=2", "hidden_states.endpoint=http://10.0.0.1:9736"), tmp_path))
+    shared = "\n".join(dry_run_lines(Resolved(_recipe("train.nnodes=2", "hidden_states.endpoint=http://10.0.0.1:9736"), tmp_path, planning=True)))
     assert "one extraction server for all 2 nodes at http://10.0.0.1:9736" in shared
     assert "hidden_states.storage_shared" in shared and "vllm serve" not in shared  # nothing to start per node
 

@@ -84,8 +84,8 @@ def test_bench_records_the_k_the_server_got(tmp_path):
     assert served == res.k.value == 8 and ckpt.exists()
     # bench reads K back from the server's per-position series (vLLM exports one per drafted slot)
     metrics = {"acceptance_length": 2.0, "per_position_acceptance_rates": [0.5] * served}
-    assert served_k(metrics, recipe)["num_speculative_tokens"] == 8
-    assert served_k(None, recipe)["num_speculative_tokens"] is None  # a chat server: no K at all
+    assert served_k(metrics, res)["num_speculative_tokens"] == 8
+    assert served_k(None, res)["num_speculative_tokens"] is None  # a chat server: no K at all
 
 
 # ---- window ----------------------------------------------------------------------
@@ -97,7 +97,6 @@ def test_null_tune_means_no_window_for_eval_and_every_engine(tmp_path, tiny_veri
     got 8192. Now eval, the local engine and vllm-ascend agree: no window."""
     from dspark_kit.engines.local import plan_local
     from dspark_kit.engines.vllm import plan_vllm
-    from dspark_kit.stages.evaluate import resolve_window
 
     recipe, verifier = seed_like(tmp_path)
     write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
@@ -105,12 +104,12 @@ def test_null_tune_means_no_window_for_eval_and_every_engine(tmp_path, tiny_veri
     ascend = Resolved(recipe, window_support="yes", installed={"vllm-ascend": "0.24.0rc1"})
     assert ascend.window.value is None
     assert "--additional-config" not in plan_vllm(ascend, "spec").argv
-    assert resolve_window(None, Resolved(recipe)) is None
+    assert Resolved(recipe).window.value is None
     local = recipe.model_copy(deep=True)
     local.serve.engine = "local"
     assert "--draft-window-size" not in plan_local(Resolved(local), "spec").argv
     write_tune(tmp_path / "run", recommended_window=8192)
-    assert Resolved(recipe, window_support="yes").window.value == resolve_window(None, Resolved(local)) == 8192
+    assert Resolved(recipe, window_support="yes").window.value == Resolved(local).window.value == 8192
     argv = plan_local(Resolved(local), "spec").argv
     assert argv[argv.index("--draft-window-size") + 1] == "8192"
 
@@ -178,7 +177,6 @@ def test_layer_count_from_config_else_the_recipe(tmp_path):
 def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
     """Reproduced: layer ids [1,12,23,34,46] only warned in preflight (no verifier config here) but
     failed serve. Both now use Resolved.checkpoint_findings with verifier.num_hidden_layers."""
-    from dspark_kit.rundir import RunDir
     from dspark_kit.stages.preflight import run_preflight
     from dspark_kit.stages.serve import ServeError, plan_server
 
@@ -186,10 +184,10 @@ def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
     recipe.verifier.path = "/mnt/cephfs/models/Qwen3-30B-A3B"  # not on this machine
     recipe.verifier.num_hidden_layers = 48
     write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", recipe.verifier.path, ids=[1, 12, 23, 34, 46])
-    findings = run_preflight(recipe, probes=False)
+    findings = run_preflight(Resolved(recipe), probes=False)
     assert any(f.level == "error" and "[1, 12, 23, 34, 46]" in f.message for f in findings)
     with pytest.raises(ServeError, match=r"layer-ids: .*\[1, 12, 23, 34, 46\]"):
-        plan_server(recipe, RunDir.at(tmp_path / "run"), "spec", planning=True)
+        plan_server(Resolved(recipe, tmp_path / "run", planning=True), "spec")
 
 
 def test_the_users_hccl_env_survives_serving_and_training(tmp_path, monkeypatch):
@@ -207,21 +205,147 @@ def test_the_users_hccl_env_survives_serving_and_training(tmp_path, monkeypatch)
 
 
 def test_no_second_derivation_in_the_package():
-    """grep: the derived values are decided in resolved.py (and window/K helpers it calls) only."""
+    """grep: the derived values are decided in resolved/ (and window/K helpers it calls) only."""
     pkg = Path(__file__).resolve().parents[1] / "dspark_kit"
     import re
 
     offenders = []
-    patterns = [r"resolve_verifier_path\(", r"(?<!kv_)block_size - 1", r"served_name or ", r"NPU_ENV_DEFAULTS",
+    patterns = [r"resolve_verifier_path\(", r"planned_verifier_path\(", r"(?<!kv_)block_size - 1",
+                r"served_name or ", r"NPU_ENV_DEFAULTS",
                 r'/ "(checkpoints|prepared|regen\.jsonl|eval|bench|logs|report|serve|hidden_states)"',
-                r'"window_tune\.json"', r'"(manifest|state)\.json"']
-    allowed = {"resolved.py", "rundir.py", "devices.py", "tiny_verifier.py", "rendezvous.py"}
+                r'"window_tune\.json"', r'"(manifest|state)\.json"',
+                # devices and dtypes: Resolved.train_device / serve_device / eval_device / *_dtype
+                r"\.train\.device\b", r'"float32" if', r"\.verifier\.dtype\b", r"\.hidden_states\.dtype\b"]
+    allowed = {"rundir.py", "devices.py", "tiny_verifier.py", "rendezvous.py"}
     # evaluate.candidate_ks lists the K values tune compares; it decides no served K
     for f in pkg.rglob("*.py"):
         text = f.read_text()
         for p in patterns:
             if f.name == "evaluate.py" and "block_size - 1" in p:
                 continue
-            if re.search(p, text) and f.name not in allowed:
+            if re.search(p, text) and f.name not in allowed and f.parent.name != "resolved":
                 offenders.append(f"{f.relative_to(pkg)}: {p}")
+    # detect_device: Resolved decides; below it only checks a device it was handed is here
+    checks_only = {"devices.py", "specdec/verifier.py", "compat/train_entry.py", "compat/patches.py"}
+    offenders += [str(f.relative_to(pkg)) for f in pkg.rglob("*.py") if "detect_device(" in f.read_text()
+                  and str(f.relative_to(pkg)) not in checks_only and f.parent.name != "resolved"]
     assert not offenders, offenders
+
+
+# ---- devices and dtypes ------------------------------------------------------------
+
+
+def test_hidden_states_and_local_engine_agree_on_device_and_dtype(tmp_path, monkeypatch):
+    """Reproduced: with train.device auto on CUDA, in-process hidden states came out of a bf16 forward
+    while the local engine's extraction server ran float32 (`--device auto --dtype float32`). One
+    rule now (float32 on CPU, verifier.dtype on accelerators), decided in Resolved."""
+    import shlex
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from dspark_kit import devices
+    from dspark_kit.cli import app
+    from dspark_kit.stages import hidden_states
+
+    monkeypatch.setattr(devices, "cuda_available", lambda: True)  # this machine "has" a GPU
+    monkeypatch.setattr(devices, "npu_available", lambda: False)
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 4}))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "workdir": str(tmp_path / "run"), "verifier": {"path": str(verifier), "dtype": "bfloat16"},
+        "hidden_states": {"target_layer_ids": [1, 2, 3]}, "train": {"device": "auto"},
+        "serve": {"engine": "local"}}))
+    seen = {}
+
+    class Summary:
+        def as_dict(self):
+            return {"generated": 0}
+
+    def generate_offline(prepared, verifier_path, layer_ids, **kw):
+        seen.update(kw)
+        return Summary()
+
+    monkeypatch.setattr(hidden_states, "generate_offline", generate_offline)
+    ran = CliRunner().invoke(app, ["hidden-states", "-r", str(recipe)])
+    assert ran.exit_code == 0, ran.output
+    planned = CliRunner().invoke(app, ["serve", "-r", str(recipe), "--role", "hidden-states", "--dry-run"])
+    assert planned.exit_code == 0, planned.output
+    argv = shlex.split(planned.stdout.strip().splitlines()[-1])
+    local = {flag: argv[argv.index(flag) + 1] for flag in ("--device", "--dtype", "--hidden-states-dtype")}
+    assert (seen["device"], seen["dtype"]) == (local["--device"], local["--dtype"]) == ("cuda", "bfloat16")
+    assert seen["out_dtype"] == local["--hidden-states-dtype"]
+    res = Resolved(recipe_from_dict(yaml.safe_load(recipe.read_text())))
+    summary = res.summary()
+    assert summary["serve_dtype"]["value"] == summary["hidden_states_dtype"]["value"] == "bfloat16"
+    assert "verifier.dtype on cuda" in summary["eval_dtype"]["source"]
+    assert "detected cuda" in summary["train_device"]["source"]
+
+
+def test_dtype_rule_is_float32_on_cpu(tmp_path):
+    recipe, _ = seed_like(tmp_path, engine="local")
+    recipe.train.device = "cpu"
+    res = Resolved(recipe, planning=True)
+    assert {res.hidden_states_dtype.value, res.serve_dtype.value, res.eval_dtype.value} == {"float32"}
+    recipe.train.device = "npu"  # planned as written on this laptop
+    res = Resolved(recipe, planning=True)
+    assert res.train_device.value == res.serve_device.value == "npu" and res.eval_dtype.value == "bfloat16"
+    ascend = Resolved(recipe, engine="vllm-ascend", planning=True)
+    assert ascend.serve_device.value == "npu" and ascend.serve_dtype.value == "auto"  # vLLM's own default
+
+
+# ---- planning builds nothing -----------------------------------------------------------
+
+
+TINY = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml")
+
+
+@pytest.mark.parametrize("command", [
+    ["recipe", "show", "-r", TINY],
+    ["serve", "-r", TINY, "--role", "spec", "--dry-run"],
+    ["serve", "-r", TINY, "--role", "hidden-states", "--dry-run"],
+    ["run", TINY, "--dry-run"],
+    ["train", "-r", TINY, "--dry-run"],
+    ["preflight", "-r", TINY],
+], ids=lambda c: " ".join(w for w in c if w != TINY))
+def test_planning_on_a_fresh_cache_builds_nothing(tmp_path, monkeypatch, command):
+    """Reproduced: on a fresh cache `recipe show`, `serve --dry-run` and `run --dry-run` built the
+    tiny verifier (~4 minutes). A plan names its cache path; the cache stays empty."""
+    from typer.testing import CliRunner
+
+    import dspark_kit.data.tiny_verifier as tiny
+    from dspark_kit.cli import app
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("DSPARK_KIT_CACHE", str(cache))
+
+    def no_build(*_a, **_k):
+        raise AssertionError("planning started building the tiny verifier")
+
+    monkeypatch.setattr(tiny, "build_tokenizer", no_build)  # the build's first step
+    res = CliRunner().invoke(app, [*command, "--workdir", str(tmp_path / "run")])
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert list(cache.iterdir()) == []
+    if command[0] != "preflight":  # the plan names where the build will put it
+        assert str(tiny.tiny_verifier_dir()) in res.output
+
+
+@pytest.mark.slow  # starts the CLI as a user would (three processes)
+def test_planning_commands_finish_on_a_fresh_cache(tmp_path):
+    """The same end to end: with an empty DSPARK_KIT_CACHE each planning command returns well inside
+    the ~4 minutes a tiny verifier build takes, and leaves the cache and the run folder empty."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {**os.environ, "DSPARK_KIT_CACHE": str(cache)}
+    for command in (["recipe", "show", "-r", TINY], ["serve", "-r", TINY, "--role", "spec", "--dry-run"],
+                    ["run", TINY, "--dry-run"]):
+        proc = subprocess.run([sys.executable, "-m", "dspark_kit", *command, "-w", str(tmp_path / "run")], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)  # a build would hang here
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert list(cache.iterdir()) == [] and not (tmp_path / "run").exists()

@@ -33,7 +33,7 @@ def test_metrics_deltas_equal_the_engines_own_count(trained_run, tiny_recipe):
         assert delta["num_accepted_tokens"] == own["num_accepted_tokens"]
         assert delta["acceptance_length"] == pytest.approx(1 + own["num_accepted_tokens"] / own["num_drafts"])
 
-        result = run_bench(tiny_recipe, url, label="tiny-spec", out_dir=trained_run / "bench", num_prompts=4,
+        result = run_bench(res, url, label="tiny-spec", out_dir=trained_run / "bench", num_prompts=4,
                            concurrency=2, max_tokens=24)
     spec = result["spec_decode"]
     rates = spec["per_position_acceptance_rates"]

@@ -92,3 +92,31 @@ def test_sample_token():
     assert len(set(draws)) > 1  # hot sampling really samples
     again = [sample_token(logits, 5.0, gen=torch.Generator().manual_seed(s)) for s in range(40)]
     assert draws == again  # and a seed makes it reproducible
+
+
+def test_verifier_config_is_none_only_when_there_is_none(tmp_path, monkeypatch):
+    """A verifier whose config exists but cannot be read is an error naming it, not "no config.json"
+    (which sends users to set verifier.num_hidden_layers for the wrong reason)."""
+    import transformers
+
+    from dspark_kit.specdec.verifier import verifier_config
+
+    assert verifier_config(str(tmp_path / "absent")) is None
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"broken/config.json is not valid JSON"):
+        verifier_config(str(broken))
+
+    def not_cached(*_a, **_k):
+        raise OSError("couldn't find them in the cached files")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", not_cached)
+    assert verifier_config("org/model") is None  # not in the HF cache here
+
+    def unknown_type(*_a, **_k):
+        raise ValueError("The checkpoint you are trying to load has model type `qwen9`")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", unknown_type)
+    with pytest.raises(ValueError, match="qwen9"):
+        verifier_config("org/model")

@@ -16,6 +16,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    resolve,
 )
 
 
@@ -71,12 +72,11 @@ def register(app: typer.Typer) -> None:
             return
         if files:
             fail(f"unexpected arguments {[str(f) for f in files]}: result files need --compare")
-        from dspark_kit.rundir import RunDir
-
         r = load(recipe, set_)
-        out_dir = out or RunDir.at(r.workdir_path(workdir)).bench
+        res = resolve(r, workdir, planning=True)  # the model name and K to record: nothing to build or train
+        out_dir = out or res.run.bench
         try:
-            result = run_bench(r, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
+            result = run_bench(res, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
                                max_tokens=max_tokens, dataset=dataset)
         except (BenchError, MetricsError) as e:
             fail(str(e))

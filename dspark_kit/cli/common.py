@@ -38,6 +38,17 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def resolve(recipe: Recipe, workdir: Path | None = None, **choices):
+    """The command's one Resolved (its flags as `choices`: engine, checkpoint, window, planning),
+    built at the command's entry and passed down; a bad flag is one line."""
+    from dspark_kit.resolved import Resolved, ResolveError
+
+    try:
+        return Resolved(recipe, workdir, **choices)
+    except ResolveError as e:
+        fail(str(e))
+
+
 def one_recipe(positional: Path | None, option: Path | None) -> Path:
     """`CMD RECIPE` and `CMD -r RECIPE` name the same thing; two different files is an error."""
     if positional is not None and option is not None and positional.resolve() != option.resolve():

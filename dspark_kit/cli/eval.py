@@ -17,6 +17,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    resolve,
 )
 
 
@@ -43,7 +44,8 @@ def register(app: typer.Typer) -> None:
         prompts: Annotated[Path | None, typer.Option(
             "--prompts", help="jsonl of chats (conversations/messages/prompt) or plain text lines.")] = None,
         from_data: Annotated[bool, typer.Option(
-            "--from-data", help="Take prompts from the recipe's data source instead of <workdir>/regen.jsonl.")] = False,
+            "--from-data", help="Take prompts from the first rows of the recipe's data source (they may be "
+                                "training rows). Default: prompts the draft never trained on.")] = False,
         num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1, help="Default: eval.num_prompts.")] = None,
         max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1, help="Default: eval.max_new_tokens.")] = None,
         context_lengths: Annotated[str | None, typer.Option(
@@ -54,6 +56,10 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """Measure acceptance offline with the reference DSpark decoder (greedy, lossless).
+
+        Prompts, by default, are ones the draft never trained on: the tiny corpus's held-out set
+        for builtin:tiny-chat, else the conversations of speculators' validation split of
+        DIR/prepared (train.train_data_ratio); eval.json records their source and ids.
 
         Reports what a vLLM server's /metrics would: acceptance length
         (1 + accepted / drafts), per-position acceptance, tokens per verifier
@@ -67,13 +73,13 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.specdec.draft_model import DraftLoadError
         from dspark_kit.stages.evaluate import EvalError, run_eval
 
-        r = load(recipe, set_)
-        wd = r.workdir_path(workdir)
+        # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
+        res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, window=draft_window_size)
         try:
             summary = run_eval(
-                r, wd, checkpoint, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,
+                res, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,
                 max_new_tokens=max_new_tokens, context_lengths=parse_int_list(context_lengths, "--context-lengths"),
-                draft_window_size=draft_window_size, out_dir=out, log=lambda m: console.print(m, highlight=False),
+                out_dir=out, log=lambda m: console.print(m, highlight=False),
             )
         except (EvalError, CheckpointError, DraftLoadError) as e:
             fail(str(e))

@@ -12,6 +12,7 @@ from dspark_kit.cli.common import (
     WorkdirOpt,
     emit_json,
     load,
+    resolve,
 )
 
 
@@ -35,8 +36,8 @@ def register(app: typer.Typer) -> None:
 
         from dspark_kit.stages.preflight import PITFALLS, has_errors, run_preflight
 
-        r = load(recipe, set_)
-        findings = run_preflight(r, workdir)
+        # planning: preflight checks what exists; it builds nothing and plans an explicit device as written
+        findings = run_preflight(resolve(load(recipe, set_), workdir, planning=True))
         if json_out:
             emit_json({"ok": not has_errors(findings), "findings": [f.as_dict() for f in findings]})
         else:

@@ -14,6 +14,7 @@ from dspark_kit.cli.common import (
     WorkdirOpt,
     emit_json,
     load,
+    resolve,
 )
 from dspark_kit.recipe import dump_recipe
 
@@ -26,10 +27,8 @@ def register(app: typer.Typer) -> None:
              json_out: JsonOpt = False) -> None:
         """Print the fully resolved recipe (defaults + overrides) and the derived values with
         where each came from (the run folder's checkpoint and tune result count)."""
-        from dspark_kit.resolved import Resolved
-
         r = load(recipe, set_)
-        res = Resolved(r, workdir, planning=True)
+        res = resolve(r, workdir, planning=True)  # builds and trains nothing
         k, window = res.k, res.window
         derived = {
             "workdir": str(res.run.root),
@@ -42,6 +41,9 @@ def register(app: typer.Typer) -> None:
             "draft_window_size": window.value,
             "draft_window_size_source": f"{window.source} (engine {res.engine})",
         }
+        for name in ("train_device", "serve_device", "eval_device", "hidden_states_dtype", "serve_dtype", "eval_dtype"):
+            d = getattr(res, name)
+            derived[name], derived[f"{name}_source"] = d.value, d.source
         if json_out:
             emit_json({"recipe": r.model_dump(mode="json"), "derived": derived})
             return

@@ -20,6 +20,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    resolve,
 )
 
 
@@ -54,11 +55,11 @@ class _Progress:
         self.bar.update(self.task, advance=1, stats=stats)
 
 
-def _dry_run(r, endpoints: list[str] | None, json_out: bool, outfile: Path | None = None) -> None:
+def _dry_run(res, endpoints: list[str] | None, json_out: bool, outfile: Path | None = None) -> None:
     """Where requests would go; with no endpoint, the engine command regen would start."""
     from dspark_kit.stages.regen import regen_plan, regen_plan_lines
 
-    plan = regen_plan(r, endpoints, outfile)
+    plan = regen_plan(res, endpoints, outfile)
     if json_out:
         emit_json(plan)
     else:
@@ -95,20 +96,20 @@ def register(app: typer.Typer) -> None:
         Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
         """
         from dspark_kit.data.sources import SourceError
-        from dspark_kit.rundir import RunDir
         from dspark_kit.stages.regen import OutputExists, run_regen
 
         r = load(recipe, set_)
-        outfile = outfile or RunDir.at(r.workdir_path(workdir)).regen_jsonl
+        res = resolve(r, workdir, planning=dry_run)
+        outfile = outfile or res.run.regen_jsonl
         if dry_run:
-            _dry_run(r, endpoint, json_out, outfile)
+            _dry_run(res, endpoint, json_out, outfile)
             return
         total = limit or r.data.limit
         progress = _Progress(total, enabled=not json_out and console.is_terminal)
         try:
             with progress.bar:
                 summary = run_regen(
-                    r, outfile, endpoints=endpoint, limit=limit, resume=resume, overwrite=overwrite, dataset=dataset,
+                    res, outfile, endpoints=endpoint, limit=limit, resume=resume, overwrite=overwrite, dataset=dataset,
                     model=model, concurrency=concurrency, max_tokens=max_tokens,
                     temperature=temperature, top_p=top_p, seed=seed, on_row=progress.on_row)
         except (SourceError, OutputExists) as e:

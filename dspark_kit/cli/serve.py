@@ -18,6 +18,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    resolve,
 )
 
 
@@ -63,14 +64,12 @@ def register(app: typer.Typer) -> None:
 
           dspark-kit serve -r recipes/qwen3-30b-a3b-ultrachat-ascend.yaml --role chat --dry-run
         """
-        from dspark_kit.rundir import RunDir
         from dspark_kit.stages.serve import ServeError, plan_server
 
         r = load(recipe, set_)
-        run = RunDir.at(r.workdir_path(workdir))
+        res = resolve(r, workdir, engine=engine, checkpoint=checkpoint, planning=dry_run)
         try:
-            sp = plan_server(r, run, role, engine=engine, checkpoint=checkpoint, port=port, planning=dry_run,
-                             api_key=api_key)
+            sp = plan_server(res, role, port=port, api_key=api_key)
         except ServeError as e:
             fail(str(e))
         plan = sp.plan
@@ -89,11 +88,11 @@ def register(app: typer.Typer) -> None:
             else:
                 typer.echo(plan.shell_line())
             return
-        _run(plan, r, run, role, json_out)
+        _run(plan, r, res.run, role, json_out)
 
 
 def _run(plan, recipe, run, role: str, json_out: bool) -> None:
-    from dspark_kit.engines.lifecycle import ManagedServer
+    from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
 
     log_path = run.serve_log(role)
     server = ManagedServer(plan, log_path)
@@ -101,9 +100,12 @@ def _run(plan, recipe, run, role: str, json_out: bool) -> None:
         server.start()
         typer.echo(f"starting {role} server (log: {log_path}) ...", err=True)
         server.wait_healthy(recipe.serve.startup_timeout)
-    except Exception as e:  # noqa: BLE001 - report any start failure as one line after cleanup
+    except (ServerStartError, OSError) as e:  # exited, never healthy, or could not be started
         server.stop()
-        fail(f"serve --role {role}: server did not become healthy ({e}); see {log_path}", 1)
+        fail(f"serve --role {role}: server did not become healthy ({type(e).__name__}: {e}); see {log_path}", 1)
+    except BaseException:  # anything else is a bug or Ctrl-C: stop the server, keep the traceback
+        server.stop()
+        raise
     if json_out:
         emit_json({"base_url": plan.base_url, "role": role, "log": str(log_path)})
     else:

@@ -20,22 +20,19 @@ from dspark_kit.cli.common import (
     fail,
     load,
     one_recipe,
+    resolve,
 )
 
 
-def _workdir(recipe, workdir: Path | None) -> Path:
-    return recipe.workdir_path(workdir)
-
-
-def _run_one(name: str, recipe, workdir: Path, json_out: bool) -> None:
+def _run_one(name: str, res, json_out: bool) -> None:
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.steps import REGISTRY
 
     try:
-        summary = REGISTRY[name].run(recipe, workdir)
+        summary = REGISTRY[name].run(res)
     except (ValueError, OSError, RuntimeError) as e:
         fail(f"{name}: {e}", 1)
-    update_manifest(workdir, recipe, name, summary=summary)
+    update_manifest(res.run.root, res.recipe, name, resolved=res, summary=summary)
     if json_out:
         emit_json(summary)
     else:
@@ -53,7 +50,7 @@ def register(app: typer.Typer) -> None:
         tokens only; thinking mode from verifier.thinking.
         """
         r = load(recipe, set_)
-        _run_one("prepare", r, _workdir(r, workdir), json_out)
+        _run_one("prepare", resolve(r, workdir), json_out)
 
     @app.command("hidden-states")
     def hidden_states(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
@@ -65,13 +62,13 @@ def register(app: typer.Typer) -> None:
         recipe's engine serves extraction and speculators generate-offline-data writes the files
         (--dry-run prints the server and one command per node).
         """
-        r = load(recipe, set_)
+        res = resolve(load(recipe, set_), workdir, planning=dry_run)
         if dry_run:
             from dspark_kit.stages.steps import REGISTRY
 
-            typer.echo("\n".join(REGISTRY["hidden-states"].plan(r, _workdir(r, workdir))))
+            typer.echo("\n".join(REGISTRY["hidden-states"].plan(res)))
             return
-        _run_one("hidden-states", r, _workdir(r, workdir), json_out)
+        _run_one("hidden-states", res, json_out)
 
     @app.command()
     def train(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
@@ -83,18 +80,17 @@ def register(app: typer.Typer) -> None:
         interface collectives use. Across nodes (train.nnodes > 1) run it on every node with the same
         recipe (shared storage for the work dir); see docs/MULTINODE.md.
         """
-        r = load(recipe, set_)
-        wd = _workdir(r, workdir)
+        res = resolve(load(recipe, set_), workdir, planning=dry_run)
         if dry_run:
             from dspark_kit.recipe import RecipeError
             from dspark_kit.stages.steps import REGISTRY
 
             try:
-                typer.echo("\n".join(REGISTRY["train"].plan(r, wd)))
+                typer.echo("\n".join(REGISTRY["train"].plan(res)))
             except (RecipeError, RuntimeError) as e:
                 fail(str(e))
             return
-        _run_one("train", r, wd, json_out)
+        _run_one("train", res, json_out)
 
     @app.command()
     def run(
@@ -134,13 +130,14 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]replay differs:[/] {d}", highlight=False)
         else:
             r = load(recipe_path, set_)
-            wd = _workdir(r, workdir)
+            wd = r.workdir_path(workdir)
+        res = resolve(r, wd, planning=dry_run)  # the run's one Resolved: every stage asks it
         if dry_run:
             from dspark_kit.recipe import RecipeError
             from dspark_kit.stages.pipeline import pipeline_dry_run
 
             try:
-                lines = pipeline_dry_run(r, wd, chosen, start)
+                lines = pipeline_dry_run(res, chosen, start)
             except (RecipeError, ValueError, RuntimeError) as e:
                 fail(str(e))
             if json_out:
@@ -149,8 +146,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo("\n".join(lines))
             return
         try:
-            rows = run_pipeline(r, wd, chosen, start, force,
-                                log=lambda m: console.print(f"[bold cyan]{m}[/]"))
+            rows = run_pipeline(res, chosen, start, force, log=lambda m: console.print(f"[bold cyan]{m}[/]"))
         except (ValueError, OSError, RuntimeError) as e:
             fail(str(e), 1)
         if json_out:

@@ -17,6 +17,7 @@ from dspark_kit.cli.common import (
     emit_json,
     fail,
     load,
+    resolve,
 )
 from dspark_kit.cli.eval import parse_int_list
 
@@ -86,7 +87,8 @@ def tune_cmd(
         "--allow-below", help="Allow windows below the draft's training window (docs/PITFALLS.md, pitfall 9).")] = False,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1)] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="jsonl of chats or text lines.")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", help="jsonl of chats or text lines (default: prompts the draft never trained on, as eval).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Sweep K x draft window across context lengths and recommend both.
@@ -101,10 +103,10 @@ def tune_cmd(
     from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluate import EvalError, tune_window
 
-    r = load(recipe, set_)
+    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint)
     try:
         result = tune_window(
-            r, r.workdir_path(workdir), checkpoint, candidates=parse_int_list(windows, "--windows"),
+            res, candidates=parse_int_list(windows, "--windows"),
             context_lengths=parse_int_list(context_lengths, "--context-lengths"), allow_below=allow_below,
             ks=parse_int_list(ks, "--ks"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, prompts_file=prompts,

@@ -112,6 +112,12 @@ def write_regen_style_jsonl(path: Path, n: int, seed: int = 0) -> Path:
 EVAL_SEED = 9173  # held out: not the corpus seed the tiny verifier or the demo draft trained on
 
 
+def eval_conversations(n: int = 32, seed: int = EVAL_SEED) -> list[list[dict[str, str]]]:
+    """The held-out single-turn chats (with the corpus reply): `dspark-kit eval`'s default
+    prompts on the tiny data (rows a training row shares a prompt with are dropped there)."""
+    return conversations(n, seed=seed, max_turns=1)
+
+
 def write_eval_prompts(path: Path, n: int = 32, seed: int = EVAL_SEED) -> Path:
     """Held-out single-turn chats (with the corpus reply) as jsonl `{"messages": [...]}` rows.
 
@@ -123,7 +129,7 @@ def write_eval_prompts(path: Path, n: int = 32, seed: int = EVAL_SEED) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with tmp.open("w") as f:
-        for msgs in conversations(n, seed=seed, max_turns=1):
+        for msgs in eval_conversations(n, seed):
             f.write(json.dumps({"messages": msgs}) + "\n")
     tmp.replace(path)
     return path

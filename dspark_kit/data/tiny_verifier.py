@@ -104,14 +104,31 @@ def spec_hash(spec: TinySpec) -> str:
 
 
 def resolve_verifier_path(path: str) -> str:
-    """Map the recipe's verifier path to something transformers can load."""
+    """Map the recipe's verifier path to something transformers can load (builds the tiny one)."""
     if path == TINY_VERIFIER:
         return str(ensure_tiny_verifier())
     return path
 
 
+def planned_verifier_path(path: str) -> str:
+    """Where resolve_verifier_path will find the verifier, without building anything: plans
+    (dry runs, `recipe show`) name the tiny verifier's cache entry and never spend ~4 minutes."""
+    if path == TINY_VERIFIER:
+        return str(tiny_verifier_dir())
+    return path
+
+
+def planned_config(spec: TinySpec = TinySpec()) -> dict:
+    """The parts of the tiny verifier's config.json a plan needs, before it is built."""
+    return {"model_type": "qwen3", "num_hidden_layers": spec.num_layers, "hidden_size": spec.hidden_size}
+
+
+def tiny_verifier_dir(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:
+    return (root or cache_root()) / f"tiny-qwen3-{spec_hash(spec)}"
+
+
 def ensure_tiny_verifier(spec: TinySpec = TinySpec(), root: Path | None = None, log=note) -> Path:
-    out = (root or cache_root()) / f"tiny-qwen3-{spec_hash(spec)}"
+    out = tiny_verifier_dir(spec, root)
     if (out / "model.safetensors").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

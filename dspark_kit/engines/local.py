@@ -32,15 +32,13 @@ def plan_local(
         sys.executable, "-m", "dspark_kit.engines.local_server",
         "--model", res.verifier_path, "--role", role, "--host", host, "--port", str(port),
         "--served-model-name", res.served_name,
-        "--device", recipe.train.device,
-        # the local engine decodes in float32 on CPU: bf16 matmuls there are slow and lossy
-        "--dtype", "float32" if recipe.train.device in ("auto", "cpu") else recipe.verifier.dtype,
+        "--device", res.serve_device.value, "--dtype", res.serve_dtype.value,
     ]
     notes: list[str] = []
     if role == "hidden-states":
         argv += ["--layer-ids", ",".join(map(str, res.exported_layer_ids)),
                  "--storage-path", recipe.hidden_states.storage_path,
-                 "--hidden-states-dtype", recipe.hidden_states.dtype]
+                 "--hidden-states-dtype", res.hidden_states_out_dtype.value]
     if role == "spec":
         k, window = res.k, res.window
         argv += ["--draft", str(res.checkpoint), "--num-speculative-tokens", str(k.value)]

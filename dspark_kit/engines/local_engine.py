@@ -185,4 +185,4 @@ def build_generator(args, model):
 
     return SpecGenerator.from_checkpoint(
         args.model, args.draft, num_speculative_tokens=args.num_speculative_tokens,
-        draft_window_size=args.draft_window_size, device=resolve_device(args.device))
+        draft_window_size=args.draft_window_size, device=resolve_device(args.device), dtype=args.dtype)

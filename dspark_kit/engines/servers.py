@@ -9,18 +9,20 @@ from dspark_kit.engines import Role, ServerPlan
 from dspark_kit.resolved import Resolved
 
 
-def server_plan(res: Resolved, role: Role, port: int | None = None, api_key: str | None = None) -> ServerPlan:
+def server_plan(res: Resolved, role: Role, port: int | None = None, api_key: str | None = None,
+                host: str | None = None) -> ServerPlan:
     """The plan for `role` on the resolver's engine (default: the recipe's serve.engine).
 
-    api_key goes to the server in its environment (DSPARK_KIT_API_KEY / VLLM_API_KEY), never argv.
+    api_key goes to the server in its environment (DSPARK_KIT_API_KEY / VLLM_API_KEY), never argv;
+    `host` replaces serve.host (a server other machines reach binds 0.0.0.0).
     """
     if res.engine == "local":
         from dspark_kit.engines.local import plan_local  # lazily: pulls in the local server stack
 
-        return plan_local(res, role, port=port, api_key=api_key)
+        return plan_local(res, role, port=port, host=host, api_key=api_key)
     from dspark_kit.engines.vllm import plan_vllm
 
-    plan = plan_vllm(res, role, port=port)
+    plan = plan_vllm(res, role, port=port, host=host)
     if api_key:
         plan.env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is not given
     return plan

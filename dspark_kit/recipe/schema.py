@@ -4,7 +4,7 @@ Every stage reads its settings from a `Recipe`. What follows from the recipe
 alone (full-attention indices, the training window, the default target layer
 ids) is a property here; whatever also depends on the run folder, the engine or
 the machine (K, the served draft window, the verifier path, devices) is decided
-in dspark_kit/resolved.py. Reading files and `--set` overrides: recipe/load.py.
+in dspark_kit/resolved/. Reading files and `--set` overrides: recipe/load.py.
 """
 
 from __future__ import annotations

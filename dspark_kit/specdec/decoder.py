@@ -56,8 +56,10 @@ class SpecResult(GenerationResult):
 class Verifier:
     """A causal LM with a KV cache that also returns aux hidden states (vLLM layer ids, verifier.LayerTap)."""
 
-    def __init__(self, path: str | Path, layer_ids: list[int] | None = None, device: str = "cpu"):
-        self.model = load_verifier(path, device, "float32")
+    def __init__(self, path: str | Path, layer_ids: list[int] | None = None, device: str = "cpu",
+                 dtype: str = "float32"):
+        # dtype: Resolved's (float32 on CPU); the draft reads the aux states in float32 either way
+        self.model = load_verifier(path, device, dtype)
         self.device = self.model.device
         self.tap = LayerTap(self.model, layer_ids or [], field="aux_hidden_state_layer_ids")
         self.num_layers: int = self.tap.num_layers
@@ -153,9 +155,10 @@ class SpecGenerator:
         draft_window_size: int | None = None,
         device: str = "cpu",
         confidence_threshold: float | None = None,
+        dtype: str = "float32",
     ) -> SpecGenerator:
         draft = DSparkDraft.load(checkpoint_path, verifier_path, device)
-        verifier = Verifier(verifier_path, draft.target_layer_ids, device)
+        verifier = Verifier(verifier_path, draft.target_layer_ids, device, dtype)
         return cls(verifier, draft, num_speculative_tokens, draft_window_size, confidence_threshold)
 
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),

@@ -34,7 +34,10 @@ def load_verifier(path, device: str = "auto", dtype: str = "float32", trust_remo
 
 
 def verifier_config(verifier: str) -> dict | None:
-    """The verifier's config: a local config.json, else the HF cache; never the network."""
+    """The verifier's config: a local config.json, else the HF cache; never the network.
+
+    None only when there is no config here; a config that exists but cannot be read raises
+    (ValueError naming the file), so a broken verifier is not mistaken for a missing one."""
     import json
     from pathlib import Path
 
@@ -42,15 +45,15 @@ def verifier_config(verifier: str) -> dict | None:
     if path.is_file():
         try:
             return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"verifier {verifier}: {path} is not valid JSON ({e})") from e
     if Path(verifier).expanduser().is_absolute() or verifier.count("/") != 1:
         return None  # not a hub id: nothing cached to look at
-    try:
-        from transformers import AutoConfig
+    from transformers import AutoConfig
 
+    try:
         return AutoConfig.from_pretrained(verifier, local_files_only=True).to_dict()
-    except Exception:  # noqa: BLE001 - not cached here
+    except OSError:  # not in the HF cache here (transformers raises OSError for a missing file)
         return None
 
 

@@ -23,9 +23,7 @@ from dspark_kit import atomic
 from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.engines.chat_client import ChatClient, RequestFailed
 from dspark_kit.engines.prom import MetricsError, server_delta, spec_decode_delta
-from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.rundir import RunDir
 
 SCHEMA = "dspark-kit.bench/1"
 BUILTIN_DATASET = "builtin"
@@ -232,11 +230,14 @@ def summarize(records: list[RequestRecord], duration_s: float) -> dict[str, Any]
     return summary
 
 
-def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = None,
+def run_bench(res: Resolved, base_url: str | None = None, label: str | None = None,
               out_dir: str | Path | None = None, *, num_prompts: int | None = None,
               concurrency: int | None = None, max_tokens: int | None = None,
               dataset: str = BUILTIN_DATASET, model: str | None = None) -> dict[str, Any]:
-    """Benchmark a running server; writes `<out_dir>/bench_<label>.json` + `.md`, returns the result."""
+    """Benchmark a running server; writes `<out_dir>/bench_<label>.json` + `.md`, returns the result.
+
+    `res` names the model to ask for (served_name) and the K to record without spec metrics."""
+    recipe = res.recipe
     b = recipe.bench
     base_url = (base_url or f"http://{recipe.serve.host}:{recipe.serve.port}").rstrip("/")
     label = label or recipe.name
@@ -250,7 +251,7 @@ def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = N
     try:
         load = asyncio.run(run_load(base_url, model, prompts, concurrency=conc, max_tokens=max_tok,
                                     temperature=b.temperature, thinking=recipe.verifier.thinking,
-                                    preferred_model="" if model else Resolved(recipe).served_name))
+                                    preferred_model="" if model else res.served_name))
     except MetricsError as e:
         raise BenchError(str(e)) from None
     result: dict[str, Any] = {
@@ -262,17 +263,17 @@ def run_bench(recipe: Recipe, base_url: str | None = None, label: str | None = N
         # the server's own view from /metrics (vLLM: tokens, TTFT, TPOT histograms); None without
         "server_metrics": load["server_metrics"],
     }
-    result |= served_k(load["spec_decode"], recipe)
+    result |= served_k(load["spec_decode"], res)
     result |= summarize(load["records"], load["duration_s"])
     if result["completed"] == 0:
         raise BenchError(f"bench: all {len(prompts)} requests failed ({'; '.join(result['errors'])}); "
                          "check the server log and the model name")
-    out = Path(out_dir) if out_dir else RunDir.at(recipe.workdir_path()).bench
+    out = Path(out_dir) if out_dir else res.run.bench
     write_result(result, out)
     return result
 
 
-def served_k(spec_decode: dict | None, recipe: Recipe) -> dict[str, Any]:
+def served_k(spec_decode: dict | None, res: Resolved) -> dict[str, Any]:
     """The K the server really ran: vLLM (and our engine) export one per-position acceptance
     series per drafted slot, so their count is K; without spec metrics, what the resolver
     decided for the recipe's engine."""
@@ -283,7 +284,7 @@ def served_k(spec_decode: dict | None, recipe: Recipe) -> dict[str, Any]:
     if not spec_decode:
         return {"num_speculative_tokens": None, "num_speculative_tokens_source": "no spec-decode metrics"}
     try:
-        k = Resolved(recipe, planning=True).k
+        k = res.k
         return {"num_speculative_tokens": k.value, "num_speculative_tokens_source": f"resolver: {k.source}"}
     except ValueError as e:
         return {"num_speculative_tokens": None, "num_speculative_tokens_source": f"unknown ({e})"}
@@ -300,17 +301,16 @@ def write_result(result: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def stage_bench(recipe: Recipe, workdir: Path) -> dict[str, Any]:
+def stage_bench(res: Resolved) -> dict[str, Any]:
     """Pipeline stage: serve verifier + draft (role spec) on a free port, benchmark it, stop it."""
     import re
 
     from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
 
-    res = Resolved(recipe, workdir)
-    label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(recipe.serve.checkpoint).name) or "spec"
+    label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(res.recipe.serve.checkpoint).name) or "spec"
     with running_server(res, "spec", port=free_port()) as url:
-        r = run_bench(recipe, url, label=f"spec-{label}", out_dir=res.run.bench)
+        r = run_bench(res, url, label=f"spec-{label}", out_dir=res.run.bench)
     spec = r["spec_decode"] or {}
     return {"acceptance_length": spec.get("acceptance_length"), "output_throughput": r["output_throughput"],
             "mean_tpot_ms": r["mean_tpot_ms"], "num_speculative_tokens": r["num_speculative_tokens"],

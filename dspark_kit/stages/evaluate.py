@@ -16,60 +16,15 @@ import random
 from pathlib import Path
 
 from dspark_kit import atomic
-from dspark_kit.recipe import Recipe, parse_window
 from dspark_kit.resolved import Resolved
-from dspark_kit.rundir import RunDir
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
-
-
-class EvalError(ValueError):
-    """One line naming the flag or file and the fix."""
-
+from dspark_kit.stages.heldout import (
+    EvalError,
+    load_eval_prompts,
+    until_last_user,
+)
 
 # ---- prompts ------------------------------------------------------------------
-
-
-def _rows_to_chats(rows) -> list[list[dict]]:
-    from dspark_kit.data.conversations import ConversationError, normalize
-
-    chats = []
-    for row in rows:
-        try:
-            chats.append(normalize(row))
-        except ConversationError:
-            continue
-    return chats
-
-
-def load_chats(recipe: Recipe, workdir: Path, prompts_file: Path | None = None, from_data: bool = False,
-               limit: int = 64) -> list[list[dict]]:
-    """Conversations to take eval prompts from: a file, regen.jsonl, or the data source."""
-    if prompts_file is not None:
-        if not prompts_file.is_file():
-            raise EvalError(f"--prompts {prompts_file}: file not found (jsonl rows with conversations/messages/prompt)")
-        lines = [ln for ln in prompts_file.read_text().splitlines() if ln.strip()]
-        rows = []
-        for ln in lines:
-            try:
-                rows.append(json.loads(ln))
-            except json.JSONDecodeError:
-                rows.append({"prompt": ln})  # a plain text line is a prompt
-        chats = _rows_to_chats(rows)
-    elif not from_data and RunDir.at(workdir).regen_jsonl.is_file():
-        text = RunDir.at(workdir).regen_jsonl.read_text()
-        chats = _rows_to_chats(json.loads(ln) for ln in text.splitlines() if ln.strip())
-    else:
-        from dspark_kit.data.sources import iter_source
-
-        chats = [msgs for _, msgs in iter_source(recipe.data, limit=limit)]
-    if not chats:
-        raise EvalError("eval prompts: no usable conversation found (pass --prompts FILE or run regen first)")
-    return chats[:limit]
-
-
-def _until_last_user(chat: list[dict]) -> list[dict]:
-    last = max(i for i, m in enumerate(chat) if m["role"] == "user")
-    return chat[: last + 1]
 
 
 def build_prompts(tokenizer, chats: list[list[dict]], num_prompts: int, thinking: bool,
@@ -80,7 +35,7 @@ def build_prompts(tokenizer, chats: list[list[dict]], num_prompts: int, thinking
     rng = random.Random(seed)
     out = []
     for i, chat in enumerate(chats[:num_prompts]):
-        msgs = _until_last_user(chat)
+        msgs = until_last_user(chat)
         history: list[dict] = []
         others = [c for j, c in enumerate(chats) if j != i] or [chat]
         while context_length and len(prompt_ids(tokenizer, history + msgs, thinking)) < context_length:
@@ -123,24 +78,24 @@ def aggregate(results, k: int) -> dict:
 class EvalSession:
     """One verifier + draft loaded once, measured under several settings.
 
-    K and the window come from the resolver for the recipe's engine, so eval
-    measures what serving will run (unless a sweep asks for another value).
+    K, the window, the device and the dtype come from the command's `Resolved` (its
+    --checkpoint and --draft-window-size included), so eval measures what serving will run
+    (unless a sweep asks for another value).
     """
 
-    def __init__(self, recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, device: str = "cpu",
-                 sweep: bool = False):
+    def __init__(self, res: Resolved, sweep: bool = False):
         """`sweep`: the caller passes K to every measure() (tune), so the resolved K is not needed."""
         from transformers import AutoTokenizer
 
         from dspark_kit.specdec.decoder import Verifier
         from dspark_kit.specdec.draft_model import DSparkDraft
 
-        self.recipe, self.workdir = recipe, workdir
-        self.resolved = Resolved(recipe, workdir, checkpoint=checkpoint)
-        self.verifier_path = self.resolved.verifier_path
-        self.checkpoint = self.resolved.checkpoint
+        self.resolved = res
+        self.verifier_path = res.verifier_path
+        self.checkpoint = res.checkpoint
+        device = res.eval_device.value
         self.draft = DSparkDraft.load(self.checkpoint, self.verifier_path, device)
-        self.verifier = Verifier(self.verifier_path, self.draft.target_layer_ids, device)
+        self.verifier = Verifier(self.verifier_path, self.draft.target_layer_ids, device, res.eval_dtype.value)
         self.tokenizer = AutoTokenizer.from_pretrained(self.verifier_path)
         self.k = self.draft.block_size if sweep else self.resolved.k.value
         if not 1 <= self.k <= self.draft.block_size:
@@ -162,39 +117,26 @@ class EvalSession:
         return out
 
 
-def resolve_window(setting: int | str | None, res: Resolved) -> int | None:
-    """--draft-window-size N|auto|off -> a window or None; without the flag, what serving applies."""
-    if setting is None:
-        return res.window.value
-    try:
-        parsed = parse_window(setting)
-    except ValueError as e:
-        raise EvalError(f"--draft-window-size: {e}") from None
-    if parsed == "off":
-        return None
-    if parsed == "auto":
-        return res.wanted_window.value
-    return parsed
-
-
-def run_eval(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, *,
-             prompts_file: Path | None = None, from_data: bool = False, num_prompts: int | None = None,
-             max_new_tokens: int | None = None, context_lengths: list[int] | None = None,
-             draft_window_size: int | str | None = None, out_dir: Path | None = None,
-             device: str = "cpu", log=lambda _msg: None) -> dict:
-    """Measure acceptance; write eval.json, eval.md and plots under out_dir (default <workdir>/eval)."""
-    workdir = Path(workdir)
+def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool = False,
+             num_prompts: int | None = None, max_new_tokens: int | None = None,
+             context_lengths: list[int] | None = None, out_dir: Path | None = None,
+             log=lambda _msg: None) -> dict:
+    """Measure acceptance on held-out prompts (stages.heldout); write eval.json (with the prompts'
+    source and ids), eval.md and plots under out_dir (default <workdir>/eval)."""
+    recipe = res.recipe
     num_prompts = num_prompts or recipe.eval.num_prompts
     max_new = max_new_tokens or recipe.eval.max_new_tokens
     ctx_lens = sorted(set(context_lengths if context_lengths is not None else recipe.eval.context_lengths))
-    session = EvalSession(recipe, workdir, checkpoint, device)
-    window = resolve_window(draft_window_size, session.resolved)
-    chats = load_chats(recipe, workdir, prompts_file, from_data, limit=max(num_prompts, 16))
+    session = EvalSession(res)
+    window = res.window.value
+    found = load_eval_prompts(res, session.tokenizer, prompts_file, from_data, limit=max(num_prompts, 16))
+    chats = found.chats
     thinking = recipe.verifier.thinking
     thr = recipe.eval.confidence_threshold
 
     short = build_prompts(session.tokenizer, chats, num_prompts, thinking)
-    log(f"eval: {len(short)} prompts, K={session.k}, window={window}")
+    log(f"eval: {len(short)} prompts from {found.source}, K={session.k}, window={window} ({res.window.source}), "
+        f"{res.eval_device.value} {res.eval_dtype.value}")
     headline = session.measure(short, max_new, window, thr)
     runs = [{"context_length": 0, **headline}]
     if ctx_lens:
@@ -214,17 +156,21 @@ def run_eval(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None
         "kv_block_size": LOCAL_KV_BLOCK_SIZE,
         "training_window": recipe.training_window,
         "draft_window_size": window,
+        "draft_window_size_source": res.window.source,
+        "device": res.eval_device.value,
+        "dtype": res.eval_dtype.value,
+        "prompts": found.record(num_prompts),
         **{k: headline[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance",
                                     "tokens_per_verifier_forward", "wall_s", "num_drafts")},
         "runs": runs,
     }
-    summary["files"] = write_outputs(summary, Path(out_dir) if out_dir else RunDir.at(workdir).eval)
+    summary["files"] = write_outputs(summary, Path(out_dir) if out_dir else res.run.eval)
     return summary
 
 
-def stage_eval(recipe: Recipe, workdir: Path) -> dict:
+def stage_eval(res: Resolved) -> dict:
     """Pipeline stage hook (dspark_kit.stages.pipeline)."""
-    s = run_eval(recipe, workdir)
+    s = run_eval(res)
     return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
 
 
@@ -290,31 +236,31 @@ def candidate_ks(block_size: int, slots: int | None) -> list[int]:
     return sorted({k for k in (block_size - 1, block_size) if 1 <= k <= top})
 
 
-def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = None, *,
-                candidates: list[int] | None = None, context_lengths: list[int] | None = None,
+def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_lengths: list[int] | None = None,
                 ks: list[int] | None = None, allow_below: bool = False, num_prompts: int | None = None,
                 max_new_tokens: int | None = None, prompts_file: Path | None = None, tolerance: float = 0.02,
-                device: str = "cpu", log=lambda _msg: None) -> dict:
+                log=lambda _msg: None) -> dict:
     """Sweep K x draft window over context lengths; write DIR/eval/window_tune.json.
 
     serve.num_speculative_tokens: auto and serve.draft_window_size: auto read
     `recommended_k` and `recommended_window` from it (through the resolver).
     """
-    tw = recipe.training_window
+    recipe, tw = res.recipe, res.recipe.training_window
     ctx_lens = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw, 8 * tw]))
     cands = sorted(set(candidates or candidate_windows(tw, max(ctx_lens), allow_below=allow_below)))
     below = [w for w in cands if w < tw]
     if below and not allow_below:
         raise EvalError(f"window tune: candidates {below} below the draft's training window {tw} "
                         "(pass --allow-below to try them anyway)")
-    session = EvalSession(recipe, workdir, checkpoint, device, sweep=True)
+    session = EvalSession(res, sweep=True)
     ks = sorted(set(ks or candidate_ks(session.draft.block_size, session.resolved.trained_slots)))
     bad = [k for k in ks if not 1 <= k <= session.draft.block_size]
     if bad:
         raise EvalError(f"tune --ks {bad}: outside 1..{session.draft.block_size} (the checkpoint's trained slots)")
     num_prompts = num_prompts or recipe.eval.num_prompts
     max_new = max_new_tokens or recipe.eval.max_new_tokens
-    chats = load_chats(recipe, workdir, prompts_file, limit=max(num_prompts, 16))
+    found = load_eval_prompts(res, session.tokenizer, prompts_file, limit=max(num_prompts, 16))
+    chats = found.chats
     thinking = recipe.verifier.thinking
     prompt_sets = {0: build_prompts(session.tokenizer, chats, num_prompts, thinking)}
     prompt_sets |= {n: build_prompts(session.tokenizer, chats, num_prompts, thinking, n) for n in ctx_lens}
@@ -352,13 +298,14 @@ def tune_window(recipe: Recipe, workdir: Path, checkpoint: str | Path | None = N
         "acceptance_length_by_k": {str(k): t for k, t in tables.items()},
         "measurements": measurements,
         "num_prompts": num_prompts,
+        "prompts": found.record(num_prompts),
         "max_new_tokens": max_new,
         "checkpoint": str(session.checkpoint),
         "rule": f"per K: the window with max mean AL over contexts > window, short-context AL within {tolerance} "
                 f"of no window, gain over no window > {tolerance}, else null (no window); then the K whose "
                 "mean AL over all contexts (with its window) is highest",
     }
-    path = RunDir.at(workdir).tune_file
+    path = res.run.tune_file
     atomic.write_text(path, json.dumps(result, indent=2))
     result["file"] = str(path)
     return result

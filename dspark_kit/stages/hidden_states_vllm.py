@@ -11,10 +11,8 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from dspark_kit.engines import openai_base_url
-from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
 
 
@@ -33,8 +31,9 @@ def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int
     ]
 
 
-def node_notes(recipe: Recipe, workdir: Path) -> list[str]:
+def node_notes(res: Resolved) -> list[str]:
     """What every node needs for hidden states across train.nnodes machines (comment lines)."""
+    recipe, workdir = res.recipe, res.run.root
     hs, n = recipe.hidden_states, recipe.train.nnodes
     if n == 1:
         return []
@@ -53,15 +52,15 @@ def node_notes(recipe: Recipe, workdir: Path) -> list[str]:
     return lines
 
 
-def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
+def dry_run_lines(res: Resolved) -> list[str]:
     """The extraction server and one generate-offline-data command per node (train.nnodes)."""
     from dspark_kit.engines.servers import server_plan
 
-    res = Resolved(recipe, workdir, planning=True)
+    recipe = res.recipe
     plan = server_plan(res, "hidden-states", port=recipe.serve.hidden_states_port)
     url = recipe.hidden_states.endpoint or plan.base_url
     n = recipe.train.nnodes
-    lines = node_notes(recipe, workdir)
+    lines = node_notes(res)
     if recipe.hidden_states.mode == "online":
         lines.append("# online: no files are written ahead; each trainer asks "
                      f"{url} during training (`dspark-kit train --dry-run` prints the trainer command)")
@@ -73,11 +72,10 @@ def dry_run_lines(recipe: Recipe, workdir: Path) -> list[str]:
     return lines
 
 
-def run_offline_vllm(recipe: Recipe, workdir: Path) -> dict:
+def run_offline_vllm(res: Resolved) -> dict:
     from dspark_kit.engines.servers import hidden_state_server
 
-    t0 = time.time()
-    res = Resolved(recipe, workdir)
+    recipe, t0 = res.recipe, time.time()
     with hidden_state_server(res) as url:
         argv = offline_command(res, url, recipe.train.nnodes, recipe.train.node_rank)
         from dspark_kit.engines.lifecycle import die_with_parent_preexec

@@ -17,6 +17,7 @@ from pathlib import Path
 from dspark_kit import atomic
 from dspark_kit.recipe import Recipe
 from dspark_kit.redact import redact_argv, redact_obj
+from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir
 
 __all__ = ["git_info", "load_manifest", "redact_argv", "update_manifest"]
@@ -42,7 +43,9 @@ def load_manifest(workdir: Path) -> dict:
     return json.loads(f.read_text()) if f.exists() else {}
 
 
-def update_manifest(workdir: Path, recipe: Recipe, stage: str | None = None, **stage_fields) -> dict:
+def update_manifest(workdir: Path, recipe: Recipe, stage: str | None = None, *, resolved: Resolved | None = None,
+                    **stage_fields) -> dict:
+    """`resolved`: the command's decisions (K, window, devices, dtypes) with their sources."""
     from dspark_kit.devices import describe
 
     workdir = Path(workdir)
@@ -53,8 +56,10 @@ def update_manifest(workdir: Path, recipe: Recipe, stage: str | None = None, **s
     m["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     m["git"] = git_info()
     m["host"] = {"hostname": socket.gethostname(), "platform": platform.platform()}
+    if resolved is not None:
+        m["resolved"] = resolved.summary()
     if "devices" not in m:
-        m["devices"] = describe(recipe.train.device)
+        m["devices"] = describe(resolved.train_device.value if resolved is not None else "auto")  # else: this machine
     m["seeds"] = {"train": recipe.train.seed, "regen": recipe.regen.seed, "serve": recipe.serve.seed}
     if stage:
         entry = m.setdefault("stages", {}).setdefault(stage, {})

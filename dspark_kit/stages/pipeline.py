@@ -1,6 +1,6 @@
 """Stages as library functions, and `run`: a resumable pipeline over them.
 
-Each stage takes (recipe, workdir) and returns a summary dict with one key
+Each stage takes the run's one `Resolved` and returns a summary dict with one key
 figure. `run` records a fingerprint per finished stage (hash of the recipe
 sections it reads + upstream fingerprints) in `<workdir>/state.json`; a rerun
 skips unchanged stages, reruns changed ones and everything downstream, and
@@ -18,18 +18,18 @@ from pathlib import Path
 from dspark_kit import atomic
 from dspark_kit.progress import note, tee_stderr
 from dspark_kit.recipe import Recipe
+from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir
 from dspark_kit.stages.steps import REGISTRY, STAGES, Stage
 
 
-def pipeline_dry_run(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
-                     start: str | None = None) -> list[str]:
-    """`run --dry-run`: every selected stage's dry-run output, in pipeline order."""
-    lines: list[str] = []
+def pipeline_dry_run(res: Resolved, stages: list[str] | None = None, start: str | None = None) -> list[str]:
+    """`run --dry-run`: the run's decided values, then every selected stage's dry-run output in
+    pipeline order (`res` is a planning Resolved: nothing is built or trained)."""
+    lines: list[str] = ["# resolved (where each value came from):", *res.summary_lines()]
     for name in resolve_stages(stages, start):
-        lines += [f"# ==> {name}", *REGISTRY[name].plan(recipe, workdir)]
+        lines += [f"# ==> {name}", *REGISTRY[name].plan(res)]
     return lines
-
 
 
 # ---- fingerprints and state -------------------------------------------------
@@ -82,16 +82,17 @@ def replay_recipe(run_dir: Path) -> tuple[Recipe, list[str], list[str]]:
     return recipe, stages or list(STAGES), diffs
 
 
-def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None, start: str | None = None,
+def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | None = None,
                  force: bool = False, log=note) -> list[dict]:
-    """Run stages in order; returns one row per stage for the summary table."""
+    """Run stages in order, each with the run's one `res`; returns one row per stage for the
+    summary table."""
     from dspark_kit.stages.manifest import update_manifest
 
-    workdir = Path(workdir).resolve()
+    recipe, workdir = res.recipe, res.run.root
     workdir.mkdir(parents=True, exist_ok=True)
     chosen = resolve_stages(stages, start)
     state = load_state(workdir)
-    update_manifest(workdir, recipe)
+    update_manifest(workdir, recipe, resolved=res)
     upstream, dirty, rows = "", force, []
     forced_from = chosen[0] if start else None
     for name in STAGES:
@@ -118,7 +119,7 @@ def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
         t0 = time.time()
         try:
             with tee_stderr(RunDir.at(workdir).stage_log(name)):
-                summary = stage.run(recipe, workdir)
+                summary = stage.run(res)
         except BaseException:
             state[name]["status"] = "failed"
             save_state(workdir, state)
@@ -127,7 +128,7 @@ def run_pipeline(recipe: Recipe, workdir: Path, stages: list[str] | None = None,
         figure = summary.get(stage.key)
         state[name] = {"status": "done", "fingerprint": fp, "seconds": secs, "figure": figure}
         save_state(workdir, state)
-        update_manifest(workdir, recipe, name, seconds=secs, summary=summary)
+        update_manifest(workdir, recipe, name, resolved=res, seconds=secs, summary=summary)
         rows.append({"stage": name, "status": "done", "seconds": secs, "figure": figure})
         upstream = fp
     return rows

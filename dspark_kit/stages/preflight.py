@@ -19,7 +19,7 @@ from dspark_kit.findings import (
     Finding,
 )
 from dspark_kit.recipe import Recipe, RecipeError
-from dspark_kit.resolved import Resolved, long_context_note
+from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir
 from dspark_kit.specdec import checkpoints as ckpt
 
@@ -40,16 +40,27 @@ def pitfall(number: int, level: str, message: str) -> Finding:
 
 @dataclass
 class _Context:
-    recipe: Recipe
     res: Resolved
-    verifier_path: str | None = None
-    verifier_config: dict | None = None
     checkpoint: Path | None = None
     checkpoint_config: dict | None = None
 
     @property
+    def recipe(self) -> Recipe:
+        return self.res.recipe
+
+    @property
     def run(self) -> RunDir:
         return self.res.run
+
+    @property
+    def verifier_path(self) -> str:
+        return self.res.verifier_path
+
+    @property
+    def verifier_config(self) -> dict | None:
+        """Resolved's: a local config.json or the HF cache (a verifier that lives only in a
+        model cache keeps the hidden-size check)."""
+        return self.res.verifier_config
 
     @property
     def num_layers(self) -> int | None:
@@ -104,9 +115,7 @@ def check_sliding(ctx: _Context) -> list[Finding]:
                                          "(training only; inference attends fully); list every layer in "
                                          "draft.full_attention_indices if full attention is intended"))  # fmt: skip
     tl = (ctx.checkpoint_config or {}).get("transformer_layer_config") or {}
-    ckpt_sliding = [
-        i for i, t in enumerate(tl.get("layer_types") or []) if t == "sliding_attention"
-    ]
+    ckpt_sliding = [i for i, t in enumerate(tl.get("layer_types") or []) if t == "sliding_attention"]
     if ckpt_sliding and d.attention == "full":
         out.append(pitfall(2, "error", f"checkpoint {ctx.checkpoint} has sliding-window layers {ckpt_sliding} "
                                        "but the recipe says draft.attention: full; retrain with "
@@ -117,21 +126,14 @@ def check_sliding(ctx: _Context) -> list[Finding]:
 def check_models(ctx: _Context) -> list[Finding]:
     """Regen side here; the checkpoint's stored verifier is compared in check_checkpoint."""
     recipe, out = ctx.recipe, []
-    served = ctx.res.served_name if ctx.verifier_path else recipe.verifier.path
-    names = {served, recipe.verifier.path, ctx.verifier_path} - {None}
-    metas = [
-        r["metadata"]
-        for r in _regen_rows(ctx.run.regen_jsonl)
-        if isinstance(r.get("metadata"), dict)
-    ]
+    served = ctx.res.served_name
+    names = {served, recipe.verifier.path, ctx.verifier_path}
+    metas = [r["metadata"] for r in _regen_rows(ctx.run.regen_jsonl) if isinstance(r.get("metadata"), dict)]
     models = {m["model"] for m in metas if m.get("model")}
     endpoints = {m["endpoint"].rstrip("/") for m in metas if m.get("endpoint")}
     configured = {e.rstrip("/") for e in recipe.regen.endpoints}
-    strangers = sorted(
-        e
-        for e in endpoints
-        if configured and not any(e.startswith(c) or c.startswith(e) for c in configured)
-    )
+    strangers = sorted(e for e in endpoints
+                       if configured and not any(e.startswith(c) or c.startswith(e) for c in configured))
     if strangers:
         out.append(pitfall(3, "warning", f"regen.jsonl rows came from {strangers}, not regen.endpoints "
                                          f"{sorted(configured)}; make sure those servers ran the recipe verifier"))  # fmt: skip
@@ -194,9 +196,7 @@ def check_layers(ctx: _Context) -> list[Finding]:
         with safe_open(str(hs), framework="pt") as f:
             shape = list(f.get_slice("hidden_states").get_shape())
     except Exception as e:  # noqa: BLE001 - an unreadable file is itself the finding
-        return [
-            pitfall(5, "error", f"{hs} unreadable ({type(e).__name__}); regenerate hidden states")
-        ]
+        return [pitfall(5, "error", f"{hs} unreadable ({type(e).__name__}); regenerate hidden states")]
     exported = ctx.recipe.exported_layer_ids(n)
     hidden = (ctx.verifier_config or {}).get("hidden_size")
     if len(shape) != 3 or shape[1] != len(exported) or (hidden and shape[2] != hidden):
@@ -207,14 +207,12 @@ def check_layers(ctx: _Context) -> list[Finding]:
 
 
 def check_mask(ctx: _Context) -> list[Finding]:
-    if ctx.verifier_path is None or not Path(ctx.verifier_path).is_dir():
-        return [pitfall(7, "warning", f"verifier {ctx.recipe.verifier.path} is not a local directory; "
-                                      "mask token not checked")]  # fmt: skip
+    if not Path(ctx.verifier_path).is_dir():
+        return [pitfall(7, "warning", f"verifier {ctx.verifier_path} is not a local directory here (a hub id, "
+                                      "or the tiny verifier not built yet); mask token not checked")]  # fmt: skip
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(
-        ctx.verifier_path, trust_remote_code=ctx.recipe.verifier.trust_remote_code
-    )
+    tok = AutoTokenizer.from_pretrained(ctx.verifier_path, trust_remote_code=ctx.recipe.verifier.trust_remote_code)
     # the id training resolves: the recipe's, else the tokenizer's; else what a checkpoint recorded
     candidates = (ctx.recipe.draft.mask_token_id, tok.mask_token_id,
                   (ctx.checkpoint_config or {}).get("mask_token_id"))
@@ -227,49 +225,29 @@ def check_mask(ctx: _Context) -> list[Finding]:
         return [pitfall(7, "error", "the tokenizer has no mask token, no unused vocabulary row, and "
                                     "draft.mask_token_id is unset; set it to a reserved special id")]  # fmt: skip
     if not 0 <= mask_id < vocab:
-        return [
-            pitfall(
-                7,
-                "error",
-                f"draft.mask_token_id {mask_id} outside the verifier vocabulary [0, {vocab})",
-            )
-        ]
+        return [pitfall(7, "error", f"draft.mask_token_id {mask_id} outside the verifier vocabulary [0, {vocab})")]
     if mask_id < len(tok):
         token = tok.convert_ids_to_tokens(mask_id)
-        special = set(tok.all_special_ids) | {
-            i for i, t in tok.added_tokens_decoder.items() if t.special
-        }
+        special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
         if mask_id not in special:
             return [pitfall(7, "error", f"draft.mask_token_id {mask_id} is the normal text token {token!r}; "
                                         "use a special or reserved id the verifier never emits")]  # fmt: skip
     stored = (ctx.checkpoint_config or {}).get("mask_token_id")
     if isinstance(stored, int) and stored != mask_id:
-        return [
-            pitfall(
-                7, "error", f"checkpoint mask_token_id {stored} != resolved mask token id {mask_id}"
-            )
-        ]
+        return [pitfall(7, "error", f"checkpoint mask_token_id {stored} != resolved mask token id {mask_id}")]
     return []
 
 
 def check_windows(ctx: _Context) -> list[Finding]:
-    """Pitfalls 9 and 10 from the resolver's window decision (the one serving uses)."""
-    s, out = ctx.recipe.serve, []
-    window, train_w = s.draft_window_size, ctx.recipe.training_window
-    if isinstance(window, int):
-        if window < train_w:
-            out.append(pitfall(9, "warning", f"serve.draft_window_size {window} < training window {train_w}; "
-                                             "acceptance drops (set >= the training window or auto)"))  # fmt: skip
-        if any("mtp" in a for a in s.extra_args):
-            out.append(pitfall(9, "warning", "serve.draft_window_size with method mtp: vllm-ascend ignores "
-                                             "the window for mtp; unset it"))  # fmt: skip
+    """Pitfalls 9 and 10 from the resolver's window decision (the one serving uses), in its words."""
     try:
-        applied = ctx.res.window.value
+        window, risks = ctx.res.window.value, ctx.res.window_risks
     except ValueError as e:  # an unreadable tune result
-        return [*out, pitfall(9, "error", str(e))]
-    risk = long_context_note(ctx.recipe, applied)
-    if risk:
-        out.append(pitfall(10, "warning", risk))
+        return [pitfall(9, "error", str(e))]
+    out = [pitfall(n, "warning", message) for n, message in risks.items()]
+    if window is not None and any("mtp" in a for a in ctx.recipe.serve.extra_args):
+        out.append(pitfall(9, "warning", "serve.draft_window_size with method mtp: vllm-ascend ignores "
+                                         "the window for mtp; unset it"))  # fmt: skip
     return out
 
 
@@ -301,13 +279,7 @@ def check_multinode(ctx: _Context) -> list[Finding]:
 
     recipe, out = ctx.recipe, []
     t, hs = recipe.train, recipe.hidden_states
-    if t.device == "auto":
-        from dspark_kit.devices import detect_device
-
-        device = detect_device("auto")
-    else:
-        device = t.device  # planned as written, even on a machine without it
-    rdzv = rendezvous_for(recipe, device)
+    rdzv = rendezvous_for(recipe, ctx.res.train_device.value)  # an explicit device: as written
     out += [pitfall(11, "error", e) for e in rdzv.errors]
     out += [pitfall(11, "warning", w) for w in rdzv.warnings]
     if t.nnodes == 1 or t.nodes_same_host:
@@ -345,38 +317,32 @@ CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layer
           check_mask, check_windows, check_checkpoint, check_multinode]  # fmt: skip
 
 
-def _context(recipe: Recipe, run: RunDir, checkpoints: bool = True) -> _Context:
-    ctx = _Context(recipe, Resolved(recipe, run))
-    try:
-        ctx.verifier_path = ctx.res.verifier_path
-    except Exception:  # noqa: BLE001 - an unresolvable verifier is reported by check_mask
-        ctx.verifier_path = None
-    if ctx.verifier_path and Path(ctx.verifier_path).is_dir():
-        ctx.verifier_config = _read_json(Path(ctx.verifier_path) / "config.json")
+def _context(res: Resolved, checkpoints: bool = True) -> _Context:
+    ctx = _Context(res)
     if not checkpoints:
         return ctx
     try:
-        ctx.checkpoint = ctx.res.checkpoint
-        ctx.checkpoint_config = ctx.res.checkpoint_config
+        ctx.checkpoint = res.checkpoint
+        ctx.checkpoint_config = res.checkpoint_config
     except ckpt.CheckpointError:
         pass  # check_checkpoint reports it when a checkpoints dir exists
     return ctx
 
 
-def run_preflight(
-    recipe: Recipe, workdir: str | Path | None = None, *, probes: bool = True, checkpoints: bool = True
-) -> list[Finding]:
-    """All findings for `recipe` and the artifacts in `workdir` (default: recipe.workdir).
+def run_preflight(res: Resolved, *, probes: bool = True, checkpoints: bool = True,
+                  checkpoint_checked: bool = False) -> list[Finding]:
+    """All findings for the caller's resolution (recipe, run folder, --engine, --checkpoint) and
+    the artifacts in its run folder.
 
     `checkpoints=False` ignores DIR/checkpoints: before training they are the
     stage's own output (an interrupted run leaves them partial), not an input.
+    `checkpoint_checked`: the caller already judged the checkpoint (serve): not again.
     """
-    ctx = _context(recipe, RunDir.at(recipe.workdir_path(workdir)), checkpoints)
-    findings: list[Finding] = []
-    for check in CHECKS:
-        if (check is check_markov and not probes) or (check is check_checkpoint and not checkpoints):
-            continue
-        findings.extend(check(ctx))
+    ctx = _context(res, checkpoints)
+    skip = {check_markov} if not probes else set()
+    if not checkpoints or checkpoint_checked:
+        skip.add(check_checkpoint)
+    findings = [f for check in CHECKS if check not in skip for f in check(ctx)]
     return sorted(findings, key=lambda f: (f.pitfall, f.level != "error"))
 
 
@@ -388,14 +354,14 @@ class PreflightError(ValueError):
     """Preflight found errors; the message lists each with its pitfall number."""
 
 
-def enforce(recipe: Recipe, workdir: str | Path | None, stage: str, log=None) -> list[Finding]:
+def enforce(res: Resolved, stage: str, log=None, checkpoint_checked: bool = False) -> list[Finding]:
     """Run before train and serve: warnings are printed, errors stop the stage.
 
     Probes are skipped here: the training process applies the speculators fixes itself.
     """
     from dspark_kit.progress import note
 
-    findings = run_preflight(recipe, workdir, probes=False, checkpoints=stage != "train")
+    findings = run_preflight(res, probes=False, checkpoints=stage != "train", checkpoint_checked=checkpoint_checked)
     for f in findings:
         if f.level == "warning":
             (log or note)(f"preflight warning (pitfall {f.pitfall}): {f.message}")

@@ -52,7 +52,7 @@ from dspark_kit.engines.chat_client import (
     discover_model,
 )
 from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, open_for_resume
-from dspark_kit.recipe import Recipe
+from dspark_kit.resolved import Resolved
 
 
 @dataclass
@@ -249,7 +249,7 @@ class OutputExists(ValueError):
     """--no-resume on an output that holds rows, without --overwrite."""
 
 
-def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None = None,
+def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = None,
               limit: int | None = None, resume: bool = True, overwrite: bool = False, dataset: str | None = None,
               model: str | None = None, concurrency: int | None = None, max_tokens: int | None = None,
               temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
@@ -257,13 +257,14 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
               engine_log: str | Path | None = None, **opt_overrides: Any) -> dict[str, Any]:
     """Regenerate recipe.data into outfile; returns a JSON-able summary.
 
-    Endpoints: the argument, else recipe.regen.endpoints, else a local engine
-    (plan_local role chat) started for the run and stopped after it.
+    Endpoints: the argument, else recipe.regen.endpoints, else the recipe engine's chat server
+    (`res`'s plan) started for the run and stopped after it.
     The source is read (and a bad one reported) before the output is touched; resume=False on
     an output that holds rows needs overwrite=True.
     """
     from dspark_kit.data.sources import iter_source
 
+    recipe = res.recipe
     cfg = recipe.regen
     data = recipe.data.model_copy(update={"source": dataset}) if dataset else recipe.data
     opts = RegenOptions(
@@ -291,9 +292,8 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
     if not endpoints:
         from dspark_kit.engines.lifecycle import ManagedServer
         from dspark_kit.engines.servers import regen_server_plan
-        from dspark_kit.resolved import Resolved
 
-        plan = regen_server_plan(Resolved(recipe), api_key=opts.api_key)
+        plan = regen_server_plan(res, api_key=opts.api_key)
         server = ManagedServer(plan, Path(engine_log or outfile.with_name(outfile.name + ".engine.log")))
         server.start()
         endpoints = [plan.base_url]
@@ -316,22 +316,20 @@ def run_regen(recipe: Recipe, outfile: str | Path, endpoints: list[str] | None =
     return summary
 
 
-def regen_plan(recipe: Recipe, endpoints: list[str] | None = None, outfile: Path | None = None) -> dict[str, Any]:
+def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path | None = None) -> dict[str, Any]:
     """What regen would do: the endpoints (N servers on M machines) into one resumable output, or
     the recipe engine's chat server it would start when there is none."""
     from urllib.parse import urlparse
 
     from dspark_kit.engines.servers import regen_server_plan, server_plan
-    from dspark_kit.resolved import Resolved
 
+    recipe = res.recipe
     endpoints = list(endpoints or recipe.regen.endpoints)
-    command = None if endpoints else regen_server_plan(Resolved(recipe, planning=True)).shell_line()
+    command = None if endpoints else regen_server_plan(res).shell_line()
     machines = sorted({urlparse(e if "//" in e else f"http://{e}").hostname or e for e in endpoints})
     per_server = None
-    if endpoints and recipe.serve.engine != "local":
-        reachable = recipe.model_copy(deep=True)
-        reachable.serve.host = "0.0.0.0"  # a server other machines send requests to
-        per_server = server_plan(Resolved(reachable, planning=True), "chat", port=recipe.serve.port).shell_line()
+    if endpoints and res.engine != "local":  # a server other machines send requests to: 0.0.0.0
+        per_server = server_plan(res, "chat", port=recipe.serve.port, host="0.0.0.0").shell_line()
     return {"endpoints": endpoints, "machines": machines, "local_engine_command": command,
             "server_command": per_server, "outfile": str(outfile) if outfile else None,
             "concurrency_per_endpoint": recipe.regen.concurrency}

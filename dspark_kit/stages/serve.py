@@ -12,13 +12,11 @@ than in bench.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from dspark_kit import atomic
 from dspark_kit.engines import ServerPlan
-from dspark_kit.recipe import ENGINES, ROLES, Recipe
+from dspark_kit.recipe import ROLES
 from dspark_kit.resolved import Resolved
-from dspark_kit.rundir import RunDir
 
 
 class ServeError(ValueError):
@@ -33,27 +31,24 @@ class ServePlan:
     warnings: list[str] = field(default_factory=list)  # checkpoint + preflight warnings, plan notes
 
 
-def plan_server(recipe: Recipe, run: RunDir, role: str, *, engine: str | None = None, checkpoint: str | None = None,
-                port: int | None = None, planning: bool = False, api_key: str | None = None) -> ServePlan:
+def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: str | None = None) -> ServePlan:
+    """`res` carries the command's --engine and --checkpoint (and planning for --dry-run); the
+    checks below and the preflight all judge that one resolution."""
     from dspark_kit.engines.servers import server_plan
     from dspark_kit.specdec.checkpoints import CheckpointError, errors
     from dspark_kit.stages.preflight import PreflightError, enforce
 
     if role not in ROLES:
         raise ServeError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
-    engine = engine or recipe.serve.engine
-    if engine not in ENGINES:
-        raise ServeError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    if checkpoint is not None and role != "spec":
+    if res.checkpoint_choice is not None and role != "spec":
         raise ServeError(f"--checkpoint: only role spec loads a draft (got --role {role})")
-    res = Resolved(recipe, run, engine=engine, checkpoint=checkpoint, planning=planning)
-    if engine == "vllm":  # before the checkpoint checks: vLLM's CPU build serves chat only
+    if res.engine == "vllm":  # before the checkpoint checks: vLLM's CPU build serves chat only
         from dspark_kit.engines.vllm import cpu_refusal
 
         refused = cpu_refusal(res, role)
         if refused:
             raise ServeError(refused)
-    findings, warnings = [], []
+    findings, warnings, preflight = [], [], []
     if role == "spec":
         try:
             exists = res.checkpoint_exists
@@ -65,14 +60,17 @@ def plan_server(recipe: Recipe, run: RunDir, role: str, *, engine: str | None = 
             if bad:
                 raise ServeError("; ".join(f"{f.code}: {f.message}" for f in bad))
             warnings += [f"{f.code}: {f.message}" for f in findings]
-            try:  # the whole-recipe pitfalls, after the checkpoint's own (more specific) checks
-                enforce(recipe, run.root, "serve", log=warnings.append)
+            try:  # the whole-recipe pitfalls; the checkpoint's own were judged just above
+                preflight = enforce(res, "serve", log=lambda _line: None, checkpoint_checked=True)
             except PreflightError as e:
                 raise ServeError(str(e)) from None
     try:
         plan = server_plan(res, role, port=port, api_key=api_key)
     except ValueError as e:
         raise ServeError(str(e)) from None
+    # each warning once: a window risk is both a plan note and a preflight finding
+    warnings += [f"preflight warning (pitfall {f.pitfall}): {f.message}" for f in preflight
+                 if f.level == "warning" and f.message not in plan.notes]
     return ServePlan(plan, res, findings, warnings + plan.notes)
 
 
@@ -90,16 +88,15 @@ async def smoke_reply(url: str) -> str:
     return out["text"]
 
 
-def stage_serve_check(recipe: Recipe, workdir: Path) -> dict:
+def stage_serve_check(res: Resolved) -> dict:
     import asyncio
 
     from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
 
-    run = RunDir.at(workdir)
-    sp = plan_server(recipe, run, "spec")
+    run = res.run
+    sp = plan_server(res, "spec")
     atomic.write_text(run.serve_command, sp.plan.shell_line() + "\n")
-    res = sp.resolved
     result = {"engine": res.engine, "checkpoint": str(res.checkpoint), "command_file": str(run.serve_command),
               "num_speculative_tokens": res.k.value, "draft_window_size": res.window.value,
               "warnings": sp.warnings}

@@ -14,97 +14,38 @@ bench and the CLI ask a `Resolved` instead of re-deriving it.
     k                  serve.num_speculative_tokens: int, or auto = the tune's K,
                        else the checkpoint's trained slots, else draft.block_size;
                        then the engine version's rule (vLLM 0.26.x)
-    window             serve.draft_window_size: int, off, or auto = the tune's
-                       window (null = none), else the training window; then what
-                       the engine can apply (CUDA vLLM: none at run time)
+    window             serve.draft_window_size (or the command's --draft-window-size):
+                       int, off, or auto = the tune's window (null = none), else the
+                       training window; then what the engine can apply (CUDA vLLM:
+                       none at run time)
+    train/serve/eval   devices: train.device (auto = detected here); the engine's own
+    _device            for vllm / vllm-ascend
+    *_dtype            one rule: float32 on CPU, verifier.dtype on accelerators
     device_env         the device layer's env, the user's own values winning
+
+A command builds one `Resolved` at its entry point and passes it down; the
+pipeline builds one for the whole run (training re-reads the checkpoint
+decisions through `checkpoints_changed`). `planning=True` never builds or
+trains anything: the tiny verifier is named by its cache path, not built.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from dspark_kit.compat import versions
-from dspark_kit.devices import npu_env, visible_devices_env
-from dspark_kit.recipe import ENGINES, Recipe, RecipeError, parse_window
+from dspark_kit.recipe import ENGINES, TINY_VERIFIER, Recipe, RecipeError, parse_window
+from dspark_kit.resolved.rules import (  # noqa: F401 - re-exported: callers import them from here
+    TUNED,
+    Decision,
+    ResolveError,
+    Tune,
+    device_env,
+    is_deepseek_v4,
+    long_context_note,
+)
 from dspark_kit.rundir import RunDir
-
-T = TypeVar("T")
-# The source of a K or window the tune chose ("auto: tuned ..."); the window warning keys on it.
-TUNED = "auto: tuned"
-
-
-class ResolveError(ValueError):
-    """A derived value cannot be decided; one line naming the setting and the fix."""
-
-
-@dataclass(frozen=True)
-class Decision(Generic[T]):
-    value: T
-    source: str  # where the value came from, shown in dry runs, bench and the manifest
-    notes: tuple[str, ...] = field(default=())  # warnings the user should see
-
-
-# ---- pure rules (also used on their own by the CLI) ----------------------------
-
-
-def long_context_note(recipe: Recipe, window: int | None) -> str | None:
-    """Pitfall 10: served context far (> 2x) above the training window, nothing to bridge it."""
-    max_len, train_w = recipe.serve.max_model_len, recipe.training_window
-    if window is not None or max_len is None or max_len <= 2 * train_w or recipe.draft_has_sliding_layers:
-        return None
-    fix = ("set serve.draft_window_size" if recipe.serve.engine in ("vllm-ascend", "local")
-           else "train a longer data.seq_length or sliding-window draft layers")
-    return (f"serve.max_model_len {max_len} > 2x training window {train_w} with no draft window on engine "
-            f"{recipe.serve.engine}: acceptance collapses on long contexts ({fix})")
-
-
-def is_deepseek_v4(verifier_config: dict | None) -> bool:
-    if not verifier_config:
-        return False
-    kinds = [verifier_config.get("model_type"), (verifier_config.get("text_config") or {}).get("model_type")]
-    return any(isinstance(k, str) and k.startswith("deepseek_v4") for k in kinds)
-
-
-def device_env(device: str, ids: str | None, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Env a process on `device` needs (training and serving alike): NPU defaults (HCCL etc.)
-    unless the user's environment sets them, plus the visible-device variable the recipe names."""
-    env = npu_env(os.environ if environ is None else environ) if device == "npu" else {}
-    return {**env, **visible_devices_env(device, ids)}
-
-
-@dataclass(frozen=True)
-class Tune:
-    """What `dspark-kit tune` recommended (DIR/eval/window_tune.json)."""
-
-    path: Path
-    window: int | None  # None: windows did not help, serve without one
-    k: int | None  # None: the tune did not sweep K
-
-    @classmethod
-    def read(cls, path: Path) -> Tune | None:
-        if not path.is_file():
-            return None
-        try:
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict) or "recommended_window" not in data:
-                raise ValueError("no recommended_window")
-        except (OSError, ValueError) as e:
-            raise ResolveError(f"{path}: unreadable tune result ({str(e).splitlines()[0][:80]}); "
-                               "re-run `dspark-kit tune` or delete the file") from None
-        w, k = data.get("recommended_window"), data.get("recommended_k")
-        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
-            raise ResolveError(f"{path}: recommended_window {w!r} is not a positive integer or null; "
-                               "re-run `dspark-kit tune`")
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-            raise ResolveError(f"{path}: recommended_k {k!r} is not a positive integer; re-run `dspark-kit tune`")
-        return cls(path, w, k)
-
 
 # ---- the resolver --------------------------------------------------------------
 
@@ -112,12 +53,15 @@ class Tune:
 class Resolved:
     """Derived values for one recipe, run folder and engine; each decided once, lazily.
 
-    `planning=True` (dry runs) tolerates what a laptop lacks: no checkpoint yet
-    (K falls back to the recipe), no verifier config (verifier.num_hidden_layers).
+    A command's flags enter here, not beside it: `engine` (--engine), `checkpoint`
+    (--checkpoint), `window` (--draft-window-size N|auto|off, in place of
+    serve.draft_window_size). `planning=True` (dry runs) builds nothing and tolerates what
+    a laptop lacks: no checkpoint yet (K falls back to the recipe), no verifier config
+    (verifier.num_hidden_layers, or the tiny verifier's planned config).
     """
 
     def __init__(self, recipe: Recipe, run: RunDir | str | Path | None = None, *, engine: str | None = None,
-                 checkpoint: str | Path | None = None, planning: bool = False,
+                 checkpoint: str | Path | None = None, window: int | str | None = None, planning: bool = False,
                  installed: dict[str, str | None] | None = None,
                  window_support: versions.Support | None = None):
         self.recipe = recipe
@@ -125,7 +69,13 @@ class Resolved:
         self.engine = engine or recipe.serve.engine
         if self.engine not in ENGINES:
             raise ResolveError(f"--engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        if window is not None:
+            try:
+                parse_window(window)
+            except ValueError as e:
+                raise ResolveError(f"--draft-window-size: {e}") from None
         self.checkpoint_choice = checkpoint
+        self.window_choice = window
         self.planning = planning
         self._installed = installed
         self._window_support = window_support
@@ -133,9 +83,12 @@ class Resolved:
     # ---- verifier -----------------------------------------------------------
     @cached_property
     def verifier_path(self) -> str:
-        from dspark_kit.data.tiny_verifier import resolve_verifier_path
+        """The verifier's loadable path; the builtin tiny verifier is built on first use, except
+        when planning (its cache path then, built or not)."""
+        from dspark_kit.data.tiny_verifier import planned_verifier_path, resolve_verifier_path
 
-        return resolve_verifier_path(self.recipe.verifier.path)
+        path = self.recipe.verifier.path
+        return planned_verifier_path(path) if self.planning else resolve_verifier_path(path)
 
     @cached_property
     def served_name(self) -> str:
@@ -145,9 +98,16 @@ class Resolved:
 
     @cached_property
     def verifier_config(self) -> dict | None:
+        """config.json of the verifier (a local dir or the HF cache); a plan before the tiny
+        verifier is built gets the config its build will write."""
         from dspark_kit.specdec.verifier import verifier_config
 
-        return verifier_config(self.verifier_path)
+        found = verifier_config(self.verifier_path)
+        if found is None and self.planning and self.recipe.verifier.path == TINY_VERIFIER:
+            from dspark_kit.data.tiny_verifier import planned_config
+
+            return planned_config()
+        return found
 
     @cached_property
     def num_hidden_layers(self) -> int:
@@ -171,18 +131,65 @@ class Resolved:
     def exported_layer_ids(self) -> list[int]:
         return self.recipe.exported_layer_ids(self.num_hidden_layers)
 
+    # ---- devices and dtypes ---------------------------------------------------
+    @cached_property
+    def train_device(self) -> Decision[str]:
+        """Where training, in-process hidden states, the local engine and eval run. An explicit
+        train.device is kept as written (an Ascend command planned on a laptop); the process that
+        runs on it fails with one line when this machine lacks it."""
+        wanted = self.recipe.train.device
+        if wanted != "auto":
+            return Decision(wanted, "train.device")
+        from dspark_kit.devices import detect_device
+
+        found = detect_device("auto")
+        return Decision(found, f"train.device auto: detected {found} here")
+
     @cached_property
     def vllm_on_cpu(self) -> bool:
         """Engine vllm with no accelerator (train.device cpu, or auto on a machine without GPU/NPU):
         the plan is vLLM's CPU build. A recipe naming cuda/npu keeps the accelerator command."""
-        device = self.recipe.train.device
-        if self.engine != "vllm" or device not in ("auto", "cpu"):
-            return False
-        if device == "cpu":
-            return True
-        from dspark_kit.devices import detect_device
+        return self.engine == "vllm" and self.train_device.value == "cpu"
 
-        return detect_device("auto") == "cpu"
+    @cached_property
+    def serve_device(self) -> Decision[str]:
+        if self.engine == "vllm-ascend":
+            return Decision("npu", "engine vllm-ascend")
+        if self.engine == "vllm":
+            if self.vllm_on_cpu:
+                return Decision("cpu", f"engine vllm without GPU/NPU: vLLM's CPU build; {self.train_device.source}")
+            return Decision("cuda", "engine vllm")
+        return Decision(self.train_device.value, f"engine local runs where training does; {self.train_device.source}")
+
+    @property
+    def eval_device(self) -> Decision[str]:
+        return Decision(self.train_device.value, f"eval decodes in-process where training runs; {self.train_device.source}")
+
+    def _dtype_on(self, device: Decision[str]) -> Decision[str]:
+        """The one dtype rule for a verifier forward (hidden states, local engine, eval)."""
+        if device.value == "cpu":
+            return Decision("float32", "float32 on cpu (bf16 matmuls there are slow and change greedy text)")
+        return Decision(self.recipe.verifier.dtype, f"verifier.dtype on {device.value}")
+
+    @cached_property
+    def hidden_states_dtype(self) -> Decision[str]:
+        """The verifier's compute dtype for in-process hidden states (the local engine's
+        hidden-states role runs on the same device with serve_dtype: the same value)."""
+        return self._dtype_on(self.train_device)
+
+    @property
+    def hidden_states_out_dtype(self) -> Decision[str]:
+        return Decision(self.recipe.hidden_states.dtype, "hidden_states.dtype")
+
+    @cached_property
+    def serve_dtype(self) -> Decision[str]:
+        if self.engine == "local" or self.vllm_on_cpu:
+            return self._dtype_on(self.serve_device)
+        return Decision("auto", f"engine {self.engine}: vLLM's --dtype auto (the verifier's torch_dtype)")
+
+    @cached_property
+    def eval_dtype(self) -> Decision[str]:
+        return self._dtype_on(self.eval_device)
 
     # ---- checkpoint ---------------------------------------------------------
     @cached_property
@@ -203,6 +210,11 @@ class Resolved:
     @property
     def checkpoint_exists(self) -> bool:
         return (self.checkpoint / "config.json").is_file()
+
+    def checkpoints_changed(self) -> None:
+        """Training wrote new checkpoints: forget the decisions read from the old ones."""
+        for name in ("checkpoint", "checkpoint_config", "trained_slots", "k"):
+            self.__dict__.pop(name, None)
 
     @cached_property
     def checkpoint_config(self) -> dict | None:
@@ -227,11 +239,7 @@ class Resolved:
             n = self.num_hidden_layers
         except RecipeError:
             n = None
-        try:
-            verifier = self.verifier_path
-        except Exception:  # noqa: BLE001 - an unloadable verifier is reported elsewhere
-            verifier = None
-        return validate_checkpoint(path, self.recipe, n, verifier, self.k.value)
+        return validate_checkpoint(path, self.recipe, n, self.verifier_path, self.k.value)
 
     # ---- tune, K, window ----------------------------------------------------
     @cached_property
@@ -268,13 +276,16 @@ class Resolved:
 
     @cached_property
     def wanted_window(self) -> Decision[int | None]:
-        """The draft window the recipe asks for, before asking what the engine can do."""
-        setting = parse_window(self.recipe.serve.draft_window_size)
+        """The draft window asked for (--draft-window-size, else the recipe), before asking what
+        the engine can do."""
+        flag = self.window_choice is not None
+        setting = parse_window(self.window_choice if flag else self.recipe.serve.draft_window_size)
+        name = "--draft-window-size" if flag else "serve.draft_window_size"
         train_w = self.recipe.training_window
         if setting == "off":
-            return Decision(None, "serve.draft_window_size off")
+            return Decision(None, f"{name} off")
         if isinstance(setting, int):
-            return Decision(setting, "serve.draft_window_size")
+            return Decision(setting, name)
         if self.tune is not None:
             how = f"{self.tune.window}" if self.tune.window else "none (windows did not help)"
             return Decision(self.tune.window, f"{TUNED} {how} ({self.tune.path})")
@@ -290,17 +301,16 @@ class Resolved:
         """
         wanted = self.wanted_window
         window, source, notes = wanted.value, wanted.source, []
-        train_w = self.recipe.training_window
         if self.engine == "vllm":
-            if window is not None and isinstance(parse_window(self.recipe.serve.draft_window_size), int):
-                notes.append(f"serve.draft_window_size {window} ignored: CUDA vLLM has no runtime draft window "
+            if window is not None and not source.startswith("auto"):
+                notes.append(f"{source} {window} ignored: CUDA vLLM has no runtime draft window "
                              "(train sliding-window draft layers instead)")
             window, source = None, "engine vllm: no runtime draft window"
         elif self.engine == "vllm-ascend" and window is not None:
             support = self._window_support
             if support is None:
                 support = versions.ascend_dspark_window_support() if self.installed_version() else "unknown"
-            if is_deepseek_v4(self._verifier_config_or_none()):
+            if is_deepseek_v4(self.verifier_config):
                 notes.append("draft_window_size on a DSpark draft trained natively with a DeepSeek-V4 target: "
                              "vllm-ascend warns that windowing lowers its acceptance")
             if support == "no":
@@ -310,33 +320,44 @@ class Resolved:
             elif support == "unknown":
                 notes.append("draft_window_size needs a vllm-ascend build with PR 14596 (DSpark window apply "
                              "point); could not check here because vllm-ascend is not installed")
+        return Decision(window, source, (*notes, *self._window_risks(window, source).values()))
+
+    @property
+    def window_risks(self) -> dict[int, str]:
+        """The window decision's acceptance risks by pitfall number (9: below the training window,
+        10: long contexts with nothing to bridge them); also among `window.notes`, same words."""
+        return self._window_risks(self.window.value, self.window.source)
+
+    def _window_risks(self, window: int | None, source: str) -> dict[int, str]:
+        train_w, out = self.recipe.training_window, {}
         if window is not None and window < train_w:
             if source.startswith(TUNED):  # measured on this draft: say so, keep the rule visible
-                notes.append(f"draft_window_size {window} < training window {train_w}: the tune measured it best "
-                             "on this draft (pitfall 9's rule of thumb is >= the training window; re-tune on "
-                             "the real verifier)")
+                out[9] = (f"draft_window_size {window} < training window {train_w}: the tune measured it best "
+                          "on this draft (pitfall 9's rule of thumb is >= the training window; re-tune on "
+                          "the real verifier)")
             else:
-                notes.append(f"draft_window_size {window} < training window {train_w}: the draft saw longer "
-                             "contexts in training; acceptance usually drops (set >= training window)")
+                out[9] = (f"draft_window_size {window} < training window {train_w}: the draft saw longer "
+                          "contexts in training; acceptance usually drops (set >= training window)")
         risk = long_context_note(self.recipe, window)
         if risk:
-            notes.append(risk)
-        return Decision(window, source, tuple(notes))
+            out[10] = risk
+        return out
 
-    def _verifier_config_or_none(self) -> dict | None:
-        try:
-            return self.verifier_config
-        except Exception:  # noqa: BLE001 - planning without the verifier
-            return None
+    SUMMARY = ("k", "window", "train_device", "serve_device", "eval_device", "hidden_states_dtype",
+               "hidden_states_out_dtype", "serve_dtype", "eval_dtype")
 
-    # ---- device environment -------------------------------------------------
     def summary(self) -> dict:
         """The decided values and their sources, for dry runs, bench and the manifest."""
         out: dict = {"engine": self.engine}
-        for name in ("k", "window"):
+        for name in self.SUMMARY:
             try:
                 d = getattr(self, name)
                 out[name] = {"value": d.value, "source": d.source}
-            except (ResolveError, RecipeError, ValueError) as e:
+            except (ResolveError, RecipeError, ValueError) as e:  # CheckpointError: not trained yet
                 out[name] = {"error": str(e)}
         return out
+
+    def summary_lines(self) -> list[str]:
+        """summary() as comment lines for dry runs."""
+        return [f"# {name}: " + (f"{d['value']} ({d['source']})" if "error" not in d else f"unknown ({d['error']})")
+                for name, d in self.summary().items() if name != "engine"]

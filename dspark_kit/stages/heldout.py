@@ -1,0 +1,169 @@
+"""Eval prompts the draft never trained on, and the record of which ones were used.
+
+Measured on the prompts a draft trained on, acceptance comes out high (one demo checkpoint:
+AL 3.475 there, 3.356 on held-out prompts), so eval and tune default to held-out prompts:
+
+- data.source builtin:tiny-chat: the tiny corpus's held-out set (its own seed, never trained on);
+- any other data: the conversations behind speculators' validation split of DIR/prepared.
+  speculators validates on the last rows, prepared[int(n * train.train_data_ratio):] (its
+  ArrowDataset derives both splits from that one expression); a prepared row starts a reply
+  after each of its loss spans' prefixes, so a conversation belongs to the split whose rows
+  start a reply after its eval prompt (the render up to its last user turn, token for token).
+
+Either way a prompt a training row also starts a reply from is dropped (the same prompt twice
+in the data). `--prompts FILE` and `--from-data` take their rows as given; the record then
+counts how many of them training rows start a reply from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark_kit.data.conversations import ConversationError, normalize, template_messages
+from dspark_kit.resolved import Resolved
+
+TINY_CHAT = "builtin:tiny-chat"
+HELD_OUT_ROWS = 64  # the tiny corpus's held-out set: more than any eval asks for
+
+
+class EvalError(ValueError):
+    """One line naming the flag or file and the fix."""
+
+
+@dataclass
+class EvalPrompts:
+    chats: list[list[dict]]
+    ids: list[str]
+    source: str
+    held_out: bool | None  # None: the user's own file, not ours to judge
+    trained: int | None = None  # rows training also starts a reply from (None: no DIR/prepared to ask)
+
+    def record(self, num_prompts: int) -> dict:
+        """What eval.json keeps: where the prompts came from and which rows they were."""
+        return {"source": self.source, "held_out": self.held_out, "count": min(num_prompts, len(self.chats)),
+                "ids": self.ids[:num_prompts], "history_ids": self.ids[num_prompts:],
+                "trained_prompts": self.trained}
+
+
+def until_last_user(chat: list[dict]) -> list[dict]:
+    last = max(i for i, m in enumerate(chat) if m["role"] == "user")
+    return chat[: last + 1]
+
+
+def prompt_key(tokenizer, chat: list[dict], thinking: bool) -> tuple[int, ...]:
+    """The eval prompt's tokens as prepare renders a reply's context (DIR/prepared rows)."""
+    from dspark_kit.data.chat import prompt_ids
+
+    return tuple(prompt_ids(tokenizer, template_messages(until_last_user(chat)), thinking))
+
+
+def split_prompt_keys(res: Resolved) -> tuple[set[int], set[int]] | None:
+    """(train, validation) hashes of every context a prepared row starts a reply after; None
+    without DIR/prepared."""
+    prepared = res.run.prepared
+    if not (prepared / "dataset_info.json").is_file():
+        return None
+    import numpy as np
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(prepared)).with_format(None)  # plain lists (the saved format is torch)
+    split = int(len(data) * res.recipe.train.train_data_ratio)  # speculators' ArrowDataset boundary
+    keys: tuple[set[int], set[int]] = (set(), set())
+    for i, (ids, mask) in enumerate(zip(data["input_ids"], data["loss_mask"], strict=True)):
+        starts = np.flatnonzero(np.diff(np.asarray(mask, dtype=np.int8), prepend=0) == 1)
+        keys[i >= split].update(hash(tuple(ids[:j])) for j in starts)
+    return keys
+
+
+def _chats(rows) -> Iterator[tuple[str, list[dict]]]:
+    """(id, messages) of each usable row: its own id, else its line number."""
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            continue  # a line the reader could not parse
+        try:
+            yield str(row.get("id") or f"row-{i}"), normalize(row)
+        except ConversationError:
+            continue
+
+
+def _file_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise EvalError(f"--prompts {path}: file not found (jsonl rows with conversations/messages/prompt)")
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                rows.append({"prompt": line})  # a plain text line is a prompt
+    return rows
+
+
+def load_eval_prompts(res: Resolved, tokenizer, prompts_file: Path | None = None, from_data: bool = False,
+                      limit: int = 64) -> EvalPrompts:
+    """Conversations to take eval prompts from (at most `limit`), held out by default."""
+    from dspark_kit.data.sources import iter_source
+
+    recipe, thinking = res.recipe, res.recipe.verifier.thinking
+    keys = split_prompt_keys(res)
+    trained = keys[0] if keys else set()
+
+    def count_trained(chats) -> int | None:
+        return sum(hash(prompt_key(tokenizer, c, thinking)) in trained for _, c in chats) if keys else None
+
+    if prompts_file is not None:
+        chats = list(_chats(_file_rows(prompts_file)))[:limit]
+        found = EvalPrompts([c for _, c in chats], [i for i, _ in chats], f"--prompts {prompts_file}", None,
+                            count_trained(chats))
+    elif from_data:
+        chats = [(f"{recipe.data.source}#{i}", msgs) for i, msgs in iter_source(recipe.data, limit=limit)]
+        found = EvalPrompts([c for _, c in chats], [i for i, _ in chats],
+                            f"--from-data: the first rows of {recipe.data.source} (may be training rows)",
+                            False, count_trained(chats))
+    elif recipe.data.source == TINY_CHAT:
+        from dspark_kit.data.tiny_corpus import eval_conversations
+
+        pool = [(f"tiny-heldout-{i}", c) for i, c in enumerate(eval_conversations(HELD_OUT_ROWS))]
+        chats = [(i, c) for i, c in pool if hash(prompt_key(tokenizer, c, thinking)) not in trained][:limit]
+        checked = "minus any prompt a training row shares" if keys else "not checked: no DIR/prepared"
+        found = EvalPrompts([c for _, c in chats], [i for i, _ in chats],
+                            f"the tiny corpus's held-out set ({checked})", True, 0 if keys else None)
+    else:
+        found = _validation_prompts(res, tokenizer, keys, limit)
+    if not found.chats:
+        raise EvalError(f"eval prompts: no usable conversation in {found.source} (pass --prompts FILE)")
+    return found
+
+
+def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPrompts:
+    from dspark_kit.stages.prepare_input import prepare_input_rows
+
+    ratio = res.recipe.train.train_data_ratio
+    if keys is None or not 0 < ratio < 1:
+        why = (f"no prepared data in {res.run.prepared} (run prepare)" if keys is None
+               else f"train.train_data_ratio {ratio} leaves no validation split")
+        raise EvalError(f"eval prompts: {why}; pass --prompts FILE (chats the draft never trained on), or "
+                        "--from-data (the data source's first rows: they may be training rows)")
+    trained, held = keys
+    rows, _total, _unusable, source = prepare_input_rows(res)
+    chats = []
+    for i, c in _chats(rows):
+        key = hash(prompt_key(tokenizer, c, res.recipe.verifier.thinking))
+        if key in held and key not in trained:
+            chats.append((i, c))
+            if len(chats) >= limit:
+                break
+    return EvalPrompts([c for _, c in chats], [i for i, _ in chats],
+                       f"speculators' validation split of {res.run.prepared} (train.train_data_ratio {ratio}) "
+                       f"in {source}", True, 0)
+
+
+def plan_line(res: Resolved) -> str:
+    """Which prompts the pipeline's eval will use, for dry runs."""
+    if res.recipe.data.source == TINY_CHAT:
+        return "prompts: the tiny corpus's held-out set"
+    return (f"prompts: speculators' validation split of DIR/prepared (train.train_data_ratio "
+            f"{res.recipe.train.train_data_ratio})")

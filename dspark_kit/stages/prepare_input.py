@@ -1,0 +1,29 @@
+"""What prepare reads: DIR/regen.jsonl when regen is part of the recipe, else the data source.
+
+Eval reads the same rows to find the conversations behind speculators' validation split.
+"""
+
+from __future__ import annotations
+
+from dspark_kit.resolved import Resolved
+
+
+def prepare_input_rows(res: Resolved):
+    """(rows, total, rows the reader could not use, source): DIR/regen.jsonl when regen is part of
+    the recipe (a missing one is an error, not a silent fall-back to the raw data), else the
+    recipe's data source as is."""
+    from collections import Counter
+
+    from dspark_kit.stages.prepare import read_jsonl
+
+    recipe, f = res.recipe, res.run.regen_jsonl
+    if recipe.regen.enabled:
+        if not f.exists():
+            raise ValueError(f"{f} not found: run regen first (dspark-kit regen -w {res.run.root}), "
+                             "or set regen.enabled=false to prepare data.source as is")
+        return read_jsonl(f), sum(1 for line in f.open() if line.strip()), Counter(), str(f)
+    from dspark_kit.data.sources import iter_source
+
+    skipped: Counter = Counter()
+    rows = [{"id": f"{recipe.data.source}#{i}", "messages": msgs} for i, msgs in iter_source(recipe.data, skipped=skipped)]
+    return rows, len(rows), skipped, recipe.data.source
