@@ -147,7 +147,19 @@ class StageLine:
         self.total: float | None = None
         self.count = 0.0
         self.unit = "it"
-        self._since: float | None = None  # when counting started (the rate excludes model loading)
+        self._since: float | None = None  # when counting started: the rate excludes start-up (model loading)
+        self._base = 0.0  # the count then
+
+    def start_counting(self) -> None:
+        if self._since is None:
+            self._since, self._base = self.clock(), self.count
+
+    def rate(self) -> float | None:
+        """Units per second since counting started (None until there is a second point)."""
+        now = self.clock()
+        if self._since is None or self.count <= self._base or now <= self._since:
+            return None
+        return (self.count - self._base) / (now - self._since)
 
     def text(self) -> str:
         parts = [self.name]
@@ -157,13 +169,12 @@ class StageLine:
             parts.append(f"{self.count:,.0f}/{self.total:,.0f} {self.unit}")
         elif self.count:
             parts.append(f"{self.count:,.0f} {self.unit}")
-        now = self.clock()
-        if self._since is not None and self.count and now > self._since:
-            rate = self.count / (now - self._since)
-            parts.append(f"{rate:,.1f} {self.unit}/s")
-            if self.total and rate > 0 and self.count < self.total:
+        rate = self.rate()
+        if rate:
+            parts.append(f"{rate:,.1f} {self.unit}/s" if rate >= 0.1 else f"{rate * 60:,.1f} {self.unit}/min")
+            if self.total and self.count < self.total:
                 parts.append(f"eta {_fmt_s((self.total - self.count) / rate)}")
-        parts.append(_fmt_s(now - self.started))
+        parts.append(_fmt_s(self.clock() - self.started))
         return "  ".join(parts)
 
 
@@ -175,9 +186,8 @@ class _LineBar(_Bar):
         self.display, self.line = display, line
 
     def advance(self, n: float = 1) -> None:
-        if self.line._since is None:
-            self.line._since = self.line.clock()
         self.line.count += n
+        self.line.start_counting()  # the first unit's own time is unknown: the rate counts from here
         self.display.changed()
 
     def describe(self, text: str) -> None:
@@ -185,7 +195,9 @@ class _LineBar(_Bar):
         self.display.changed()
 
     def total(self, total: float | None) -> None:
+        """Announce the work (a unit starts now: the rate counts from here)."""
         self.line.total = total
+        self.line.start_counting()
         self.display.changed()
 
 
@@ -243,16 +255,18 @@ class StageDisplay:
                 yield StageLine(name)
             return
         line = self._line = StageLine(name)
-        start_wall = time.time()
+        before = log_states(log.parent)
         self._begin_line(line)
         try:
             with _redirected(log, self.stream, self._owned is not None):
                 yield line
-        except BaseException as e:
+        except BaseException as e:  # the error itself is the command's last line; here: what led to it
             self._end_line()
-            self.say(f"x {name} failed after {_fmt_s(line.clock() - line.started)}"
-                     + (f": {str(e).splitlines()[0][:200]}" if str(e) else f" ({type(e).__name__})"))
-            for path in logs_written(log.parent, start_wall, first=log):
+            written = logs_written(log.parent, before, first=log)
+            how = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            self.say(f"x {name} {how} after {_fmt_s(line.clock() - line.started)}"
+                     + ("; the last lines of its logs:" if written else ""))
+            for path in written:
                 self.say(f"  last lines of {path}:")
                 for text in tail(path, TAIL_LINES):
                     self.say(f"  | {text}")
@@ -340,16 +354,24 @@ def _redirected(log: Path, console: TextIO, by_descriptor: bool) -> Iterator[Non
                 os.close(fd)
 
 
-def logs_written(folder: Path, since: float, first: Path | None = None, limit: int = 3) -> list[Path]:
-    """Logs in `folder` written since `since` (epoch seconds): `first`, then the most recent others."""
-    found = []
+def log_states(folder: Path) -> dict[Path, tuple[int, int]]:
+    """Size and modification time of every log in `folder` (what a stage then writes shows as a change)."""
+    states = {}
     for p in Path(folder).glob("*.log"):
         try:
-            if p.stat().st_mtime >= since - 1 and p.stat().st_size > 0:
-                found.append(p)
+            st = p.stat()
         except OSError:
             continue
-    found.sort(key=lambda p: (p != first, -p.stat().st_mtime))
+        states[p] = (st.st_size, st.st_mtime_ns)
+    return states
+
+
+def logs_written(folder: Path, before: dict[Path, tuple[int, int]], first: Path | None = None,
+                 limit: int = 3) -> list[Path]:
+    """Logs in `folder` that grew or changed since `before` (non-empty): `first`, then the most recent."""
+    now = log_states(folder)
+    found = [p for p, state in now.items() if state[0] > 0 and before.get(p) != state]
+    found.sort(key=lambda p: (p != first, -now[p][1]))
     return found[:limit]
 
 

@@ -49,7 +49,7 @@ def test_a_failing_stage_shows_the_tail_of_its_logs(tmp_path):
         print("stage line", file=sys.stderr)
         raise RuntimeError("boom: speculators train exited with 2")
     text = out.getvalue()
-    assert "x train failed after 0:00: boom: speculators train exited with 2" in text
+    assert "x train failed after 0:00; the last lines of its logs:" in text
     assert f"last lines of {logs / 'train.log'}" in text and f"last lines of {logs / 'stage-train.log'}" in text
     assert "  | trainer line 49" in text and "  | trainer line 29" not in text  # the last 20 only
     assert "  | stage line" in text and "earlier run" not in text  # only logs this stage wrote
@@ -72,6 +72,43 @@ def test_stage_line_reports_progress_rate_and_eta():
     now[0] = 110.0
     line.count = 100
     assert line.text() == "hidden-states  100/400 row  10.0 row/s  eta 0:30  0:10"
+
+
+def test_slow_units_show_a_rate_per_minute_counted_from_the_first_unit():
+    now = [0.0]
+    line = StageLine("train", clock=lambda: now[0])
+    line.total, line.unit = 8, "epoch"
+    line.start_counting()  # epoch 1 starts (after model loading)
+    now[0] = 120.0
+    line.count = 2
+    assert line.text() == "train  2/8 epoch  1.0 epoch/min  eta 6:00  2:00"
+
+
+def test_the_train_line_follows_the_trainers_records():
+    from dspark_kit.stages.train import TrainProgress
+
+    class Bar:
+        def __init__(self):
+            self.calls = []
+
+        def advance(self, n=1):
+            self.calls.append(("advance", n))
+
+        def total(self, t):
+            self.calls.append(("total", t))
+
+        def describe(self, text):
+            self.calls.append(("describe", text))
+
+    bar = Bar()
+    feed = TrainProgress(bar).feed
+    for line in ["[15:07:45] INFO     Training epoch 1/8 started          trainer.py:737",
+                 "                    epoch=0, lr=0.003, global_step=17",
+                 "[15:09:02] INFO     Training epoch 1/8 completed        trainer.py:739",
+                 "Epoch 0: 100%|##########| 42/42 [00:30<00:00]"]:
+        feed(line)
+    assert bar.calls == [("total", 8), ("describe", "epoch 1/8"), ("describe", "epoch 1/8 step 17"),
+                         ("advance", 1), ("describe", "epoch 1/8 step 17")]
 
 
 def test_plain_progress_lines_are_rate_limited(tmp_path):
@@ -109,3 +146,52 @@ def test_descriptor_level_capture_catches_c_code_and_child_processes(tmp_path):
     assert proc.stdout == "stdout after the stage\n"
     logged = Path(log).read_text()
     assert "written to fd 2" in logged and "child says hi" in logged
+
+
+# ---- the real `run`, piped --------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = ["--set", "data.limit=16", "--set", "train.epochs=1", "--set", "train.max_anchors=32",
+         "--set", "eval.num_prompts=2", "--set", "bench.num_prompts=2"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(REPO / "recipes" / "tiny-cpu.yaml"), *args],
+                          capture_output=True, text=True, timeout=1800, check=False)
+
+
+@pytest.mark.slow
+def test_a_piped_run_is_short_and_plain_and_ends_with_the_table(tmp_path, tiny_verifier):
+    wd = tmp_path / "run"
+    proc = run_cli("-w", str(wd), *SMALL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    lines = out.splitlines()
+    assert len(lines) < 60, out
+    assert "\r" not in out and "\x1b[" not in out  # no redraws, no terminal codes in a pipe
+    assert "global_step" not in out and "INFO" not in out  # the trainer's records stay in its log
+    for stage in ("regen", "prepare", "hidden-states", "train", "eval", "serve", "bench", "report"):
+        assert f"> {stage}" in lines and any(ln.startswith(f"- {stage} in ") for ln in lines), stage
+    table = next(i for i, ln in enumerate(lines) if "dspark-kit run" in ln)
+    assert all(not ln.startswith(("> ", "- ")) for ln in lines[table:])  # the table and where things are, last
+    logs = wd / "logs"
+    assert "global_step" in (logs / "train.log").read_text()  # in full, in the run folder
+    assert (logs / "stage-prepare.log").stat().st_size > 0 and (logs / "spec-server.log").is_file()
+
+
+@pytest.mark.slow
+def test_a_failing_stage_shows_its_log_tail_and_verbose_streams(tmp_path, tiny_verifier):
+    wd = tmp_path / "run"
+    bad = ["--stages", "prepare,hidden-states,train", "--set", "regen.enabled=false", "--set", "data.limit=8",
+           "--set", "train.extra_args=[--no-such-flag]"]
+    proc = run_cli("-w", str(wd), *bad)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "x train failed after" in out and f"last lines of {wd / 'logs' / 'train.log'}" in out
+    assert "--no-such-flag" in out.split("x train failed", 1)[1]  # the trainer's own complaint, from its log
+    assert out.splitlines()[-1].startswith("error:")
+    assert len(out.splitlines()) < 60, out
+
+    streamed = run_cli("-w", str(wd), *bad, "-v")  # prepare and hidden states are done: only train runs
+    assert streamed.returncode == 1
+    assert "==> train" in streamed.stderr and "--no-such-flag" in streamed.stderr.split("==> train", 1)[1]

@@ -151,16 +151,25 @@ _EPOCH = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
 _STEP = re.compile(r"global_step[=': ]+(\d+)")
 
 
-def follow_progress(line: str, bar) -> None:
-    """Move the stage's progress line from what the trainer logs: epochs started/completed, steps."""
-    if m := _EPOCH.search(line):
-        epoch, epochs, what = int(m.group(1)), int(m.group(2)), m.group(3)
-        bar.total(epochs)
-        bar.describe(f"epoch {epoch}/{epochs}")
-        if what == "completed":
-            bar.advance(1)
-    elif m := _STEP.search(line):
-        bar.describe(f"step {m.group(1)}")
+class TrainProgress:
+    """Moves the train stage's line from what the trainer logs: epochs started/completed, steps."""
+
+    def __init__(self, bar):
+        self.bar, self.epoch, self.step = bar, "", ""
+
+    def feed(self, line: str) -> None:
+        if m := _EPOCH.search(line):
+            epoch, epochs, what = int(m.group(1)), int(m.group(2)), m.group(3)
+            if what == "completed":
+                self.bar.advance(1)
+            else:
+                self.bar.total(epochs)
+                self.epoch = f"epoch {epoch}/{epochs}"
+        elif m := _STEP.search(line):
+            self.step = f"step {m.group(1)}"
+        else:
+            return
+        self.bar.describe(" ".join(p for p in (self.epoch, self.step) if p))
 
 
 def run_training(plan: LaunchPlan, log_path: Path) -> int:
@@ -181,6 +190,7 @@ def run_training(plan: LaunchPlan, log_path: Path) -> int:
         preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - SIGKILL of the kit ends training too
     ) as proc, (contextlib.nullcontext() if echo else progress_bar("train", None, "epoch")) as bar:
         assert proc.stdout is not None
+        progress = TrainProgress(bar)
         try:
             for line in proc.stdout:
                 line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
@@ -188,7 +198,7 @@ def run_training(plan: LaunchPlan, log_path: Path) -> int:
                 if echo:
                     sys.stderr.write(line)
                 else:
-                    follow_progress(line, bar)
+                    progress.feed(line)
         except BaseException:  # Ctrl-C / SIGTERM to the kit: stop the trainer (torchrun forwards it)
             proc.terminate()
             try:
