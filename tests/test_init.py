@@ -233,6 +233,11 @@ def test_refuses_an_existing_output_without_force(tmp_path, tokenizer_dir):
     assert load_recipe(out).verifier.num_hidden_layers == 48
 
 
+def test_refuses_an_unknown_device(tmp_path, tokenizer_dir):
+    verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B), tmp_path / "r.yaml"
+    refused(init("--verifier", str(verifier), "--device", "tpu", "-o", str(out)), out, "--device", "tpu")
+
+
 # ---- the real tiny verifier, and the CLI's preflight + run --dry-run ----------
 
 
@@ -279,3 +284,4 @@ def test_the_tokenizer_fixture_is_the_tiny_verifiers(tmp_path):
     built = json.loads((tmp_path / "tokenizer_config.json").read_text())
     built.pop("mask_token")
     assert built == json.loads((TOKENIZER_FIXTURE / "tokenizer_config.json").read_text())
+

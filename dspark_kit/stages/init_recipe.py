@@ -73,12 +73,15 @@ class NewRecipe:
     derived: list[tuple[str, str, str]] = field(default_factory=list)  # (key, value, where from)
 
 
-def _device(requested: str) -> str:
-    from dspark_kit.devices import detect_device
+def _where(opts: InitOptions):
+    """The verifier's loadable path and the device, decided as every command decides them (Resolved)."""
+    from dspark_kit.recipe import Recipe
+    from dspark_kit.resolved import Resolved
 
-    if requested not in ("auto", "cpu", "cuda", "npu"):
-        raise InitError(f"--device {requested!r}: expected cpu, cuda, npu or auto")
-    return detect_device("auto") if requested == "auto" else requested
+    if opts.device not in ("auto", "cpu", "cuda", "npu"):
+        raise InitError(f"--device {opts.device!r}: expected cpu, cuda, npu or auto")
+    res = Resolved(Recipe.model_validate({"verifier": {"path": opts.verifier}, "train": {"device": opts.device}}))
+    return res.verifier_path, res.train_device.value
 
 
 def _split_devices(n: int, heads: int | None) -> tuple[list[int], list[int]]:
@@ -153,15 +156,14 @@ class _Decided:
 
 
 def _decide(opts: InitOptions) -> _Decided:
-    from dspark_kit.data.tiny_verifier import resolve_verifier_path
     from dspark_kit.specdec import verifier_facts as vf
 
     if opts.nodes < 1:
         raise InitError(f"--nodes {opts.nodes}: must be >= 1")
-    device = _device(opts.device)
+    location, device = _where(opts)
     profile = ACCELERATOR_PROFILE if device != "cpu" else CPU_PROFILE
     try:
-        facts = vf.read_verifier_facts(opts.verifier, resolve_verifier_path(opts.verifier))
+        facts = vf.read_verifier_facts(opts.verifier, location)
         if opts.mask_token_id is not None:
             if not 0 <= opts.mask_token_id < facts.vocab_size:
                 raise InitError(f"--mask-token-id {opts.mask_token_id}: outside the embedding [0, {facts.vocab_size})")
