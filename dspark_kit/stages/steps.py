@@ -24,9 +24,12 @@ class Stage:
 
 
 def stage_regen(res: Resolved) -> dict:
+    from dspark_kit.progress import progress_bar
     from dspark_kit.stages.regen import run_regen
 
-    s = run_regen(res, res.run.regen_jsonl, resume=True)
+    with progress_bar("regen", total=res.recipe.data.limit, unit="row") as bar:
+        s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
+                      engine_log=res.run.server_log("chat"))
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
          f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
          f"of {s['source_rows']} source rows")
