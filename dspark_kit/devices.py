@@ -17,7 +17,7 @@ from typing import Literal
 Device = Literal["npu", "cuda", "cpu"]
 DEVICES: tuple[str, ...] = ("npu", "cuda", "cpu")
 
-# Seed-article defaults for single-node Ascend runs; the user's env wins.
+# Defaults for single-node Ascend runs (docs/ASCEND.md#the-npu-environment); the user's env wins.
 NPU_ENV_DEFAULTS = {
     "HCCL_SOCKET_IFNAME": "lo",
     "GLOO_SOCKET_IFNAME": "lo",
@@ -80,6 +80,19 @@ def detect_device(requested: str = "auto") -> Device:
     if cuda_available():
         return "cuda"
     return "cpu"
+
+
+def visible_count(device: str) -> int | None:
+    """Accelerators of this kind visible here; None when this machine has none of them."""
+    if device == "cuda" and cuda_available():
+        import torch
+
+        return int(torch.cuda.device_count())
+    if device == "npu" and npu_available():
+        import torch
+
+        return int(torch.npu.device_count())
+    return None
 
 
 def visible_devices_env(device: str, ids: str | None) -> dict[str, str]:

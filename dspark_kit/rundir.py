@@ -104,6 +104,16 @@ class RunDir:
         """The trainer's output (speculators / torchrun), appended to across runs."""
         return self.logs / "train.log"
 
+    @property
+    def offline_data_log(self) -> Path:
+        """speculators generate-offline-data against an extraction server (hidden_states backend vllm)."""
+        return self.logs / "generate-offline-data.log"
+
+    @property
+    def mooncake_log(self) -> Path:
+        """mooncake_master, when `train` starts it (hidden_states.transport mooncake)."""
+        return self.logs / "mooncake-master.log"
+
     def stage_log(self, stage: str) -> Path:
         """`dspark-kit run`: what one stage printed (stage-regen.log ... stage-report.log)."""
         return self.logs / f"stage-{stage}.log"

@@ -36,3 +36,21 @@ def test_dry_run_prints_one_command_per_node(tiny_recipe, tmp_path):
     lines = [line for line in dry_run_lines(Resolved(tiny_recipe, tmp_path, planning=True)) if "generate-offline-data" in line]
     ranks = [shlex.split(line)[shlex.split(line).index("--rank") + 1] for line in lines]
     assert ranks == ["0", "1", "2"] and all("--world-size 3" in line for line in lines)
+
+
+@pytest.mark.parametrize("command", [["serve", "--role", "hidden-states"], ["hidden-states"], ["train"]],
+                         ids=["serve", "offline", "online-train"])
+def test_layer_ids_outside_the_verifier_are_refused_before_any_server(command, vllm_cpu_stub, tmp_path):
+    """One line naming the field; nothing started (the fast tier fails any test that starts a process)."""
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    sets = ["serve.engine=vllm", "train.device=cpu", "verifier.path=/models/absent", "verifier.num_hidden_layers=28",
+            "hidden_states.backend=vllm", "hidden_states.target_layer_ids=[1,2,40]", "regen.enabled=false",
+            f"hidden_states.mode={'online' if command == ['train'] else 'offline'}"]
+    res = CliRunner().invoke(app, [*command, "-w", str(tmp_path), *[a for s in sets for a in ("--set", s)]])
+    assert res.exit_code != 0
+    errors = [line for line in res.output.strip().splitlines() if not line.startswith("preflight warning")]
+    assert len(errors) == 1 and "hidden_states.target_layer_ids: [40] >= verifier num_hidden_layers 28" in errors[0]
+    assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").glob("*server*"))

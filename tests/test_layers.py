@@ -16,7 +16,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "dspark_kit"
 LAYERS = {"recipe": 0, "rundir": 0, "findings": 0, "redact": 0, "atomic": 0, "jsonl_sink": 0, "progress": 0, "devices": 0, "data": 1, "specdec": 2, "compat": 2,
-          "resolved": 3, "rendezvous": 3, "engines": 4, "stages": 5, "cli": 6, "__main__": 6}
+          "resolved": 3, "rendezvous": 3, "hs_transport": 3, "engines": 4, "stages": 5, "cli": 6, "__main__": 6}
 
 
 def module_of(path: Path) -> str:

@@ -63,12 +63,19 @@ def test_20_rows_at_concurrency_8(engines, tmp_path):
         assert [t["from"] for t in conv] == ["human" if m["role"] == "user" else "gpt" for m in msgs]
         assert len(row["metadata"]["finish_reasons"]) == sum(m["role"] == "assistant" for m in msgs)
         assert row["metadata"]["usage"]["completion_tokens"] <= 16 * len(row["metadata"]["finish_reasons"])
+        # each reply keeps the engine's own token ids (return_token_ids), counted in usage
+        ids = [t["token_ids"] for t in conv if t["from"] == "gpt"]
+        assert sum(map(len, ids)) == row["metadata"]["usage"]["completion_tokens"]
     # the first reply is what the engine answers to the first user turn alone (greedy, thinking off)
     row = rows[0]
     first_user = source[row["metadata"]["idx"]][0]
     direct = httpx.post(engines[0] + "/v1/chat/completions", timeout=60, json={
         "messages": [first_user], "max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}}).json()
     assert row["conversations"][1]["value"] == direct["choices"][0]["message"]["content"]
+    again = httpx.post(engines[0] + "/v1/chat/completions", timeout=60, json={
+        "messages": [first_user], "max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False},
+        "return_token_ids": True}).json()
+    assert row["conversations"][1]["token_ids"] == again["choices"][0]["token_ids"]
 
 
 def test_two_engines_both_serve_rows(engines, tmp_path):

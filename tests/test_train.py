@@ -34,7 +34,7 @@ def test_seed_training_flags_all_appear(ascend, tmp_path):
     expect = {
         "--speculator-type": ["dspark"], "--block-size": ["8"], "--max-anchors": ["256"],
         "--target-layer-ids": ["1", "12", "23", "34", "45"], "--epochs": ["2"], "--checkpoint-freq": ["1"],
-        "--lr": ["0.0003"], "--on-missing": ["generate"], "--on-generate": ["delete"], "--seed": ["42"],
+        "--lr": ["0.0003"], "--on-missing": ["generate"], "--seed": ["42"],
         "--num-layers": ["5"], "--draft-arch": ["qwen3"], "--mask-token-id": ["151669"],
         "--markov-rank": ["256"], "--markov-head-type": ["vanilla"], "--confidence-head-alpha": ["1.0"],
         "--full-attention-indices": ["0", "1", "2", "3", "4"], "--logger": ["tensorboard"],
@@ -49,11 +49,17 @@ def test_seed_training_flags_all_appear(ascend, tmp_path):
 
 
 def test_args_parse_with_speculators_own_resolver(ascend, tmp_path):
+    """...without a warning: speculators 0.9 warns on every run given --on-generate (deprecated, no effect)."""
+    import warnings
+
     from speculators.train.config import TrainConfig
 
     args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="cpu",
                             hidden_states_endpoint="http://h:1/v1")
-    cfg = TrainConfig.resolve(args).flatten()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        cfg = TrainConfig.resolve(args).flatten()
+    assert cfg["on_missing"] == "generate" and cfg["max_consecutive_generation_failures"] == 1
     assert cfg["speculator_type"] == "dspark" and cfg["block_size"] == 8
     assert cfg["full_attention_indices"] == [0, 1, 2, 3, 4] and cfg["target_layer_ids"] == [1, 12, 23, 34, 45]
     assert cfg["optimizer"] == "adamw" and cfg["draft_attn_impl"] == "sdpa" and cfg["loss_implementation"] == "eager"
@@ -139,3 +145,34 @@ def test_torchrun_restart_sets_half_written_epochs_aside_on_rank_0_only(tmp_path
     monkeypatch.setenv("RANK", "0")
     _set_aside_half_written(argv)
     assert not (ck / "1").exists() and (ck / "incomplete-1").is_dir() and (ck / "0").is_dir()
+
+
+OLD_SPECULATORS = """parser.add_argument("--on-generate", choices=["delete", "keep"], default="delete")"""
+NEW_SPECULATORS = """on_generate: Literal["delete"] = Field(default="delete")
+warnings.warn("--on-generate is deprecated and has no effect: files are always deleted")
+max_consecutive_generation_failures: int = Field(default=20)"""
+
+
+@pytest.mark.parametrize("source,on_generate,breaker", [
+    (OLD_SPECULATORS, True, False),  # a release that reads --on-generate and has no circuit breaker
+    (NEW_SPECULATORS, False, True),  # 0.9: deprecated (ignored with a FutureWarning)
+    (None, True, True),  # not installed here (a dry run on a laptop): the seed's flags
+], ids=["reads-on-generate", "0.9-deprecated", "not-installed"])
+def test_online_flags_follow_the_installed_speculators(ascend, tmp_path, monkeypatch, source, on_generate, breaker):
+    from dspark_kit.compat import versions
+
+    monkeypatch.setattr(versions, "_speculators_source", lambda command: source)
+    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu",
+                            hidden_states_endpoint="http://localhost:9736")
+    assert ("--on-generate" in args) == on_generate and ("--max-consecutive-generation-failures" in args) == breaker
+    if on_generate:
+        assert _flag(args, "--on-generate") == ["delete"]
+
+
+def test_installed_speculators_options_are_detected():
+    from dspark_kit.compat.versions import speculators_option
+
+    assert speculators_option("train", "--on-generate") == "deprecated"  # speculators 0.9.0
+    assert speculators_option("train", "--vllm-endpoint") == "reads"
+    assert speculators_option("train", "--no-such-flag") == "absent"
+    assert speculators_option("generate-offline-data", "--fail-on-error") == "reads"

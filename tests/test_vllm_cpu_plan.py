@@ -3,14 +3,16 @@
 The real server behind these plans is exercised by tests/test_vllm_real.py.
 """
 
+import json
 import shlex
+from pathlib import Path
 
 import pytest
 from plan_helpers import plan_vllm, runs_on_cpu
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
-from dspark_kit.engines.vllm import VLLM_CPU_ENTRYPOINT, PlanError
+from dspark_kit.engines.vllm import CPU_HIDDEN_STATES_CONNECTOR, VLLM_CPU_ENTRYPOINT, PlanError
 from dspark_kit.recipe import recipe_from_dict
 
 VERIFIER = "/models/Qwen3-0.6B"
@@ -44,13 +46,53 @@ def test_cpu_chat_runs_the_cpu_build_module(fake_cpu_python):
     assert low.argv[low.argv.index("--gpu-memory-utilization") + 1] == "0.05" and low.notes == []
 
 
-@pytest.mark.parametrize("role,why", [("spec", "dspark speculative decoding"),
-                                      ("hidden-states", "extract_hidden_states")])
-def test_cpu_refuses_roles_it_cannot_serve(fake_cpu_python, tmp_path, role, why):
-    with pytest.raises(PlanError, match=why) as e:
-        plan_vllm(recipe(), role, engine="vllm", checkpoint=tmp_path, num_hidden_layers=28,
-                  installed_versions={})
+def test_cpu_refuses_spec(fake_cpu_python, tmp_path):
+    with pytest.raises(PlanError, match="dspark speculative decoding") as e:
+        plan_vllm(recipe(), "spec", engine="vllm", checkpoint=tmp_path, num_hidden_layers=28, installed_versions={})
     assert "\n" not in str(e.value) and "--engine local" in str(e.value)
+
+
+def kv_config(argv: list[str]) -> dict:
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def test_cpu_hidden_states_loads_the_kits_connector(fake_cpu_python):
+    """The stock connector pins host memory and kills the CPU engine on its second step; the
+    CPU build gets the kit's subclass by module path, from a folder on the server's PYTHONPATH."""
+    plan = plan_vllm(recipe(reasoning_parser="qwen3"), "hidden-states", engine="vllm", num_hidden_layers=28,
+                     installed_versions={})
+    argv = plan.argv
+    assert argv[:3] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT] and plan.port == 9736
+    kv = kv_config(argv)
+    assert kv["kv_connector"] == CPU_HIDDEN_STATES_CONNECTOR and kv["kv_role"] == "kv_producer"
+    module = Path(plan.env["PYTHONPATH"]) / f"{kv['kv_connector_module_path']}.py"
+    assert module.is_file() and f"class {CPU_HIDDEN_STATES_CONNECTOR}(ExampleHiddenStatesConnector)" in module.read_text()
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == "extract_hidden_states"
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 14, 25, 28]
+    assert "--no-enable-chunked-prefill" in argv and "--reasoning-parser" not in argv  # prompts only
+    assert argv[argv.index("--dtype") + 1] == "float32" and "--enforce-eager" in argv
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm-ascend"])
+def test_accelerators_keep_the_stock_connector(fake_cpu_python, engine):
+    plan = plan_vllm(recipe(device="cuda" if engine == "vllm" else "npu"), "hidden-states", engine=engine,
+                     num_hidden_layers=28, installed_versions={})
+    kv = kv_config(plan.argv)
+    assert plan.argv[:2] == ["vllm", "serve"] and kv["kv_connector"] == "ExampleHiddenStatesConnector"
+    assert "kv_connector_module_path" not in kv and "PYTHONPATH" not in plan.env
+
+
+def test_cpu_connector_imports_nothing_of_the_kit():
+    """It runs inside the CPU build's own venv, where dspark_kit and its dependencies are absent."""
+    import ast
+
+    from dspark_kit.engines.vllm import CPU_CONNECTOR_DIR, CPU_CONNECTOR_MODULE
+
+    tree = ast.parse((CPU_CONNECTOR_DIR / f"{CPU_CONNECTOR_MODULE}.py").read_text())
+    tops = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    tops |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert tops <= {"__future__", "fcntl", "os", "torch", "safetensors", "vllm"}, tops
 
 
 def test_cpu_build_missing_names_make_vllm_cpu(tmp_path, monkeypatch):
@@ -78,6 +120,16 @@ def test_auto_follows_the_machine(fake_cpu_python, monkeypatch):
     assert not runs_on_cpu(recipe(device="auto"), "vllm")
     monkeypatch.setattr(devices, "detect_device", lambda requested="auto": "cpu")
     assert runs_on_cpu(recipe(device="auto"), "vllm")
+
+
+def test_cli_serve_hidden_states_on_cpu(fake_cpu_python, tmp_path):
+    res = CliRunner().invoke(app, ["serve", "--role", "hidden-states", "--engine", "vllm", "--set", "train.device=cpu",
+                                   "--set", "verifier.path=/models/absent", "--set", "verifier.num_hidden_layers=8",
+                                   "-w", str(tmp_path), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    words = shlex.split(res.stdout.strip().splitlines()[-1])
+    assert words[0].startswith("PYTHONPATH=") and words[1:4] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT]
+    assert kv_config(words)["kv_connector"] == CPU_HIDDEN_STATES_CONNECTOR
 
 
 @pytest.mark.slow  # plans with the built-in verifier, which planning still builds

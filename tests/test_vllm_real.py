@@ -161,8 +161,7 @@ def test_regen_through_vllm_equals_local_engine(vllm_server, local_regen, tmp_pa
     server), so the replies are the same tokens. The text agrees too because the tiny tokenizer
     marks <think>/</think> as added but NOT special, as Qwen3's tokenizer does: vLLM decodes with
     skip_special_tokens=True (its default, what production regen gets) and keeps them, like the
-    local engine (with them special, as in tiny verifier v2, vLLM drops them from `content`:
-    REFERENCE §10). A flag that changed the reply (dtype, a template kwarg) fails this too."""
+    local engine (with them special, as in tiny verifier v2, vLLM drops them from `content`). A flag that changed the reply (dtype, a template kwarg) fails this too."""
     mode = f"verifier.thinking={str(thinking).lower()}"
     ours = regen(tmp_path / "vllm.jsonl", "-e", vllm_server.url, "--set", mode)
     ref = local_regen(thinking)

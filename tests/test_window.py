@@ -1,4 +1,4 @@
-"""Draft KV window arithmetic (REFERENCE §5) and `dspark-kit window plan`."""
+"""Draft KV window arithmetic (docs/CONCEPTS.md#window-arithmetic) and `dspark-kit window plan`."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_bad_arguments_name_the_setting():
 
 def test_dspark_window_starts_from_context_plus_k():
     """vllm-ascend's proposer passes seq_lens = context + K for dflash/dspark (future_offset 0):
-    REFERENCE §5 example W=64, b=16, K=3, contexts 10, 60, 200, 64 -> windowed 13, 63, 75, 67."""
+    the docs/CONCEPTS.md#window-arithmetic example W=64, b=16, K=3, contexts 10, 60, 200, 64 -> windowed 13, 63, 75, 67."""
     seqs = [draft_seq_len("dspark", n, 3) for n in (10, 60, 200, 64)]
     assert seqs == [13, 63, 203, 67]
     plan = plan_window(seqs, window=64, kv_block_size=16, future_offset=future_offset("dspark", 3))

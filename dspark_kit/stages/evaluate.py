@@ -235,7 +235,7 @@ def candidate_windows(training_window: int, max_context: int, block: int = LOCAL
 
 
 def candidate_ks(block_size: int, slots: int | None) -> list[int]:
-    """K values worth comparing: block - 1 (the seed's choice) and block (every trained slot)."""
+    """K values worth comparing: block - 1 (the reference Ascend run's choice) and block (every trained slot)."""
     top = min(block_size, slots or block_size)
     return sorted({k for k in (block_size - 1, block_size) if 1 <= k <= top})
 

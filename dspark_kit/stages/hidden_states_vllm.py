@@ -7,8 +7,8 @@ server from the recipe, build its exact command, and shard it over nodes with
 
 from __future__ import annotations
 
+import re
 import shlex
-import subprocess
 import sys
 import time
 
@@ -18,6 +18,8 @@ from dspark_kit.resolved import Resolved
 
 def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int = 0) -> list[str]:
     # the served model id must be the verifier path the trainer will use
+    from dspark_kit.compat.versions import speculators_reads
+
     recipe = res.recipe
     return [
         sys.executable, "-m", "speculators", "generate-offline-data",
@@ -28,6 +30,8 @@ def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int
         "--validate-outputs",
         "--world-size", str(world_size),
         "--rank", str(rank),
+        # a row that fails stops the run (the kit names it) instead of being skipped
+        *(["--fail-on-error"] if speculators_reads("generate-offline-data", "--fail-on-error") else []),
     ]
 
 
@@ -62,6 +66,7 @@ def dry_run_lines(res: Resolved) -> list[str]:
     n = recipe.train.nnodes
     lines = node_notes(res)
     if recipe.hidden_states.mode == "online":
+        lines += res.mooncake.node_lines() if res.mooncake is not None else []
         lines.append("# online: no files are written ahead; each trainer asks "
                      f"{url} during training (`dspark-kit train --dry-run` prints the trainer command)")
         return lines + ([] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()])
@@ -72,16 +77,60 @@ def dry_run_lines(res: Resolved) -> list[str]:
     return lines
 
 
+# generate-offline-data's own line when a row fails under --fail-on-error
+_FATAL = re.compile(r"Fatal: sample (\d+) aborted with --fail-on-error: (.*)")
+
+
+def offline_failure(text: str) -> tuple[int, str] | None:
+    """(row, reason) of the row that stopped generate-offline-data, from its output."""
+    for line in reversed(text.splitlines()):
+        m = _FATAL.search(line)
+        if m:  # rich puts the logging call site (file.py:line) at the right edge
+            reason = re.sub(r"\s{2,}\S+\.py:\d+$", "", m.group(2).strip())
+            return int(m.group(1)), reason if len(reason) <= 240 else reason[:237] + "..."
+    return None
+
+
+def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
+    """Rows of this node's shard without a hidden-state file (speculators' own sharding)."""
+    from datasets import load_from_disk
+    from speculators.data_generation.offline import get_indices_to_process
+
+    n = len(load_from_disk(str(res.run.prepared)))
+    have = {int(p.stem[3:]) for p in res.run.hidden_states.glob("hs_*.safetensors") if p.stem[3:].isdigit()}
+    return get_indices_to_process(n, None, sorted(have), world_size, rank)
+
+
 def run_offline_vllm(res: Resolved) -> dict:
+    """speculators generate-offline-data against the extraction server; a row that fails stops it
+    (--fail-on-error) and the error names the row, never a file silently left out."""
     from dspark_kit.engines.servers import hidden_state_server
+    from dspark_kit.stages.train import LaunchPlan, run_training
 
     recipe, t0 = res.recipe, time.time()
-    with hidden_state_server(res) as url:
-        argv = offline_command(res, url, recipe.train.nnodes, recipe.train.node_rank)
-        from dspark_kit.engines.lifecycle import die_with_parent_preexec
-
-        code = subprocess.run(argv, check=False, preexec_fn=die_with_parent_preexec()).returncode
+    world, rank = recipe.train.nnodes, recipe.train.node_rank
+    log = res.run.offline_data_log
+    since = log.stat().st_size if log.exists() else 0
+    with hidden_state_server(res) as endpoint:
+        argv = offline_command(res, endpoint.url, world, rank)
+        # speculators logs through rich, which wraps messages at 80 columns in a pipe: wide enough
+        # that the line naming a failed row stays whole
+        code = run_training(LaunchPlan(argv, {"COLUMNS": "240"}), log, watch=endpoint.gone)
+        gone = endpoint.gone() if code != 0 else None
+    if gone:
+        raise RuntimeError(f"{gone}; rerun to resume (written files are kept)")
     if code != 0:
-        raise RuntimeError(f"speculators generate-offline-data exited with {code}")
+        with log.open("rb") as f:
+            f.seek(since)
+            row = offline_failure(f.read().decode("utf-8", "replace"))
+        if row is not None:  # --validate-outputs moved a bad file into place before it failed: never keep it
+            (res.run.hidden_states / f"hs_{row[0]}.safetensors").unlink(missing_ok=True)
+            raise RuntimeError(f"row {row[0]} of {res.run.prepared} from {endpoint.url} failed: "
+                               f"{row[1]}; see {log}")
+        raise RuntimeError(f"speculators generate-offline-data exited with {code}; see {log}")
+    missing = missing_rows(res, world, rank)
+    if missing:
+        raise RuntimeError(f"no file for rows {missing[:10]}{' ...' if len(missing) > 10 else ''} "
+                           f"of {res.run.prepared} after generate-offline-data; see {log}")
     files = len(list(res.run.hidden_states.glob("hs_*.safetensors")))
     return {"generated": files, "seconds": round(time.time() - t0, 1), "argv": argv}

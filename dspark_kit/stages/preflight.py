@@ -299,7 +299,7 @@ def check_multinode(ctx: _Context) -> list[Finding]:
                                             f"{t.nnodes}: trainers on other nodes would ask themselves; use the "
                                             "server's address every node can reach, or unset it so each node "
                                             "starts its own server"))  # fmt: skip
-    if served and hs.endpoint and not hs.storage_shared and _node_local(hs.storage_path):
+    if served and hs.endpoint and hs.transport == "file" and not hs.storage_shared and _node_local(hs.storage_path):
         out.append(pitfall(11, "error", f"hidden_states.storage_path {hs.storage_path} is node-local with train.nnodes "
                                         f"{t.nnodes} and one extraction server ({hs.endpoint}) for every node: a "
                                         "trainer on another node cannot read the files it writes there; use shared "
@@ -313,8 +313,15 @@ def check_multinode(ctx: _Context) -> list[Finding]:
     return out
 
 
+def check_transport(ctx: _Context) -> list[Finding]:
+    """hidden_states.transport mooncake: a combination it serves, and a master someone runs."""
+    from dspark_kit.hs_transport import transport_problems
+
+    return [pitfall(11, "error", p) for p in transport_problems(ctx.recipe, ctx.res.mooncake)]
+
+
 CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layers,
-          check_mask, check_windows, check_checkpoint, check_multinode]  # fmt: skip
+          check_mask, check_windows, check_checkpoint, check_multinode, check_transport]  # fmt: skip
 
 
 def _context(res: Resolved, checkpoints: bool = True) -> _Context:

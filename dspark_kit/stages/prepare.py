@@ -46,6 +46,7 @@ from dspark_kit.data.conversations import (
     truncation,
 )
 from dspark_kit.progress import note, progress_bar
+from dspark_kit.stages.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
 
 _TOKENIZER = None
 _REPLY_LEN = None
@@ -59,6 +60,8 @@ class PrepareSummary:
     conversations_used: int = 0
     rows_out: int = 0
     per_turn_rows: int = 0  # rows from conversations whose history re-renders differently
+    turns_with_ids: int = 0  # replies whose own token ids regen kept (the server's return_token_ids)
+    retokenized_differs: int = 0  # of those, replies whose re-tokenized text differs: trained as generated
     rejected: Counter = field(default_factory=Counter)  # full reason -> conversations
     with_reasoning: int = 0  # used conversations whose replies carry reasoning
     no_trainable_tokens: int = 0  # turn rows cut away entirely by seq_length
@@ -93,17 +96,11 @@ class PrepareSummary:
              f"{self.rows_out} rows")
         for reason, n in self.rejected.most_common():
             note(f"  skipped {n}: {reason}")
+        if self.turns_with_ids:
+            note(f"  {self.turns_with_ids} replies trained on the verifier's own token ids; re-tokenizing "
+                 f"their text would have changed {self.retokenized_differs}")
         for w in self.warnings:
             note(f"WARNING: {w}")
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 REASONING_WITH_THINKING_OFF = ("reply carries reasoning but verifier.thinking is false "
@@ -144,57 +141,6 @@ def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bo
     return texts
 
 
-def reply_length_fn(tok):
-    """span ids -> how many of them the model generated: the template's whitespace after the
-    end-of-turn token (Qwen's `\\n` after `<|im_end|>`) is not generated, so it is not trained.
-
-    speculators' own prepare-data keeps that `\\n` in the loss; we leave it out on purpose: the
-    draft would learn a token the verifier never emits and teacher-forced acceptance would count
-    a free hit per turn."""
-    specials = set(tok.all_special_ids)
-    blank: dict[int, bool] = {}
-
-    def is_blank(i: int) -> bool:
-        if i not in blank:
-            blank[i] = i not in specials and tok.decode([i]).strip() == ""
-        return blank[i]
-
-    def reply_len(span: list[int]) -> int:
-        k = len(span)
-        while k > 0 and is_blank(span[k - 1]):
-            k -= 1
-        return k if 0 < k < len(span) and span[k - 1] in specials else len(span)
-
-    return reply_len
-
-
-def rows_from_ids(ids: list[list[int]], reply_len=len, encode_suffix=None
-                  ) -> tuple[list[tuple[list[int], list[int]]], bool]:
-    """(input_ids, loss_mask) rows from the token ids of `conversation_texts`, and whether it fanned out.
-
-    One row when every prompt/turn render is a token prefix of the full render; else one row per
-    turn (history as the template renders it at that turn, loss on that turn only). A row's context
-    is always the generation prompt's own tokens: when the turn's render does not start with them
-    (a merge across the boundary), the reply is encoded on its own (`encode_suffix(k)`)."""
-    prompts, uptos = ids[0::2], ids[1::2]
-    full = uptos[-1]
-    if all(full[: len(p)] == p and full[: len(u)] == u for p, u in zip(prompts, uptos)):
-        mask = [0] * len(full)
-        for p, u in zip(prompts, uptos):
-            n = reply_len(full[len(p) : len(u)])
-            mask[len(p) : len(p) + n] = [1] * n
-        return [(full, mask)], False
-    rows = []
-    for k, (p, u) in enumerate(zip(prompts, uptos)):
-        if u[: len(p)] != p:
-            if encode_suffix is None:
-                raise ConversationError(f"turn {k}: reply tokens do not follow the generation prompt's tokens")
-            u = p + encode_suffix(k)
-        n = reply_len(u[len(p) :])
-        rows.append((u, [0] * len(p) + [1] * n + [0] * (len(u) - len(p) - n)))
-    return rows, True
-
-
 def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
     """chat.encode over many texts in one call (no special tokens added: the template holds them)."""
     if not texts:
@@ -205,11 +151,23 @@ def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
     return [list(x) for x in tok(texts, add_special_tokens=False)["input_ids"]]
 
 
+def generated_ids(msgs: list[dict]) -> list[list[int] | None]:
+    """The verifier's own token ids per assistant turn (regen keeps them), in conversation_texts' turn order."""
+    return [m.get("token_ids") for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
+
+
+def turn_rows(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False) -> TurnRows:
+    """Rows of (input_ids, loss_mask) for one conversation (prepare_rows.rows_from_ids)."""
+    texts = conversation_texts(tok, msgs, thinking, keep_truncated)
+    return rows_from_ids(_encode_batch(tok, texts), reply_length_fn(tok), _suffix_encoder(tok, texts),
+                         generated_ids(msgs))
+
+
 def tokenize_conversation(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False
                           ) -> tuple[list[tuple[list[int], list[int]]], bool]:
     """Rows of (input_ids, loss_mask) for one conversation, and whether it fanned out per turn."""
-    texts = conversation_texts(tok, msgs, thinking, keep_truncated)
-    return rows_from_ids(_encode_batch(tok, texts), reply_length_fn(tok), _suffix_encoder(tok, texts))
+    t = turn_rows(tok, msgs, thinking, keep_truncated)
+    return t.rows, t.fanned
 
 
 def _suffix_encoder(tok, texts: list[str]):
@@ -224,10 +182,10 @@ def _init_worker(tokenizer_path: str, trust_remote_code: bool) -> None:
     _REPLY_LEN = reply_length_fn(_TOKENIZER)
 
 
-def _row_result(rows, fanned: bool, seq_length: int) -> dict:
+def _row_result(t: TurnRows, seq_length: int) -> dict:
     kept = [{"input_ids": ids[:seq_length], "loss_mask": mask[:seq_length], "truncated": len(ids) > seq_length}
-            for ids, mask in rows]
-    return {"rows": kept, "fanned": fanned}
+            for ids, mask in t.rows]
+    return {"rows": kept, "fanned": t.fanned, "differs": t.differs}
 
 
 def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
@@ -245,7 +203,9 @@ def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
         try:
             msgs = normalize(raw)
             planned.append((len(out), conversation_texts(_TOKENIZER, msgs, thinking, keep_truncated)))
-            out.append({"reasoning": has_reasoning(msgs)})
+            generated = generated_ids(msgs)
+            out.append({"reasoning": has_reasoning(msgs), "generated": generated,
+                        "with_ids": sum(g is not None for g in generated)})
         except ConversationError as e:
             out.append({"error": str(e)})
         except Exception as e:  # noqa: BLE001 - a template that cannot render this row is a rejected row
@@ -258,8 +218,8 @@ def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
     for i, texts in planned:
         try:
             row_ids = ids[pos : pos + len(texts)] if ids is not None else _encode_batch(_TOKENIZER, texts)
-            rows, fanned = rows_from_ids(row_ids, _REPLY_LEN, _suffix_encoder(_TOKENIZER, texts))
-            out[i] = {**out[i], **_row_result(rows, fanned, seq_length)}
+            t = rows_from_ids(row_ids, _REPLY_LEN, _suffix_encoder(_TOKENIZER, texts), out[i].pop("generated"))
+            out[i] = {**out[i], **_row_result(t, seq_length)}
         except ConversationError as e:
             out[i] = {"error": str(e)}
         except Exception as e:  # noqa: BLE001 - a row the tokenizer cannot take is a rejected row
@@ -338,6 +298,8 @@ def prepare(
                     summary.conversations_in += 1
                     summary.conversations_used += 1
                     summary.with_reasoning += res["reasoning"]
+                    summary.turns_with_ids += res["with_ids"]
+                    summary.retokenized_differs += res["differs"]
                     for r in kept:
                         summary.rows_out += 1
                         summary.per_turn_rows += res["fanned"]

@@ -7,7 +7,9 @@ the local engine's too) returns it in `reasoning_content` / `reasoning`; a
 server without one leaves `<think>..</think>` inline. Either way the row stores
 it explicitly as the turn's `reasoning_content` (conversations.to_sharegpt).
 History sent back holds role and content only: the Qwen3 template drops the
-reasoning of turns before the last user turn anyway.
+reasoning of turns before the last user turn anyway. Each reply also keeps the
+verifier's own token ids (`return_token_ids`, as speculators' regenerate-responses
+does): prepare trains exactly those tokens rather than a re-tokenization of the text.
 
 `concurrency` workers per endpoint pull rows from one queue (faster servers
 take more); the requests, their retries and endpoint health are
@@ -88,7 +90,8 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
         sent = [{"role": m["role"], "content": m["content"]} for m in history]
         body = {"model": ep.model, "messages": sent, "max_tokens": opts.max_tokens,
                 "temperature": opts.temperature, "top_p": opts.top_p,
-                "chat_template_kwargs": {"enable_thinking": opts.thinking}}
+                "chat_template_kwargs": {"enable_thinking": opts.thinking},
+                "return_token_ids": True}  # the verifier's own tokens: prepare trains exactly these
         if opts.seed is not None:
             body["seed"] = opts.seed + idx * 1000 + len(finish)
         out = await chat_with_retries(ep, client, body, opts, peers)
@@ -102,6 +105,8 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
             reasoning, msg["content"] = canonical_reasoning(reasoning, out["text"])
         if reasoning is not None:
             msg["reasoning_content"] = reasoning
+        if out["token_ids"] is not None:
+            msg["token_ids"] = out["token_ids"]
         history.append(msg)
         finish.append(out["finish_reason"])
         for k in ("prompt_tokens", "completion_tokens", "total_tokens"):

@@ -42,7 +42,7 @@ def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: s
         raise ServeError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
     if res.checkpoint_choice is not None and role != "spec":
         raise ServeError(f"--checkpoint: only role spec loads a draft (got --role {role})")
-    if res.engine == "vllm":  # before the checkpoint checks: vLLM's CPU build serves chat only
+    if res.engine == "vllm":  # before the checkpoint checks: vLLM's CPU build has no role spec
         from dspark_kit.engines.vllm import cpu_refusal
 
         refused = cpu_refusal(res, role)

@@ -24,9 +24,12 @@ class Stage:
 
 
 def stage_regen(res: Resolved) -> dict:
+    from dspark_kit.progress import progress_bar
     from dspark_kit.stages.regen import run_regen
 
-    s = run_regen(res, res.run.regen_jsonl, resume=True)
+    with progress_bar("regen", total=res.recipe.data.limit, unit="row") as bar:
+        s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
+                      engine_log=res.run.server_log("chat"))
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
          f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
          f"of {s['source_rows']} source rows")
@@ -77,7 +80,8 @@ def train_args(res: Resolved, hidden_states_endpoint: str | None = None) -> tupl
 
     device = res.train_device.value
     args = build_train_args(res.recipe, res.run.root, verifier_path=res.verifier_path, device=device,
-                            num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=hidden_states_endpoint)
+                            num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=hidden_states_endpoint,
+                            mooncake=res.mooncake)
     return args, device
 
 
@@ -85,7 +89,10 @@ def train_plan(res: Resolved, hidden_states_endpoint: str | None = None):
     from dspark_kit.stages.train import launch_plan
 
     args, device = train_args(res, hidden_states_endpoint)
-    return launch_plan(res.recipe, args, device)
+    plan = launch_plan(res.recipe, args, device)
+    if res.mooncake is not None and res.recipe.hidden_states.mode == "online":
+        plan.env.update(res.mooncake.env())  # the address this node's trainer joins the store as
+    return plan
 
 
 def stage_train(res: Resolved) -> dict:
@@ -103,24 +110,28 @@ def stage_train(res: Resolved) -> dict:
     for d in set_aside_incomplete_checkpoints(run.checkpoints):
         note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
+    from contextlib import ExitStack, nullcontext
+
+    stack = ExitStack()
+    ctx = nullcontext(None)
     if recipe.hidden_states.mode == "online":
-        from dspark_kit.engines.servers import hidden_state_server
+        from dspark_kit.engines.servers import hidden_state_server, mooncake_master
 
+        stack.enter_context(mooncake_master(res))  # before the server that joins it (transport mooncake)
         ctx = hidden_state_server(res)
-    else:
-        from contextlib import nullcontext
-
-        ctx = nullcontext(None)
-    with ctx as endpoint:
-        plan = train_plan(res, endpoint)
+    with stack, ctx as endpoint:
+        plan = train_plan(res, endpoint.url if endpoint else None)
         update_manifest(run.root, recipe, "train", resolved=res, argv=plan.argv, env=plan.env)
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        code = run_training(plan, log)
+        code = run_training(plan, log, watch=endpoint.gone if endpoint else None)
+        gone = endpoint.gone() if endpoint and code != 0 else None
     res.checkpoints_changed()
+    if gone:
+        raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")
     if code != 0:
-        raise RuntimeError(training_failure(code, log, since))
+        raise RuntimeError(training_failure(code, log, since, endpoint.url if endpoint else None))
     metrics = read_val_metrics(run.checkpoints) or {}
     return {"seconds": round(time.time() - t0, 1), **metrics}
 
@@ -195,6 +206,11 @@ def plan_train(res: Resolved) -> list[str]:
 
         plan = server_plan(res, "hidden-states", port=res.recipe.serve.hidden_states_port)
         lines = ["# hidden-state server train starts (online mode)", plan.shell_line()]
+        if res.mooncake is not None:
+            from dspark_kit.engines import shell_line
+
+            lines = [*res.mooncake.node_lines(), "# mooncake master (node 0)",
+                     shell_line(res.mooncake.master_argv(), {}), *lines]
     return [*lines, *train_dry_run(res)]
 
 

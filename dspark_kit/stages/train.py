@@ -1,18 +1,22 @@
 """Stage 3, train: the recipe -> the real `speculators train` invocation.
 
 We never re-implement training. `build_train_args` turns the recipe into
-speculators' own flags (with the DSpark defaults the seed guide insists on:
+speculators' own flags (DSpark's settings where speculators' defaults differ:
 loss, optimizer, max anchors, logger, full-attention indices set
-explicitly), and `launch_plan` wraps them in the process launcher: a single
+explicitly; docs/CONCEPTS.md#speculators-on-cpu-and-npu), and `launch_plan` wraps them in the process launcher: a single
 process or torchrun. Every process runs `dspark_kit.compat.train_entry`, which
 applies the device layer + patches and then calls speculators' train main.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +47,23 @@ def _override(flags: list[str], name: str, value: str) -> list[str]:
     return flags + [name, value]
 
 
+def online_generation_flags() -> list[str]:
+    """What the installed speculators reads besides --vllm-endpoint/--on-missing generate.
+
+    --on-generate delete: the seed passes it; speculators 0.9 ignores it with a
+    FutureWarning (its files are always deleted after loading), so only older
+    versions get it. --max-consecutive-generation-failures 1: a row whose hidden
+    states never arrive (no hidden_states_path, token ids that differ from the
+    row) stops training naming the row, instead of being dropped from the epoch.
+    """
+    from dspark_kit.compat.versions import speculators_reads
+
+    flags = ["--on-generate", "delete"] if speculators_reads("train", "--on-generate") else []
+    if speculators_reads("train", "--max-consecutive-generation-failures"):
+        flags += ["--max-consecutive-generation-failures", "1"]
+    return flags
+
+
 def build_train_args(
     recipe: Recipe,
     workdir: Path,
@@ -51,8 +72,10 @@ def build_train_args(
     num_hidden_layers: int,
     device: str,
     hidden_states_endpoint: str | None = None,
+    mooncake=None,
 ) -> list[str]:
-    """speculators train flags for this recipe (without the launcher)."""
+    """speculators train flags for this recipe (without the launcher); `mooncake`
+    (hs_transport.Mooncake, online): hidden states come through that store, not files."""
     d, t = recipe.draft, recipe.train
     paths = RunDir.at(workdir)
     args = [
@@ -98,8 +121,10 @@ def build_train_args(
         if not hidden_states_endpoint:
             raise ValueError("hidden_states.mode online needs a hidden-state server endpoint "
                              "(set hidden_states.endpoint or let `train` start one)")
-        args += ["--vllm-endpoint", openai_base_url(hidden_states_endpoint),
-                 "--on-missing", "generate", "--on-generate", "delete"]
+        args += ["--vllm-endpoint", openai_base_url(hidden_states_endpoint), "--on-missing", "generate"]
+        args += online_generation_flags()
+        if mooncake is not None:
+            args += mooncake.trainer_flags()
     else:
         args += ["--on-missing", "raise"]
     device_flags = train_flags(device)
@@ -145,38 +170,96 @@ def node_plans(recipe: Recipe, train_args: list[str], device: str, rdzv=None) ->
     return plans
 
 
-def run_training(plan: LaunchPlan, log_path: Path) -> int:
-    """Run the plan, teeing output to `log_path`; returns the exit code."""
+_EPOCH = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
+_STEP = re.compile(r"global_step[=': ]+(\d+)")
+
+
+class TrainProgress:
+    """Moves the train stage's line from what the trainer logs: epochs started/completed, steps."""
+
+    def __init__(self, bar):
+        self.bar, self.epoch, self.step = bar, "", ""
+
+    def feed(self, line: str) -> None:
+        if m := _EPOCH.search(line):
+            epoch, epochs, what = int(m.group(1)), int(m.group(2)), m.group(3)
+            if what == "completed":
+                self.bar.advance(1)
+            else:
+                self.bar.total(epochs)
+                self.epoch = f"epoch {epoch}/{epochs}"
+        elif m := _STEP.search(line):
+            self.step = f"step {m.group(1)}"
+        else:
+            return
+        self.bar.describe(" ".join(p for p in (self.epoch, self.step) if p))
+
+
+STOP_GRACE_S = 30.0  # SIGTERM lets speculators save an "interrupted" checkpoint; then SIGKILL
+
+
+def _stop(proc) -> None:
     import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _watch(proc, watch: Callable[[], str | None], poll_s: float = 1.0) -> None:
+    """Stop the trainer once `watch` reports the server it needs is gone (else it would retry for minutes)."""
+    while proc.poll() is None:
+        if watch() is not None:
+            _stop(proc)
+            return
+        time.sleep(poll_s)
+
+
+def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | None] | None = None) -> int:
+    """Run the plan with its output in `log_path` (and on the console when stages stream: outside
+    `run`, or `run -v`); returns the exit code.
+
+    `watch`: polled every second while training runs; when it returns a reason (the
+    hidden-state server this command started has exited), the trainer is stopped.
+    """
+    import subprocess
+    import threading
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     from dspark_kit.engines.lifecycle import die_with_parent_preexec, install_signal_handlers
+    from dspark_kit.progress import echo_child_output, progress_bar
     from dspark_kit.redact import redact_text
 
     env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+    echo = echo_child_output()
     install_signal_handlers()  # SIGTERM to the kit unwinds through the except below
     with log_path.open("a") as log, subprocess.Popen(
         plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - SIGKILL of the kit ends training too
-    ) as proc:
+    ) as proc, (contextlib.nullcontext() if echo else progress_bar("train", None, "epoch")) as bar:
         assert proc.stdout is not None
+        progress = TrainProgress(bar)
+        if watch is not None:
+            threading.Thread(target=_watch, args=(proc, watch), daemon=True, name="server-watch").start()
         try:
             for line in proc.stdout:
                 line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
                 log.write(line)
-                sys.stderr.write(line)
+                if echo:
+                    sys.stderr.write(line)
+                else:
+                    progress.feed(line)
         except BaseException:  # Ctrl-C / SIGTERM to the kit: stop the trainer (torchrun forwards it)
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
             raise
         return proc.wait()
 
 
-def training_failure(code: int, log_path: Path, since: int = 0) -> str:
-    """The train stage's error for exit `code`: the refusal line when a fix probe failed.
+def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | None = None) -> str:
+    """The train stage's error for exit `code`: the refusal line when a fix probe failed, the
+    prepared row whose hidden states never arrived from `endpoint` (online).
 
     `since`: the log's size before this run (train.log is appended to across runs).
     """
@@ -191,7 +274,25 @@ def training_failure(code: int, log_path: Path, since: int = 0) -> str:
     for line in text.splitlines():
         if line.startswith(REFUSAL_PREFIX):
             return f"train: {line[len(REFUSAL_PREFIX):]}"
+    row = hidden_state_row_failure(text)
+    if row is not None:
+        where = f" from {endpoint}" if endpoint else ""
+        return f"hidden states for prepared row {row[0]}{where} failed: {row[1]}; see {log_path}"
     return f"speculators train exited with {code}; see {log_path}"
+
+
+# speculators' data-generation circuit breaker (tripped at once by --max-consecutive-generation-failures 1)
+_BREAKER = re.compile(r"circuit breaker tripped.*?file index (\d+) \(attempt [^)]*\): (.*)")
+
+
+def hidden_state_row_failure(text: str) -> tuple[int, str] | None:
+    """(prepared row, reason) when online training stopped because one row's hidden states never arrived."""
+    for line in reversed(text.splitlines()):
+        m = _BREAKER.search(line)
+        if m:
+            reason = m.group(2).strip()
+            return int(m.group(1)), reason if len(reason) <= 240 else reason[:237] + "..."
+    return None
 
 
 def read_val_metrics(checkpoints: Path) -> dict | None:
