@@ -129,7 +129,10 @@ def test_served_acceptance_equals_in_process_eval(swept, run):
     gain_served = (_point(served, K, WINDOW, CTX)["acceptance_length"]
                    - _point(served, K, None, CTX)["acceptance_length"])
     assert abs(gain_served - gain_in_process) <= 0.1, (gain_served, gain_in_process)
-    assert served["recommended_by_acceptance"]["window"] == tuned["recommended_window"], (served["scores"], tuned)
+    # the same window by acceptance, or the difference explained: the in-process rule keeps no window
+    # for a gain within its tolerance (0.02), where acceptance alone still prefers the window
+    if served["recommended_by_acceptance"]["window"] != tuned["recommended_window"]:
+        assert abs(gain_served) <= 0.02 and tuned["recommended_window"] is None, (served["scores"], tuned)
 
 
 def test_dry_run_plan_and_refusals_before_any_server(run, tmp_path, monkeypatch):
