@@ -156,3 +156,23 @@ def describe(requested: str = "auto") -> dict:
         names = [f"unknown ({type(e).__name__})"]
     count = (os.cpu_count() or 1) if device == "cpu" else len(names)
     return {"device": device, "count": count, "names": names, "versions": versions()}
+
+
+def device_memory_bytes(device: str) -> int | None:
+    """Memory of `device` ("cpu", "cuda", "npu", optionally ":index"): the accelerator's total,
+    the machine's physical RAM for cpu; None when it cannot be read here."""
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    available = {"cuda": cuda_available, "npu": npu_available}.get(kind)
+    if available is None or not available():
+        return None
+    import torch
+
+    try:
+        return int(getattr(torch, kind).get_device_properties(int(index or 0)).total_memory)
+    except (RuntimeError, AssertionError, AttributeError, ValueError):  # a torch build without it, a bad index
+        return None

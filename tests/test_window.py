@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -113,6 +114,12 @@ def test_the_decoder_windows_like_vllm_ascend(monkeypatch):
         fake.draft(torch.zeros(200, 2), torch.arange(200), anchor=5, anchor_pos=200, num_slots=3,
                    window=64, kv_block_size=16)
     assert seen["seq"] == 203
+    # the cached path (what the decoder runs) reads the cache from the same first position
+    monkeypatch.setattr(draft_model.DSparkDraft, "block_hidden_cached",
+                        lambda self, cache, start, *a: seen.update(start=start) or (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        fake.draft_cached(SimpleNamespace(context_len=200), anchor=5, num_slots=3, window=64, kv_block_size=16)
+    assert seen["seq"] == 203 and seen["start"] == 128  # (203 - 64) // 16 * 16
 
 
 def test_cli_plan_text_and_json():
