@@ -134,6 +134,8 @@ def main() -> None:
         # the demo and the acceptance figures first: the later timing benchmarks reuse the demo run
         rows = run_script(["bench_pipeline.py", "--keep", str(demo)], tmp / "demo.json", "demo", 900)
         rows += run_script(["bench_eval.py", "--workdir", str(demo)], tmp / "eval.json", "acceptance", 1200)
+        rows += run_script(["bench_draft_kv.py", "--workdir", str(demo), "--pairs", "3" if q else "5"],
+                           tmp / "draft_kv.json", "draft KV cache", 1200)
         rows += run_script(["bench_prepare.py", "--conversations", "800" if q else "3000"], tmp / "prepare.json", "prepare", 480)
         rows += run_script(["bench_hidden_states.py", "--conversations", "150" if q else "400"], tmp / "hs.json", "hidden-states", 900)
         rows += run_script(["bench_train.py", "--workdir", str(demo), "--repeats", "1" if q else "3",

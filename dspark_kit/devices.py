@@ -17,7 +17,7 @@ from typing import Literal
 Device = Literal["npu", "cuda", "cpu"]
 DEVICES: tuple[str, ...] = ("npu", "cuda", "cpu")
 
-# Seed-article defaults for single-node Ascend runs; the user's env wins.
+# Defaults for single-node Ascend runs (docs/ASCEND.md#the-npu-environment); the user's env wins.
 NPU_ENV_DEFAULTS = {
     "HCCL_SOCKET_IFNAME": "lo",
     "GLOO_SOCKET_IFNAME": "lo",
@@ -82,6 +82,19 @@ def detect_device(requested: str = "auto") -> Device:
     return "cpu"
 
 
+def visible_count(device: str) -> int | None:
+    """Accelerators of this kind visible here; None when this machine has none of them."""
+    if device == "cuda" and cuda_available():
+        import torch
+
+        return int(torch.cuda.device_count())
+    if device == "npu" and npu_available():
+        import torch
+
+        return int(torch.npu.device_count())
+    return None
+
+
 def visible_devices_env(device: str, ids: str | None) -> dict[str, str]:
     """Env that restricts a process to `ids` ("0,1"); empty for cpu or ids=None."""
     if not ids or device not in VISIBLE_DEVICES_VAR:
@@ -143,3 +156,23 @@ def describe(requested: str = "auto") -> dict:
         names = [f"unknown ({type(e).__name__})"]
     count = (os.cpu_count() or 1) if device == "cpu" else len(names)
     return {"device": device, "count": count, "names": names, "versions": versions()}
+
+
+def device_memory_bytes(device: str) -> int | None:
+    """Memory of `device` ("cpu", "cuda", "npu", optionally ":index"): the accelerator's total,
+    the machine's physical RAM for cpu; None when it cannot be read here."""
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    available = {"cuda": cuda_available, "npu": npu_available}.get(kind)
+    if available is None or not available():
+        return None
+    import torch
+
+    try:
+        return int(getattr(torch, kind).get_device_properties(int(index or 0)).total_memory)
+    except (RuntimeError, AssertionError, AttributeError, ValueError):  # a torch build without it, a bad index
+        return None

@@ -1,10 +1,24 @@
-"""Progress bars with rate and ETA, quiet when stderr is not a terminal."""
+"""What a person sees while the kit works: progress bars, notes, and `run`'s one line per stage.
+
+Outside `run` (a stage command on its own) a progress bar is a rich bar on a terminal and
+nothing elsewhere, and notes go to stderr. Inside `run`, a `StageDisplay` is active: each stage
+is one line (live on a terminal: progress, rate, ETA; plain lines elsewhere, never redrawn),
+replaced by its one-line result; everything the stage's code, its libraries and its child
+processes print goes to the stage's log under DIR/logs (at the file-descriptor level, so C
+extensions, loggers that kept a handle on stderr and subprocesses are caught too), and when a
+stage fails the last lines of the logs it wrote are shown. `verbose` streams everything, as the
+stage commands do.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Self, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -16,6 +30,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+PLAIN_EVERY_S = 30.0  # a plain (non-terminal) progress line at most this often
+TAIL_LINES = 20  # log lines shown when a stage fails
 
 
 class _Bar:
@@ -30,6 +47,10 @@ class _Bar:
         if self._p is not None:
             self._p.update(self._t, description=text)
 
+    def total(self, total: float | None) -> None:
+        if self._p is not None:
+            self._p.update(self._t, total=total)
+
 
 class _Rate(TextColumn):
     def __init__(self, unit: str):
@@ -43,6 +64,11 @@ class _Rate(TextColumn):
 
 @contextlib.contextmanager
 def progress_bar(label: str, total: int | None, unit: str = "it") -> Iterator[_Bar]:
+    """A bar for `label`; inside `run` it drives the stage's line instead of drawing its own."""
+    display = _active
+    if display is not None and not display.verbose:
+        yield display.line_bar(label, total, unit)
+        return
     console = Console(stderr=True)
     if not console.is_terminal and not sys.stderr.isatty():
         yield _Bar(None, None, unit)
@@ -54,8 +80,17 @@ def progress_bar(label: str, total: int | None, unit: str = "it") -> Iterator[_B
 
 
 def note(message: str) -> None:
-    """Human-readable status on stderr, so stdout stays clean for --json."""
+    """Human-readable status on stderr (stdout stays clean for --json); inside `run`, above the stage line."""
+    display = _active
+    if display is not None and not display.verbose:
+        display.note(message)
+        return
     print(message, file=sys.stderr, flush=True)
+
+
+def echo_child_output() -> bool:
+    """Whether a stage should copy its child process's output to the console (it always logs it)."""
+    return _active is None or _active.verbose
 
 
 class _Tee:
@@ -81,8 +116,6 @@ class _Tee:
 @contextlib.contextmanager
 def tee_stderr(path):
     """Copy everything written to stderr during a stage into `path` (the stage's log)."""
-    from pathlib import Path
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     original = sys.stderr
     with open(path, "a") as log:
@@ -91,3 +124,266 @@ def tee_stderr(path):
             yield
         finally:
             sys.stderr = original
+
+
+# ---- `run`: one line per stage ------------------------------------------------------
+
+_active: StageDisplay | None = None
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class StageLine:
+    """One stage's progress: what the live line (or a plain progress line) says."""
+
+    def __init__(self, name: str, clock=time.monotonic):
+        self.name, self.clock = name, clock
+        self.started = clock()
+        self.detail = ""
+        self.total: float | None = None
+        self.count = 0.0
+        self.unit = "it"
+        self._since: float | None = None  # when counting started: the rate excludes start-up (model loading)
+        self._base = 0.0  # the count then
+
+    def start_counting(self) -> None:
+        if self._since is None:
+            self._since, self._base = self.clock(), self.count
+
+    def rate(self) -> float | None:
+        """Units per second since counting started (None until there is a second point)."""
+        now = self.clock()
+        if self._since is None or self.count <= self._base or now <= self._since:
+            return None
+        return (self.count - self._base) / (now - self._since)
+
+    def text(self) -> str:
+        parts = [self.name]
+        if self.detail:
+            parts.append(self.detail)
+        if self.total:
+            parts.append(f"{self.count:,.0f}/{self.total:,.0f} {self.unit}")
+        elif self.count:
+            parts.append(f"{self.count:,.0f} {self.unit}")
+        rate = self.rate()
+        if rate:
+            parts.append(f"{rate:,.1f} {self.unit}/s" if rate >= 0.1 else f"{rate * 60:,.1f} {self.unit}/min")
+            if self.total and self.count < self.total:
+                parts.append(f"eta {_fmt_s((self.total - self.count) / rate)}")
+        parts.append(_fmt_s(self.clock() - self.started))
+        return "  ".join(parts)
+
+
+class _LineBar(_Bar):
+    """progress_bar's handle inside `run`: it moves the stage's line."""
+
+    def __init__(self, display: StageDisplay, line: StageLine):
+        super().__init__(None, None, line.unit)
+        self.display, self.line = display, line
+
+    def advance(self, n: float = 1) -> None:
+        self.line.count += n
+        self.line.start_counting()  # the first unit's own time is unknown: the rate counts from here
+        self.display.changed()
+
+    def describe(self, text: str) -> None:
+        self.line.detail = text
+        self.display.changed()
+
+    def total(self, total: float | None) -> None:
+        """Announce the work (a unit starts now: the rate counts from here)."""
+        self.line.total = total
+        self.line.start_counting()
+        self.display.changed()
+
+
+class StageDisplay:
+    """`run`'s console: `with StageDisplay() as d: with d.stage("train", log_path): ...`."""
+
+    def __init__(self, stream: TextIO | None = None, *, verbose: bool = False, terminal: bool | None = None,
+                 plain_every_s: float = PLAIN_EVERY_S):
+        self.stream = stream or sys.stderr
+        self.verbose = verbose
+        self.terminal = self.stream.isatty() if terminal is None else terminal
+        self.plain_every_s = plain_every_s
+        self._out: TextIO = self.stream
+        self._owned: TextIO | None = None
+        self._line: StageLine | None = None
+        self._live = None
+        self._last_plain = 0.0
+
+    # ---- lifetime ---------------------------------------------------------------
+    def __enter__(self) -> Self:
+        global _active
+        try:  # our own handle on the console, so redirecting fd 1/2 during a stage leaves it alone
+            self._owned = os.fdopen(os.dup(self.stream.fileno()), "w", buffering=1, encoding="utf-8",
+                                    errors="replace")
+            self._out = self._owned
+        except (AttributeError, OSError, ValueError):  # a stream without a descriptor (tests): use it as is
+            self._out = self.stream
+        _active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _active
+        _active = None
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+
+    def say(self, text: str) -> None:
+        """A line on the console (above a live line)."""
+        if self._live is not None:
+            self._live.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        else:
+            self._out.write(text + "\n")
+            self._out.flush()
+
+    # ---- one stage --------------------------------------------------------------
+    @contextlib.contextmanager
+    def stage(self, name: str, log: Path) -> Iterator[StageLine]:
+        """Run a stage's body under its line; its output goes to `log` (verbose: also to the console)."""
+        log = Path(log)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if self.verbose:
+            self.say(f"==> {name}")
+            with tee_stderr(log):
+                yield StageLine(name)
+            return
+        line = self._line = StageLine(name)
+        before = log_states(log.parent)
+        self._begin_line(line)
+        try:
+            with _redirected(log, self.stream, self._owned is not None):
+                yield line
+        except BaseException as e:  # the error itself is the command's last line; here: what led to it
+            self._end_line()
+            written = logs_written(log.parent, before, first=log)
+            how = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            self.say(f"x {name} {how} after {_fmt_s(line.clock() - line.started)}"
+                     + ("; the last lines of its logs:" if written else ""))
+            for path in written:
+                self.say(f"  last lines of {path}:")
+                for text in tail(path, TAIL_LINES):
+                    self.say(f"  | {text}")
+            raise
+        finally:
+            self._end_line()
+            self._line = None
+
+    def result(self, name: str, text: str, seconds: float | None = None) -> None:
+        """The stage's one-line result (skipped stages too)."""
+        took = f" in {_fmt_s(seconds)}" if seconds is not None else ""
+        self.say(f"{'✓' if self.terminal else '-'} {name}{took}: {text}" if text else f"- {name}{took}")
+
+    def note(self, message: str) -> None:
+        self.say(f"  {message}")
+        if self._line is not None:  # the log keeps it too
+            print(message, file=sys.stderr, flush=True)
+
+    def line_bar(self, label: str, total: int | None, unit: str) -> _LineBar:
+        line = self._line or StageLine(label)
+        line.total, line.unit = total, unit
+        if label != line.name:
+            line.detail = label
+        return _LineBar(self, line)
+
+    def changed(self) -> None:
+        """The line's numbers moved: a live line redraws itself; a plain one prints at most every few seconds."""
+        line = self._line
+        if line is None or self._live is not None or self.terminal:
+            return
+        now = line.clock()
+        if now - self._last_plain >= self.plain_every_s:
+            self._last_plain = now
+            self.say(f"  {line.text()}")
+
+    def _begin_line(self, line: StageLine) -> None:
+        self._last_plain = line.clock()
+        if not self.terminal:
+            self.say(f"> {line.name}")
+            return
+        from rich.live import Live
+        from rich.text import Text
+
+        class _Render:
+            def __rich__(self_inner):
+                return Text(line.text(), no_wrap=True, overflow="ellipsis")
+
+        console = Console(file=self._out, force_terminal=True)
+        self._live = Live(_Render(), console=console, transient=True, refresh_per_second=4,
+                          redirect_stdout=False, redirect_stderr=False)
+        self._live.start()
+
+    def _end_line(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+@contextlib.contextmanager
+def _redirected(log: Path, console: TextIO, by_descriptor: bool) -> Iterator[None]:
+    """stdout and stderr into `log` for the block: descriptors 1 and 2 when the console has them
+    (catches C code and child processes), else the Python streams."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(log, "a", buffering=1, encoding="utf-8", errors="replace") as f:
+        if not by_descriptor:
+            old = sys.stdout, sys.stderr
+            sys.stdout = sys.stderr = f
+            try:
+                yield
+            finally:
+                sys.stdout, sys.stderr = old
+            return
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+def log_states(folder: Path) -> dict[Path, tuple[int, int]]:
+    """Size and modification time of every log in `folder` (what a stage then writes shows as a change)."""
+    states = {}
+    for p in Path(folder).glob("*.log"):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        states[p] = (st.st_size, st.st_mtime_ns)
+    return states
+
+
+def logs_written(folder: Path, before: dict[Path, tuple[int, int]], first: Path | None = None,
+                 limit: int = 3) -> list[Path]:
+    """Logs in `folder` that grew or changed since `before` (non-empty): `first`, then the most recent."""
+    now = log_states(folder)
+    found = [p for p, state in now.items() if state[0] > 0 and before.get(p) != state]
+    found.sort(key=lambda p: (p != first, -now[p][1]))
+    return found[:limit]
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last `lines` non-empty lines of a text file (progress-bar redraws split at carriage returns)."""
+    from dspark_kit.redact import redact_text
+
+    try:
+        with Path(path).open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    rows = [r.split("\r")[-1].rstrip() for r in text.splitlines()]
+    return [redact_text(r) for r in rows if r.strip()][-lines:]

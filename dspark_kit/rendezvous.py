@@ -9,7 +9,7 @@ at the machine, and it never sends a packet: routing is found with a UDP
 
 Rules:
 - one node (train.nnodes == 1): today's single-node command; loopback is right
-  (the seed's `HCCL_SOCKET_IFNAME=lo` stays the Ascend default).
+  (`HCCL_SOCKET_IFNAME=lo` stays the Ascend default).
 - several nodes: a loopback master address or a loopback interface is an error
   unless `train.nodes_same_host` says every node is this machine (a local
   simulation). The interface is `train.socket_ifname`, else the user's own
@@ -38,8 +38,7 @@ SOCKET_IFNAME_VARS: dict[str, tuple[str, ...]] = {
     "cuda": ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
     "cpu": ("GLOO_SOCKET_IFNAME",),
 }
-# Single-node defaults (seed article, Ascend): loopback is right on one machine.
-# single-node defaults: the seed's Ascend settings (devices.NPU_ENV_DEFAULTS), decided there once
+# Single-node defaults: loopback is right on one machine (devices.NPU_ENV_DEFAULTS, decided there once).
 SINGLE_NODE_IFNAME = {"npu": NPU_ENV_DEFAULTS["HCCL_SOCKET_IFNAME"]}
 _ALL_VARS = sorted({v for vs in SOCKET_IFNAME_VARS.values() for v in vs})
 
@@ -235,6 +234,20 @@ def local_interfaces() -> dict[str, tuple[str, ...]]:
                 for name, addrs in psutil.net_if_addrs().items()}
     except Exception:  # noqa: BLE001 - no interface list: the recipe must name the interface
         return {}
+
+
+def this_machine_address() -> str | None:
+    """A non-loopback, non-link-local IPv4 address of this machine (a default for train.master_addr)."""
+    interfaces = local_interfaces()
+    for name in sorted(interfaces):
+        for addr in interfaces[name]:
+            try:
+                ip = ipaddress.ip_address(addr.split("%")[0])
+            except ValueError:
+                continue
+            if ip.version == 4 and not ip.is_loopback and not ip.is_link_local:
+                return addr
+    return None
 
 
 def route_ip(addr: str, port: int) -> tuple[str | None, str | None]:

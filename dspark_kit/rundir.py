@@ -65,6 +65,11 @@ class RunDir:
         return self.eval / "window_tune.json"
 
     @property
+    def served_tune_file(self) -> Path:
+        """`dspark-kit tune --served` result: K and window by served throughput (auto reads the newer tune)."""
+        return self.eval / "served_tune.json"
+
+    @property
     def serve(self) -> Path:
         return self.root / "serve"
 

@@ -3,7 +3,7 @@
 Runs the kit from this checkout (PYTHONPATH=<site>:<checkout>, `python -m
 dspark_kit`), so an offline CUDA machine needs only python + torch (+ the
 packages it ships: transformers, typer, rich, aiohttp, ...) and a folder of
-wheels for the rest (see README, "GPU smoke test"). Every step runs in a child
+wheels for the rest (see docs/GPU_SMOKE.md). Every step runs in a child
 process with a time limit; figures go to WORKDIR/gpu_smoke.json after each step
 (and to --out DIR, with the step logs), so a run cut short still reports.
 
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         for name, why in missing.items():
             say(f"missing module {name}: {why}")
-        say("carry the wheels listed in README (GPU smoke test) and pass --wheels DIR")
+        say("carry the wheels listed in docs/GPU_SMOKE.md and pass --wheels DIR")
         report.data["missing"] = missing
         report.write()
         return 2

@@ -4,7 +4,7 @@
 # (flex attention + fused losses), eval on cuda, and a test-suite subset. Figures go
 # to WORKDIR/gpu_smoke.json (and --out DIR). Runs from this checkout without
 # `make install`: python + torch are enough when the other wheels are carried
-# (README, "GPU smoke test"; default folder .gpu/wheels).
+# (docs/GPU_SMOKE.md; default folder .gpu/wheels).
 #
 #   scripts/gpu_smoke.sh [--check] [--wheels DIR] [--out DIR] [--steps doctor,run,eval,tests]
 #                        [--budget SECONDS] [WORKDIR]      # WORKDIR is created if missing

@@ -19,7 +19,7 @@ TARGET_LAYER_IDS = [1, 2, 3]  # tiny verifier: 4 layers, ids 0..4 (vLLM conventi
 
 
 def fresh_draft(verifier_path: str | Path, block_size: int = 4, num_layers: int = 1, markov_rank: int = 32,
-                seed: int = 0, sliding_window: int | None = None):
+                seed: int = 0, sliding_window: int | None = None, markov_head_type: str = "vanilla"):
     from speculators.models.dspark import DSparkDraftModel
     from speculators.train.cli import create_transformer_layer_config
     from transformers import AutoTokenizer
@@ -39,6 +39,7 @@ def fresh_draft(verifier_path: str | Path, block_size: int = 4, num_layers: int 
         mask_token_id=tok.mask_token_id,
         draft_attn_impl="sdpa",
         markov_rank=markov_rank,
+        markov_head_type=markov_head_type,
     )
 
 

@@ -240,7 +240,7 @@ def test_cli_bench_workdir(serve, tmp_path):
 
 @pytest.mark.slow
 def test_against_local_engine(tmp_path, tiny_verifier):
-    """Real local engine (role chat, tiny verifier): the client falls back to JSON if it won't stream."""
+    """Real local engine (role chat, tiny verifier): it streams, so TTFT is the first token's time."""
     import sys
 
     from dspark_kit.engines import ServerPlan
@@ -260,3 +260,4 @@ def test_against_local_engine(tmp_path, tiny_verifier):
     assert r["output_throughput"] > 0 and r["mean_e2el_ms"] > 0
     assert r["metrics_available"] is True
     assert r["spec_decode"] is None  # role chat has no draft
+    assert r["streamed"] is True and 0 < r["mean_ttft_ms"] < r["mean_e2el_ms"] and r["mean_tpot_ms"] > 0

@@ -82,7 +82,7 @@ def test_resolve_errors_list_what_exists(save_path: Path, tmp_path: Path):
         resolve_checkpoint(tmp_path / "nothing")
 
 
-K = 7  # the K the resolver decided (the seed's block 8 - 1)
+K = 7  # the K the resolver decided (the reference run's block 8 - 1)
 
 
 def test_trained_slots_prefers_recorded_tokens():

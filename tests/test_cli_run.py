@@ -56,9 +56,11 @@ def test_rerun_skips_unchanged_stages(trained_run):
 
 
 def test_each_stage_has_a_log(trained_run):
-    for stage in ("prepare", "hidden-states", "train"):
+    """What a stage printed is in its stage log; the trainer's own output in train.log, in full."""
+    for stage in ("prepare", "hidden-states"):
         assert (trained_run / "logs" / f"stage-{stage}.log").stat().st_size > 0, stage
-    assert "Training epoch" in (trained_run / "logs" / "stage-train.log").read_text()
+    assert (trained_run / "logs" / "stage-train.log").is_file()
+    assert "Training epoch" in (trained_run / "logs" / "train.log").read_text()
 
 
 def test_replay_reruns_from_the_manifest(trained_run, tmp_path):

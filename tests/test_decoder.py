@@ -148,6 +148,16 @@ def test_counters_and_lengths(verifier_path, checkpoints, prompts):
 
 
 @pytest.mark.slow
+def test_tokens_are_handed_out_as_decided(verifier_path, checkpoints, prompts):
+    """Streaming: on_tokens gets each accepted run (anchor + accepted drafts) in order."""
+    g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], BLOCK)
+    runs: list[list[int]] = []
+    res = g.generate(prompts[0], 20, on_tokens=runs.append)
+    assert [t for run in runs for t in run] == res.token_ids
+    assert len(runs) == res.num_drafts + 1 and max(map(len, runs)) > 1  # the first anchor, then one run per step
+
+
+@pytest.mark.slow
 def test_temperature_falls_back_with_note(verifier_path, checkpoints, prompts):
     g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["fresh"], BLOCK)
     res = g.generate(prompts[0], 5, temperature=0.8, seed=1)
@@ -196,3 +206,87 @@ def test_confident_prefix():
 def test_bad_checkpoint_dir_is_one_line_error(tmp_path, verifier_path):
     with pytest.raises(draft_model.DraftLoadError, match="config.json"):
         DSparkDraft.load(tmp_path, verifier_path)
+
+
+# ---- the draft KV cache ------------------------------------------------------------
+
+def _long_prompt(prompts: list[list[int]], n: int) -> list[int]:
+    """n tokens of several chats one after another (history the draft has never seen this long)."""
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += [t for p in prompts for t in p]
+    return ids[-n:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [None, 32, 2])  # 2 < K: the block still attends to itself
+def test_cached_draft_equals_recomputed_draft(verifier_path, checkpoints, prompts, window):
+    """The draft's context K/V cached across steps give the logits and tokens of recomputing them,
+    at several context lengths, with and without a window, however the context was appended."""
+    draft = DSparkDraft.load(checkpoints["trained"], verifier_path)
+    verifier = Verifier(verifier_path, draft.target_layer_ids)
+    ids = _long_prompt(prompts, 400)
+    _, aux = verifier.forward(ids, verifier.new_cache(), 0)
+    feats = draft.context_features(aux)
+    cache, step = draft.new_cache(), 0
+    for n in (3, 40, 120, 399):
+        while cache.context_len < n:  # uneven appends, as accepted runs of 1..K+1 tokens arrive
+            step += 1
+            draft.extend_cache(cache, feats[cache.context_len: min(n, cache.context_len + step % 5 + 1)])
+        for k in (1, BLOCK):
+            ref = draft.draft(feats[:n], torch.arange(n), ids[n], n, k, window=window, kv_block_size=16)
+            got = draft.draft_cached(cache, ids[n], k, window=window, kv_block_size=16)
+            assert got.tokens == ref.tokens, (n, k)
+            assert torch.allclose(got.logits, ref.logits, atol=1e-4, rtol=0), (n, k)
+            assert cache.length == n  # drafting never commits the block's scratch K/V
+
+
+@pytest.mark.slow
+def test_cached_decoder_equals_uncached_at_long_contexts(verifier_path, checkpoints, prompts, tokenizer):
+    draft = DSparkDraft.load(checkpoints["trained"], verifier_path)
+    verifier = Verifier(verifier_path, draft.target_layer_ids)
+    eos = frozenset([tokenizer.eos_token_id])
+    for n in (60, 250, 500):
+        prompt = _long_prompt(prompts, n)
+        for window in (None, 48):
+            runs = [SpecGenerator(verifier, draft, BLOCK, window, draft_kv_cache=c).generate(prompt, 20, stop_ids=eos)
+                    for c in (False, True)]
+            assert runs[0].token_ids == runs[1].token_ids, (n, window)
+            assert runs[0].accepted_per_pos == runs[1].accepted_per_pos, (n, window)
+            assert runs[0].num_drafts == runs[1].num_drafts
+
+
+@pytest.mark.slow
+def test_draft_projects_each_context_token_once(verifier_path, checkpoints, prompts):
+    """The draft's cost no longer grows with the context: over a whole generation, each draft layer's
+    K projection sees each verified token once plus each drafted block, not the whole context per step."""
+    draft = DSparkDraft.load(checkpoints["trained"], verifier_path)
+    gen = SpecGenerator(Verifier(verifier_path, draft.target_layer_ids), draft, BLOCK)
+    rows = []
+    hook = draft.model.layers[0].self_attn.k_proj.register_forward_hook(
+        lambda _m, inputs, _out: rows.append(inputs[0].shape[-2]))
+    try:
+        prompt = _long_prompt(prompts, 300)
+        res = gen.generate(prompt, 24)
+    finally:
+        hook.remove()
+    verified = len(prompt) + len(res.token_ids)
+    assert res.num_drafts >= 5
+    assert sum(rows) <= verified + res.num_drafts * BLOCK  # old code: about num_drafts x 300 rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
+def test_markov_bias_per_slot_equals_the_whole_chain(verifier_path, tmp_path, head_type):
+    """The decoder computes slot i's Markov bias alone (vanilla/gated are per position; rnn runs
+    the prefix): it equals slot i of the head's bias over the whole chain, as training computes it."""
+    draft = DSparkDraft.load(save_draft(fresh_draft(verifier_path, markov_head_type=head_type, seed=3), tmp_path),
+                             verifier_path)
+    torch.manual_seed(0)
+    for p in draft.model.markov_head.parameters():  # away from init, so every input matters
+        p.data.normal_(0, 0.5)
+    hidden = torch.randn(BLOCK, draft.hidden_size)
+    chain = [11, 250, 37, 602]
+    whole = draft.model.markov_head.block_bias(prev_token_ids=torch.tensor([chain]), hidden_states=hidden[None])[0]
+    for i in range(BLOCK):
+        assert torch.allclose(draft.markov_bias(chain[: i + 1], hidden), whole[i], atol=1e-5)

@@ -1,4 +1,5 @@
-"""vLLM / vLLM-Ascend plans against the seed article's commands (003_*, §6.1.0, §6.1.2, §8.1, FAQ Q6)."""
+"""vLLM / vLLM-Ascend plans against the commands a reference Ascend run used (docs/ASCEND.md,
+docs/CONCEPTS.md#the-hidden-state-server, docs/CONCEPTS.md#k-and-the-draft-window)."""
 
 import json
 import shlex
@@ -59,7 +60,7 @@ def seed_recipe(**serve):
         "data": {"seq_length": 8192},
         "draft": {"block_size": 8, "num_layers": 5},
         "hidden_states": {"target_layer_ids": SEED_LAYERS},
-        "serve": {"engine": "vllm-ascend", "num_speculative_tokens": 7, **serve},  # the seed's K
+        "serve": {"engine": "vllm-ascend", "num_speculative_tokens": 7, **serve},  # the reference run's K
     })
 
 
@@ -86,7 +87,7 @@ def test_hidden_state_server_matches_seed_6_1_2(tmp_path: Path):
                     compilation_config={"cudagraph_capture_sizes": [2, 4, 8, 16], "cudagraph_mode": "PIECEWISE"})
     r.verifier.path = str(verifier)
     plan = plan_vllm(r, "hidden-states", engine="vllm-ascend", installed_versions={})
-    # what speculators' launch_vllm.py builds from the seed's invocation (--include-last-layer appends 48)
+    # what speculators' launch_vllm.py builds from the reference run's invocation (--include-last-layer appends 48)
     seed = (f"vllm serve {verifier} --tensor-parallel-size 2 --trust-remote-code --port 9736 "
             """--compilation-config '{"cudagraph_capture_sizes":[2,4,8,16],"cudagraph_mode":"PIECEWISE"}' """
             "--seed 42 --no-enable-chunked-prefill "
@@ -95,7 +96,7 @@ def test_hidden_state_server_matches_seed_6_1_2(tmp_path: Path):
             """--kv-transfer-config '{"kv_connector":"ExampleHiddenStatesConnector","kv_role":"kv_producer","""
             """"kv_connector_extra_config":{"shared_storage_path":"/tmp/hidden_states"}}'""")
     assert_matches_seed(plan, seed, {"--host", "--served-model-name", "--gpu-memory-utilization"})
-    # compact, deterministic JSON: byte-identical to the seed's spelling
+    # compact, deterministic JSON: byte-identical to the reference run's spelling
     assert '{"cudagraph_capture_sizes":[2,4,8,16],"cudagraph_mode":"PIECEWISE"}' in plan.argv
     assert plan.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in plan.env
     # the verifier's own layer count decides the exported last layer; a recipe that disagrees is refused

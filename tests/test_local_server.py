@@ -120,7 +120,7 @@ def test_metrics_count_tokens_with_vllm_names(chat_server):
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400),
     ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400),
-    ({"messages": [{"role": "user", "content": "x"}], "stream": True}, 400),
+    ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400),
 ])
 def test_bad_chat_requests_get_4xx_json(chat_server, body, status):
     r = httpx.post(chat_server.url + "/v1/chat/completions", json=body)

@@ -1,4 +1,4 @@
-"""preflight: each REFERENCE §8 pitfall planted in a copy of the tiny recipe or its artifacts."""
+"""preflight: each docs/PITFALLS.md pitfall planted in a copy of the tiny recipe or its artifacts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prometheus parsing and spec-decode deltas (REFERENCE §6)."""
+"""Prometheus parsing and spec-decode deltas (docs/CONCEPTS.md#acceptance-figures)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_delta_formulas():
     assert d["acceptance_length"] == pytest.approx(1 + 20 / 20)
     assert d["acceptance_rate"] == pytest.approx(20 / 60)
     assert d["per_position_acceptance_rates"] == pytest.approx([0.6, 0.3, 0.1])
-    # invariant from REFERENCE §6: sum of per-position rates + 1 = acceptance length
+    # invariant (docs/CONCEPTS.md#acceptance-figures): sum of per-position rates + 1 = acceptance length
     assert sum(d["per_position_acceptance_rates"]) + 1 == pytest.approx(d["acceptance_length"])
 
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from dspark_kit.stages.report import build_report, compare, read_scalars, val_by_epoch
 
-# per-epoch validation values (seed §7.1 numbers) and per-position accuracies
+# per-epoch validation values (the reference Ascend run's numbers, docs/CONCEPTS.md#long-context) and per-position accuracies
 VAL = {
     0: {"loss_epoch": 1.52, "accept_len_epoch": 1.834, "accept_rate_epoch": 0.277, "full_acc_epoch": 0.336,
         "position_0_acc_epoch": 0.494, "position_1_acc_epoch": 0.402},

@@ -64,7 +64,7 @@ def test_k_explicit_wins_and_tune_beats_the_checkpoint(tmp_path):
     recipe, verifier = seed_like(tmp_path, num_speculative_tokens=7)
     write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
     write_tune(tmp_path / "run", recommended_window=None, recommended_k=5)
-    assert Resolved(recipe).k.value == 7  # the seed's explicit choice is kept
+    assert Resolved(recipe).k.value == 7  # the reference recipe's explicit choice is kept
     recipe.serve.num_speculative_tokens = "auto"
     k = Resolved(recipe).k
     assert k.value == 5 and "tuned" in k.source

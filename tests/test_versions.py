@@ -21,7 +21,7 @@ def test_installed_reads_metadata_and_aliases():
     ("0.24.0rc1", "0.24.0rc1", True),
     ("0.24.0rc2", "0.24.0rc1", True),
     ("0.24.0", "0.24.0rc1", True),
-    ("0.23.1rc1.dev752", "0.24.0rc1", False),  # the seed's vLLM
+    ("0.23.1rc1.dev752", "0.24.0rc1", False),  # the reference run's vLLM
     ("0.24.0rc1", "0.24", False),  # a release candidate is not the release
     ("0.24.0.dev5+g1f486d9", "0.24", False),
     ("0.24.1+cu130", "0.24", True),  # local build tags do not matter
@@ -77,7 +77,7 @@ def test_k_rule_by_engine_and_version():
     block = 8
     ascend = versions.k_rule("vllm-ascend", "0.24.0rc1")
     assert ascend.allowed(7, block) and ascend.allowed(8, block) and not ascend.allowed(9, block)
-    assert ascend.choose(7, block) == (7, None)  # the seed's K=7 for block 8
+    assert ascend.choose(7, block) == (7, None)  # the reference run's K=7 for block 8
 
     guarded = versions.k_rule("vllm", "0.26.0")
     assert not guarded.allowed(7, block) and guarded.allowed(8, block)

@@ -161,8 +161,7 @@ def test_regen_through_vllm_equals_local_engine(vllm_server, local_regen, tmp_pa
     server), so the replies are the same tokens. The text agrees too because the tiny tokenizer
     marks <think>/</think> as added but NOT special, as Qwen3's tokenizer does: vLLM decodes with
     skip_special_tokens=True (its default, what production regen gets) and keeps them, like the
-    local engine (with them special, as in tiny verifier v2, vLLM drops them from `content`:
-    REFERENCE §10). A flag that changed the reply (dtype, a template kwarg) fails this too."""
+    local engine (with them special, as in tiny verifier v2, vLLM drops them from `content`). A flag that changed the reply (dtype, a template kwarg) fails this too."""
     mode = f"verifier.thinking={str(thinking).lower()}"
     ours = regen(tmp_path / "vllm.jsonl", "-e", vllm_server.url, "--set", mode)
     ref = local_regen(thinking)
@@ -397,3 +396,58 @@ def test_regen_through_reasoning_parser_keeps_the_reasoning(reasoning_regen):
     assert with_reasoning, "the tiny verifier wrote no reasoning in thinking mode"
     for o, r in with_reasoning:
         assert o.get("reasoning_content") == r["reasoning_content"], (o, r)
+
+
+# ---- 5. streaming: the local engine's server-sent events, shaped as vLLM's ----------------------
+
+
+def _events(url: str, path: str, body: dict) -> list:
+    with httpx.stream("POST", url + path, json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        data = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+@pytest.fixture(scope="module")
+def local_chat_url(tmp_path_factory, tiny_verifier):
+    """The local engine, role chat, from the kit's own plan (the same served name vLLM gets)."""
+    from dspark_kit.engines.servers import server_plan
+    from dspark_kit.resolved import Resolved
+
+    plan = server_plan(Resolved(load_recipe(TINY, ["train.device=cpu"])), "chat", port=free_port())
+    with ManagedServer(plan, tmp_path_factory.mktemp("local-chat") / "server.log") as server:
+        server.wait_healthy(STARTUP_TIMEOUT)
+        yield server.base_url
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_local_engine_streams_as_vllm_does(vllm_server, local_chat_url, path):
+    """stream: true with stream_options.include_usage, greedy, on both engines: the same text in the
+    same kind of chunks (the role first in chat, finish_reason on the last piece only), then a usage
+    chunk with no choices, then [DONE]; every field ours sends, vLLM sends too."""
+    model = httpx.get(vllm_server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    body = {"model": model, "max_tokens": 12, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if path.endswith("chat/completions"):
+        body |= {"messages": [{"role": "user", "content": "Describe the red fox in the forest."}],
+                 "chat_template_kwargs": {"enable_thinking": False}}
+    else:
+        body |= {"prompt": [1, 90, 593, 204, 370, 311, 300]}
+    theirs, ours = _events(vllm_server.url, path, body), _events(local_chat_url, path, body)
+    print(f"\n[vllm-real] {path} stream: vLLM {theirs[:2]} ... {theirs[-2:]}\n  ours {ours[:2]} ... {ours[-2:]}")
+    for events in (theirs, ours):
+        assert events[-1] == "[DONE]" and events[-2]["choices"] == []
+        pieces = events[:-2]
+        assert {e["object"] for e in pieces} == {"chat.completion.chunk" if "chat" in path else "text_completion"}
+        assert [e["choices"][0]["finish_reason"] for e in pieces][:-1] == [None] * (len(pieces) - 1)
+        if "chat" in path:
+            assert pieces[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+    def text(events):
+        c = [e["choices"][0] for e in events[:-2]]
+        return "".join(x.get("text") or (x.get("delta") or {}).get("content") or "" for x in c)
+
+    assert text(ours) == text(theirs)
+    assert ours[-3]["choices"][0]["finish_reason"] == theirs[-3]["choices"][0]["finish_reason"]
+    assert ours[-2]["usage"] == {k: theirs[-2]["usage"][k] for k in ours[-2]["usage"]}
+    assert set(ours[-3]) <= set(theirs[-3]) and set(ours[-3]["choices"][0]) <= set(theirs[-3]["choices"][0])

@@ -1,9 +1,10 @@
-"""Draft KV window arithmetic (REFERENCE §5) and `dspark-kit window plan`."""
+"""Draft KV window arithmetic (docs/CONCEPTS.md#window-arithmetic) and `dspark-kit window plan`."""
 
 from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_bad_arguments_name_the_setting():
 
 def test_dspark_window_starts_from_context_plus_k():
     """vllm-ascend's proposer passes seq_lens = context + K for dflash/dspark (future_offset 0):
-    REFERENCE §5 example W=64, b=16, K=3, contexts 10, 60, 200, 64 -> windowed 13, 63, 75, 67."""
+    the docs/CONCEPTS.md#window-arithmetic example W=64, b=16, K=3, contexts 10, 60, 200, 64 -> windowed 13, 63, 75, 67."""
     seqs = [draft_seq_len("dspark", n, 3) for n in (10, 60, 200, 64)]
     assert seqs == [13, 63, 203, 67]
     plan = plan_window(seqs, window=64, kv_block_size=16, future_offset=future_offset("dspark", 3))
@@ -113,6 +114,12 @@ def test_the_decoder_windows_like_vllm_ascend(monkeypatch):
         fake.draft(torch.zeros(200, 2), torch.arange(200), anchor=5, anchor_pos=200, num_slots=3,
                    window=64, kv_block_size=16)
     assert seen["seq"] == 203
+    # the cached path (what the decoder runs) reads the cache from the same first position
+    monkeypatch.setattr(draft_model.DSparkDraft, "block_hidden_cached",
+                        lambda self, cache, start, *a: seen.update(start=start) or (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        fake.draft_cached(SimpleNamespace(context_len=200), anchor=5, num_slots=3, window=64, kv_block_size=16)
+    assert seen["seq"] == 203 and seen["start"] == 128  # (203 - 64) // 16 * 16
 
 
 def test_cli_plan_text_and_json():

@@ -24,6 +24,7 @@ app = typer.Typer(
 )
 
 COMMAND_MODULES = [
+    "init_cmd",  # a recipe for your own verifier
     "regen",
     "stages",  # prepare, hidden-states, train, run
     "eval",

@@ -52,6 +52,9 @@ def register(app: typer.Typer) -> None:
             "--context-lengths", help="Also measure at these prompt lengths (earlier chats prepended), e.g. 512,1024.")] = None,
         draft_window_size: Annotated[str | None, typer.Option(
             "--draft-window-size", help="N, auto (window_tune.json, else the training window) or off. Default: serve.draft_window_size.")] = None,
+        device: Annotated[str | None, typer.Option(
+            "--device", help="auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft. Default: where "
+                             "training runs (train.device); float32 on cpu, verifier.dtype on accelerators.")] = None,
         out: Annotated[Path | None, typer.Option("--out", help="Output dir (default <workdir>/eval).")] = None,
         json_out: JsonOpt = False,
     ) -> None:
@@ -65,7 +68,8 @@ def register(app: typer.Typer) -> None:
         (1 + accepted / drafts), per-position acceptance, tokens per verifier
         forward and wall time; writes eval.json, eval.md and PNG plots. With
         --context-lengths it also plots acceptance vs context length with and
-        without the draft KV window. Example:
+        without the draft KV window. A verifier too large for the device is refused
+        before loading (measure it served: `dspark-kit tune --served`). Example:
 
           dspark-kit eval -r recipes/tiny-cpu.yaml --context-lengths 512,1024
         """
@@ -74,7 +78,7 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.stages.evaluate import EvalError, run_eval
 
         # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
-        res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, window=draft_window_size)
+        res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=device)
         try:
             summary = run_eval(
                 res, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,

@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         --dry-run prints the exact command (torchrun when train.nproc > 1 or nnodes > 1; one line
         per node), including device env such as ASCEND_RT_VISIBLE_DEVICES on Ascend and the network
         interface collectives use. Across nodes (train.nnodes > 1) run it on every node with the same
-        recipe (shared storage for the work dir); see README "Multi-node".
+        recipe (shared storage for the work dir); see docs/MULTINODE.md.
         """
         res = resolve(load(recipe, set_), workdir, planning=dry_run)
         if dry_run:
@@ -106,12 +106,17 @@ def register(app: typer.Typer) -> None:
                                                     "(its recipe and stages; --workdir for a fresh copy).")] = None,
         dry_run: DryRunOpt = False,
         json_out: JsonOpt = False,
+        verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Stream every stage's output (the trainer's "
+                                              "records, servers' start-up) instead of one line per stage.")] = False,
     ) -> None:
         """Run the pipeline: regen -> prepare -> hidden-states -> train -> eval -> serve -> bench -> report.
 
-        Finished stages are fingerprinted in DIR/state.json: a rerun skips unchanged stages, reruns
-        changed ones and everything downstream, and resumes an interrupted stage. --dry-run prints
-        each selected stage's command (what `<stage> --dry-run` prints) in order and runs nothing.
+        Each stage is one line (live on a terminal: progress, rate, ETA; plain lines in a pipe) and
+        its one-line result; its full output goes to DIR/logs/ (stage-<stage>.log, train.log,
+        <role>-server.log), and a failed stage shows the last lines of the logs it wrote. Finished
+        stages are fingerprinted in DIR/state.json: a rerun skips unchanged stages, reruns changed
+        ones and everything downstream, and resumes an interrupted stage. --dry-run prints each
+        selected stage's command (what `<stage> --dry-run` prints) in order and runs nothing.
         """
         from dspark_kit.stages.pipeline import run_pipeline
 
@@ -145,8 +150,11 @@ def register(app: typer.Typer) -> None:
             else:
                 typer.echo("\n".join(lines))
             return
+        from dspark_kit.progress import StageDisplay
+
         try:
-            rows = run_pipeline(res, chosen, start, force, log=lambda m: console.print(f"[bold cyan]{m}[/]"))
+            with StageDisplay(verbose=verbose) as display:
+                rows = run_pipeline(res, chosen, start, force, display)
         except (ValueError, OSError, RuntimeError) as e:
             fail(str(e), 1)
         if json_out:

@@ -9,6 +9,7 @@ import typer
 
 from dspark_kit.cli.common import (
     DEFAULT_RECIPE_PATH,
+    DryRunOpt,
     JsonOpt,
     RecipeOpt,
     SetOpt,
@@ -89,6 +90,15 @@ def tune_cmd(
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
     prompts: Annotated[Path | None, typer.Option(
         "--prompts", help="jsonl of chats or text lines (default: prompts the draft never trained on, as eval).")] = None,
+    served: Annotated[bool, typer.Option(
+        "--served", help="Measure through the recipe's serving engine and recommend by output throughput "
+                         "(DIR/eval/served_tune.json).")] = False,
+    concurrency: Annotated[int | None, typer.Option(
+        "--concurrency", min=1, help="--served: requests in flight (default: bench.concurrency).")] = None,
+    device: Annotated[str | None, typer.Option(
+        "--device", help="In-process: auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft "
+                         "(default: where training runs).")] = None,
+    dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Sweep K x draft window across context lengths and recommend both.
@@ -98,12 +108,26 @@ def tune_cmd(
     DIR/eval/window_tune.json: serve.num_speculative_tokens: auto uses its
     `recommended_k`, serve.draft_window_size: auto its `recommended_window`
     (null = no window: acceptance is flat). Also `dspark-kit window tune`.
+
+    With --served: each (K, window) is served by the recipe's engine (vLLM on CUDA: K
+    only, it has no runtime window), the verifier alone too, and the eval prompts (short
+    and long-context) go to it at the bench concurrency; the recommendation is the
+    highest output throughput (ties within the measured spread: the higher acceptance),
+    shown beside the acceptance-only choice. A rerun resumes; --dry-run prints the plan.
     """
     from dspark_kit.specdec.checkpoints import CheckpointError
     from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluate import EvalError, tune_window
 
-    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint)
+    if served and device:
+        fail("--device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
+             "drop --device or the --served flag")
+    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=device)
+    if served:
+        return served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
+                               prompts, concurrency, dry_run, json_out)
+    if dry_run:
+        fail("--dry-run: only with --served (the in-process tune starts nothing)")
     try:
         result = tune_window(
             res, candidates=parse_int_list(windows, "--windows"),
@@ -124,6 +148,50 @@ def tune_cmd(
             typer.echo(f"{k:>1}  {key:>6}  " + "  ".join(f"{row[c] if row[c] is not None else '-':>7}" for c in ctx))
     typer.echo(f"recommended_k: {result['recommended_k']}  recommended_window: {result['recommended_window']} "
                f"-> {result['file']}")
+
+
+def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens, prompts,
+                    concurrency, dry_run, json_out) -> None:
+    from dspark_kit.resolved import ResolveError
+    from dspark_kit.specdec.checkpoints import CheckpointError
+    from dspark_kit.stages.evaluate import EvalError
+    from dspark_kit.stages.served_tune import prompt_sets, run_served_tune, sweep_inputs
+
+    def say(m: str) -> None:
+        console.print(m, highlight=False, soft_wrap=True)
+
+    r = res.recipe
+    try:
+        k_list, w_list, ctx = sweep_inputs(res, ks=parse_int_list(ks, "--ks"),
+                                           windows=parse_int_list(windows, "--windows"),
+                                           context_lengths=parse_int_list(context_lengths, "--context-lengths"),
+                                           allow_below=allow_below)
+        n = num_prompts or r.eval.num_prompts
+        sets, found = prompt_sets(res, ctx, n, prompts)
+        result = run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=concurrency or r.bench.concurrency,
+                                 max_new_tokens=max_new_tokens or r.eval.max_new_tokens, dry_run=dry_run, log=say,
+                                 prompts_source=found.source)
+    except (EvalError, CheckpointError, ResolveError, ValueError) as e:
+        fail(str(e))
+    if json_out:
+        emit_json(result)
+        return
+    plan = result["plan"]
+    if dry_run:
+        typer.echo(f"tune --served on engine {plan['engine']}: {len(plan['servers'])} server starts "
+                   f"({len(plan['to_run'])} to run), {plan['points']} points (contexts "
+                   f"{', '.join(str(c or 'short') for c in plan['context_lengths'])}), concurrency "
+                   f"{plan['concurrency']}; about {plan['estimated_s']} s ({plan['estimate']})")
+        for label in plan["servers"]:
+            typer.echo(f"  {'run ' if label in plan['to_run'] else 'done'}  {label}")
+        for note in plan["notes"]:
+            typer.echo(f"note: {note}")
+        typer.echo(f"-> {plan['file']}")
+        return
+    from dspark_kit.stages.served_sweep import markdown
+
+    typer.echo(markdown(result))
+    typer.echo(f"-> {result['file']}")
 
 
 def register(app: typer.Typer) -> None:

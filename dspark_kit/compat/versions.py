@@ -31,7 +31,7 @@ _DIST_ALIASES = {
 TRACKED = tuple(_DIST_ALIASES)
 
 MIN_VLLM_DSPARK = "0.24"  # CUDA vLLM: first release with method "dspark"
-MIN_VLLM_ASCEND_DSPARK = "0.24.0rc1"  # v0.23.x and below lack DSpark (seed FAQ Q6)
+MIN_VLLM_ASCEND_DSPARK = "0.24.0rc1"  # v0.23.x and below lack DSpark (docs/ASCEND.md)
 
 # vLLM PR 47419 added a hard "num_speculative_tokens >= dspark_block_size" check to
 # SpeculativeConfig (reported at v0.26.0 in vllm issue 50012, which disputes it);
@@ -172,7 +172,7 @@ def k_rule(engine: str, version: str | None) -> KRule:
     slots, so K <= block_size everywhere; only vLLM 0.26.x also rejects K below it.
     """
     if engine == "vllm-ascend":
-        return KRule("vllm-ascend has no lower bound on K (the seed served K=7 for block 8); "
+        return KRule("vllm-ascend has no lower bound on K (a reference run served K=7 for block 8); "
                      "K must not exceed the trained slots", _within_slots)
     if engine != "vllm":
         raise ValueError(f"engine: {engine!r}; k_rule knows vllm and vllm-ascend")

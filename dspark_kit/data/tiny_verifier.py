@@ -119,8 +119,12 @@ def planned_verifier_path(path: str) -> str:
 
 
 def planned_config(spec: TinySpec = TinySpec()) -> dict:
-    """The parts of the tiny verifier's config.json a plan needs, before it is built."""
-    return {"model_type": "qwen3", "num_hidden_layers": spec.num_layers, "hidden_size": spec.hidden_size}
+    """The parts of the tiny verifier's config.json a plan needs, before it is built (its size
+    too; vocab_size is the spec's bound, the built one is the tokenizer's, a little smaller)."""
+    return {"model_type": "qwen3", "num_hidden_layers": spec.num_layers, "hidden_size": spec.hidden_size,
+            "vocab_size": spec.vocab_size, "num_attention_heads": spec.num_heads,
+            "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.hidden_size // spec.num_heads,
+            "intermediate_size": spec.intermediate_size, "tie_word_embeddings": spec.tie_embeddings}
 
 
 def tiny_verifier_dir(spec: TinySpec = TinySpec(), root: Path | None = None) -> Path:

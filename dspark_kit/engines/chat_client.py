@@ -161,12 +161,19 @@ class ChatClient:
         except ValueError as e:  # not JSON, not UTF-8, or not a chat completion
             raise _malformed(e) from None
 
-    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """POST a chat completion and yield what comes back as it arrives: ("event", chunk) per
         server-sent event of a streamed reply (up to [DONE]), or one ("body", response) from a
         server that answers a single JSON body. Use it under contextlib.aclosing."""
+        return self._stream("/chat/completions", body)
+
+    def stream_completion(self, body: dict[str, Any]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """stream_chat for /v1/completions (a text or token-id prompt)."""
+        return self._stream("/completions", body)
+
+    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         try:
-            async with self.session.post(self.base + "/chat/completions", data=orjson.dumps(body), headers=_JSON) as r:
+            async with self.session.post(self.base + path, data=orjson.dumps(body), headers=_JSON) as r:
                 if r.status != 200:
                     raise _status_failure(r.status, await r.read())
                 if "text/event-stream" not in r.headers.get("content-type", ""):

@@ -47,6 +47,12 @@ INT64 = 2**63
 StrictPosInt = Annotated[int, Strict(), Field(ge=1)]
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False  # a last chunk with the usage (choices: [])
+    continuous_usage_stats: bool = False  # usage so far on every chunk too (vLLM's extension)
+
+
 class OpenAIRequest(BaseModel):
     # extra fields are allowed only to be inspected: check_extras refuses what we cannot honour
     model_config = ConfigDict(extra="allow")
@@ -57,6 +63,7 @@ class OpenAIRequest(BaseModel):
     seed: Annotated[int, Strict()] | None = Field(None, ge=-INT64, lt=INT64)  # vLLM: a C long long
     n: Annotated[int, Strict()] = 1
     stream: bool = False
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     return_token_ids: bool = False
     request_id: str | None = None
@@ -90,7 +97,6 @@ _NOOP_FIELDS: dict[str, Any] = {
     "frequency_penalty": lambda v: v in (None, 0), "repetition_penalty": lambda v: v in (None, 1),
     "best_of": lambda v: v in (None, 1), "suffix": lambda v: not v, "top_k": lambda v: v in (None, 0, -1),
     "min_p": lambda v: v in (None, 0), "min_tokens": lambda v: v in (None, 0),
-    "stream_options": lambda v: v is None,
     "user": lambda v: True, "metadata": lambda v: True, "store": lambda v: v in (None, False),
 }
 

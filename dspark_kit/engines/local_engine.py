@@ -13,6 +13,7 @@ import asyncio
 import fcntl
 import os
 import threading
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,21 @@ class Engine:
                                 f"`{self.served_name}` (GET /v1/models)", "NotFoundError")
         if req.n != 1:
             raise ApiError(400, "n: the local engine returns exactly one choice (n=1)")
-        if req.stream:
-            raise ApiError(400, "stream: not supported by the local engine; send stream=false")
+        if req.stream_options is not None and not req.stream:
+            raise ApiError(400, "stream_options: only with stream=true (as vLLM)", param="stream_options")
+        if req.stream and self.args.role == "hidden-states":
+            raise ApiError(400, "stream: role hidden-states answers whole bodies (the file path comes with "
+                                "the reply); send stream=false", param="stream")
         check_extras(req)
         if self.args.role == "spec" and req.top_p < 1.0 and req.temperature >= SAMPLING_EPS:
             raise ApiError(400, "top_p: role spec samples from the verifier without nucleus filtering; "
                                 "send top_p=1 (or temperature=0)", param="top_p")
         for i, stop in enumerate([req.stop] if isinstance(req.stop, str) else (req.stop or [])):
             check_text(stop, f"stop.{i}")
+
+    def request_stop_ids(self, req: OpenAIRequest) -> frozenset[int]:
+        """Token ids that end this request's output (none with vLLM's ignore_eos)."""
+        return frozenset() if req.ignore_eos else self.stop_ids
 
     def check_prompt(self, ids: list[int], max_tokens: int) -> None:
         bad = [i for i in ids if not 0 <= i < self.vocab]
@@ -120,12 +128,48 @@ class Engine:
                 self.aborted += 1
                 return await fut
 
-    def decode(self, ids: list[int], req: OpenAIRequest, max_tokens: int, cancel: threading.Event) -> dict[str, Any]:
+    async def stream(self, ids: list[int], req: OpenAIRequest, max_tokens: int,
+                     request: Request | None = None) -> AsyncIterator[list[int] | dict]:
+        """Decode on the decode thread, yielding each run of new token ids as the generator decides
+        it, then decode()'s whole result (a dict) last. When the client leaves (or the iterator is
+        closed early) decoding stops at its next step, as for a whole-body request."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def on_tokens(tokens: list[int]) -> None:  # decode thread -> event loop, in order
+            loop.call_soon_threadsafe(queue.put_nowait, list(tokens))
+
+        fut = loop.run_in_executor(self.pool, self.decode, ids, req, max_tokens, cancel, on_tokens)
+        fut.add_done_callback(lambda _f: queue.put_nowait(None))  # after every token already queued
+        finished = False
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                while not (await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S))[0]:
+                    if request is not None and await request.is_disconnected():
+                        getter.cancel()
+                        return  # finally: cancel decoding
+                tokens = getter.result()
+                if tokens is None:
+                    break
+                yield tokens
+            finished = True
+            yield fut.result()
+        finally:
+            if not finished:
+                cancel.set()  # the generator stops at its next step; a queued request never starts
+                self.aborted += 1
+
+    def decode(self, ids: list[int], req: OpenAIRequest, max_tokens: int, cancel: threading.Event,
+               on_tokens=None) -> dict[str, Any]:
         kwargs = {"top_p": req.top_p} if req.top_p < 1.0 and self.args.role != "spec" else {}
         if cancel.is_set():
             return {"text": "", "token_ids": [], "finish_reason": "abort"}
         temperature = req.temperature if req.temperature >= SAMPLING_EPS else 0.0  # vLLM: below eps = greedy
-        stop_ids = frozenset() if req.ignore_eos else self.stop_ids
+        stop_ids = self.request_stop_ids(req)
+        if on_tokens is not None:
+            kwargs["on_tokens"] = on_tokens
         res = self.generator.generate(ids, max_tokens, temperature=temperature,
                                       seed=req.seed, stop_ids=stop_ids, cancel=cancel, **kwargs)
         shown = res.token_ids[:-1] if res.token_ids and res.token_ids[-1] in stop_ids else res.token_ids

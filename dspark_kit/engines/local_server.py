@@ -4,7 +4,8 @@ Run: `python -m dspark_kit.engines.local_server --model DIR --role chat --port 8
 It speaks the subset of vLLM's API the pipeline uses, with vLLM's names, so
 every client works unchanged against vLLM later:
   GET /health (no auth), GET /v1/models, POST /v1/chat/completions,
-  POST /v1/completions, GET /metrics (vLLM Prometheus counter names).
+  POST /v1/completions (both also as server-sent events with `stream: true`),
+  GET /metrics (vLLM Prometheus counter names).
 Role `hidden-states` mirrors vLLM's extract_hidden_states + file connector
 (docs/CONCEPTS.md#the-hidden-state-server): a completions request with prompt token ids writes
 `<storage>/<request-id>.safetensors` and answers with
@@ -28,7 +29,7 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from dspark_kit.engines.local_api import (
     ApiError,
@@ -40,6 +41,7 @@ from dspark_kit.engines.local_api import (
     install_error_handlers,
 )
 from dspark_kit.engines.local_engine import Engine, build_generator
+from dspark_kit.engines.local_stream import TextStream, stream_events
 from dspark_kit.recipe import ROLES
 
 
@@ -67,6 +69,16 @@ def create_app(engine: Engine) -> FastAPI:
     args = engine.args
     app.add_middleware(Guard, engine=engine)
     install_error_handlers(app)
+
+    def streamed(req, request: Request, ids: list[int], max_tokens: int, rid: str, chat: bool,
+                 split=None) -> StreamingResponse:
+        """`stream: true`: server-sent events as vLLM sends them (local_stream.py)."""
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        text = TextStream(lambda t: engine.tok.decode(t, skip_special_tokens=False), engine.request_stop_ids(req),
+                          stops, field="content" if chat else "text", split=split)
+        events = stream_events(engine.stream(ids, req, max_tokens, request), text, chat=chat, rid=rid,
+                               created=int(time.time()), model=engine.served_name, prompt_ids=ids, req=req)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.get("/health")
     async def health():
@@ -112,6 +124,9 @@ def create_app(engine: Engine) -> FastAPI:
         ids = await engine.tokenize(chat_ids, req)
         max_tokens = engine.default_max_tokens(ids, req)
         engine.check_prompt(ids, max_tokens)
+        if req.stream:
+            split = split_reasoning_like_vllm if getattr(args, "reasoning_parser", None) else None
+            return streamed(req, request, ids, max_tokens, f"chatcmpl-{uuid.uuid4().hex}", chat=True, split=split)
         out = await engine.run(engine.decode, ids, req, max_tokens, request=request)
         message = {"role": "assistant", "content": out["text"]}
         if getattr(args, "reasoning_parser", None):
@@ -140,6 +155,8 @@ def create_app(engine: Engine) -> FastAPI:
         max_tokens = engine.default_max_tokens(ids, req)
         engine.check_prompt(ids, max_tokens)
         rid = req.request_id or request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
+        if req.stream:  # (role hidden-states refuses stream in check_model)
+            return streamed(req, request, ids, max_tokens, rid, chat=False)
         body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": int(time.time()),
                                 "model": engine.served_name}
         if args.role == "hidden-states":

@@ -34,8 +34,10 @@ class VerifierGenerator:
         stop_ids: frozenset[int] = frozenset(),
         top_p: float = 1.0,
         cancel=None,
+        on_tokens=None,
     ) -> GenerationResult:
-        """`cancel` (a threading.Event): checked between decode steps; once set, stop with reason "abort"."""
+        """`cancel` (a threading.Event): checked between decode steps; once set, stop with reason "abort".
+        `on_tokens`: called with [token] as each token is decided (streaming)."""
         from transformers import DynamicCache
 
         gen = None
@@ -48,11 +50,13 @@ class VerifierGenerator:
         while len(out) < max_new_tokens:
             if cancel is not None and cancel.is_set():
                 return GenerationResult(out, "abort")  # the client went away: free the decoder
-            logits = self.model(input_ids=step_ids, past_key_values=cache, use_cache=True).logits
+            logits = self.model(input_ids=step_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
             token = sample_token(logits[0, -1], temperature, top_p, gen)
             if self.token_delay_s:
                 time.sleep(self.token_delay_s)
             out.append(token)  # like vLLM (and decoder.py), the stop token is part of the output ids
+            if on_tokens is not None:
+                on_tokens([token])
             if token in stop_ids:
                 return GenerationResult(out, "stop")
             step_ids = torch.tensor([[token]], device=self.device)

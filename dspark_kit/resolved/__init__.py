@@ -12,7 +12,8 @@ bench and the CLI ask a `Resolved` instead of re-deriving it.
     num_hidden_layers  the verifier's config, else verifier.num_hidden_layers
     hidden_size        the verifier's config, else verifier.hidden_size (or unknown)
     checkpoint         serve.checkpoint under DIR/checkpoints (or a path)
-    k                  serve.num_speculative_tokens: int, or auto = the tune's K,
+    k                  serve.num_speculative_tokens: int, or auto = the newest tune's K
+                       (in-process window_tune.json or served served_tune.json),
                        else the checkpoint's trained slots, else draft.block_size;
                        then the engine version's rule (vLLM 0.26.x)
     window             serve.draft_window_size (or the command's --draft-window-size):
@@ -42,7 +43,10 @@ from dspark_kit.resolved.rules import (  # noqa: F401 - re-exported: callers imp
     Decision,
     ResolveError,
     Tune,
+    check_eval_device,
     device_env,
+    eval_fit,
+    eval_mode,
     is_deepseek_v4,
     long_context_note,
 )
@@ -56,13 +60,14 @@ class Resolved:
 
     A command's flags enter here, not beside it: `engine` (--engine), `checkpoint`
     (--checkpoint), `window` (--draft-window-size N|auto|off, in place of
-    serve.draft_window_size). `planning=True` (dry runs) builds nothing and tolerates what
+    serve.draft_window_size), `eval_device` (eval's and tune's --device). `planning=True` (dry runs) builds nothing and tolerates what
     a laptop lacks: no checkpoint yet (K falls back to the recipe), no verifier config
     (verifier.num_hidden_layers, or the tiny verifier's planned config).
     """
 
     def __init__(self, recipe: Recipe, run: RunDir | str | Path | None = None, *, engine: str | None = None,
-                 checkpoint: str | Path | None = None, window: int | str | None = None, planning: bool = False,
+                 checkpoint: str | Path | None = None, window: int | str | None = None,
+                 eval_device: str | None = None, planning: bool = False,
                  installed: dict[str, str | None] | None = None,
                  window_support: versions.Support | None = None):
         self.recipe = recipe
@@ -77,6 +82,7 @@ class Resolved:
                 raise ResolveError(f"--draft-window-size: {e}") from None
         self.checkpoint_choice = checkpoint
         self.window_choice = window
+        self.eval_device_choice = check_eval_device(eval_device) if eval_device else None
         self.planning = planning
         self._installed = installed
         self._window_support = window_support
@@ -179,13 +185,37 @@ class Resolved:
             return Decision("cuda", "engine vllm")
         return Decision(self.train_device.value, f"engine local runs where training does; {self.train_device.source}")
 
-    @property
+    @cached_property
     def eval_device(self) -> Decision[str]:
+        choice = self.eval_device_choice
+        if choice == "auto":
+            from dspark_kit.devices import detect_device
+
+            found = detect_device("auto")
+            return Decision(found, f"--device auto: detected {found} here")
+        if choice:
+            return Decision(choice, "--device")
         return Decision(self.train_device.value, f"eval decodes in-process where training runs; {self.train_device.source}")
+
+    @cached_property
+    def eval_fit(self) -> Decision[bool | None]:
+        """Whether the verifier fits the eval device (its config's size x eval_dtype vs the device's
+        memory); False sends eval through the serving engine (`tune --served`, `run`'s served eval)."""
+        from dspark_kit.devices import device_memory_bytes
+        from dspark_kit.specdec.verifier import param_count
+
+        device = self.eval_device.value
+        return eval_fit(param_count(self.verifier_config), self.eval_dtype.value, device,
+                        device_memory_bytes(device), self.recipe.verifier.path)
+
+    @cached_property
+    def eval_mode(self) -> Decision[str]:
+        """`run`'s eval: "in-process" when the verifier fits the eval device, else "served"."""
+        return eval_mode(self.eval_fit, self.eval_device.value)
 
     def _dtype_on(self, device: Decision[str]) -> Decision[str]:
         """The one dtype rule for a verifier forward (hidden states, local engine, eval)."""
-        if device.value == "cpu":
+        if device.value.partition(":")[0] == "cpu":
             return Decision("float32", "float32 on cpu (bf16 matmuls there are slow and change greedy text)")
         return Decision(self.recipe.verifier.dtype, f"verifier.dtype on {device.value}")
 
@@ -262,7 +292,8 @@ class Resolved:
     # ---- tune, K, window ----------------------------------------------------
     @cached_property
     def tune(self) -> Tune | None:
-        return Tune.read(self.run.tune_file)
+        """The most recent tune of either kind (in-process or served) that recommends something."""
+        return Tune.latest(self.run.tune_file, self.run.served_tune_file)
 
     def installed_version(self) -> str | None:
         name = "vllm-ascend" if self.engine == "vllm-ascend" else "vllm"
@@ -278,12 +309,14 @@ class Resolved:
         if isinstance(setting, int):
             k, source = setting, "serve.num_speculative_tokens"
         elif self.tune is not None and self.tune.k is not None:
-            k, source = self.tune.k, f"{TUNED} ({self.tune.path})"
+            k, source = self.tune.k, f"{TUNED} ({self.tune.kind}, {self.tune.path})"
         elif slots is not None:
             k, source = slots, f"auto: the checkpoint's {slots} trained slots ({self.checkpoint}/config.json)"
         else:
             k, source = block, f"auto: draft.block_size {block} (no checkpoint yet; a DSpark draft trains block_size slots)"
         notes: list[str] = []  # K above the trained slots is a checkpoint finding (serve refuses it)
+        if source.startswith(TUNED) and self.tune.note:
+            notes.append(self.tune.note)
         if self.engine == "vllm":
             chosen, note = versions.k_rule("vllm", self.installed_version()).choose(k, slots or block)
             if note:
@@ -306,7 +339,7 @@ class Resolved:
             return Decision(setting, name)
         if self.tune is not None:
             how = f"{self.tune.window}" if self.tune.window else "none (windows did not help)"
-            return Decision(self.tune.window, f"{TUNED} {how} ({self.tune.path})")
+            return Decision(self.tune.window, f"{TUNED} {how} ({self.tune.kind}, {self.tune.path})")
         return Decision(train_w, f"auto: the draft's training window {train_w}")
 
     @cached_property

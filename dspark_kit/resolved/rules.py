@@ -58,27 +58,106 @@ def device_env(device: str, ids: str | None, environ: dict[str, str] | None = No
 
 @dataclass(frozen=True)
 class Tune:
-    """What `dspark-kit tune` recommended (DIR/eval/window_tune.json)."""
+    """What a tune recommended: `dspark-kit tune` (in-process acceptance, DIR/eval/window_tune.json)
+    or `dspark-kit tune --served` (served throughput, DIR/eval/served_tune.json)."""
 
     path: Path
     window: int | None  # None: windows did not help, serve without one
     k: int | None  # None: the tune did not sweep K
+    kind: str = "in-process"  # or "served"
+    note: str | None = None  # what the user should know about this recommendation
 
     @classmethod
     def read(cls, path: Path) -> Tune | None:
+        """The file's recommendation; None without the file (or a served tune that completed no point)."""
         if not path.is_file():
             return None
         try:
             data = json.loads(path.read_text())
-            if not isinstance(data, dict) or "recommended_window" not in data:
-                raise ValueError("no recommended_window")
+            if not isinstance(data, dict) or not ({"recommended_window", "recommended"} & set(data)):
+                raise ValueError("no recommendation")
         except (OSError, ValueError) as e:
             raise ResolveError(f"{path}: unreadable tune result ({str(e).splitlines()[0][:80]}); "
                                "re-run `dspark-kit tune` or delete the file") from None
-        w, k = data.get("recommended_window"), data.get("recommended_k")
-        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
-            raise ResolveError(f"{path}: recommended_window {w!r} is not a positive integer or null; "
-                               "re-run `dspark-kit tune`")
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-            raise ResolveError(f"{path}: recommended_k {k!r} is not a positive integer; re-run `dspark-kit tune`")
-        return cls(path, w, k)
+        if "recommended" in data:
+            return cls._served(path, data)
+        return cls(path, _window(path, data.get("recommended_window")), _k(path, data.get("recommended_k")))
+
+    @classmethod
+    def _served(cls, path: Path, data: dict) -> Tune | None:
+        rec, by_al, note = data.get("recommended"), data.get("recommended_by_acceptance"), None
+        if isinstance(rec, dict) and rec.get("k") == 0:  # no speculation was fastest: serve role spec as
+            note = (f"the served tune ({path}) measured the verifier alone fastest at concurrency "  # acceptance says
+                    f"{data.get('concurrency')}: K and window follow its acceptance-only choice; serving "
+                    "role chat is faster there")
+            rec = by_al
+        if rec is None:
+            return None
+        if not isinstance(rec, dict):
+            raise ResolveError(f"{path}: recommended {rec!r} is not an object; re-run `dspark-kit tune --served`")
+        return cls(path, _window(path, rec.get("window")), _k(path, rec.get("k")), "served", note)
+
+    @classmethod
+    def latest(cls, *paths: Path) -> Tune | None:
+        """The most recent of the tune results (by the file's time) that recommends something."""
+        found = [t for t in (cls.read(p) for p in sorted(paths, key=_mtime, reverse=True)) if t is not None]
+        return found[0] if found else None
+
+
+def _mtime(path: Path) -> float:
+    return path.stat().st_mtime if path.is_file() else 0.0
+
+
+def _window(path: Path, w) -> int | None:
+    if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+        raise ResolveError(f"{path}: recommended window {w!r} is not a positive integer or null; "
+                           "re-run `dspark-kit tune`")
+    return w
+
+
+def _k(path: Path, k) -> int | None:
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise ResolveError(f"{path}: recommended K {k!r} is not a positive integer; re-run `dspark-kit tune`")
+    return k
+
+
+# ---- does the verifier fit the eval device? --------------------------------------
+
+EVAL_DEVICES = ("auto", "cpu", "cuda", "npu")
+# In-process eval holds the verifier's weights plus activations, its KV cache and the draft:
+# weights x this much is the least the device must have.
+EVAL_HEADROOM = 1.15
+
+
+def check_eval_device(device: str) -> str:
+    kind, sep, index = device.partition(":")
+    if kind not in EVAL_DEVICES or (sep and (kind == "auto" or not index.isdigit())):
+        raise ResolveError(f"--device {device!r}: expected auto, cpu, cuda or npu (a device index as cuda:1)")
+    return device
+
+
+def eval_fit(params: int | None, dtype: str, device: str, memory: int | None, verifier: str) -> Decision[bool | None]:
+    """Whether in-process eval can hold the verifier on `device` (None: cannot tell on this machine)."""
+    from dspark_kit.specdec.verifier import DTYPE_BYTES
+
+    if params is None:
+        return Decision(None, f"verifier size unknown here (no readable config.json for {verifier})")
+    need = params * DTYPE_BYTES[dtype] * EVAL_HEADROOM
+    count = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+    size = f"the verifier ({count} parameters) needs about {_bytes(need)} in {dtype}"
+    if memory is None:
+        return Decision(None, f"{size}; the memory of {device} cannot be read here")
+    return Decision(need <= memory, f"{size} (weights + {EVAL_HEADROOM - 1:.0%}), {device} has {_bytes(memory)}")
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def eval_mode(fit: Decision[bool | None], device: str) -> Decision[str]:
+    """`run`'s eval stage: in-process when the verifier fits the eval device, else through the serving engine."""
+    if fit.value is False:
+        return Decision("served", f"the verifier does not fit {device}: {fit.source}")
+    if fit.value is True:
+        return Decision("in-process", f"the verifier fits {device}: {fit.source}")
+    return Decision("in-process", f"{fit.source}; in-process unless the verifier proves too large where it runs")

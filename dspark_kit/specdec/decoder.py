@@ -11,6 +11,7 @@ comparable with a served vLLM run.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -34,7 +35,11 @@ class GenerationResult:
 
 
 class Generator(Protocol):
-    """What the local engine needs from a decoding backend."""
+    """What the local engine needs from a decoding backend.
+
+    `on_tokens`, when given, is called with each run of new output tokens as soon as
+    they are decided (a token at a time, or an accepted draft run), for streaming.
+    """
 
     def generate(
         self,
@@ -43,6 +48,8 @@ class Generator(Protocol):
         temperature: float = 0.0,
         seed: int | None = None,
         stop_ids: frozenset[int] = frozenset(),
+        cancel=None,
+        on_tokens: Callable[[list[int]], None] | None = None,
     ) -> GenerationResult: ...
 
 
@@ -70,28 +77,37 @@ class Verifier:
 
         return DynamicCache(config=self.model.config)
 
-    @torch.no_grad()
-    def forward(self, ids: list[int], cache, start_pos: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [n, V] and concatenated aux states [n, len(ids)*H] for new tokens."""
+    @torch.no_grad()  # not inference_mode: tests train on these states
+    def forward(self, ids: list[int], cache, start_pos: int, last_only: bool = False,
+                aux: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [n, V] (`last_only`: [1, V], the next token's, as a prefill needs) and
+        concatenated aux states [n, len(ids)*H] for new tokens (None without `aux`)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos = torch.arange(start_pos, start_pos + len(ids), device=self.device).view(1, -1)
+        aux = aux and bool(self.layer_ids)
         out = self.model(
             input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True,
-            output_hidden_states=bool(self.layer_ids),
+            output_hidden_states=aux, logits_to_keep=1 if last_only else 0,
         )
-        aux = self.tap.select(out.hidden_states).flatten(1) if self.layer_ids else None
+        aux = self.tap.select(out.hidden_states).flatten(1) if aux else None
         return out.logits[0].float(), aux
 
 
-def _emit(new: list[int], out: list[int], max_new: int, stop_ids: frozenset[int]) -> str | None:
-    """Append tokens to out; return a finish reason once generation must end."""
+def _emit(new: list[int], out: list[int], max_new: int, stop_ids: frozenset[int],
+          on_tokens: Callable[[list[int]], None] | None = None) -> str | None:
+    """Append tokens to out (and hand them to on_tokens); return a finish reason once generation must end."""
+    start, reason = len(out), None
     for t in new:
         out.append(t)
         if t in stop_ids:
-            return "stop"
+            reason = "stop"
+            break
         if len(out) >= max_new:
-            return "length"
-    return None
+            reason = "length"
+            break
+    if on_tokens is not None and len(out) > start:
+        on_tokens(out[start:])
+    return reason
 
 
 class ReferenceDecoder:
@@ -106,22 +122,47 @@ class ReferenceDecoder:
     def __init__(self, verifier: Verifier):
         self.verifier = verifier
 
+    @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
-                 cancel=None) -> SpecResult:
+                 cancel=None, on_tokens=None) -> SpecResult:
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         cache, out, forwards = self.verifier.new_cache(), [], 0
         feed, pos, reason = list(prompt_ids), 0, None
         while reason is None:
-            logits, _ = self.verifier.forward(feed, cache, pos)
+            logits, _ = self.verifier.forward(feed, cache, pos, last_only=True, aux=False)
             forwards += 1
             pos += len(feed)
             nxt = sample_token(logits[-1], temperature, gen=gen)
-            reason = _emit([nxt], out, max_new_tokens, stop_ids)
+            reason = _emit([nxt], out, max_new_tokens, stop_ids, on_tokens)
             if reason is None and cancel is not None and cancel.is_set():
                 reason = "abort"  # the client went away: stop decoding for it
             feed = [nxt]
         return SpecResult(out, reason, verifier_forwards=forwards, wall_s=time.perf_counter() - t0)
+
+
+class _DraftContext:
+    """The verified context as the draft sees it: a draft KV cache, or (reference) raw features."""
+
+    def __init__(self, draft: DSparkDraft, cached: bool):
+        self.d = draft
+        self.cache = draft.new_cache() if cached else None
+        self.feats: torch.Tensor | None = None
+
+    def extend(self, aux: torch.Tensor) -> None:
+        """Append the verified tokens' aux states (only accepted positions ever come here)."""
+        feats = self.d.context_features(aux)
+        if self.cache is not None:
+            self.d.extend_cache(self.cache, feats)
+        else:
+            self.feats = feats if self.feats is None else torch.cat([self.feats, feats])
+
+    def draft(self, anchor: int, num_slots: int, window: int | None, kv_block_size: int, with_confidence: bool):
+        if self.cache is not None:
+            return self.d.draft_cached(self.cache, anchor, num_slots, window, kv_block_size, with_confidence)
+        p = self.feats.shape[0]
+        return self.d.draft(self.feats, torch.arange(p, device=self.d.device), anchor, p, num_slots, window,
+                            kv_block_size, with_confidence)
 
 
 class SpecGenerator:
@@ -135,8 +176,12 @@ class SpecGenerator:
         draft_window_size: int | None = None,
         confidence_threshold: float | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
+        draft_kv_cache: bool = True,
     ):
+        """`draft_kv_cache=False` recomputes the draft's context K/V every step (the reference
+        path; same tokens, a cost that grows with the context): for tests and benchmarks."""
         self.verifier, self.draft = verifier, draft
+        self.draft_kv_cache = draft_kv_cache
         self.k = num_speculative_tokens  # decided by resolved.Resolved.k, never defaulted here
         if not 1 <= self.k <= draft.block_size:
             raise ValueError(
@@ -161,11 +206,12 @@ class SpecGenerator:
         verifier = Verifier(verifier_path, draft.target_layer_ids, device, dtype)
         return cls(verifier, draft, num_speculative_tokens, draft_window_size, confidence_threshold)
 
+    @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
-                 cancel=None) -> SpecResult:
+                 cancel=None, on_tokens=None) -> SpecResult:
         if temperature > 0:  # lossless speculative sampling is out of scope here
             res = ReferenceDecoder(self.verifier).generate(prompt_ids, max_new_tokens, temperature, seed, stop_ids,
-                                                            cancel=cancel)
+                                                            cancel=cancel, on_tokens=on_tokens)
             res.notes.append("temperature > 0: verifier-only sampling, no drafting")
             return res
         if not prompt_ids:
@@ -174,15 +220,16 @@ class SpecGenerator:
         v, d = self.verifier, self.draft
         res = SpecResult([], "length", accepted_per_pos=[0] * self.k)
         cache = v.new_cache()
-        logits, aux = v.forward(list(prompt_ids), cache, 0)  # prefill
+        logits, aux = v.forward(list(prompt_ids), cache, 0, last_only=True)  # prefill
         res.verifier_forwards = 1
-        ctx_feats = d.context_features(aux)
+        context = _DraftContext(d, self.draft_kv_cache)
+        context.extend(aux)
         anchor, p = int(logits[-1].argmax()), len(prompt_ids)  # p = anchor position
-        reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids)
+        reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids, on_tokens)
         while reason is None:
             num_slots = min(self.k, max_new_tokens - len(res.token_ids))
-            ctx_pos = torch.arange(p, device=d.device)
-            block = d.draft(ctx_feats, ctx_pos, anchor, p, num_slots, self.window, self.kv_block_size)
+            block = context.draft(anchor, num_slots, self.window, self.kv_block_size,
+                                  with_confidence=self.confidence_threshold is not None)
             keep = confident_prefix(block.confidence, self.confidence_threshold) or num_slots
             drafted = block.tokens[:keep]
             logits, aux = v.forward([anchor, *drafted], cache, p)
@@ -199,9 +246,9 @@ class SpecGenerator:
             # Keep anchor + accepted drafts in cache and context; drop rejected ones.
             if len(drafted) > n_acc:
                 cache.crop(n_acc - len(drafted))  # negative: drop the rejected tail
-            ctx_feats = torch.cat([ctx_feats, d.context_features(aux[: n_acc + 1])])
+            context.extend(aux[: n_acc + 1])
             anchor, p = target[n_acc], p + n_acc + 1
-            reason = _emit([*drafted[:n_acc], anchor], res.token_ids, max_new_tokens, stop_ids)
+            reason = _emit([*drafted[:n_acc], anchor], res.token_ids, max_new_tokens, stop_ids, on_tokens)
             if reason is None and cancel is not None and cancel.is_set():
                 reason = "abort"
         res.finish_reason = reason

@@ -13,6 +13,10 @@ the inference wiring lives here:
 - one parallel pass gives base logits; the Markov bias is then chained
   slot by slot: prev = anchor, slot i adds bias(prev), takes argmax,
   prev = chosen (sample_from_anchor: slot i predicts token p+i+1).
+
+`draft` recomputes every context K/V through speculators' layers (the reference,
+checked against the training forward); `draft_cached` runs the same layers on a
+`DraftKVCache` that holds them across steps (what the decoder uses).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from dspark_kit.specdec.draft_cache import DraftKVCache
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE, draft_seq_len, window_start
 
 
@@ -98,25 +103,28 @@ class DSparkDraft:
         return draft_ids + d2t[draft_ids]  # d2t holds offsets (EAGLE convention)
 
     # ---- forward pieces -----------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def context_features(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """[n, len(target ids) * hidden] concatenated aux states -> [n, hidden]."""
         return self.model.hidden_norm(self.model.fc(aux_hidden.to(self.device, torch.float32)))
 
-    def _layer_masks(self, ctx_pos: torch.Tensor, anchor_pos: int, num_slots: int) -> dict[bool, torch.Tensor]:
-        """Boolean [1, 1, K, n_ctx + K] masks (True = attend), full and sliding."""
-        n = ctx_pos.numel()
-        block = torch.ones(num_slots, num_slots, dtype=torch.bool, device=self.device)
-        full = torch.cat([torch.ones(num_slots, n, dtype=torch.bool, device=self.device), block], 1)
-        masks = {False: full[None, None]}
+    def _layer_masks(self, ctx_pos: torch.Tensor, anchor_pos: int, num_slots: int) -> dict[bool, torch.Tensor | None]:
+        """Boolean [1, 1, K, n_ctx + K] masks (True = attend), full and sliding.
+
+        Full layers attend to everything (the context and the whole block): no mask,
+        which lets sdpa share K/V heads instead of copying them per query head.
+        """
+        masks: dict[bool, torch.Tensor | None] = {False: None}
         if self.sliding_layers:
+            n = ctx_pos.numel()
+            block = torch.ones(num_slots, num_slots, dtype=torch.bool, device=self.device)
             in_win = (ctx_pos >= anchor_pos - self.sliding_window).to(self.device)
             ctx = in_win.view(1, n).expand(num_slots, n)
             blk = block if self.sliding_non_causal else torch.tril(block)
             masks[True] = torch.cat([ctx, blk], 1)[None, None]
         return masks
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def block_hidden(self, ctx_feats: torch.Tensor, ctx_pos: torch.Tensor, anchor: int, anchor_pos: int, num_slots: int) -> torch.Tensor:
         """Final-normed hidden states [num_slots, hidden] of one drafted block."""
         m = self.model
@@ -138,23 +146,88 @@ class DSparkDraft:
             )
         return m.norm(x)[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def markov_bias(self, prev_ids: list[int], hidden: torch.Tensor) -> torch.Tensor:
-        """Bias for slot len(prev_ids)-1 given the prev chain so far (any head type)."""
+        """Bias for slot len(prev_ids)-1 given the prev chain so far (any head type).
+
+        vanilla and gated heads are per position (slot i reads prev i and hidden i
+        only), so only the last slot is computed; the rnn head carries a state
+        through the chain, so it runs the whole prefix.
+        """
         head = self.model.markov_head
+        i = len(prev_ids) - 1
+        if head.head_type == "vanilla":  # W2 @ W1[prev], the head's own formula without its module calls
+            return head.markov_w2.weight @ head.markov_w1.weight[prev_ids[-1]].to(head.markov_w2.weight.dtype)
+        if head.head_type == "gated":
+            prev = torch.tensor([prev_ids[-1:]], dtype=torch.long, device=self.device)
+            return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, i: i + 1])[0, -1]
         prev = torch.tensor([prev_ids], dtype=torch.long, device=self.device)
-        return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, : len(prev_ids)])[0, -1]
+        return head.block_bias(prev_token_ids=prev, hidden_states=hidden[None, : i + 1])[0, -1]
 
-    @torch.no_grad()
-    def confidence(self, prev_id: int, hidden_k: torch.Tensor) -> float:
+    @torch.inference_mode()
+    def confidences(self, prev_ids: list[int], hidden: torch.Tensor) -> list[float]:
+        """sigmoid(confidence logit) of slots 0..len(prev_ids)-1, slot i given prev i (one batched call)."""
         m = self.model
-        feats = hidden_k
+        n = len(prev_ids)
+        feats = hidden[:n]
         if m.config.confidence_head_with_markov and m.markov_head is not None:
-            prev = m.markov_head.prev_embeddings(torch.tensor([prev_id], device=self.device))[0]
-            feats = torch.cat([hidden_k, prev.to(hidden_k.dtype)])
-        return float(torch.sigmoid(m.confidence_head(feats[None]))[0])
+            prev = m.markov_head.prev_embeddings(torch.tensor(prev_ids, device=self.device))
+            feats = torch.cat([feats, prev.to(feats.dtype)], dim=-1)
+        return torch.sigmoid(m.confidence_head(feats)).tolist()
 
-    @torch.no_grad()
+    # ---- the draft KV cache (draft_cache.py) --------------------------------
+    def new_cache(self) -> DraftKVCache:
+        attn = self.model.layers[0].self_attn
+        kv_heads = attn.k_proj.out_features // attn.head_dim
+        param = next(self.model.parameters())
+        return DraftKVCache(len(self.model.layers), kv_heads, attn.head_dim, param.device, param.dtype)
+
+    def extend_cache(self, cache: DraftKVCache, ctx_feats: torch.Tensor) -> None:
+        """Verified context features [m, hidden] for positions cache.context_len..: their K/V are
+        computed by the next drafted block's pass (draft_cached), once, then kept."""
+        cache.append(ctx_feats)
+
+    @torch.inference_mode()
+    def block_hidden_cached(self, cache: DraftKVCache, start: int, anchor: int, num_slots: int) -> torch.Tensor:
+        """`block_hidden` on the cache: the pending context positions pass through the layers with
+        the block (speculators' own attention computes their K/V, as it does for a whole context),
+        the committed ones are read from `start` on; then the pending ones are committed."""
+        m = self.model
+        pending = cache.take_pending(self.hidden_size)
+        new, anchor_pos = pending.shape[0], cache.length + pending.shape[0]  # the block follows the context
+        ids = torch.full((1, num_slots), self.mask_token_id, dtype=torch.long, device=self.device)
+        ids[0, 0] = anchor
+        x = m.embed_tokens(ids)
+        positions = torch.arange(cache.length, anchor_pos + num_slots, device=self.device).view(1, -1)
+        cos_sin = m.rotary_emb(x, positions)
+        masks = self._layer_masks(torch.arange(start, anchor_pos, device=self.device), anchor_pos, num_slots)
+        target = pending.to(self.device, x.dtype).view(1, new, self.hidden_size)
+        reader = cache.reader(start, new, num_slots)
+        for i, layer in enumerate(m.layers):
+            x = layer(
+                hidden_states=x,
+                target_hidden=target,
+                attention_mask=masks[i in self.sliding_layers],
+                position_ids=positions,
+                position_embeddings=cos_sin,
+                past_key_value=reader,
+            )
+        cache.commit(new)
+        return m.norm(x)[0]
+
+    # ---- drafting -------------------------------------------------------------
+    def _check_slots(self, num_slots: int) -> None:
+        if not 1 <= num_slots <= self.block_size:
+            raise ValueError(f"num_speculative_tokens: {num_slots} outside 1..{self.block_size} (draft block_size)")
+
+    @staticmethod
+    def window_first_position(context_len: int, num_slots: int, window: int | None, kv_block_size: int) -> int:
+        """First context position the draft reads: 0, or where vllm-ascend starts the window (token level)."""
+        if window is None:
+            return 0
+        return window_start(draft_seq_len("dspark", context_len, num_slots), window, kv_block_size)
+
+    @torch.inference_mode()
     def draft(
         self,
         ctx_feats: torch.Tensor,
@@ -164,27 +237,47 @@ class DSparkDraft:
         num_slots: int,
         window: int | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
+        with_confidence: bool = True,
     ) -> DraftBlock:
-        """Propose num_slots tokens after `anchor` (at anchor_pos) from the context."""
-        if not 1 <= num_slots <= self.block_size:
-            raise ValueError(f"num_speculative_tokens: {num_slots} outside 1..{self.block_size} (draft block_size)")
+        """Propose num_slots tokens after `anchor` (at anchor_pos) from the context, recomputing its K/V."""
+        self._check_slots(num_slots)
         if window is not None:  # draft KV window: reads only, token level, as vllm-ascend starts it
-            seq = draft_seq_len("dspark", ctx_pos.numel(), num_slots)
-            keep = ctx_pos >= window_start(seq, window, kv_block_size)
+            keep = ctx_pos >= self.window_first_position(ctx_pos.numel(), num_slots, window, kv_block_size)
             ctx_feats, ctx_pos = ctx_feats[keep], ctx_pos[keep]
         hidden = self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots)
+        return self._propose(hidden, anchor, num_slots, with_confidence)
+
+    @torch.inference_mode()
+    def draft_cached(
+        self,
+        cache: DraftKVCache,
+        anchor: int,
+        num_slots: int,
+        window: int | None = None,
+        kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
+        with_confidence: bool = True,
+    ) -> DraftBlock:
+        """`draft` for the context held in `cache` (positions 0..cache.context_len-1); the anchor follows it."""
+        self._check_slots(num_slots)
+        # the window trims the context only: the block always attends to itself (as `draft` keeps it)
+        start = min(self.window_first_position(cache.context_len, num_slots, window, kv_block_size), cache.context_len)
+        hidden = self.block_hidden_cached(cache, start, anchor, num_slots)
+        return self._propose(hidden, anchor, num_slots, with_confidence)
+
+    def _propose(self, hidden: torch.Tensor, anchor: int, num_slots: int, with_confidence: bool = True) -> DraftBlock:
+        """Base logits, then the Markov bias chained slot by slot, and (if asked) the confidences."""
         base = self.model.lm_head(hidden)
         logits = base.clone()
         chosen: list[int] = []
-        conf: list[float] | None = [] if self.model.confidence_head is not None else None
+        d2t = self.model.d2t if self.model.use_draft_vocab else None
         for i in range(num_slots):
-            prev_chain = chain_prev_tokens(anchor, chosen)[: i + 1]
             if self.model.markov_head is not None:
-                logits[i] = base[i] + self.markov_bias(prev_chain, hidden)
-            if conf is not None:
-                conf.append(self.confidence(prev_chain[-1], hidden[i]))
-            pick = self.to_verifier_ids(logits[i].argmax().view(1))
-            chosen.append(int(pick[0]))
+                logits[i] += self.markov_bias(chain_prev_tokens(anchor, chosen)[: i + 1], hidden)
+            pick = int(logits[i].argmax())
+            chosen.append(pick + int(d2t[pick]) if d2t is not None else pick)  # d2t: offsets (EAGLE convention)
+        conf = None
+        if with_confidence and self.model.confidence_head is not None:
+            conf = self.confidences(chain_prev_tokens(anchor, chosen)[:num_slots], hidden)
         return DraftBlock(tokens=chosen, logits=logits, base_logits=base, confidence=conf)
 
 

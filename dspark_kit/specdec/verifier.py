@@ -64,6 +64,34 @@ def num_layers_of(cfg: dict | None) -> int | None:
     return n if isinstance(n, int) else None
 
 
+def param_count(cfg: dict | None) -> int | None:
+    """Parameters of a decoder-only LM from its config alone (dense or MoE), close enough to size it:
+    embeddings (+ an untied head), attention, MLP or experts (routed + shared + router) per layer."""
+    if not cfg:
+        return None
+    c = cfg.get("text_config") or cfg
+    try:
+        h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
+        heads = int(c.get("num_attention_heads") or 1)
+        kv = int(c.get("num_key_value_heads") or heads)
+        hd = int(c.get("head_dim") or h // heads)
+        inter = int(c.get("intermediate_size") or 4 * h)
+    except (KeyError, TypeError, ValueError):
+        return None
+    attn = h * hd * (2 * heads + 2 * kv)  # q, o; k, v
+    experts = int(c.get("num_experts") or c.get("n_routed_experts") or c.get("num_local_experts") or 0)
+    moe_inter = int(c.get("moe_intermediate_size") or inter)
+    shared = int(c.get("shared_expert_intermediate_size") or 0) or moe_inter * int(c.get("n_shared_experts") or 0)
+    dense_layers = min(layers, int(c.get("first_k_dense_replace") or 0)) if experts else layers
+    sparse = experts * 3 * h * moe_inter + 3 * h * shared + h * experts
+    total = layers * attn + dense_layers * 3 * h * inter + (layers - dense_layers) * sparse
+    heads_out = 1 if c.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)) else 2
+    return total + heads_out * vocab * h
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
 def load_tokenizer(path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

@@ -96,6 +96,9 @@ class RequestRecord:
 
 
 def _delta_text(choice: dict) -> str:
+    """The text a chat chunk (delta) or a completions chunk (text) carries."""
+    if isinstance(choice.get("text"), str):
+        return choice["text"]
     delta = choice.get("delta") or choice.get("message") or {}
     parts = [delta.get(k) for k in ("content", "reasoning_content", "reasoning")]
     return "".join(p for p in parts if isinstance(p, str))
@@ -107,14 +110,16 @@ def _apply_usage(rec: RequestRecord, usage: dict | None) -> None:
         rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
 
 
-async def chat_request(client: ChatClient, payload: dict) -> RequestRecord:
-    """POST one chat completion, streamed when the server streams; times every event."""
+async def chat_request(client: ChatClient, payload: dict, completion: bool = False) -> RequestRecord:
+    """POST one chat completion (`completion`: a /v1/completions request), streamed when the
+    server streams; times every event."""
     rec = RequestRecord()
     start = time.perf_counter()
     last = start
     chunks = 0
     try:
-        async with aclosing(client.stream_chat(payload)) as events:
+        send = client.stream_completion if completion else client.stream_chat
+        async with aclosing(send(payload)) as events:
             async for kind, event in events:
                 now = time.perf_counter()
                 if kind == "body":  # the server answered one JSON body

@@ -85,6 +85,9 @@ class EvalSession:
 
     def __init__(self, res: Resolved, sweep: bool = False):
         """`sweep`: the caller passes K to every measure() (tune), so the resolved K is not needed."""
+        if res.eval_fit.value is False:  # before loading (or importing) anything: it would not fit
+            raise EvalError(f"eval on {res.eval_device.value}: {res.eval_fit.source}; measure through the "
+                            "serving engine instead: `dspark-kit tune --served` (or choose another --device)")
         from transformers import AutoTokenizer
 
         from dspark_kit.specdec.decoder import Verifier
@@ -169,7 +172,7 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
 
 
 def stage_eval(res: Resolved) -> dict:
-    """Pipeline stage hook (dspark_kit.stages.pipeline)."""
+    """Pipeline stage hook for in-process eval (stages.steps.run_eval chooses it or the served one)."""
     s = run_eval(res)
     return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
 
@@ -178,8 +181,9 @@ def stage_eval(res: Resolved) -> dict:
 
 
 def markdown(summary: dict) -> str:
+    how = f"Served eval ({summary['engine']} engine)" if summary.get("mode") == "served" else "Offline eval"
     lines = [
-        f"# Offline eval: {summary['checkpoint']}",
+        f"# {how}: {summary['checkpoint']}",
         "",
         (f"K={summary['num_speculative_tokens']}, max_new_tokens={summary['max_new_tokens']}, "
          f"draft window={summary['draft_window_size']}"),
@@ -231,7 +235,7 @@ def candidate_windows(training_window: int, max_context: int, block: int = LOCAL
 
 
 def candidate_ks(block_size: int, slots: int | None) -> list[int]:
-    """K values worth comparing: block - 1 (the seed's choice) and block (every trained slot)."""
+    """K values worth comparing: block - 1 (the reference Ascend run's choice) and block (every trained slot)."""
     top = min(block_size, slots or block_size)
     return sorted({k for k in (block_size - 1, block_size) if 1 <= k <= top})
 

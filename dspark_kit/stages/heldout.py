@@ -92,8 +92,13 @@ def _chats(rows) -> Iterator[tuple[str, list[dict]]]:
 def _file_rows(path: Path) -> list[dict]:
     if not path.is_file():
         raise EvalError(f"--prompts {path}: file not found (jsonl rows with conversations/messages/prompt)")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise EvalError(f"--prompts {path}: unreadable ({type(e).__name__}); pass a UTF-8 jsonl of chats "
+                        "or text lines") from None
     rows = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         if line.strip():
             try:
                 rows.append(json.loads(line))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dspark_kit import atomic
-from dspark_kit.progress import note, tee_stderr
+from dspark_kit.progress import StageDisplay
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir
@@ -82,10 +82,29 @@ def replay_recipe(run_dir: Path) -> tuple[Recipe, list[str], list[str]]:
     return recipe, stages or list(STAGES), diffs
 
 
+RESULT_LABELS = {  # a stage's key figure, as its one-line result says it
+    "written": "rows regenerated", "rows_out": "training rows", "generated": "hidden-state files written",
+    "accept_len_epoch": "val accept_len (teacher-forced)", "acceptance_length": "acceptance length",
+    "engine": "engine", "path": "report",
+}
+
+
+def stage_result(stage: Stage, summary: dict) -> str:
+    """The stage's one-line result: its key figure, labelled."""
+    figure = summary.get(stage.key)
+    if figure is None:
+        return next((str(v) for k, v in summary.items() if k == "skipped"), "done")
+    shown = f"{figure:.3f}" if isinstance(figure, float) else str(figure)
+    return f"{RESULT_LABELS.get(stage.key, stage.key)} {shown}"
+
+
 def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | None = None,
-                 force: bool = False, log=note) -> list[dict]:
-    """Run stages in order, each with the run's one `res`; returns one row per stage for the
-    summary table."""
+                 force: bool = False, display: StageDisplay | None = None) -> list[dict]:
+    """Run stages in order, each with the run's one `res`, shown by `display` (one line per stage;
+    default: everything streamed); returns one row per stage for the summary table."""
+    if display is None:
+        with StageDisplay(verbose=True) as streamed:
+            return run_pipeline(res, stages, start, force, streamed)
     from dspark_kit.stages.manifest import update_manifest
 
     recipe, workdir = res.recipe, res.run.root
@@ -106,19 +125,20 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
         dirty = dirty or name == forced_from
         if name == "regen" and not recipe.regen.enabled:
             rows.append({"stage": name, "status": "skipped (regen.enabled false)", "seconds": 0.0, "figure": None})
+            display.result(name, "skipped (regen.enabled false)")
             continue
         if not dirty and prev.get("status") == "done" and prev.get("fingerprint") == fp:
             rows.append({"stage": name, "status": "skipped (unchanged)", "seconds": 0.0,
                          "figure": prev.get("figure")})
+            display.result(name, "skipped (unchanged)")
             upstream = fp
             continue
         dirty = True  # everything downstream of a rerun stage reruns
-        log(f"==> {name}")
         state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
         save_state(workdir, state)
         t0 = time.time()
         try:
-            with tee_stderr(RunDir.at(workdir).stage_log(name)):
+            with display.stage(name, res.run.stage_log(name)):
                 summary = stage.run(res)
         except BaseException:
             state[name]["status"] = "failed"
@@ -130,6 +150,7 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
         save_state(workdir, state)
         update_manifest(workdir, recipe, name, resolved=res, seconds=secs, summary=summary)
         rows.append({"stage": name, "status": "done", "seconds": secs, "figure": figure})
+        display.result(name, stage_result(stage, summary), secs)
         upstream = fp
     return rows
 

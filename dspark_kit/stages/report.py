@@ -186,22 +186,27 @@ def epoch_markdown(epochs: dict[int, dict[str, float]], best: str | None = None)
 
 
 def eval_files(run: RunDir) -> list[Path]:
-    """The eval results in eval/: every JSON there but the tune result (its own line, tune_line)."""
-    return sorted(f for f in run.eval.glob("*.json") if f.name != run.tune_file.name)
+    """The eval results in eval/: every JSON there but the tune results (their own lines, tune_line)."""
+    tunes = {run.tune_file.name, run.served_tune_file.name}
+    return sorted(f for f in run.eval.glob("*.json") if f.name not in tunes)
 
 
 def tune_line(run: RunDir) -> str | None:
     """What `dspark-kit tune` recommended, as one line; None without a tune result."""
     from dspark_kit.resolved import ResolveError, Tune
 
-    try:
-        tune = Tune.read(run.tune_file)
-    except ResolveError as e:
-        return f"window tune: {e}"
-    if tune is None:
-        return None
-    window = tune.window if tune.window is not None else "none (windows did not help)"
-    return f"Window tune (`eval/{run.tune_file.name}`): recommended K {_fmt(tune.k)}, draft window {window}."
+    lines = []
+    for path, what in ((run.tune_file, "Window tune"), (run.served_tune_file, "Served tune (by throughput)")):
+        try:
+            tune = Tune.read(path)
+        except ResolveError as e:
+            lines.append(f"{what}: {e}")
+            continue
+        if tune is not None:
+            window = tune.window if tune.window is not None else "none (windows did not help)"
+            lines.append(f"{what} (`eval/{path.name}`): recommended K {_fmt(tune.k)}, draft window {window}."
+                         + (f" Note: {tune.note}." if tune.note else ""))
+    return " ".join(lines) or None
 
 
 def _eval_rows(obj: Any, name: str) -> list[tuple[str, dict]]:

@@ -24,9 +24,12 @@ class Stage:
 
 
 def stage_regen(res: Resolved) -> dict:
+    from dspark_kit.progress import progress_bar
     from dspark_kit.stages.regen import run_regen
 
-    s = run_regen(res, res.run.regen_jsonl, resume=True)
+    with progress_bar("regen", total=res.recipe.data.limit, unit="row") as bar:
+        s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
+                      engine_log=res.run.server_log("chat"))
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
          f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
          f"of {s['source_rows']} source rows")
@@ -219,6 +222,12 @@ def plan_train(res: Resolved) -> list[str]:
 
 
 def run_eval(res: Resolved) -> dict:
+    """In-process when the verifier fits the eval device, else through the serving engine (Resolved.eval_mode)."""
+    if res.eval_mode.value == "served":
+        from dspark_kit.stages.served_tune import served_eval
+
+        s = served_eval(res)
+        return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
     from dspark_kit.stages.evaluate import stage_eval
 
     return stage_eval(res)
@@ -227,8 +236,16 @@ def run_eval(res: Resolved) -> dict:
 def plan_eval(res: Resolved) -> list[str]:
     from dspark_kit.stages.heldout import plan_line
 
-    return [(f"# in-process: offline acceptance of {res.recipe.serve.checkpoint} on {res.eval_device.value} "
-            f"({res.eval_dtype.value}), {plan_line(res)} -> {res.run.eval}")]
+    mode, where = res.eval_mode, f"{plan_line(res)} -> {res.run.eval}"
+    device = f"{res.eval_device.value} ({res.eval_dtype.value})"
+    if mode.value == "served":
+        return [(f"# served: acceptance through the {res.engine} engine at the bench concurrency, {where} "
+                f"(why: {mode.source})"), *_spec_server_dry_run(res, "eval")]
+    if res.eval_fit.value is None:  # cannot tell on this machine: the run decides
+        return [(f"# decided when it runs: in-process on {device} if the verifier fits there, else served through "
+                f"the {res.engine} engine (the server below); {where}; {res.eval_fit.source}"),
+                *_spec_server_dry_run(res, "eval if served")]
+    return [f"# in-process: offline acceptance on {device}, {where} (why: {mode.source})"]
 
 
 def run_serve(res: Resolved) -> dict:

@@ -1,15 +1,16 @@
 """Stage 3, train: the recipe -> the real `speculators train` invocation.
 
 We never re-implement training. `build_train_args` turns the recipe into
-speculators' own flags (with the DSpark defaults the seed guide insists on:
+speculators' own flags (DSpark's settings where speculators' defaults differ:
 loss, optimizer, max anchors, logger, full-attention indices set
-explicitly), and `launch_plan` wraps them in the process launcher: a single
+explicitly; docs/CONCEPTS.md#speculators-on-cpu-and-npu), and `launch_plan` wraps them in the process launcher: a single
 process or torchrun. Every process runs `dspark_kit.compat.train_entry`, which
 applies the device layer + patches and then calls speculators' train main.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -169,6 +170,31 @@ def node_plans(recipe: Recipe, train_args: list[str], device: str, rdzv=None) ->
     return plans
 
 
+_EPOCH = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
+_STEP = re.compile(r"global_step[=': ]+(\d+)")
+
+
+class TrainProgress:
+    """Moves the train stage's line from what the trainer logs: epochs started/completed, steps."""
+
+    def __init__(self, bar):
+        self.bar, self.epoch, self.step = bar, "", ""
+
+    def feed(self, line: str) -> None:
+        if m := _EPOCH.search(line):
+            epoch, epochs, what = int(m.group(1)), int(m.group(2)), m.group(3)
+            if what == "completed":
+                self.bar.advance(1)
+            else:
+                self.bar.total(epochs)
+                self.epoch = f"epoch {epoch}/{epochs}"
+        elif m := _STEP.search(line):
+            self.step = f"step {m.group(1)}"
+        else:
+            return
+        self.bar.describe(" ".join(p for p in (self.epoch, self.step) if p))
+
+
 STOP_GRACE_S = 30.0  # SIGTERM lets speculators save an "interrupted" checkpoint; then SIGKILL
 
 
@@ -192,7 +218,8 @@ def _watch(proc, watch: Callable[[], str | None], poll_s: float = 1.0) -> None:
 
 
 def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | None] | None = None) -> int:
-    """Run the plan, teeing output to `log_path`; returns the exit code.
+    """Run the plan with its output in `log_path` (and on the console when stages stream: outside
+    `run`, or `run -v`); returns the exit code.
 
     `watch`: polled every second while training runs; when it returns a reason (the
     hidden-state server this command started has exited), the trainer is stopped.
@@ -202,22 +229,28 @@ def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | Non
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     from dspark_kit.engines.lifecycle import die_with_parent_preexec, install_signal_handlers
+    from dspark_kit.progress import echo_child_output, progress_bar
     from dspark_kit.redact import redact_text
 
     env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+    echo = echo_child_output()
     install_signal_handlers()  # SIGTERM to the kit unwinds through the except below
     with log_path.open("a") as log, subprocess.Popen(
         plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - SIGKILL of the kit ends training too
-    ) as proc:
+    ) as proc, (contextlib.nullcontext() if echo else progress_bar("train", None, "epoch")) as bar:
         assert proc.stdout is not None
+        progress = TrainProgress(bar)
         if watch is not None:
             threading.Thread(target=_watch, args=(proc, watch), daemon=True, name="server-watch").start()
         try:
             for line in proc.stdout:
                 line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
                 log.write(line)
-                sys.stderr.write(line)
+                if echo:
+                    sys.stderr.write(line)
+                else:
+                    progress.feed(line)
         except BaseException:  # Ctrl-C / SIGTERM to the kit: stop the trainer (torchrun forwards it)
             _stop(proc)
             raise

@@ -1,0 +1,56 @@
+"""Token lengths of a chat data source, rendered the way prepare renders it: the basis for a new
+recipe's data.seq_length (`dspark-kit init --data`)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from dspark_kit.data.chat import encode, render
+from dspark_kit.data.sources import iter_source
+from dspark_kit.recipe import DataCfg
+
+
+class DataSampleError(ValueError):
+    """The data source cannot be read or has no usable chat; one line naming --data and the fix."""
+
+
+@dataclass(frozen=True)
+class LengthSample:
+    rows: int  # rows rendered
+    p50: int
+    p99: int
+    longest: int
+
+
+def percentile(values: list[int], q: float) -> int:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def sample_lengths(source: str, tokenizer, thinking: bool, sample: int = 256) -> LengthSample:
+    """Token lengths of the first `sample` usable conversations of `source` (whole chats, chat template
+    applied in the recipe's thinking mode)."""
+    cfg = DataCfg(source=source)
+    skipped: Counter = Counter()
+    lengths: list[int] = []
+    try:
+        for _, messages in iter_source(cfg, skipped=skipped, limit=sample):
+            try:
+                lengths.append(len(encode(tokenizer, render(tokenizer, messages, thinking))))
+            except Exception:  # noqa: BLE001 - a row the template rejects is counted, not fatal
+                skipped["the chat template rejected it"] += 1
+    except ValueError as e:  # SourceError and friends already name data.source
+        raise DataSampleError(f"--data {source}: unreadable ({str(e).splitlines()[0]})") from None
+    except Exception as e:  # noqa: BLE001 - hub offline, unreadable parquet, permission: one line
+        reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        raise DataSampleError(f"--data {source}: unreadable ({type(e).__name__}: {reason})") from None
+    if not lengths:
+        why = "; ".join(f"{n}: {reason}" for reason, n in skipped.most_common(3)) or "no rows"
+        raise DataSampleError(f"--data {source}: no usable chat in the first {sample} rows ({why}); expected "
+                              "rows with messages [{role, content}] or conversations [{from, value}]")
+    return LengthSample(rows=len(lengths), p50=percentile(lengths, 50), p99=percentile(lengths, 99),
+                        longest=max(lengths))

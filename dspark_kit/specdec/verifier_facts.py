@@ -1,0 +1,194 @@
+"""What a new recipe needs to know about a verifier, read from its config.json, tokenizer and chat
+template (never its weights), and the rules that turn those facts into draft settings.
+
+Used by `dspark-kit init`; the rules are the conventions docs/CONCEPTS.md explains:
+target layer ids spread evenly from layer 1 to N-3, one per draft layer (#layer-ids), and the
+mask token on the first spare embedding row past the tokenizer's vocabulary (#the-mask-token).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+WRAPPER_SUFFIX = "ForConditionalGeneration"  # multimodal wrapper: accepted when it nests a text_config
+
+
+class VerifierFactsError(ValueError):
+    """The verifier cannot seed a recipe; one line naming what is missing and the fix."""
+
+
+@dataclass(frozen=True)
+class VerifierFacts:
+    name: str  # as the user gave it (local dir, hub id or builtin:tiny-qwen3)
+    location: str  # where the files were read (a local dir or the hub id)
+    model_type: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int | None
+    vocab_size: int  # embedding rows
+    max_position_embeddings: int | None
+    dtype: str | None
+    remote_code: bool  # config.json names custom modeling code (auto_map)
+    tokenizer_len: int
+    tokenizer_mask: tuple[int, str] | None  # the tokenizer's own mask token (id, text)
+    thinking_default: bool | None  # the template's mode when enable_thinking is not passed; None: no switch
+    tokenizer: object  # the loaded tokenizer (token lengths of the data)
+
+
+def _read_config(verifier: str, location: str) -> dict:
+    local = Path(location).expanduser()
+    if local.is_dir():
+        path = local / "config.json"
+        if not path.is_file():
+            raise VerifierFactsError(f"--verifier {verifier}: no config.json in {local} "
+                                     "(pass a Hugging Face model directory or hub id)")
+    elif location.count("/") == 1 and not location.startswith(("/", ".", "~")):
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(location, "config.json"))
+        except Exception as e:  # noqa: BLE001 - offline, gated, unknown repo: one line either way
+            reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+            raise VerifierFactsError(f"--verifier {verifier}: no config.json (not a local directory, and the hub "
+                                     f"or its cache has none: {reason})") from None
+    else:
+        raise VerifierFactsError(f"--verifier {verifier}: no config.json (no such directory; pass a Hugging "
+                                 "Face model directory or a hub id like Qwen/Qwen3-8B)")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise VerifierFactsError(f"--verifier {verifier}: {path} is not readable JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise VerifierFactsError(f"--verifier {verifier}: {path} is not a JSON object")
+    return cfg
+
+
+def causal_lm_config(cfg: dict, verifier: str) -> tuple[str, dict]:
+    """(architecture, the config section describing the language model); refuses anything else."""
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    model_type = str(cfg.get("model_type") or "?")
+    for arch in archs:
+        if arch.endswith(CAUSAL_LM_SUFFIXES):
+            return arch, cfg
+        if arch.endswith(WRAPPER_SUFFIX) and isinstance(cfg.get("text_config"), dict):
+            return arch, cfg["text_config"]
+    if not archs:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type], cfg
+    what = ", ".join(archs) or "no architectures"
+    raise VerifierFactsError(f"--verifier {verifier}: config.json describes {what} (model_type {model_type}), "
+                             "not a causal LM; a DSpark draft speeds up a decoder-only LLM")
+
+
+def _int(section: dict, key: str, verifier: str) -> int:
+    value = section.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise VerifierFactsError(f"--verifier {verifier}: config.json has no usable {key} ({value!r})")
+    return value
+
+
+def _load_tokenizer(verifier: str, location: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - missing files, unknown class: one line
+        reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        raise VerifierFactsError(f"--verifier {verifier}: cannot load its tokenizer ({reason})") from None
+
+
+def template_text(tokenizer) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: the default one renders chats
+        template = template.get("default") or next(iter(template.values()), None)
+    return template if isinstance(template, str) and template.strip() else None
+
+
+def thinking_default(tokenizer) -> bool | None:
+    """The thinking mode the chat template renders when enable_thinking is not passed (what a server
+    answers with by default); None when the switch changes nothing."""
+    chat = [{"role": "user", "content": "Hi"}]
+
+    def prompt(**kwargs) -> str | None:
+        try:
+            return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **kwargs)
+        except Exception:  # noqa: BLE001 - a template that rejects the probe chat has no usable switch
+            return None
+
+    on, off = prompt(enable_thinking=True), prompt(enable_thinking=False)
+    if on is None or off is None or on == off:
+        return None
+    return prompt() == on
+
+
+def read_verifier_facts(verifier: str, location: str | None = None, trust_remote_code: bool = False) -> VerifierFacts:
+    """Facts about `verifier` from the files at `location` (default: the name itself)."""
+    location = location or verifier
+    cfg = _read_config(verifier, location)
+    arch, lm = causal_lm_config(cfg, verifier)
+    remote = bool(cfg.get("auto_map"))
+    tok = _load_tokenizer(verifier, location, trust_remote_code or remote)
+    template = template_text(tok)
+    if template is None:
+        raise VerifierFactsError(f"--verifier {verifier}: its tokenizer has no chat template; regen, prepare and "
+                                 "bench render chats with it (use the instruct/chat model, or add "
+                                 "chat_template.jinja)")
+    mask_id = getattr(tok, "mask_token_id", None)
+    dtype = lm.get("dtype") or lm.get("torch_dtype") or cfg.get("dtype") or cfg.get("torch_dtype")
+    return VerifierFacts(
+        name=verifier, location=location, model_type=str(lm.get("model_type") or cfg.get("model_type") or "?"),
+        architecture=arch, num_layers=_int(lm, "num_hidden_layers", verifier),
+        hidden_size=_int(lm, "hidden_size", verifier), num_attention_heads=lm.get("num_attention_heads"),
+        vocab_size=_int(lm, "vocab_size", verifier), max_position_embeddings=lm.get("max_position_embeddings"),
+        dtype=dtype if isinstance(dtype, str) else None, remote_code=remote, tokenizer_len=len(tok),
+        tokenizer_mask=(mask_id, str(tok.mask_token)) if isinstance(mask_id, int) else None,
+        thinking_default=thinking_default(tok), tokenizer=tok,
+    )
+
+
+# ---- the rules -------------------------------------------------------------------
+
+
+def dflash_layer_ids(num_layers: int, draft_layers: int) -> tuple[list[int], str]:
+    """(target layer ids, how they were chosen): one per draft layer, spread evenly from layer 1 to
+    N-3 (one draft layer: the middle layer N // 2). 48 layers, 5 draft layers -> [1, 12, 23, 34, 45].
+    A verifier too shallow for distinct ids in 1..N-3 spreads them over 1..N-1 instead, and never
+    gets more ids than it has layers."""
+    n = num_layers
+    if n < 2:
+        raise VerifierFactsError(f"verifier has {n} layer(s): a draft needs at least 2 to read from")
+    if draft_layers == 1:
+        return [n // 2], f"one draft layer: the middle layer N//2 of {n}"
+    lo, hi = 1, n - 3
+    if hi - lo + 1 < draft_layers:
+        hi = n - 1
+    count = min(draft_layers, hi - lo + 1)
+    if count == 1:
+        return [lo], f"{n} layers: room for one id"
+    ids = [round(lo + i * (hi - lo) / (count - 1)) for i in range(count)]
+    return ids, f"one per draft layer, evenly from 1 to {hi} ({'N-3' if hi == n - 3 else 'N-1'}) of {n} layers"
+
+
+def mask_token_choice(vocab_size: int, tokenizer_len: int, tokenizer_mask: tuple[int, str] | None) -> tuple[int, str]:
+    """(mask_token_id, where it came from): the first spare embedding row, len(tokenizer), when the
+    embedding has one; else the tokenizer's own mask token; else refused."""
+    if vocab_size > tokenizer_len:
+        return tokenizer_len, (f"first spare embedding row: len(tokenizer) {tokenizer_len} < "
+                               f"vocab_size {vocab_size}")
+    if tokenizer_mask is not None:
+        return tokenizer_mask[0], (f"the tokenizer's mask token {tokenizer_mask[1]} (the embedding has no spare "
+                                   f"row: vocab_size {vocab_size}, len(tokenizer) {tokenizer_len})")
+    raise VerifierFactsError(f"mask token: the embedding has no spare row (vocab_size {vocab_size} <= "
+                             f"len(tokenizer) {tokenizer_len}) and the tokenizer has no mask token; pass "
+                             "--mask-token-id with a reserved special token id the verifier never emits")
+
+
+def draft_arch(model_type: str) -> str:
+    """speculators' draft architectures: llama for Llama-family verifiers, else qwen3."""
+    return "llama" if model_type.startswith("llama") else "qwen3"

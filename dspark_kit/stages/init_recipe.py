@@ -1,0 +1,359 @@
+"""`dspark-kit init`: a complete recipe for your own verifier, every derived value commented.
+
+Reads the verifier's config.json, tokenizer and chat template (never the weights) through
+specdec.verifier_facts, optionally samples the data's token lengths (data.lengths), and
+writes a recipe in which each derived key carries a YAML comment saying where it came from.
+Values that are a choice rather than a fact come from a device profile: on CPU the tiny
+demo recipe's (recipes/tiny-cpu.yaml), on accelerators the reference Ascend run's
+(recipes/qwen3-30b-a3b-ultrachat-ascend.yaml, docs/ASCEND.md). The file is validated as a
+recipe before it is renamed into place; on any error nothing is written.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_kit import atomic
+from dspark_kit.recipe import RecipeError, load_recipe
+from dspark_kit.stages.commented_yaml import CommentedYaml
+
+ENGINE_BY_DEVICE = {"cpu": "local", "cuda": "vllm", "npu": "vllm-ascend"}
+DEFAULT_ACCELERATORS = 4  # the reference run's four NPUs: train on 0,1, serve on 2,3 with TP 2
+SAMPLE_ROWS = 256  # conversations read to measure data.seq_length
+SEQ_ROUND = 256
+
+# What is a choice, not a fact about the verifier: the demo's values on CPU (tests check they match
+# recipes/tiny-cpu.yaml), the reference Ascend run's on accelerators.
+CPU_PROFILE = {
+    "draft": {"block_size": 4, "num_layers": 1, "markov_rank": 32},
+    "data": {"source": "builtin:tiny-chat", "limit": 256, "seq_length": 256, "num_workers": 1},
+    "regen": {"concurrency": 8, "max_tokens": 64},
+    "train": {"epochs": 8, "lr": 0.003, "max_anchors": 64, "num_workers": 0, "train_data_ratio": 0.875},
+    "serve": {"port": 8765, "hidden_states_port": 8766},
+    "bench": {"num_prompts": 8, "concurrency": 4, "max_tokens": 48},
+    "eval": {"num_prompts": 8, "max_new_tokens": 48},
+}
+ACCELERATOR_PROFILE = {
+    "draft": {"block_size": 8, "num_layers": 5, "markov_rank": 256},
+    "data": {"source": "ultrachat", "limit": 20000, "seq_length": 8192, "num_workers": 8},
+    "regen": {"concurrency": 64},
+    "train": {"epochs": 2, "lr": 0.0003, "max_anchors": 256, "num_workers": 4, "train_data_ratio": 0.9},
+    "serve": {"port": 8000, "hidden_states_port": 9736},
+    "bench": {"num_prompts": 10, "concurrency": 10, "max_tokens": 1024},
+    "eval": {"num_prompts": 8, "max_new_tokens": 64},
+}
+
+
+class InitError(ValueError):
+    """`init` cannot write a recipe; one line naming the flag and the fix."""
+
+
+@dataclass
+class InitOptions:
+    verifier: str
+    output: Path
+    data: str | None = None
+    device: str = "auto"  # cpu | cuda | npu | auto (this machine's)
+    nodes: int = 1
+    num_devices: int | None = None  # accelerators per node (default: visible here, else 4)
+    thinking: bool | None = None  # None: from the chat template
+    mask_token_id: int | None = None
+    master_addr: str | None = None
+    force: bool = False
+
+
+@dataclass
+class NewRecipe:
+    path: Path
+    text: str
+    derived: list[tuple[str, str, str]] = field(default_factory=list)  # (key, value, where from)
+
+
+def _where(opts: InitOptions):
+    """The verifier's loadable path and the device, decided as every command decides them (Resolved)."""
+    from dspark_kit.recipe import Recipe
+    from dspark_kit.resolved import Resolved
+
+    if opts.device not in ("auto", "cpu", "cuda", "npu"):
+        raise InitError(f"--device {opts.device!r}: expected cpu, cuda, npu or auto")
+    res = Resolved(Recipe.model_validate({"verifier": {"path": opts.verifier}, "train": {"device": opts.device}}))
+    return res.verifier_path, res.train_device.value
+
+
+def _split_devices(n: int, heads: int | None) -> tuple[list[int], list[int]]:
+    """(trainer ids, server ids) on one node: the server gets the largest power of two up to half the
+    devices that divides the attention heads (its tensor-parallel size), the trainer the rest."""
+    if n == 1:
+        return [0], [0]
+    tp = 1
+    while tp * 2 <= n // 2 and (heads is None or heads % (tp * 2) == 0):
+        tp *= 2
+    return list(range(n - tp)), list(range(n - tp, n))
+
+
+def _ids(ids: list[int]) -> str:
+    return ",".join(map(str, ids))
+
+
+def _seq_length(opts: InitOptions, facts, profile: dict, thinking: bool) -> tuple[int, str]:
+    max_pos = facts.max_position_embeddings
+    cap = f"; cap: max_position_embeddings {max_pos}" if max_pos else ""
+    if opts.data is None:
+        seq = profile["data"]["seq_length"]
+        how = f"profile default (no --data to measure){cap}"
+    else:
+        from dspark_kit.data.lengths import sample_lengths
+
+        s = sample_lengths(opts.data, facts.tokenizer, thinking, SAMPLE_ROWS)
+        seq = max(SEQ_ROUND, -(-s.p99 // SEQ_ROUND) * SEQ_ROUND)
+        how = (f"p99 of {s.rows} sampled chats = {s.p99} tokens (median {s.p50}, longest {s.longest}), "
+               f"rounded up to {SEQ_ROUND}{cap}")
+    if max_pos and seq > max_pos:
+        seq = max_pos
+    return seq, how
+
+
+def _master_addr(opts: InitOptions) -> tuple[str, str]:
+    if opts.master_addr:
+        return opts.master_addr, "--master-addr"
+    from dspark_kit.rendezvous import this_machine_address
+
+    addr = this_machine_address()
+    if addr is None:
+        raise InitError(f"--nodes {opts.nodes}: this machine has no non-loopback address; pass --master-addr "
+                        "with node 0's address every node can reach")
+    return addr, "this machine's address: run init on node 0, or pass --master-addr"
+
+
+@dataclass
+class _Decided:
+    """Every value derived from the verifier, the data and the machine, with where it came from."""
+
+    opts: InitOptions
+    facts: Any  # specdec.verifier_facts.VerifierFacts
+    device: str
+    profile: dict
+    thinking: bool
+    thinking_from: str
+    seq: int
+    seq_from: str
+    mask: int
+    mask_from: str
+    targets: list[int]
+    targets_from: str
+    n_dev: int = 0
+    n_dev_from: str = ""
+    train_ids: list[int] = field(default_factory=list)
+    serve_ids: list[int] = field(default_factory=list)
+
+    @property
+    def accel(self) -> bool:
+        return self.device != "cpu"
+
+
+def _decide(opts: InitOptions) -> _Decided:
+    from dspark_kit.specdec import verifier_facts as vf
+
+    if opts.nodes < 1:
+        raise InitError(f"--nodes {opts.nodes}: must be >= 1")
+    location, device = _where(opts)
+    profile = ACCELERATOR_PROFILE if device != "cpu" else CPU_PROFILE
+    try:
+        facts = vf.read_verifier_facts(opts.verifier, location)
+        if opts.mask_token_id is not None:
+            if not 0 <= opts.mask_token_id < facts.vocab_size:
+                raise InitError(f"--mask-token-id {opts.mask_token_id}: outside the embedding [0, {facts.vocab_size})")
+            mask, mask_from = opts.mask_token_id, "--mask-token-id"
+        else:
+            mask, mask_from = vf.mask_token_choice(facts.vocab_size, facts.tokenizer_len, facts.tokenizer_mask)
+        targets, targets_from = vf.dflash_layer_ids(facts.num_layers, profile["draft"]["num_layers"])
+    except vf.VerifierFactsError as e:
+        raise InitError(str(e)) from None
+    thinking = bool(facts.thinking_default) if opts.thinking is None else opts.thinking
+    thinking_from = ("--thinking" if opts.thinking else "--no-thinking") if opts.thinking is not None else (
+        "the chat template has no enable_thinking switch" if facts.thinking_default is None else
+        f"the chat template's default: enable_thinking unset renders as {str(facts.thinking_default).lower()}")
+    try:
+        seq, seq_from = _seq_length(opts, facts, profile, thinking)
+    except ValueError as e:
+        raise InitError(str(e)) from None
+    d = _Decided(opts, facts, device, profile, thinking, thinking_from, seq, seq_from, mask, mask_from,
+                 targets, targets_from)
+    if d.accel:
+        d.n_dev, d.n_dev_from = _num_devices(opts, device)
+        d.train_ids, d.serve_ids = _split_devices(d.n_dev, facts.num_attention_heads)
+    return d
+
+
+def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
+    opts, facts, profile = d.opts, d.facts, d.profile
+    w.section("verifier", f"{facts.architecture}, read from config.json, tokenizer and chat template")
+    w.key("path", opts.verifier)
+    w.key("thinking", d.thinking, f"{d.thinking_from} (docs/PITFALLS.md, pitfall 4)",
+          show="chat template" if opts.thinking is None else "flag")
+    w.key("trust_remote_code", facts.remote_code,
+          "config.json names custom code (auto_map)" if facts.remote_code else "config.json has no auto_map")
+    dtype = (facts.dtype if facts.dtype in ("bfloat16", "float16") else "bfloat16") if d.accel else "float32"
+    w.key("dtype", dtype, f"config.json dtype {facts.dtype}" if d.accel else "CPU: float32 (bf16 is slow there)")
+    w.key("num_hidden_layers", facts.num_layers, f"config.json (hidden size {facts.hidden_size}); lets dry runs "
+                                                 "plan where the model is absent")
+    w.section("data")
+    source = opts.data or profile["data"]["source"]
+    if opts.data and Path(opts.data).expanduser().exists():
+        source = str(Path(opts.data).expanduser().resolve())
+    w.key("source", source, "--data" if opts.data else "no --data: the profile's chats (pass --data FILE.jsonl)")
+    w.key("limit", profile["data"]["limit"], "rows regenerated and trained (profile)")
+    w.key("seq_length", d.seq, d.seq_from, show="p99 of the data" if opts.data else "profile (no --data)")
+    w.key("num_workers", profile["data"]["num_workers"])
+    w.section("regen", "on-policy replies from the verifier itself (docs/PITFALLS.md, pitfall 3)")
+    w.key("endpoints", [], "empty: the run starts a chat server; list several servers to shard")
+    w.key("concurrency", profile["regen"]["concurrency"])
+    w.key("max_tokens", profile["regen"].get("max_tokens", d.seq),
+          "profile" if "max_tokens" in profile["regen"] else "= data.seq_length")
+    w.key("temperature", 0.0, "greedy: the draft learns what greedy serving accepts")
+    w.key("seed", 42)
+
+
+def _hidden_states_draft(w: CommentedYaml, d: _Decided) -> None:
+    from dspark_kit.specdec.verifier_facts import draft_arch
+
+    w.section("hidden_states")
+    if d.accel and len(set(d.train_ids) | set(d.serve_ids)) > 1:
+        w.key("mode", "online", "the trainer asks an extraction server on serve.devices (no files on disk)")
+        w.key("backend", "vllm")
+    elif d.accel:
+        w.key("mode", "offline", "one device: the extraction server runs before training, not beside it")
+        w.key("backend", "vllm")
+    else:
+        w.key("mode", "offline", "CPU: computed in-process with transformers")
+        w.key("backend", "local")
+    w.key("target_layer_ids", d.targets, f"{d.targets_from} (docs/CONCEPTS.md#layer-ids)", show=d.targets_from)
+    if d.accel:
+        w.key("storage_path", "/tmp/hidden_states", "the server and the trainer share a node")
+    which = "reference run" if d.accel else "tiny demo"
+    w.section("draft", f"block size and layers: the {which}'s")
+    w.key("arch", draft_arch(d.facts.model_type), f"verifier model_type {d.facts.model_type}")
+    w.key("block_size", d.profile["draft"]["block_size"], "trained slots; K <= block_size", show=which)
+    w.key("num_layers", d.profile["draft"]["num_layers"], show=which)
+    w.key("mask_token_id", d.mask, f"{d.mask_from} (docs/CONCEPTS.md#the-mask-token)",
+          show=d.mask_from.split(":")[0])
+    w.key("markov_rank", d.profile["draft"]["markov_rank"])
+    w.key("confidence_head", True)
+    w.key("attention", "full", "every layer trained with full attention (docs/PITFALLS.md, pitfall 2)")
+    npu = d.device == "npu"
+    w.key("attn_impl", "sdpa" if npu else "auto", "NPU: no flex attention" if npu else "flex attention on CUDA, sdpa on CPU")
+
+
+def _train(w: CommentedYaml, d: _Decided) -> None:
+    opts, profile = d.opts, d.profile
+    w.section("train")
+    for key in ("epochs", "lr"):
+        w.key(key, profile["train"][key])
+    w.key("optimizer", "adamw", "set explicitly: speculators defaults to muon")
+    w.key("loss", {"ce": 0.7, "tv": 0.3})
+    w.key("max_anchors", profile["train"]["max_anchors"])
+    w.key("logger", "tensorboard")
+    given = opts.device != "auto"
+    w.key("device", d.device, "--device" if given else "this machine's device",
+          show="--device" if given else "this machine")
+    w.key("nproc", max(1, len(d.train_ids)), "one process per training device")
+    if d.accel:
+        w.key("devices", _ids(d.train_ids), f"{d.n_dev} devices per node ({d.n_dev_from}): the trainer's share",
+              show=f"{len(d.train_ids)} of {d.n_dev} devices")
+    for key in ("num_workers", "train_data_ratio"):
+        w.key(key, profile["train"][key])
+    w.key("seed", 42)
+    if opts.nodes > 1:
+        addr, addr_from = _master_addr(opts)
+        w.key("nnodes", opts.nodes, "--nodes: run the same command on every node (docs/MULTINODE.md)",
+              show="--nodes")
+        w.key("master_addr", addr, addr_from, show=addr_from.split(":")[0])
+        w.key("master_port", 29500)
+        w.key("rdzv_backend", "auto", "c10d across nodes: elastic, restarts resume from the last epoch")
+        w.key("max_restarts", 0, "raise to survive a worker failure")
+
+
+def _serve_bench_eval(w: CommentedYaml, d: _Decided) -> None:
+    facts, profile = d.facts, d.profile
+    w.section("serve")
+    w.key("engine", ENGINE_BY_DEVICE[d.device], f"device {d.device}", show=f"device {d.device}")
+    w.key("port", profile["serve"]["port"])
+    w.key("hidden_states_port", profile["serve"]["hidden_states_port"])
+    if d.accel:
+        heads = facts.num_attention_heads
+        w.key("tensor_parallel_size", len(d.serve_ids),
+              "the serving devices" + (f" (divides {heads} attention heads)" if heads else ""))
+        w.key("devices", _ids(d.serve_ids), "the serving engine's share, tensor parallel over them",
+              show=f"{len(d.serve_ids)} of {d.n_dev} devices, TP {len(d.serve_ids)}")
+        npu = d.device == "npu"
+        w.key("gpu_memory_utilization", 0.85 if npu else 0.9)
+        w.key("enforce_eager", npu, "vLLM-Ascend: eager, as the reference run" if npu else "")
+    max_len = d.seq if d.accel else 2 * d.seq
+    if facts.max_position_embeddings:
+        max_len = min(max_len, facts.max_position_embeddings)
+    w.key("max_model_len", max_len, ("= data.seq_length; longer contexts need a draft window "
+                                     "(docs/CONCEPTS.md#long-context)") if d.accel else "2x data.seq_length")
+    w.key("checkpoint", "checkpoint_best")
+    w.key("num_speculative_tokens", "auto", "the tune's K, else the trained slots "
+                                            "(docs/CONCEPTS.md#k-and-the-draft-window)", show="decided at serve time")
+    w.key("draft_window_size", "auto", "the tune's window, else the training window; none on CUDA vLLM",
+          show="decided at serve time")
+    for section in ("bench", "eval"):
+        w.section(section)
+        for key, value in profile[section].items():
+            w.key(key, value)
+
+
+def derive(opts: InitOptions) -> NewRecipe:
+    """The recipe text and the derived-value table for `opts` (nothing written)."""
+    d = _decide(opts)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", opts.output.stem).strip("-") or "my-verifier"
+    w = CommentedYaml()
+    w.top("name", name, "from the output file name")
+    w.top("workdir", f"runs/{name}", "on storage every node mounts at the same path" if opts.nodes > 1 else "")
+    for part in (_verifier_data_regen, _hidden_states_draft, _train, _serve_bench_eval):
+        part(w, d)
+    profile = "the reference Ascend run's profile." if d.accel else "the tiny demo's profile (recipes/tiny-cpu.yaml)."
+    header = [f"# Written by `dspark-kit init --verifier {opts.verifier}` from its config.json, tokenizer and chat",
+              f"# template. Derived values say where they came from; the rest is {profile}",
+              f"# Next: dspark-kit preflight -r {opts.output}   then   dspark-kit run {opts.output}"]
+    facts = d.facts
+    derived = [("verifier", f"{facts.num_layers} layers, hidden {facts.hidden_size}",
+                f"config.json ({facts.architecture})"), *w.derived]
+    return NewRecipe(opts.output, "\n".join([*header, *w.lines]) + "\n", derived)
+
+
+def _num_devices(opts: InitOptions, device: str) -> tuple[int, str]:
+    if opts.num_devices is not None:
+        if opts.num_devices < 1:
+            raise InitError(f"--num-devices {opts.num_devices}: must be >= 1")
+        return opts.num_devices, "--num-devices"
+    from dspark_kit.devices import visible_count
+
+    seen = visible_count(device)
+    if seen:
+        return seen, f"the {device} devices visible here"
+    return DEFAULT_ACCELERATORS, f"none visible here: the reference run's {DEFAULT_ACCELERATORS}; --num-devices N"
+
+
+def write_new_recipe(opts: InitOptions) -> NewRecipe:
+    """Derive, validate as a recipe, then write atomically; an existing file needs force."""
+    out = opts.output
+    if out.is_dir():
+        raise InitError(f"-o {out}: is a directory; pass a file such as recipes/my-verifier.yaml")
+    if out.exists() and not opts.force:
+        raise InitError(f"-o {out}: exists; pass --force to overwrite it")
+    new = derive(opts)
+    with tempfile.TemporaryDirectory() as tmp:  # the text itself must load: no unknown key, valid values
+        check = Path(tmp) / out.name
+        check.write_text(new.text)
+        try:
+            load_recipe(check, require_run_keys=True)
+        except RecipeError as e:
+            raise InitError(f"internal: the derived recipe does not load ({e})") from None
+    atomic.write_text(out, new.text)
+    return new

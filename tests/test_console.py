@@ -1,0 +1,197 @@
+"""`run`'s console (dspark_kit/progress.py): one line per stage, the stage's output in its log, the
+log's last lines when a stage fails, plain lines (no redraws) when the console is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dspark_kit import progress
+from dspark_kit.progress import StageDisplay, StageLine, note, progress_bar
+
+
+def test_plain_stage_shows_its_line_and_result_and_logs_the_noise(tmp_path):
+    out, log = io.StringIO(), tmp_path / "logs" / "stage-x.log"
+    with StageDisplay(out, terminal=False) as d:
+        with d.stage("prepare", log):
+            print("Map (num_proc=1): 100%|##########| 387/387")  # a library's progress bar on stdout
+            print("INFO step 1 loss 2.3", file=sys.stderr)
+            with progress_bar("prepare", total=100, unit="conv") as bar:
+                for _ in range(100):
+                    bar.advance()
+            note("prepare: 100 of 100 conversations used")
+        d.result("prepare", "rows_out 140", 1.5)
+    text = out.getvalue()
+    assert text.splitlines() == ["> prepare", "  prepare: 100 of 100 conversations used",
+                                 "- prepare in 0:01: rows_out 140"]
+    assert "\r" not in text
+    logged = log.read_text()
+    assert "387/387" in logged and "step 1 loss" in logged and "100 of 100 conversations" in logged
+    assert progress._active is None  # the display is gone after the block
+
+
+def test_a_failing_stage_shows_the_tail_of_its_logs(tmp_path):
+    out, logs = io.StringIO(), tmp_path / "logs"
+    logs.mkdir()
+    (logs / "old.log").write_text("from an earlier run\n")
+    import os
+    import time
+
+    os.utime(logs / "old.log", (time.time() - 3600, time.time() - 3600))
+    with (StageDisplay(out, terminal=False) as d, pytest.raises(RuntimeError, match="boom"),
+          d.stage("train", logs / "stage-train.log")):
+        (logs / "train.log").write_text("".join(f"trainer line {i}\n" for i in range(50)))
+        print("stage line", file=sys.stderr)
+        raise RuntimeError("boom: speculators train exited with 2")
+    text = out.getvalue()
+    assert "x train failed after 0:00; the last lines of its logs:" in text
+    assert f"last lines of {logs / 'train.log'}" in text and f"last lines of {logs / 'stage-train.log'}" in text
+    assert "  | trainer line 49" in text and "  | trainer line 29" not in text  # the last 20 only
+    assert "  | stage line" in text and "earlier run" not in text  # only logs this stage wrote
+
+
+def test_verbose_streams_everything_as_the_stage_commands_do(tmp_path):
+    out, log = io.StringIO(), tmp_path / "stage.log"
+    with StageDisplay(out, verbose=True, terminal=False) as d, d.stage("train", log):
+        assert progress.echo_child_output()
+        print("INFO step 7", file=sys.stderr)
+    assert "==> train" in out.getvalue()
+    assert "INFO step 7" in log.read_text()  # tee: the log keeps it as before
+
+
+def test_stage_line_reports_progress_rate_and_eta():
+    now = [100.0]
+    line = StageLine("hidden-states", clock=lambda: now[0])
+    line.total, line.unit, line.detail = 400, "row", ""
+    line._since, line.count = 100.0, 0
+    now[0] = 110.0
+    line.count = 100
+    assert line.text() == "hidden-states  100/400 row  10.0 row/s  eta 0:30  0:10"
+
+
+def test_slow_units_show_a_rate_per_minute_counted_from_the_first_unit():
+    now = [0.0]
+    line = StageLine("train", clock=lambda: now[0])
+    line.total, line.unit = 8, "epoch"
+    line.start_counting()  # epoch 1 starts (after model loading)
+    now[0] = 120.0
+    line.count = 2
+    assert line.text() == "train  2/8 epoch  1.0 epoch/min  eta 6:00  2:00"
+
+
+def test_the_train_line_follows_the_trainers_records():
+    from dspark_kit.stages.train import TrainProgress
+
+    class Bar:
+        def __init__(self):
+            self.calls = []
+
+        def advance(self, n=1):
+            self.calls.append(("advance", n))
+
+        def total(self, t):
+            self.calls.append(("total", t))
+
+        def describe(self, text):
+            self.calls.append(("describe", text))
+
+    bar = Bar()
+    feed = TrainProgress(bar).feed
+    for line in ["[15:07:45] INFO     Training epoch 1/8 started          trainer.py:737",
+                 "                    epoch=0, lr=0.003, global_step=17",
+                 "[15:09:02] INFO     Training epoch 1/8 completed        trainer.py:739",
+                 "Epoch 0: 100%|##########| 42/42 [00:30<00:00]"]:
+        feed(line)
+    assert bar.calls == [("total", 8), ("describe", "epoch 1/8"), ("describe", "epoch 1/8 step 17"),
+                         ("advance", 1), ("describe", "epoch 1/8 step 17")]
+
+
+def test_plain_progress_lines_are_rate_limited(tmp_path):
+    out = io.StringIO()
+    with (StageDisplay(out, terminal=False, plain_every_s=0.0) as d, d.stage("regen", tmp_path / "s.log"),
+          progress_bar("regen", total=3, unit="row") as bar):
+        for _ in range(3):
+            bar.advance()
+    assert sum("regen  " in ln and "/3 row" in ln for ln in out.getvalue().splitlines()) == 3
+    out = io.StringIO()
+    with (StageDisplay(out, terminal=False) as d, d.stage("regen", tmp_path / "s.log"),  # one line per 30 s at most
+          progress_bar("regen", total=300, unit="row") as bar):
+        for _ in range(300):
+            bar.advance()
+    assert out.getvalue().splitlines() == ["> regen"]
+
+
+@pytest.mark.slow  # starts a process
+def test_descriptor_level_capture_catches_c_code_and_child_processes(tmp_path):
+    """What a plain Python redirect misses: writes to fd 2 and a child process's inherited stdout."""
+    log = tmp_path / "stage.log"
+    script = textwrap.dedent(f"""
+        import os, subprocess, sys
+        from dspark_kit.progress import StageDisplay
+        with StageDisplay(sys.stderr, terminal=False) as d:
+            with d.stage("hidden-states", {str(log)!r}):
+                os.write(2, b"written to fd 2\\n")
+                subprocess.run([sys.executable, "-c", "print('child says hi')"], check=True)
+            d.result("hidden-states", "generated 3", 0.2)
+        print("stdout after the stage")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["> hidden-states", "- hidden-states in 0:00: generated 3"]
+    assert proc.stdout == "stdout after the stage\n"
+    logged = Path(log).read_text()
+    assert "written to fd 2" in logged and "child says hi" in logged
+
+
+# ---- the real `run`, piped --------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = ["--set", "data.limit=16", "--set", "train.epochs=1", "--set", "train.max_anchors=32",
+         "--set", "eval.num_prompts=2", "--set", "bench.num_prompts=2"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(REPO / "recipes" / "tiny-cpu.yaml"), *args],
+                          capture_output=True, text=True, timeout=1800, check=False)
+
+
+@pytest.mark.slow
+def test_a_piped_run_is_short_and_plain_and_ends_with_the_table(tmp_path, tiny_verifier):
+    wd = tmp_path / "run"
+    proc = run_cli("-w", str(wd), *SMALL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    lines = out.splitlines()
+    assert len(lines) < 60, out
+    assert "\r" not in out and "\x1b[" not in out  # no redraws, no terminal codes in a pipe
+    assert "global_step" not in out and "INFO" not in out  # the trainer's records stay in its log
+    for stage in ("regen", "prepare", "hidden-states", "train", "eval", "serve", "bench", "report"):
+        assert f"> {stage}" in lines and any(ln.startswith(f"- {stage} in ") for ln in lines), stage
+    table = next(i for i, ln in enumerate(lines) if "dspark-kit run" in ln)
+    assert all(not ln.startswith(("> ", "- ")) for ln in lines[table:])  # the table and where things are, last
+    logs = wd / "logs"
+    assert "global_step" in (logs / "train.log").read_text()  # in full, in the run folder
+    assert (logs / "stage-prepare.log").stat().st_size > 0 and (logs / "spec-server.log").is_file()
+
+
+@pytest.mark.slow
+def test_a_failing_stage_shows_its_log_tail_and_verbose_streams(tmp_path, tiny_verifier):
+    wd = tmp_path / "run"
+    bad = ["--stages", "prepare,hidden-states,train", "--set", "regen.enabled=false", "--set", "data.limit=8",
+           "--set", "train.extra_args=[--no-such-flag]"]
+    proc = run_cli("-w", str(wd), *bad)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "x train failed after" in out and f"last lines of {wd / 'logs' / 'train.log'}" in out
+    assert "--no-such-flag" in out.split("x train failed", 1)[1]  # the trainer's own complaint, from its log
+    assert out.splitlines()[-1].startswith("error:")
+    assert len(out.splitlines()) < 60, out
+
+    streamed = run_cli("-w", str(wd), *bad, "-v")  # prepare and hidden states are done: only train runs
+    assert streamed.returncode == 1
+    assert "==> train" in streamed.stderr and "--no-such-flag" in streamed.stderr.split("==> train", 1)[1]

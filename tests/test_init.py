@@ -1,0 +1,287 @@
+"""`dspark-kit init`: a complete, commented recipe from a verifier's config.json, tokenizer and chat
+template; every bad input is one line and writes nothing.
+
+Fast tests use config-only verifier directories (a config.json plus the tiny verifier's tokenizer
+from tests/fixtures); the slow test runs init on the real tiny verifier and the CLI's preflight
+and run --dry-run on what it wrote."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from dspark_kit.cli import app
+from dspark_kit.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parent.parent
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 48,
+    "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 151936,
+    "max_position_embeddings": 40960, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+# The tiny verifier's tokenizer as Qwen3's tokenizers come: no mask token. Written once by
+# build_tokenizer (test_the_tokenizer_fixture_is_the_tiny_verifiers keeps it in step), so fast
+# tests need no build.
+TOKENIZER_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny_tokenizer"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir() -> Path:
+    return TOKENIZER_FIXTURE
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def verifier_dir(root: Path, tokenizer_dir: Path, config: dict | None, template: bool = True) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for f in tokenizer_dir.iterdir():
+        if template or f.name != "chat_template.jinja":
+            shutil.copy(f, root / f.name)
+    if config is not None:
+        (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def init(*args: str):
+    return CliRunner().invoke(app, ["init", *args])
+
+
+def comment_of(text: str, key: str) -> str:
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"{key}:"))
+    assert "  # " in line, f"{key} has no comment: {line}"
+    return line.split("  # ", 1)[1]
+
+
+def test_init_on_a_qwen3_30b_a3b_shaped_verifier(tmp_path, tokenizer_dir, tokenizer):
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.pipeline import pipeline_dry_run
+    from dspark_kit.stages.preflight import run_preflight
+
+    verifier = verifier_dir(tmp_path / "Qwen3-30B-A3B", tokenizer_dir, QWEN3_30B_A3B)
+    out = tmp_path / "recipes" / "q30b.yaml"
+    r = init("--verifier", str(verifier), "--device", "npu", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "[1, 12, 23, 34, 45]" in r.output and "wrote" in r.output
+    text = out.read_text()
+    data = yaml.safe_load(text)
+    assert data["hidden_states"]["target_layer_ids"] == [1, 12, 23, 34, 45]
+    assert data["draft"]["mask_token_id"] == len(tokenizer)  # the first spare embedding row
+    assert (data["draft"]["block_size"], data["draft"]["num_layers"]) == (8, 5)
+    assert data["verifier"]["num_hidden_layers"] == 48 and data["verifier"]["thinking"] is True
+    assert data["train"]["devices"] == "0,1" and data["train"]["nproc"] == 2
+    assert data["serve"]["devices"] == "2,3" and data["serve"]["tensor_parallel_size"] == 2
+    assert data["serve"]["engine"] == "vllm-ascend" and data["train"]["device"] == "npu"
+    assert data["serve"]["num_speculative_tokens"] == "auto" and data["serve"]["draft_window_size"] == "auto"
+    assert "N-3" in comment_of(text, "target_layer_ids") and "48 layers" in comment_of(text, "target_layer_ids")
+    assert f"len(tokenizer) {len(tokenizer)} < vocab_size 151936" in comment_of(text, "mask_token_id")
+    for key in ("thinking", "num_hidden_layers", "seq_length", "devices", "engine", "tensor_parallel_size"):
+        comment_of(text, key)
+
+    recipe = load_recipe(out, require_run_keys=True)  # every key is a real recipe key
+    wd = tmp_path / "run"
+    assert run_preflight(Resolved(recipe, wd), probes=False) == []  # the Markov probe: the slow test's (CLI)
+    plan = "\n".join(pipeline_dry_run(Resolved(recipe, wd, planning=True)))
+    assert "--target-layer-ids 1 12 23 34 45" in plan and f"--mask-token-id {len(tokenizer)}" in plan
+    assert "eagle_aux_hidden_state_layer_ids\":[1,12,23,34,45,48]" in plan
+    assert "ASCEND_RT_VISIBLE_DEVICES=0,1" in plan and "ASCEND_RT_VISIBLE_DEVICES=2,3" in plan
+    assert "--tensor-parallel-size 2" in plan and '"method":"dspark"' in plan
+
+
+def test_init_with_data_sets_seq_length_from_the_token_lengths(tmp_path, tokenizer_dir, tokenizer):
+    from dspark_kit.data.chat import encode, render
+
+    chats = [[{"role": "user", "content": "Describe the cat. " * (1 + i)},
+              {"role": "assistant", "content": "The cat is calm. " * (3 * i + 1)}] for i in range(60)]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    lengths = sorted(len(encode(tokenizer, render(tokenizer, c, True))) for c in chats)
+    p99 = lengths[math.ceil(0.99 * len(lengths)) - 1]
+    assert p99 > 256  # so the rounding is visible
+    verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B)
+    out = tmp_path / "r.yaml"
+    assert init("--verifier", str(verifier), "--device", "cuda", "--num-devices", "8", "--data", str(data),
+                "-o", str(out)).exit_code == 0
+    got = yaml.safe_load(out.read_text())
+    assert got["data"]["seq_length"] == math.ceil(p99 / 256) * 256
+    assert got["data"]["source"] == str(data.resolve())
+    assert f"= {p99} tokens" in comment_of(out.read_text(), "seq_length")
+    assert got["serve"]["engine"] == "vllm" and got["serve"]["devices"] == "4,5,6,7"
+    assert got["train"]["devices"] == "0,1,2,3" and got["serve"]["tensor_parallel_size"] == 4
+
+    # capped by the verifier's context
+    short = verifier_dir(tmp_path / "short", tokenizer_dir, {**QWEN3_30B_A3B, "max_position_embeddings": 300})
+    assert init("--verifier", str(short), "--device", "cuda", "--data", str(data), "-o", str(out),
+                "--force").exit_code == 0
+    assert yaml.safe_load(out.read_text())["data"]["seq_length"] == 300
+
+
+def test_init_cpu_profile_is_the_tiny_recipe(tmp_path, tokenizer_dir):
+    """--device cpu writes the demo's choices (block, layers, data, training); they must not drift."""
+    verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B)
+    out = tmp_path / "cpu.yaml"
+    assert init("--verifier", str(verifier), "--device", "cpu", "-o", str(out)).exit_code == 0
+    got, tiny = load_recipe(out), load_recipe(REPO / "recipes" / "tiny-cpu.yaml")
+    for section, keys in {"draft": ("block_size", "num_layers", "markov_rank", "attention"),
+                          "data": ("source", "limit", "seq_length"),
+                          "regen": ("concurrency", "max_tokens", "temperature"),
+                          "train": ("epochs", "lr", "optimizer", "loss", "max_anchors", "train_data_ratio"),
+                          "hidden_states": ("mode", "backend"), "bench": ("num_prompts", "concurrency", "max_tokens"),
+                          "eval": ("num_prompts", "max_new_tokens"), "serve": ("engine", "max_model_len")}.items():
+        for key in keys:
+            assert getattr(getattr(got, section), key) == getattr(getattr(tiny, section), key), f"{section}.{key}"
+    assert got.train.device == "cpu" and got.verifier.dtype == "float32"
+
+
+def test_init_multinode_writes_the_rendezvous_keys(tmp_path, tokenizer_dir):
+    verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B)
+    out = tmp_path / "mn.yaml"
+    r = init("--verifier", str(verifier), "--device", "npu", "--nodes", "2", "--master-addr", "10.0.0.1",
+             "-o", str(out))
+    assert r.exit_code == 0, r.output
+    recipe = load_recipe(out)
+    assert (recipe.train.nnodes, recipe.train.master_addr, recipe.train.rdzv_backend) == (2, "10.0.0.1", "auto")
+    assert "every node" in comment_of(out.read_text(), "workdir")
+
+
+def test_layer_id_rule():
+    from dspark_kit.specdec.verifier_facts import dflash_layer_ids
+
+    assert dflash_layer_ids(48, 5)[0] == [1, 12, 23, 34, 45]
+    assert dflash_layer_ids(36, 5)[0] == [1, 9, 17, 25, 33]
+    assert dflash_layer_ids(48, 1)[0] == [24]
+    assert dflash_layer_ids(4, 3)[0] == [1, 2, 3]  # too shallow for 1..N-3: spread over 1..N-1
+    assert dflash_layer_ids(4, 5)[0] == [1, 2, 3]  # never more ids than layers
+
+
+def test_mask_token_rule():
+    from dspark_kit.specdec.verifier_facts import VerifierFactsError, mask_token_choice
+
+    assert mask_token_choice(151936, 151669, None)[0] == 151669
+    assert mask_token_choice(950, 950, (5, "<|MASK|>"))[0] == 5
+    with pytest.raises(VerifierFactsError, match="no spare row"):
+        mask_token_choice(950, 950, None)
+
+
+# ---- bad input: one line, exit 2, nothing written ----------------------------
+
+
+def refused(result, out: Path, *needles: str) -> None:
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_refuses_a_directory_without_config_json(tmp_path, tokenizer_dir):
+    verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, None), tmp_path / "r.yaml"
+    refused(init("--verifier", str(verifier), "-o", str(out)), out, "--verifier", "no config.json")
+    refused(init("--verifier", str(tmp_path / "missing"), "-o", str(out)), out, "no config.json")
+
+
+def test_refuses_a_config_that_is_not_a_causal_lm(tmp_path, tokenizer_dir):
+    bert = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "num_hidden_layers": 12,
+            "hidden_size": 768, "vocab_size": 30522}
+    verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, bert), tmp_path / "r.yaml"
+    refused(init("--verifier", str(verifier), "-o", str(out)), out, "BertForMaskedLM", "not a causal LM")
+
+
+def test_refuses_a_tokenizer_without_chat_template(tmp_path, tokenizer_dir):
+    verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B, template=False)
+    out = tmp_path / "r.yaml"
+    refused(init("--verifier", str(verifier), "-o", str(out)), out, "no chat template")
+
+
+def test_refuses_an_embedding_without_a_spare_row(tmp_path, tokenizer_dir, tokenizer):
+    verifier = verifier_dir(tmp_path / "v", tokenizer_dir, {**QWEN3_30B_A3B, "vocab_size": len(tokenizer)})
+    out = tmp_path / "r.yaml"
+    refused(init("--verifier", str(verifier), "-o", str(out)), out, "no spare row", "--mask-token-id")
+
+
+def test_refuses_unreadable_data(tmp_path, tokenizer_dir):
+    verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B), tmp_path / "r.yaml"
+    refused(init("--verifier", str(verifier), "--data", str(tmp_path / "nope.jsonl"), "-o", str(out)),
+            out, "--data", "not found")
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text('{"text": "no chat here"}\nnot json\n')
+    refused(init("--verifier", str(verifier), "--data", str(junk), "-o", str(out)), out, "--data", "no usable chat")
+
+
+def test_refuses_an_existing_output_without_force(tmp_path, tokenizer_dir):
+    verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B), tmp_path / "r.yaml"
+    out.write_text("# mine\n")
+    r = init("--verifier", str(verifier), "-o", str(out))
+    assert r.exit_code == 2 and "exists; pass --force" in r.output
+    assert out.read_text() == "# mine\n"
+    assert init("--verifier", str(verifier), "-o", str(out), "--force").exit_code == 0
+    assert load_recipe(out).verifier.num_hidden_layers == 48
+
+
+def test_refuses_an_unknown_device(tmp_path, tokenizer_dir):
+    verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B), tmp_path / "r.yaml"
+    refused(init("--verifier", str(verifier), "--device", "tpu", "-o", str(out)), out, "--device", "tpu")
+
+
+# ---- the real tiny verifier, and the CLI's preflight + run --dry-run ----------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dspark_kit", *args], capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+@pytest.mark.slow
+def test_init_on_the_tiny_verifier_then_preflight_and_dry_run(tmp_path, tiny_verifier, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tiny_len = len(AutoTokenizer.from_pretrained(tiny_verifier))
+    tiny = tmp_path / "tiny.yaml"
+    r = cli("init", "--verifier", "builtin:tiny-qwen3", "--device", "cpu", "-o", str(tiny))
+    assert r.returncode == 0, r.stderr
+    got = yaml.safe_load(tiny.read_text())
+    assert got["verifier"]["path"] == "builtin:tiny-qwen3" and got["verifier"]["num_hidden_layers"] == 4
+    assert got["hidden_states"]["target_layer_ids"] == [2]  # one draft layer: the middle layer
+    assert got["draft"]["mask_token_id"] == tiny_len  # 950 < the embedding's 960 rows
+    assert got["serve"]["engine"] == "local"
+
+    qwen = tmp_path / "q30b.yaml"
+    verifier = verifier_dir(tmp_path / "Qwen3-30B-A3B", tokenizer_dir, QWEN3_30B_A3B)
+    assert cli("init", "--verifier", str(verifier), "--device", "npu", "-o", str(qwen)).returncode == 0
+    for recipe in (tiny, qwen):
+        wd = tmp_path / f"run-{recipe.stem}"
+        pre = cli("preflight", "-r", str(recipe), "-w", str(wd))
+        assert pre.returncode == 0 and "0 error(s)" in pre.stderr, pre.stderr
+        dry = cli("run", str(recipe), "-w", str(wd), "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "# ==> train" in dry.stdout and "--mask-token-id" in dry.stdout
+
+
+@pytest.mark.slow
+def test_the_tokenizer_fixture_is_the_tiny_verifiers(tmp_path):
+    """tests/fixtures/tiny_tokenizer is build_tokenizer's output minus the mask token; regenerate it
+    with build_tokenizer(TinySpec()).save_pretrained(...) when the tiny verifier changes."""
+    from dspark_kit.data.tiny_verifier import TinySpec, build_tokenizer
+
+    build_tokenizer(TinySpec()).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (tmp_path / name).read_text() == (TOKENIZER_FIXTURE / name).read_text(), name
+    built = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    built.pop("mask_token")
+    assert built == json.loads((TOKENIZER_FIXTURE / "tokenizer_config.json").read_text())
+
