@@ -95,3 +95,14 @@ def test_cli_modules_hold_no_stage_logic():
             if needle in text:
                 heavy.append(f"{f.name}: {needle}")
     assert not heavy, heavy
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_400_lines():
+    """Small files: a module past the limit is split by what its parts decide (resolved/ keeps its
+    devices and dtypes in placement.py)."""
+    long = {str(f.relative_to(PKG)): n for f in PKG.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
