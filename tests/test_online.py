@@ -12,10 +12,12 @@ TINY_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yam
 
 @pytest.mark.slow
 def test_tiny_recipe_trains_online(tmp_path, tiny_verifier):
+    """With a verifier.served_name, as the seed recipe has: the extraction server must still list
+    the verifier's path first, the model speculators' trainer checks /v1/models for."""
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--workdir", str(tmp_path),
            "--stages", "prepare,hidden-states,train", "--json",
            "--set", "hidden_states.mode=online", "--set", "train.epochs=1", "--set", "data.limit=32",
-           "--set", "regen.enabled=false"]
+           "--set", "regen.enabled=false", "--set", "verifier.served_name=tiny-chat"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stages = {s["stage"]: s for s in json.loads(proc.stdout)["stages"]}

@@ -300,6 +300,28 @@ def test_generated_commands_parse_in_vllm(parsed):
             assert spec["method"] == "dspark" and spec["model"] == str(ckpt), spec
 
 
+def test_served_model_names_parse_in_vllm_in_order(tiny_verifier):
+    """A hidden-states server answers to the verifier path first, then verifier.served_name:
+    vLLM's own parser keeps both, in order (its /v1/models lists them so, and speculators'
+    trainer reads the first); the other roles carry served_name alone."""
+    seed = load_recipe(REPO / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml")
+    cpu = vllm_recipe("verifier.served_name=tiny")
+    items, expected = [], {}
+    for engine in ("vllm", "vllm-ascend"):
+        for role in ("hidden-states", "chat"):
+            plan = plan_vllm(seed, role, engine=engine, installed_versions={}, cpu=False)
+            items.append({"id": f"seed/{engine}/{role}", "argv": with_model(plan.argv, str(tiny_verifier))})
+            expected[items[-1]["id"]] = ([seed.verifier.path] if role == "hidden-states" else []) + ["qwen3-30b-a3b"]
+    plan = plan_vllm(cpu, "hidden-states", engine="vllm", port=8000)
+    items.append({"id": "tiny/vllm-cpu/hidden-states", "argv": plan.argv})
+    expected["tiny/vllm-cpu/hidden-states"] = [str(tiny_verifier), "tiny"]
+    results = vllm_check([i | {"engine_config": False} for i in items])
+    for item in items:
+        r = results[item["id"]]
+        assert r["stage"] == "ok", f"{item['id']}: vLLM rejects `{shlex.join(item['argv'])}`: {r['error']}"
+        assert r["served_model_name"] == expected[item["id"]], item["id"]
+
+
 def test_broken_checkpoints_are_refused(parsed, trained_run):
     """A wrong model type and missing weights stop `dspark-kit serve --role spec` (the kit's
     checkpoint checks, before any command is printed); vLLM's config path refuses the wrong

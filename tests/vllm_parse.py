@@ -9,8 +9,9 @@ engine_config also `create_engine_config()` (loads the model's and the draft's c
 validates the speculative config, up to the device's model-runner checks).
 
 stdout: one JSON list of {"id", "stage": "parse" | "engine_args" | "engine_config" | "ok",
-"error": one line or null, "speculative_config": dict or null, "model": str}; "stage" names the
-step that failed ("ok" when all passed).
+"error": one line or null, "speculative_config": dict or null, "model": str, "served_model_name":
+str, list or null (as the engine args hold it)}; "stage" names the step that failed ("ok" when all
+passed).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def parse(argv: list[str]):
 def check(item: dict) -> dict:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    out = {"id": item["id"], "stage": "parse", "error": None, "speculative_config": None, "model": None}
+    out = {"id": item["id"], "stage": "parse", "error": None, "speculative_config": None, "model": None,
+           "served_model_name": None}
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -66,6 +68,7 @@ def check(item: dict) -> dict:
         out["error"] = _one_line(e)
         return out
     out["model"] = engine_args.model
+    out["served_model_name"] = engine_args.served_model_name
     spec = engine_args.speculative_config
     out["speculative_config"] = spec if isinstance(spec, dict) or spec is None else str(spec)
     if item.get("engine_config"):

@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
             "full_attention_indices": r.full_attention_indices,
             "training_window": r.training_window,
             "served_model_name": res.served_name,
+            "hidden_states_served_model_names": res.served_names("hidden-states"),
             "checkpoint": str(res.checkpoint) + ("" if res.checkpoint_exists else " (not trained yet)"),
             "num_speculative_tokens": k.value,
             "num_speculative_tokens_source": k.source,

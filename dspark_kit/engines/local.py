@@ -1,9 +1,9 @@
 """Plan the local engine (our FastAPI server) from a recipe.
 
-The served model id matters: speculators' online trainer refuses a server whose
-/v1/models id differs from the verifier path it was given, so for the builtin
-tiny verifier the id is its resolved directory (what the trainer receives)
-unless verifier.served_name says otherwise.
+The served model ids matter: speculators' online trainer refuses a server whose
+first /v1/models id differs from the verifier path it was given, so the server
+answers to the names Resolved.served_names decides for its role (hidden-states:
+the resolved verifier path first, then verifier.served_name).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def plan_local(
     argv = [
         sys.executable, "-m", "dspark_kit.engines.local_server",
         "--model", res.verifier_path, "--role", role, "--host", host, "--port", str(port),
-        "--served-model-name", res.served_name,
+        "--served-model-name", *res.served_names(role),
         "--device", res.serve_device.value, "--dtype", res.serve_dtype.value,
     ]
     notes: list[str] = []

@@ -45,7 +45,9 @@ class Engine:
         # role spec passes model=None + the config: its generator holds its own verifier
         self.args, self.model, self.tok, self.generator = args, model, tokenizer, generator
         config = config or model.config
-        self.served_name = args.served_model_name or args.model
+        # as vLLM: every --served-model-name is answered to and listed; the first names replies and metrics
+        self.served_names: list[str] = list(dict.fromkeys(args.served_model_name or [args.model]))
+        self.served_name = self.served_names[0]
         self.max_len = int(getattr(config, "max_position_embeddings", 4096))
         if getattr(args, "max_model_len", None):  # the recipe's serve.max_model_len, as vLLM's flag
             self.max_len = min(self.max_len, args.max_model_len)
@@ -62,9 +64,10 @@ class Engine:
         self.storage = Path(args.storage_path).resolve() if args.storage_path else None
 
     def check_model(self, req: OpenAIRequest) -> None:
-        if req.model is not None and req.model != self.served_name:
-            raise ApiError(404, f"The model `{req.model}` does not exist; this server serves "
-                                f"`{self.served_name}` (GET /v1/models)", "NotFoundError")
+        if req.model is not None and req.model not in self.served_names:
+            served = ", ".join(f"`{n}`" for n in self.served_names)
+            raise ApiError(404, f"The model `{req.model}` does not exist; this server serves {served} "
+                                "(GET /v1/models)", "NotFoundError")
         if req.n != 1:
             raise ApiError(400, "n: the local engine returns exactly one choice (n=1)")
         if req.stream_options is not None and not req.stream:

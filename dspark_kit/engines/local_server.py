@@ -91,9 +91,10 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
+        created = int(time.time())
         return {"object": "list", "data": [{
-            "id": engine.served_name, "object": "model", "created": int(time.time()),
-            "owned_by": "dspark-kit", "root": args.model, "max_model_len": engine.max_len}]}
+            "id": name, "object": "model", "created": created, "owned_by": "dspark-kit", "root": args.model,
+            "max_model_len": engine.max_len} for name in engine.served_names]}
 
     def chat_ids(req: ChatRequest) -> list[int]:
         from dspark_kit.data.chat import encode, render
@@ -187,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-states-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model ids to answer to, listed in this order by /v1/models (default: --model), as vLLM")
     p.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
                    help="split <think>..</think> out of chat replies into message.reasoning_content (as vLLM)")
     p.add_argument("--api-key", default=os.environ.get("DSPARK_KIT_API_KEY"))

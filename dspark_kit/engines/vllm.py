@@ -115,10 +115,12 @@ def spec_args(res: Resolved) -> tuple[list[str], list[str]]:
     return args, notes
 
 
-def server_flags(res: Resolved, port: int, gpu_memory_utilization: float, host: str | None = None) -> list[str]:
-    """The flags every vLLM server command carries (GPU, NPU and the CPU build alike)."""
+def server_flags(res: Resolved, role: Role, port: int, gpu_memory_utilization: float,
+                 host: str | None = None) -> list[str]:
+    """The flags every vLLM server command carries (GPU, NPU and the CPU build alike); vLLM's
+    --served-model-name takes several names and /v1/models lists them in that order."""
     s = res.recipe.serve
-    flags = ["--served-model-name", res.served_name, "--host", host or s.host, "--port", str(port),
+    flags = ["--served-model-name", *res.served_names(role), "--host", host or s.host, "--port", str(port),
              "--tensor-parallel-size", str(s.tensor_parallel_size)]
     if s.max_model_len is not None:
         flags += ["--max-model-len", str(s.max_model_len)]
@@ -142,7 +144,7 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
     host = host or s.host
     if port is None:
         port = s.hidden_states_port if role == "hidden-states" else s.port
-    argv = ["vllm", "serve", res.verifier_path, *server_flags(res, port, s.gpu_memory_utilization, host)]
+    argv = ["vllm", "serve", res.verifier_path, *server_flags(res, role, port, s.gpu_memory_utilization, host)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
     if s.compilation_config:
@@ -180,7 +182,7 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None, host: str 
                      "(vLLM's CPU build reads it as a fraction of RAM; 0.92 refuses to start)")
         util = CPU_GPU_MEMORY_UTILIZATION
     argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path,
-            *server_flags(res, port, util, host), "--dtype", res.serve_dtype.value]
+            *server_flags(res, role, port, util, host), "--dtype", res.serve_dtype.value]
     if s.compilation_config:
         argv += ["--compilation-config", compact_json(s.compilation_config)]
     else:  # the CPU build otherwise compiles with Inductor's C++ backend first: minutes on 2 cores

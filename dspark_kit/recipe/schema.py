@@ -51,7 +51,7 @@ class _Section(BaseModel):
 
 class VerifierCfg(_Section):
     path: str = Field(TINY_VERIFIER, description="HF dir or hub id; builtin:tiny-qwen3 = embedded tiny model")
-    served_name: str | None = Field(None, description="served model id (default: path)")
+    served_name: str | None = Field(None, description="model id clients ask for (default: path; a hidden-states server lists path first, then this)")
     thinking: bool = Field(False, description="chat template thinking mode, same in regen/prepare/bench")
     trust_remote_code: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"

@@ -9,6 +9,8 @@ bench and the CLI ask a `Resolved` instead of re-deriving it.
 
     verifier_path      recipe verifier.path, builtin:tiny-qwen3 built/cached
     served_name        verifier.served_name, else the resolved verifier path
+    served_names       per role: hidden-states answers to the verifier path first (what
+                       speculators' trainer and generate-offline-data check), then served_name
     num_hidden_layers  the verifier's config, else verifier.num_hidden_layers
     hidden_size        the verifier's config, else verifier.hidden_size (or unknown)
     checkpoint         serve.checkpoint under DIR/checkpoints (or a path)
@@ -100,9 +102,21 @@ class Resolved(Placement):
 
     @cached_property
     def served_name(self) -> str:
-        """The model id a server answers to: speculators' online trainer requires it to equal
-        the verifier path it was given, so the default is the resolved path."""
+        """The model id clients ask for (regen, bench, serve): verifier.served_name, else the
+        resolved verifier path."""
         return self.recipe.verifier.served_name or self.verifier_path
+
+    def served_names(self, role: str) -> list[str]:
+        """The model ids a server of `role` answers to, in the order /v1/models lists them.
+
+        speculators' online trainer and generate-offline-data take the first id /v1/models
+        lists and refuse it unless it equals the model they were given (the trainer's
+        --verifier-name-or-path is the resolved verifier path), so a hidden-states server
+        answers to that path first and to served_name too; the other roles answer to served_name.
+        """
+        if role == "hidden-states":
+            return list(dict.fromkeys([self.verifier_path, self.served_name]))
+        return [self.served_name]
 
     @cached_property
     def verifier_config(self) -> dict | None:

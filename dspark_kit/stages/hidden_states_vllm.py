@@ -17,13 +17,13 @@ from dspark_kit.resolved import Resolved
 
 
 def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int = 0) -> list[str]:
-    # the served model id must be the verifier path the trainer will use
+    # generate-offline-data refuses a server whose first /v1/models id is not --model
     from dspark_kit.compat.versions import speculators_reads
 
     recipe = res.recipe
     return [
         sys.executable, "-m", "speculators", "generate-offline-data",
-        "--model", res.served_name,
+        "--model", res.served_names("hidden-states")[0],
         "--endpoint", openai_base_url(endpoint),
         "--preprocessed-data", str(res.run.prepared),
         "--concurrency", str(recipe.regen.concurrency),
