@@ -11,8 +11,8 @@ single-turn chats, seed 9173, not the corpus the verifier or the draft trained o
   trained tensors re-drawn as at initialisation (matrices normal(0, 0.02), norm weights
   1, biases 0); embeddings and lm_head come from the verifier in both.
 - bench vs eval: the local spec engine (`serve --role spec`) under `bench.run_bench`
-  with the same prompts, K and max tokens; its AL (from the /metrics deltas) should
-  equal eval's.
+  with the same prompts, K, max tokens and window (off); its AL (from the /metrics
+  deltas) should equal eval's.
 - window: `evaluate.tune_window` (what `dspark-kit window tune` runs) at 2x, 4x and 8x
   the draft's training length, at the same K; the recommended window's AL over no window
   per length.
@@ -60,7 +60,7 @@ def bench_al(recipe, wd: Path, prompts: Path, n: int, max_tokens: int, out: Path
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.bench import run_bench
 
-    resolved = Resolved(recipe, wd)
+    resolved = Resolved(recipe, wd, window="off")  # as the eval it is compared with (a tuned window would differ)
     with running_server(resolved, "spec", port=free_port()) as url:
         res = run_bench(resolved, url, label="bench-eval", out_dir=out, num_prompts=n, concurrency=1,
                         max_tokens=max_tokens, dataset=str(prompts))

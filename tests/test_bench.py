@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from pathlib import Path
 
 import pytest
 import typer
@@ -16,6 +17,7 @@ from dspark_kit.recipe import recipe_from_dict
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.bench import BenchError, load_prompts, run_bench
 
+REPO = Path(__file__).resolve().parent.parent
 TOKENS_PER_REPLY = 6
 FIRST_TOKEN_DELAY = 0.15
 TOKEN_GAP = 0.03
@@ -189,12 +191,32 @@ def test_prompts_from_jsonl(tmp_path):
             {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi 2"}]},
             {"nothing": True}]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
-    prompts = load_prompts(str(p), 10)
+    res = Resolved(_recipe(tmp_path))
+    prompts = load_prompts(str(p), 10, res)
     assert sorted(m[-1]["content"] for m in prompts) == ["hi 1", "hi 2"]
     assert all(m[-1]["role"] == "user" for m in prompts)
-    assert len(load_prompts("builtin", 4)) == 4
+    assert len(load_prompts("builtin", 4, res)) == 4
     with pytest.raises(BenchError, match="--dataset"):
-        load_prompts(str(tmp_path / "missing.jsonl"), 3)
+        load_prompts(str(tmp_path / "missing.jsonl"), 3, res)
+
+
+def test_builtin_prompts_are_evals_held_out_prompts(tmp_path):
+    """The served engine measures the same acceptance as eval only on the same prompts: bench's
+    builtin dataset is eval's default (held-out) prompt set for the tiny recipe, in eval's order."""
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.stages.heldout import load_eval_prompts, until_last_user
+
+    recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml", [f"workdir={tmp_path / 'run'}"])
+    res = Resolved(recipe, planning=True)
+    n = recipe.eval.num_prompts
+    assert recipe.bench.num_prompts == n and recipe.bench.max_tokens == recipe.eval.max_new_tokens
+    # no DIR/prepared: nothing to compare prompts with, so no tokenizer is needed either
+    evals = load_eval_prompts(res, tokenizer=None, limit=max(n, 16))  # what run_eval asks for
+    assert evals.held_out is True and evals.ids[:n] == [f"tiny-heldout-{i}" for i in range(n)]
+    bench = load_prompts("builtin", n, res)
+    assert bench == [until_last_user(c) for c in evals.chats[:n]]
+    assert len({m[-1]["content"] for m in bench}) > 1 and all(m[-1]["role"] == "user" for m in bench)
+    assert load_prompts("builtin", 100, res)[:n] == bench  # more prompts extend the same list
 
 
 def test_cli_bench_then_compare(serve, tmp_path):

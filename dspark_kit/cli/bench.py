@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Requests in flight (default: bench.concurrency).")] = None,
         max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Per request (default: bench.max_tokens).")] = None,
         dataset: Annotated[str, typer.Option(
-            "--dataset", help="'builtin' (shipped tiny prompts) or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
+            "--dataset", help="'builtin' (the tiny corpus's held-out prompts, eval's default on tiny data, in eval's order) "
+            "or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
         label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
         out: Annotated[Path | None, typer.Option(
             "--out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,

@@ -26,8 +26,7 @@ from dspark_kit.engines.prom import MetricsError, server_delta, spec_decode_delt
 from dspark_kit.resolved import Resolved
 
 SCHEMA = "dspark-kit.bench/1"
-BUILTIN_DATASET = "builtin"
-BUILTIN_SEED = 9173  # not the corpus seed the tiny verifier was trained on
+BUILTIN_DATASET = "builtin"  # eval's held-out prompts of the tiny corpus (stages.heldout.tiny_held_out)
 
 
 class BenchError(RuntimeError):
@@ -47,12 +46,14 @@ def _first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
-def load_prompts(dataset: str, num_prompts: int, seed: int = 0) -> list[list[dict[str, str]]]:
-    """`builtin` (shipped tiny corpus) or a jsonl of chat rows (regen output, OpenAI messages)."""
+def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -> list[list[dict[str, str]]]:
+    """`builtin`: the first `num_prompts` of the tiny corpus's held-out prompts, the ones `eval`
+    measures by default on the tiny data (same order, each up to its user turn as eval sends it);
+    else a jsonl of chat rows (regen output, OpenAI messages), shuffled by `seed`."""
     if dataset == BUILTIN_DATASET:
-        from dspark_kit.data.tiny_corpus import conversations
+        from dspark_kit.stages.heldout import tiny_held_out, until_last_user
 
-        return [_first_turn(c) for c in conversations(num_prompts, seed=BUILTIN_SEED + seed)]
+        return [until_last_user(c) for c in tiny_held_out(res, num_prompts).chats]
     path = Path(dataset)
     if not path.is_file():
         raise BenchError(f"--dataset {dataset}: file not found (pass a regen .jsonl or 'builtin')")
@@ -251,7 +252,7 @@ def run_bench(res: Resolved, base_url: str | None = None, label: str | None = No
     n = num_prompts or b.num_prompts
     conc = concurrency or b.concurrency
     max_tok = max_tokens or b.max_tokens
-    prompts = load_prompts(dataset, n)
+    prompts = load_prompts(dataset, n, res)
 
     try:
         load = asyncio.run(run_load(base_url, model, prompts, concurrency=conc, max_tokens=max_tok,

@@ -129,18 +129,49 @@ def load_eval_prompts(res: Resolved, tokenizer, prompts_file: Path | None = None
                             f"--from-data: the first rows of {recipe.data.source} (may be training rows)",
                             False, count_trained(chats))
     elif recipe.data.source == TINY_CHAT:
-        from dspark_kit.data.tiny_corpus import eval_conversations
-
-        pool = [(f"tiny-heldout-{i}", c) for i, c in enumerate(eval_conversations(HELD_OUT_ROWS))]
-        chats = [(i, c) for i, c in pool if hash(prompt_key(tokenizer, c, thinking)) not in trained][:limit]
-        checked = "minus any prompt a training row shares" if keys else "not checked: no DIR/prepared"
-        found = EvalPrompts([c for _, c in chats], [i for i, _ in chats],
-                            f"the tiny corpus's held-out set ({checked})", True, 0 if keys else None)
+        found = tiny_held_out(res, limit, tokenizer, keys)
     else:
         found = _validation_prompts(res, tokenizer, keys, limit)
     if not found.chats:
         raise EvalError(f"eval prompts: no usable conversation in {found.source} (pass --prompts FILE)")
     return found
+
+
+_ASK = object()  # tiny_held_out's `keys` when the caller has not read DIR/prepared
+
+
+def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalPrompts:
+    """The tiny corpus's held-out chats, at most `limit`: eval's default prompts on builtin:tiny-chat
+    data and bench's `builtin` dataset, one decision, so a served bench measures acceptance on
+    the prompts eval measures it on.
+
+    When the recipe trains on the tiny corpus, a prompt a training row of DIR/prepared also
+    starts a reply from is dropped (other data cannot share one); the check needs the
+    verifier's tokenizer (`tokenizer`, else loaded). `keys`: split_prompt_keys(res), when the
+    caller has read them already.
+    """
+    from dspark_kit.data.tiny_corpus import eval_conversations
+
+    trains_on_it = res.recipe.data.source == TINY_CHAT
+    if keys is _ASK:
+        keys = split_prompt_keys(res) if trains_on_it else None
+    trained = keys[0] if keys else set()
+    # eval_conversations(n) is a prefix of any longer set: more than HELD_OUT_ROWS only when asked
+    pool = [(f"tiny-heldout-{i}", c) for i, c in enumerate(eval_conversations(max(HELD_OUT_ROWS, limit)))]
+    if trained:
+        if tokenizer is None:
+            from dspark_kit.specdec.verifier import load_tokenizer
+
+            tokenizer = load_tokenizer(res.verifier_path, res.recipe.verifier.trust_remote_code)
+        thinking = res.recipe.verifier.thinking
+        pool = [(i, c) for i, c in pool if hash(prompt_key(tokenizer, c, thinking)) not in trained]
+    chats = pool[:limit]
+    if keys:
+        checked = "minus any prompt a training row shares"
+    else:
+        checked = "not checked: no DIR/prepared" if trains_on_it else "the recipe trains on other data"
+    return EvalPrompts([c for _, c in chats], [i for i, _ in chats], f"the tiny corpus's held-out set ({checked})",
+                       True, 0 if keys else None)
 
 
 def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPrompts:
