@@ -181,7 +181,7 @@ def test_training_failure_names_the_refusal_of_this_run_only(tmp_path):
     assert training_failure(1, log, since) == f"speculators train exited with 1; see {log}"
     with log.open("a") as f:
         f.write(f"noise\n{REFUSAL_PREFIX}speculators fix x: probe failed: Boom: no\n")
-    assert training_failure(3, log, since) == "train: speculators fix x: probe failed: Boom: no"
+    assert training_failure(3, log, since) == "speculators fix x: probe failed: Boom: no"
 
 
 def test_doctor_reports_a_crashing_probe_as_probe_failed_and_exits_1(mp):

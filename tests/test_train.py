@@ -176,3 +176,26 @@ def test_installed_speculators_options_are_detected():
     assert speculators_option("train", "--vllm-endpoint") == "reads"
     assert speculators_option("train", "--no-such-flag") == "absent"
     assert speculators_option("generate-offline-data", "--fail-on-error") == "reads"
+
+
+def test_train_failure_names_the_stage_once(tmp_path, monkeypatch):
+    """`dspark-kit train` prefixes the stage's error with the stage name; the error itself does not."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+    from dspark_kit.compat.train_entry import REFUSAL_PREFIX
+    from dspark_kit.stages import steps
+    from dspark_kit.stages.train import training_failure
+
+    log = tmp_path / "train.log"
+    log.write_text(f"{REFUSAL_PREFIX}speculators fix x: probe failed: Boom: no\n")
+
+    def refused(res):  # what stage_train raises when the trainer exits with a fix probe's refusal
+        raise RuntimeError(training_failure(3, log))
+
+    monkeypatch.setitem(steps.REGISTRY, "train", dataclasses.replace(steps.REGISTRY["train"], run=refused))
+    r = CliRunner().invoke(app, ["train", "-w", str(tmp_path / "run")])
+    assert r.exit_code == 1, r.output
+    assert r.output.strip().splitlines()[-1] == "error: train: speculators fix x: probe failed: Boom: no"

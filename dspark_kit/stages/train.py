@@ -259,7 +259,9 @@ def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | Non
 
 def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | None = None) -> str:
     """The train stage's error for exit `code`: the refusal line when a fix probe failed, the
-    prepared row whose hidden states never arrived from `endpoint` (online).
+    prepared row whose hidden states never arrived from `endpoint` (online). Without the stage's
+    name: whoever reports the error names the stage (`dspark-kit train`: "train: ..."; `run`:
+    its "x train failed" line).
 
     `since`: the log's size before this run (train.log is appended to across runs).
     """
@@ -273,7 +275,7 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
         text = ""
     for line in text.splitlines():
         if line.startswith(REFUSAL_PREFIX):
-            return f"train: {line[len(REFUSAL_PREFIX):]}"
+            return line[len(REFUSAL_PREFIX):]
     row = hidden_state_row_failure(text)
     if row is not None:
         where = f" from {endpoint}" if endpoint else ""
