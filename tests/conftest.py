@@ -40,6 +40,39 @@ def pytest_configure(config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# `make test` runs two pytest-xdist workers with --dist loadgroup: a group runs whole on one
+# worker. Each module is its own group, so its module fixtures (a vLLM server, a prepared run)
+# start once; every module that takes the session's `trained_run` joins one group, so the run is
+# trained once. Groups start heaviest first (measured serially: seconds), so the last to finish
+# is a short one; the rest keep their file order. Serial runs use the same order.
+TRAINED_RUN_GROUP = "trained_run"
+HEAVY_FIRST = (
+    TRAINED_RUN_GROUP,  # ~280 s: test_vllm_real, test_cli_run, test_served_tune, test_storage_plan, ...
+    "test_vllm_real_hidden_states.py",  # ~140 s
+    "test_hidden_state_faults.py",  # ~120 s
+    "test_console.py",  # ~80 s
+    "test_vllm_real_mooncake.py",  # ~80 s
+    "test_multinode.py",  # ~65 s
+    "test_online.py",  # ~60 s
+    "test_init.py",  # ~40 s
+)
+
+
+def xdist_group(item: pytest.Item, trained_run_modules: set[str]) -> str:
+    return TRAINED_RUN_GROUP if item.path.name in trained_run_modules else item.path.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    trained = {item.path.name for item in items if "trained_run" in getattr(item, "fixturenames", ())}
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    groups = {}
+    for item in items:
+        groups[item.nodeid] = group = xdist_group(item, trained)
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))  # stable: file order otherwise
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny matmuls on a shared 2-core box: one thread is several times faster than two."""

