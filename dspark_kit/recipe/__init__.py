@@ -17,6 +17,7 @@ from dspark_kit.recipe.load import (
     shown_key,
 )
 from dspark_kit.recipe.schema import (
+    DTYPE_BYTES,
     ENGINES,
     ROLES,
     TINY_VERIFIER,
@@ -36,7 +37,7 @@ from dspark_kit.recipe.schema import (
 )
 
 __all__ = [
-    "DEFAULT_RECIPE", "ENGINES", "ROLES", "RUN_KEYS", "TINY_VERIFIER", "BenchCfg", "DataCfg", "DraftCfg", "EvalCfg",
+    "DEFAULT_RECIPE", "DTYPE_BYTES", "ENGINES", "ROLES", "RUN_KEYS", "TINY_VERIFIER", "BenchCfg", "DataCfg", "DraftCfg", "EvalCfg",
     "HiddenStatesCfg", "Recipe", "RecipeError", "RegenCfg", "ServeCfg", "TrainCfg", "VerifierCfg", "apply_overrides",
     "check_run_keys", "dump_recipe", "load_recipe", "parse_override", "parse_window", "read_recipe_data",
     "recipe_from_dict", "reference_markdown", "shown_key",

@@ -19,6 +19,11 @@ ENGINES = ("local", "vllm", "vllm-ascend")  # serve.engine values; the one list 
 ROLES = ("chat", "hidden-states", "spec")  # what a server can be started for
 
 
+# Bytes per value of each dtype a recipe names (verifier.dtype, hidden_states.dtype): sizes of
+# weights (does the verifier fit the eval device?) and of hidden-state files (the storage plan).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
 class RecipeError(ValueError):
     """A recipe problem, phrased as one line naming the field and the fix."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from dspark_kit.devices import npu_env, visible_devices_env
-from dspark_kit.recipe import Recipe
+from dspark_kit.recipe import DTYPE_BYTES, Recipe
 
 T = TypeVar("T")
 # The source of a K or window the tune chose ("auto: tuned ..."); the window warning keys on it.
@@ -138,8 +138,6 @@ def check_eval_device(device: str) -> str:
 
 def eval_fit(params: int | None, dtype: str, device: str, memory: int | None, verifier: str) -> Decision[bool | None]:
     """Whether in-process eval can hold the verifier on `device` (None: cannot tell on this machine)."""
-    from dspark_kit.specdec.verifier import DTYPE_BYTES
-
     if params is None:
         return Decision(None, f"verifier size unknown here (no readable config.json for {verifier})")
     need = params * DTYPE_BYTES[dtype] * EVAL_HEADROOM

@@ -89,9 +89,6 @@ def param_count(cfg: dict | None) -> int | None:
     return total + heads_out * vocab * h
 
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
 def load_tokenizer(path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_kit.data.conversations import ConversationError, normalize, template_messages
+from dspark_kit.data.sources import TINY_CHAT
 from dspark_kit.resolved import Resolved
 
-TINY_CHAT = "builtin:tiny-chat"
 HELD_OUT_ROWS = 64  # the tiny corpus's held-out set: more than any eval asks for
 
 

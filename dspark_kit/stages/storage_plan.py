@@ -21,11 +21,11 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dspark_kit.recipe import DTYPE_BYTES
 from dspark_kit.resolved import Resolved
 
 HEADER_BYTES = 200  # a safetensors header per file (two tensors), rounded up
 SAMPLE = 200  # conversations tokenized for an estimate before prepare
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def offline_bytes(tokens: int, rows: int, layers: int, hidden: int, dtype: str) -> int:
