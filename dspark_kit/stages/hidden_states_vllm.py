@@ -81,16 +81,6 @@ def dry_run_lines(res: Resolved) -> list[str]:
 _FATAL = re.compile(r"Fatal: sample (\d+) aborted with --fail-on-error: (.*)")
 
 
-def offline_failure(text: str) -> tuple[int, str] | None:
-    """(row, reason) of the row that stopped generate-offline-data, from its output."""
-    for line in reversed(text.splitlines()):
-        m = _FATAL.search(line)
-        if m:  # rich puts the logging call site (file.py:line) at the right edge
-            reason = re.sub(r"\s{2,}\S+\.py:\d+$", "", m.group(2).strip())
-            return int(m.group(1)), reason if len(reason) <= 240 else reason[:237] + "..."
-    return None
-
-
 def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
     """Rows of this node's shard without a hidden-state file (speculators' own sharding). On one
     node the shard is every row: no import of speculators (10 s and more of the stage's time)."""
@@ -114,7 +104,7 @@ def run_offline_vllm(res: Resolved) -> dict:
     """speculators generate-offline-data against the extraction server; a row that fails stops it
     (--fail-on-error) and the error names the row, never a file silently left out."""
     from dspark_kit.engines.servers import hidden_state_server
-    from dspark_kit.stages.train import LaunchPlan, run_training
+    from dspark_kit.stages.train import LaunchPlan, failed_row, log_since, run_training
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank
@@ -129,9 +119,7 @@ def run_offline_vllm(res: Resolved) -> dict:
     if gone:
         raise RuntimeError(f"{gone}; rerun to resume (written files are kept)")
     if code != 0:
-        with log.open("rb") as f:
-            f.seek(since)
-            row = offline_failure(f.read().decode("utf-8", "replace"))
+        row = failed_row(log_since(log, since), _FATAL)
         if row is not None:  # --validate-outputs moved a bad file into place before it failed: never keep it
             (res.run.hidden_states / f"hs_{row[0]}.safetensors").unlink(missing_ok=True)
             raise RuntimeError(f"row {row[0]} of {res.run.prepared} from {endpoint.url} failed: "

@@ -267,16 +267,11 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
     """
     from dspark_kit.compat.train_entry import REFUSAL_PREFIX
 
-    try:
-        with Path(log_path).open("rb") as f:
-            f.seek(since)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        text = ""
+    text = log_since(log_path, since)
     for line in text.splitlines():
         if line.startswith(REFUSAL_PREFIX):
             return line[len(REFUSAL_PREFIX):]
-    row = hidden_state_row_failure(text)
+    row = failed_row(text, _BREAKER)
     if row is not None:
         where = f" from {endpoint}" if endpoint else ""
         return f"hidden states for prepared row {row[0]}{where} failed: {row[1]}; see {log_path}"
@@ -287,12 +282,24 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
 _BREAKER = re.compile(r"circuit breaker tripped.*?file index (\d+) \(attempt [^)]*\): (.*)")
 
 
-def hidden_state_row_failure(text: str) -> tuple[int, str] | None:
-    """(prepared row, reason) when online training stopped because one row's hidden states never arrived."""
+def log_since(path: Path, since: int) -> str:
+    """What this run appended to a log that held `since` bytes before it ("" when unreadable)."""
+    try:
+        with Path(path).open("rb") as f:
+            f.seek(since)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def failed_row(text: str, pattern: re.Pattern) -> tuple[int, str] | None:
+    """(row, reason) from the last line `pattern` (groups: row, reason) matches: speculators' own
+    line naming the row that stopped it (the trainer's circuit breaker, generate-offline-data's
+    --fail-on-error). rich puts the logging call site (file.py:line) at the right edge: dropped."""
     for line in reversed(text.splitlines()):
-        m = _BREAKER.search(line)
+        m = pattern.search(line)
         if m:
-            reason = m.group(2).strip()
+            reason = re.sub(r"\s{2,}\S+\.py:\d+$", "", m.group(2).strip())
             return int(m.group(1)), reason if len(reason) <= 240 else reason[:237] + "..."
     return None
 
