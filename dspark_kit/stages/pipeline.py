@@ -93,7 +93,7 @@ def stage_result(stage: Stage, summary: dict) -> str:
     """The stage's one-line result: its key figure, labelled."""
     figure = summary.get(stage.key)
     if figure is None:
-        return next((str(v) for k, v in summary.items() if k == "skipped"), "done")
+        return str(summary["skipped"]) if "skipped" in summary else "done"
     shown = f"{figure:.3f}" if isinstance(figure, float) else str(figure)
     return f"{RESULT_LABELS.get(stage.key, stage.key)} {shown}"
 

@@ -188,12 +188,11 @@ def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, k
     if dry_run:
         return {"plan": plan}
     points = list(saved)
+    extra = {"prompts_source": prompts_source}
 
     def save(point: dict) -> None:
         points[:] = [p for p in points if sweep.point_key(p) != sweep.point_key(point)] + [point]
         sweep.write(path, _result(res, settings, points, ctx, notes, concurrency, partial=True) | extra)
-
-    extra = {"prompts_source": prompts_source}
 
     for server in todo:
         started = run_server_point(res, server, prompt_sets, concurrency, max_new_tokens, max_model_len, log, save)

@@ -110,16 +110,15 @@ def stage_train(res: Resolved) -> dict:
     for d in set_aside_incomplete_checkpoints(run.checkpoints):
         note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
-    from contextlib import ExitStack, nullcontext
+    from contextlib import ExitStack
 
-    stack = ExitStack()
-    ctx = nullcontext(None)
-    if recipe.hidden_states.mode == "online":
-        from dspark_kit.engines.servers import hidden_state_server, mooncake_master
+    with ExitStack() as stack:
+        endpoint = None  # offline: the trainer reads prepared/hidden_states
+        if recipe.hidden_states.mode == "online":
+            from dspark_kit.engines.servers import hidden_state_server, mooncake_master
 
-        stack.enter_context(mooncake_master(res))  # before the server that joins it (transport mooncake)
-        ctx = hidden_state_server(res)
-    with stack, ctx as endpoint:
+            stack.enter_context(mooncake_master(res))  # before the server that joins it (transport mooncake)
+            endpoint = stack.enter_context(hidden_state_server(res))
         plan = train_plan(res, endpoint.url if endpoint else None)
         update_manifest(run.root, recipe, "train", resolved=res, argv=plan.argv, env=plan.env)
         run.logs.mkdir(parents=True, exist_ok=True)
