@@ -42,7 +42,8 @@ CUDA_SETS = [
 ]
 DEFAULT_TIMEOUTS = {"doctor": 120, "run": 420, "eval": 180, "tests": 300}
 DEFAULT_TESTS = (
-    "tests/test_patches.py tests/test_devices.py tests/test_train.py tests/test_decoder.py"
+    "tests/test_patches.py tests/test_patches_subprocess.py tests/test_devices.py tests/test_train.py "
+    "tests/test_decoder.py"
 )
 # Imported in --check: what the kit and speculators need beyond torch.
 IMPORTS = (

@@ -47,9 +47,10 @@ def pytest_configure(config):
 # is a short one; the rest keep their file order. Serial runs use the same order.
 TRAINED_RUN_GROUP = "trained_run"
 HEAVY_FIRST = (
-    TRAINED_RUN_GROUP,  # ~280 s: test_vllm_real, test_cli_run, test_served_tune, test_storage_plan, ...
+    TRAINED_RUN_GROUP,  # ~220 s: test_cli_run, test_served_tune, test_storage_plan, test_vllm_real_parse, ...
     "test_vllm_real_hidden_states.py",  # ~140 s
     "test_hidden_state_faults.py",  # ~120 s
+    "test_vllm_real.py",  # ~90 s
     "test_console.py",  # ~80 s
     "test_vllm_real_mooncake.py",  # ~80 s
     "test_multinode.py",  # ~65 s

@@ -26,10 +26,13 @@ def tok(tiny_verifier):
     return AutoTokenizer.from_pretrained(tiny_verifier)
 
 
-def _prepared_run(tmp_path: Path) -> Resolved:
-    """A jsonl data source (some conversations twice, as real data has them) prepared like a run."""
+@pytest.fixture(scope="module")
+def prepared_run(tmp_path_factory, tiny_verifier) -> Resolved:
+    """A jsonl data source (some conversations twice, as real data has them) prepared like a run
+    (the tests only read it)."""
     from dspark_kit.stages.steps import stage_prepare
 
+    tmp_path = tmp_path_factory.mktemp("heldout-run")
     chats = conversations(48, seed=3)
     rows = [{"id": f"c{i}", "messages": m} for i, m in enumerate(chats)]
     rows += [{"id": f"dup{i}", "messages": chats[i]} for i in range(0, 48, 3)]  # 16 copies
@@ -52,8 +55,8 @@ def _split_texts(res: Resolved, tok) -> tuple[list[str], list[str]]:
     return texts[:cut], texts[cut:]
 
 
-def test_validation_split_prompts_are_held_out(tmp_path, tok):
-    res = _prepared_run(tmp_path)
+def test_validation_split_prompts_are_held_out(prepared_run, tok):
+    res = prepared_run
     found = load_eval_prompts(res, tok, limit=64)
     train, val = _split_texts(res, tok)
     assert found.held_out is True and "validation split" in found.source
@@ -69,8 +72,8 @@ def test_validation_split_prompts_are_held_out(tmp_path, tok):
     assert rec["count"] == 4 and rec["ids"] == found.ids[:4] and rec["trained_prompts"] == 0
 
 
-def test_from_data_and_files_are_taken_as_given_and_counted(tmp_path, tok):
-    res = _prepared_run(tmp_path)
+def test_from_data_and_files_are_taken_as_given_and_counted(prepared_run, tmp_path, tok):
+    res = prepared_run
     found = load_eval_prompts(res, tok, from_data=True, limit=12)
     assert found.held_out is False and found.trained is not None and found.trained > 0  # first rows: trained on
     f = tmp_path / "p.jsonl"

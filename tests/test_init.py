@@ -284,4 +284,3 @@ def test_the_tokenizer_fixture_is_the_tiny_verifiers(tmp_path):
     built = json.loads((tmp_path / "tokenizer_config.json").read_text())
     built.pop("mask_token")
     assert built == json.loads((TOKENIZER_FIXTURE / "tokenizer_config.json").read_text())
-

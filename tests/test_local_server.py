@@ -10,7 +10,6 @@ import httpx
 import pytest
 import torch
 import uvicorn
-from prometheus_client.parser import text_string_to_metric_families
 
 from dspark_kit.engines.lifecycle import free_port
 from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
@@ -149,8 +148,7 @@ def test_api_key_everywhere_but_health(verifier):
 
 def running(url: str) -> float:
     """The server's own count of requests in flight (vllm:num_requests_running on /metrics)."""
-    families = text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
-    return sum(s.value for f in families for s in f.samples if s.name == "vllm:num_requests_running")
+    return _metric(httpx.get(url + "/metrics", timeout=30).text, "vllm:num_requests_running")
 
 
 def wait_running(url: str, n: int, deadline_s: float = 60) -> None:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_local_server import ThreadServer, _serve, verifier  # noqa: F401 (fixture)
+from test_local_server import ThreadServer, _metric, _serve, verifier  # noqa: F401 (fixture)
 
 from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
 
@@ -230,8 +230,7 @@ def test_abandoned_requests_stop_decoding(verifier):  # noqa: F811
         while engine.in_flight and time.time() < deadline:
             time.sleep(0.1)
         assert engine.in_flight == 0 and engine.aborted >= 9
-        gen = sum(float(x.rsplit(" ", 1)[1]) for x in httpx.get(s.url + "/metrics", timeout=30).text.splitlines()
-                  if x.startswith("vllm:generation_tokens_total{"))
+        gen = _metric(httpx.get(s.url + "/metrics", timeout=30).text, "vllm:generation_tokens_total")
         # fewer than one request's 200: the one decoding stopped mid-way, the queued never began
         assert gen < 200, f"{gen} tokens decoded for clients that had left"
     finally:

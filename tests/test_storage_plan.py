@@ -4,7 +4,6 @@ in dry runs and preflight (an error when they do not fit), and close to what is 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -80,4 +79,3 @@ def test_estimate_is_within_5_percent_of_the_bytes_written(trained_run, tmp_path
         print(f"\n[storage] estimate {plan.bytes:,} B vs {written:,} B written ({plan.bytes / written - 1:+.2%}); "
               f"from {plan.basis}")
         assert abs(plan.bytes - written) <= 0.05 * written, (plan.bytes, written, plan.basis)
-    shutil.rmtree(tmp_path / "fresh", ignore_errors=True)

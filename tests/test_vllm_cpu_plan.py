@@ -24,18 +24,9 @@ def recipe(device="cpu", **serve):
                              "serve": {"engine": "vllm", "max_model_len": 512, **serve}})
 
 
-@pytest.fixture()
-def fake_cpu_python(tmp_path, monkeypatch):
-    py = tmp_path / "venv-vllm" / "bin" / "python"
-    py.parent.mkdir(parents=True)
-    py.write_text("")
-    monkeypatch.setenv("DSPARK_KIT_VLLM_CPU_PYTHON", str(py))
-    return py
-
-
-def test_cpu_chat_runs_the_cpu_build_module(fake_cpu_python):
+def test_cpu_chat_runs_the_cpu_build_module(vllm_cpu_stub):
     plan = plan_vllm(recipe(), "chat", engine="vllm", port=8123, installed_versions={})
-    assert plan.argv[:5] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT, "--model", VERIFIER]
+    assert plan.argv[:5] == [str(vllm_cpu_stub), "-m", VLLM_CPU_ENTRYPOINT, "--model", VERIFIER]
     argv = plan.argv
     assert argv[argv.index("--dtype") + 1] == "float32" and "--enforce-eager" in argv
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.1"  # the recipe's 0.9 would refuse
@@ -46,7 +37,7 @@ def test_cpu_chat_runs_the_cpu_build_module(fake_cpu_python):
     assert low.argv[low.argv.index("--gpu-memory-utilization") + 1] == "0.05" and low.notes == []
 
 
-def test_cpu_refuses_spec(fake_cpu_python, tmp_path):
+def test_cpu_refuses_spec(vllm_cpu_stub, tmp_path):
     with pytest.raises(PlanError, match="dspark speculative decoding") as e:
         plan_vllm(recipe(), "spec", engine="vllm", checkpoint=tmp_path, num_hidden_layers=28, installed_versions={})
     assert "\n" not in str(e.value) and "--engine local" in str(e.value)
@@ -56,13 +47,13 @@ def kv_config(argv: list[str]) -> dict:
     return json.loads(argv[argv.index("--kv-transfer-config") + 1])
 
 
-def test_cpu_hidden_states_loads_the_kits_connector(fake_cpu_python):
+def test_cpu_hidden_states_loads_the_kits_connector(vllm_cpu_stub):
     """The stock connector pins host memory and kills the CPU engine on its second step; the
     CPU build gets the kit's subclass by module path, from a folder on the server's PYTHONPATH."""
     plan = plan_vllm(recipe(reasoning_parser="qwen3"), "hidden-states", engine="vllm", num_hidden_layers=28,
                      installed_versions={})
     argv = plan.argv
-    assert argv[:3] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT] and plan.port == 9736
+    assert argv[:3] == [str(vllm_cpu_stub), "-m", VLLM_CPU_ENTRYPOINT] and plan.port == 9736
     kv = kv_config(argv)
     assert kv["kv_connector"] == CPU_HIDDEN_STATES_CONNECTOR and kv["kv_role"] == "kv_producer"
     module = Path(plan.env["PYTHONPATH"]) / f"{kv['kv_connector_module_path']}.py"
@@ -75,7 +66,7 @@ def test_cpu_hidden_states_loads_the_kits_connector(fake_cpu_python):
 
 
 @pytest.mark.parametrize("engine", ["vllm", "vllm-ascend"])
-def test_accelerators_keep_the_stock_connector(fake_cpu_python, engine):
+def test_accelerators_keep_the_stock_connector(vllm_cpu_stub, engine):
     plan = plan_vllm(recipe(device="cuda" if engine == "vllm" else "npu"), "hidden-states", engine=engine,
                      num_hidden_layers=28, installed_versions={})
     kv = kv_config(plan.argv)
@@ -101,7 +92,7 @@ def test_cpu_build_missing_names_make_vllm_cpu(tmp_path, monkeypatch):
         plan_vllm(recipe(), "chat", engine="vllm", installed_versions={})
 
 
-def test_accelerator_recipes_keep_vllm_serve(fake_cpu_python):
+def test_accelerator_recipes_keep_vllm_serve(vllm_cpu_stub):
     """A cuda recipe planned on this GPU-less machine (--dry-run on a laptop) keeps `vllm serve`."""
     r = recipe(device="cuda", gpu_memory_utilization=0.9)
     assert not runs_on_cpu(r, "vllm") and not runs_on_cpu(recipe(), "vllm-ascend")
@@ -113,7 +104,7 @@ def test_accelerator_recipes_keep_vllm_serve(fake_cpu_python):
     assert plan_vllm(recipe(), "chat", engine="vllm", cpu=False, installed_versions={}).argv[:2] == ["vllm", "serve"]
 
 
-def test_auto_follows_the_machine(fake_cpu_python, monkeypatch):
+def test_auto_follows_the_machine(vllm_cpu_stub, monkeypatch):
     from dspark_kit import devices
 
     monkeypatch.setattr(devices, "detect_device", lambda requested="auto": "cuda")
@@ -122,18 +113,18 @@ def test_auto_follows_the_machine(fake_cpu_python, monkeypatch):
     assert runs_on_cpu(recipe(device="auto"), "vllm")
 
 
-def test_cli_serve_hidden_states_on_cpu(fake_cpu_python, tmp_path):
+def test_cli_serve_hidden_states_on_cpu(vllm_cpu_stub, tmp_path):
     res = CliRunner().invoke(app, ["serve", "--role", "hidden-states", "--engine", "vllm", "--set", "train.device=cpu",
                                    "--set", "verifier.path=/models/absent", "--set", "verifier.num_hidden_layers=8",
                                    "-w", str(tmp_path), "--dry-run"])
     assert res.exit_code == 0, res.output
     words = shlex.split(res.stdout.strip().splitlines()[-1])
-    assert words[0].startswith("PYTHONPATH=") and words[1:4] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT]
+    assert words[0].startswith("PYTHONPATH=") and words[1:4] == [str(vllm_cpu_stub), "-m", VLLM_CPU_ENTRYPOINT]
     assert kv_config(words)["kv_connector"] == CPU_HIDDEN_STATES_CONNECTOR
 
 
 @pytest.mark.slow  # plans with the built-in verifier, which planning still builds
-def test_cli_serve_refuses_spec_on_cpu_in_one_line(fake_cpu_python, tmp_path):
+def test_cli_serve_refuses_spec_on_cpu_in_one_line(vllm_cpu_stub, tmp_path):
     """Refused before any checkpoint lookup: the reason, not a missing-checkpoint error."""
     res = CliRunner().invoke(app, ["serve", "--role", "spec", "--engine", "vllm", "--set", "train.device=cpu",
                                    "-w", str(tmp_path), "--dry-run"])
@@ -144,4 +135,4 @@ def test_cli_serve_refuses_spec_on_cpu_in_one_line(fake_cpu_python, tmp_path):
                                     "-w", str(tmp_path), "--dry-run"])
     assert chat.exit_code == 0, chat.output
     words = shlex.split(chat.stdout.strip().splitlines()[-1])
-    assert words[:3] == [str(fake_cpu_python), "-m", VLLM_CPU_ENTRYPOINT]
+    assert words[:3] == [str(vllm_cpu_stub), "-m", VLLM_CPU_ENTRYPOINT]
