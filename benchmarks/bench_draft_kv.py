@@ -24,15 +24,13 @@ prepare,hidden-states,train`).
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, Row, cli, emit, paired_ratios, spread, this_command
+from common import REPO, Row, cli, emit, paired_ratios, spread, this_command, trained_demo_run
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 
@@ -48,11 +46,12 @@ def timed(fn, prompts) -> float:
 
 def tuned_window(wd: Path, default: int) -> tuple[int, str]:
     """The run's tuned window when a tune recommended one, else `default`."""
-    path = wd / "eval" / "window_tune.json"
-    if path.is_file():
-        w = json.loads(path.read_text()).get("recommended_window")
-        if w:
-            return int(w), f"tuned ({path.name})"
+    from dspark_kit.resolved import Tune
+    from dspark_kit.rundir import RunDir
+
+    tune = Tune.read(RunDir.at(wd).tune_file)  # the file serving's `auto` reads, read the same way
+    if tune is not None and tune.window:
+        return tune.window, f"tuned ({tune.path.name})"
     return default, "the demo's tuned window (docs/PERFORMANCE.md)"
 
 
@@ -113,13 +112,7 @@ def main() -> None:
     recipe = load_recipe(RECIPE, ["train.device=cpu"])
     tmp = Path(tempfile.mkdtemp(prefix="bench-draft-kv-"))
     try:
-        wd = args.workdir
-        if not wd or not (wd / "checkpoints").is_dir():
-            wd = tmp / "run"
-            subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(RECIPE), "--stages",
-                            "prepare,hidden-states,train", "--workdir", str(wd), "--json"],
-                           check=True, stdout=subprocess.DEVNULL)
-        wd = Path(wd)
+        wd = trained_demo_run(args.workdir, tmp)
         res = Resolved(recipe, wd, checkpoint=resolve_checkpoint(wd / "checkpoints"))
         session = EvalSession(res, sweep=True)
         k, tw = session.draft.block_size, recipe.training_window

@@ -24,12 +24,10 @@ prepare,hidden-states,train`, which trains on the corpus replies instead of rege
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, Row, cli, emit, this_command
+from common import REPO, Row, cli, emit, this_command, trained_demo_run
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 
@@ -95,13 +93,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-eval-"))
     n, m = args.num_prompts, args.max_new_tokens
     try:
-        wd = args.workdir
-        if not wd or not (wd / "checkpoints").is_dir():
-            wd = tmp / "run"
-            subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(RECIPE), "--stages",
-                            "prepare,hidden-states,train", "--workdir", str(wd), "--json"],
-                           check=True, stdout=subprocess.DEVNULL)
-        wd = Path(wd)
+        wd = trained_demo_run(args.workdir, tmp)
         best = resolve_checkpoint(wd / "checkpoints")
         prompts = write_eval_prompts(tmp / "eval_prompts.jsonl", 32)
         kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": n, "max_new_tokens": m}

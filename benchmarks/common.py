@@ -39,6 +39,20 @@ class Row:
     command: str = ""
 
 
+def trained_demo_run(workdir: Path | None, tmp: Path) -> Path:
+    """`workdir` when it holds a trained tiny run (checkpoints/), else one trained into tmp/run by
+    the real CLI (prepare -> hidden-states -> train on recipes/tiny-cpu.yaml)."""
+    import subprocess
+
+    if workdir and (Path(workdir) / "checkpoints").is_dir():
+        return Path(workdir)
+    wd = tmp / "run"
+    subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(REPO / "recipes" / "tiny-cpu.yaml"), "--stages",
+                    "prepare,hidden-states,train", "--workdir", str(wd), "--json"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return wd
+
+
 def best_of(fn: Callable[[], object], repeats: int = 3) -> tuple[float, object]:
     """Minimum wall time over `repeats` runs (the least disturbed one) and the last result."""
     times, result = [], None
