@@ -199,3 +199,40 @@ def test_train_failure_names_the_stage_once(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["train", "-w", str(tmp_path / "run")])
     assert r.exit_code == 1, r.output
     assert r.output.strip().splitlines()[-1] == "error: train: speculators fix x: probe failed: Boom: no"
+
+
+# A trainer that answers SIGTERM as speculators does: saves, then exits 0.
+_SAVES_ON_SIGTERM = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: (print('Interrupt checkpoint saved', flush=True), sys.exit(0)))\n"
+    "print('Training epoch 1/2 started', flush=True)\n"
+    "time.sleep(60)\n")
+
+
+@pytest.mark.slow  # starts a trainer stand-in
+def test_a_trainer_stopped_by_the_watch_is_a_failure_even_when_it_exits_0(tmp_path):
+    """The watch stops the trainer when its hidden-state server dies; speculators then saves an
+    "interrupted" checkpoint and exits 0, which must not read as a finished training."""
+    import sys
+
+    from dspark_kit.stages.train import LaunchPlan, TrainerStopped, run_training
+
+    looks = []
+
+    def watch():
+        looks.append(1)
+        return "the hidden-state server http://x exited with code -9" if len(looks) > 1 else None
+
+    with pytest.raises(TrainerStopped, match="exited with code -9"):
+        run_training(LaunchPlan([sys.executable, "-c", _SAVES_ON_SIGTERM]), tmp_path / "train.log", watch=watch)
+    assert "Interrupt checkpoint saved" in (tmp_path / "train.log").read_text()  # it was asked, not killed
+
+
+@pytest.mark.slow
+def test_a_watch_that_never_fires_leaves_the_exit_code(tmp_path):
+    import sys
+
+    from dspark_kit.stages.train import LaunchPlan, run_training
+
+    code = run_training(LaunchPlan([sys.executable, "-c", "raise SystemExit(3)"]), tmp_path / "t.log", watch=lambda: None)
+    assert code == 3

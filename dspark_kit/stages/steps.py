@@ -99,6 +99,7 @@ def stage_train(res: Resolved) -> dict:
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
     from dspark_kit.stages.train import (
+        TrainerStopped,
         read_val_metrics,
         run_training,
         set_aside_incomplete_checkpoints,
@@ -124,8 +125,12 @@ def stage_train(res: Resolved) -> dict:
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        code = run_training(plan, log, watch=endpoint.gone if endpoint else None)
-        gone = endpoint.gone() if endpoint and code != 0 else None
+        try:
+            code = run_training(plan, log, watch=endpoint.gone if endpoint else None)
+        except TrainerStopped as stopped:
+            code, gone = 1, str(stopped)
+        else:  # the trainer may fail on the dead server before the watch's next look
+            gone = endpoint.gone() if endpoint and code != 0 else None
     res.checkpoints_changed()
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")

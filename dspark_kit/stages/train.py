@@ -208,10 +208,16 @@ def _stop(proc) -> None:
         proc.kill()
 
 
-def _watch(proc, watch: Callable[[], str | None], poll_s: float = 1.0) -> None:
-    """Stop the trainer once `watch` reports the server it needs is gone (else it would retry for minutes)."""
+class TrainerStopped(RuntimeError):
+    """The watch stopped the trainer: the server it needs is gone. The message is the watch's reason."""
+
+
+def _watch(proc, watch: Callable[[], str | None], stopped: list[str], poll_s: float = 1.0) -> None:
+    """Stop the trainer once `watch` reports the server it needs is gone (else it would retry for
+    minutes); the reason goes into `stopped`."""
     while proc.poll() is None:
-        if watch() is not None:
+        if (reason := watch()) is not None:
+            stopped.append(reason)
             _stop(proc)
             return
         time.sleep(poll_s)
@@ -222,7 +228,10 @@ def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | Non
     `run`, or `run -v`); returns the exit code.
 
     `watch`: polled every second while training runs; when it returns a reason (the
-    hidden-state server this command started has exited), the trainer is stopped.
+    hidden-state server this command started has exited), the trainer is stopped and
+    TrainerStopped is raised with that reason, whatever the trainer's exit code: speculators
+    answers SIGTERM by saving an "interrupted" checkpoint and often exits 0, and an unfinished
+    training must never read as a finished one.
     """
     import subprocess
     import threading
@@ -241,8 +250,11 @@ def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | Non
     ) as proc, (contextlib.nullcontext() if echo else progress_bar("train", None, "epoch")) as bar:
         assert proc.stdout is not None
         progress = TrainProgress(bar)
+        stopped: list[str] = []
+        watcher = None
         if watch is not None:
-            threading.Thread(target=_watch, args=(proc, watch), daemon=True, name="server-watch").start()
+            watcher = threading.Thread(target=_watch, args=(proc, watch, stopped), daemon=True, name="server-watch")
+            watcher.start()
         try:
             for line in proc.stdout:
                 line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
@@ -254,7 +266,12 @@ def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | Non
         except BaseException:  # Ctrl-C / SIGTERM to the kit: stop the trainer (torchrun forwards it)
             _stop(proc)
             raise
-        return proc.wait()
+        code = proc.wait()
+        if watcher is not None:
+            watcher.join()  # it returns once the trainer has exited, with or without a reason
+        if stopped:
+            raise TrainerStopped(stopped[0])
+        return code
 
 
 def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | None = None) -> str:
