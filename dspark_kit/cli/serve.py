@@ -106,11 +106,11 @@ def _run(plan, recipe, run, role: str, json_out: bool) -> None:
     except BaseException:  # anything else is a bug or Ctrl-C: stop the server, keep the traceback
         server.stop()
         raise
-    if json_out:
-        emit_json({"base_url": plan.base_url, "role": role, "log": str(log_path)})
-    else:
-        typer.echo(plan.base_url)
-    try:
+    try:  # Ctrl-C may come as soon as the URL is out: inside the try, so it stops the server cleanly
+        if json_out:
+            emit_json({"base_url": plan.base_url, "role": role, "log": str(log_path)})
+        else:
+            typer.echo(plan.base_url)
         while server.alive():
             time.sleep(0.5)
         code = server.stop()

@@ -199,13 +199,25 @@ STOP_GRACE_S = 30.0  # SIGTERM lets speculators save an "interrupted" checkpoint
 
 
 def _stop(proc) -> None:
+    """SIGTERM, STOP_GRACE_S to save, then SIGKILL; then SIGKILL whatever it started that is left:
+    torchrun starts its workers in their own sessions and only kills them after its own 30 s."""
     import subprocess
 
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
     proc.terminate()
     try:
         proc.wait(STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
+    for child in family:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 class TrainerStopped(RuntimeError):
