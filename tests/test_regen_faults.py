@@ -29,6 +29,7 @@ class Stub:
 
     def __init__(self, port: int | None = None):
         self.attempts: Counter = Counter()
+        self.released = asyncio.Event()  # "slow" answers only after stop(): never within any timeout
         self.port = port or free_port()
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -59,7 +60,7 @@ class Stub:
         if kind == "fail-once" and self.attempts[kind] == 1 or kind == "fail-always":
             return web.json_response({"error": "boom"}, status=500)
         if kind == "slow":
-            await asyncio.sleep(2)
+            await self.released.wait()
         if kind == "malformed":
             return web.Response(text='{"choices": [', content_type="application/json")
         if kind == "bad-schema":
@@ -81,6 +82,7 @@ class Stub:
         return web.json_response(ok)
 
     def stop(self):
+        self.loop.call_soon_threadsafe(self.released.set)
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
 
@@ -93,10 +95,11 @@ def stub():
 
 
 def _recipe(tmp_path, kinds, **regen):
+    """request_timeout 5 s: a loaded CI machine may stall a healthy answer for a second."""
     src = tmp_path / "src.jsonl"
     src.write_text("".join(json.dumps({"prompt": k}) + "\n" for k in kinds))
     return Recipe.model_validate({"data": {"source": str(src)},
-                                  "regen": {"request_timeout": 0.5, "max_retries": 2, **regen}})
+                                  "regen": {"request_timeout": 5.0, "max_retries": 2, **regen}})
 
 
 def _lines(path):
@@ -105,8 +108,8 @@ def _lines(path):
 
 def test_retries_then_errors_file_and_run_finishes(tmp_path, stub):
     out = tmp_path / "out.jsonl"
-    summary = run_regen(Resolved(_recipe(tmp_path, BEHAVIOURS)), out, endpoints=[stub.url], backoff_base=0.01,
-                        concurrency=4)
+    summary = run_regen(Resolved(_recipe(tmp_path, BEHAVIOURS, request_timeout=1.0)), out, endpoints=[stub.url],
+                        backoff_base=0.01, concurrency=4)
     rows = {r["metadata"]["idx"]: r for r in _lines(out)}
     assert sorted(rows) == [0, 1]  # ok, fail-once (succeeded on its retry)
     assert rows[1]["conversations"] == [{"from": "human", "value": "fail-once"}, {"from": "gpt", "value": "re:fail-once"}]

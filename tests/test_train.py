@@ -201,11 +201,12 @@ def test_train_failure_names_the_stage_once(tmp_path, monkeypatch):
     assert r.output.strip().splitlines()[-1] == "error: train: speculators fix x: probe failed: Boom: no"
 
 
-# A trainer that answers SIGTERM as speculators does: saves, then exits 0.
+# A trainer that answers SIGTERM as speculators does: saves, then exits 0. It touches argv[1] once
+# its handler is in place (the watch fires only then).
 _SAVES_ON_SIGTERM = (
-    "import signal, sys, time\n"
+    "import pathlib, signal, sys, time\n"
     "signal.signal(signal.SIGTERM, lambda *a: (print('Interrupt checkpoint saved', flush=True), sys.exit(0)))\n"
-    "print('Training epoch 1/2 started', flush=True)\n"
+    "pathlib.Path(sys.argv[1]).touch()\n"
     "time.sleep(60)\n")
 
 
@@ -217,15 +218,14 @@ def test_a_trainer_stopped_by_the_watch_is_a_failure_even_when_it_exits_0(tmp_pa
 
     from dspark_kit.stages.train import LaunchPlan, TrainerStopped, run_training
 
-    looks = []
+    log, started = tmp_path / "train.log", tmp_path / "started"
 
-    def watch():
-        looks.append(1)
-        return "the hidden-state server http://x exited with code -9" if len(looks) > 1 else None
+    def watch():  # the server "dies" once the trainer runs
+        return "the hidden-state server http://x exited with code -9" if started.exists() else None
 
     with pytest.raises(TrainerStopped, match="exited with code -9"):
-        run_training(LaunchPlan([sys.executable, "-c", _SAVES_ON_SIGTERM]), tmp_path / "train.log", watch=watch)
-    assert "Interrupt checkpoint saved" in (tmp_path / "train.log").read_text()  # it was asked, not killed
+        run_training(LaunchPlan([sys.executable, "-c", _SAVES_ON_SIGTERM, str(started)]), log, watch=watch)
+    assert "Interrupt checkpoint saved" in log.read_text()  # it was asked, not killed
 
 
 @pytest.mark.slow
