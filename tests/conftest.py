@@ -93,6 +93,18 @@ def tiny_verifier() -> Path:
     return ensure_tiny_verifier()
 
 
+@pytest.fixture(scope="module", params=["qwen3", "tiny"])
+def qwen3_or_tiny_tok(request, tiny_verifier):
+    """The tiny verifier's tokenizer with Qwen3's chat template, then with its own."""
+    from chat_templates import QWEN3_TEMPLATE
+    from transformers import AutoTokenizer
+
+    t = AutoTokenizer.from_pretrained(tiny_verifier)
+    if request.param == "qwen3":
+        t.chat_template = QWEN3_TEMPLATE
+    return t
+
+
 @pytest.fixture()
 def tiny_recipe():
     from dspark_kit.recipe import load_recipe

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from chat_templates import QWEN3_TEMPLATE
 
 from dspark_kit.data.conversations import ConversationError, normalize, to_sharegpt
 from dspark_kit.resolved import Resolved
@@ -23,43 +24,6 @@ from dspark_kit.stages.prepare import (
     prepare,
     read_jsonl,
     tokenize_conversation,
-)
-
-# Qwen/Qwen3-8B tokenizer_config.json chat_template without the tools branches.
-QWEN3_TEMPLATE = (
-    "{%- if messages[0].role == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
-    "{%- for message in messages[::-1] %}"
-    "{%- set index = (messages|length - 1) - loop.index0 %}"
-    "{%- if ns.multi_step_tool and message.role == \"user\" and message.content is string and "
-    "not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}"
-    "{%- set ns.multi_step_tool = false %}{%- set ns.last_query_index = index %}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- for message in messages %}"
-    "{%- if message.content is string %}{%- set content = message.content %}{%- else %}{%- set content = '' %}{%- endif %}"
-    "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}"
-    "{%- elif message.role == \"assistant\" %}"
-    "{%- set reasoning_content = '' %}"
-    "{%- if message.reasoning_content is string %}{%- set reasoning_content = message.reasoning_content %}"
-    "{%- else %}{%- if '</think>' in content %}"
-    "{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
-    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
-    "{%- endif %}{%- endif %}"
-    "{%- if loop.index0 > ns.last_query_index %}"
-    "{%- if loop.last or (not loop.last and reasoning_content) %}"
-    "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}"
-    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}{%- endif %}"
-    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
 )
 
 TURNS = [("What colour are bananas?", "Bananas are yellow.", "A banana."),
@@ -94,14 +58,9 @@ def as_form(msgs: list[dict], form: str) -> dict:
 FORMS = ["reasoning_content", "reasoning", "inline", "sharegpt"]
 
 
-@pytest.fixture(scope="module", params=["qwen3", "tiny"])
-def tok(request, tiny_verifier):
-    from transformers import AutoTokenizer
-
-    t = AutoTokenizer.from_pretrained(tiny_verifier)
-    if request.param == "qwen3":
-        t.chat_template = QWEN3_TEMPLATE
-    return t
+@pytest.fixture(scope="module")
+def tok(qwen3_or_tiny_tok):
+    return qwen3_or_tiny_tok
 
 
 def spans(mask: list[int]) -> list[tuple[int, int]]:

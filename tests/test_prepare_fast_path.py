@@ -9,11 +9,11 @@ rule (tests/prefix_reference.py) on any conversation, thinking on or off, both t
 from __future__ import annotations
 
 import pytest
+from chat_templates import QWEN3_TEMPLATE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jinja2.exceptions import SecurityError
 from prefix_reference import reference_rows
-from test_data_fidelity import QWEN3_TEMPLATE
 
 from dspark_kit.data.chat import render
 from dspark_kit.data.conversations import ConversationError, normalize
@@ -38,14 +38,9 @@ fragments = st.sampled_from([*SPECIALS, "<|im_", "think>", "</", "\n", "\n\n", "
 text = st.lists(fragments, max_size=12).map("".join)
 
 
-@pytest.fixture(scope="module", params=["tiny", "qwen3"])
-def tok(request, tiny_verifier):
-    from transformers import AutoTokenizer
-
-    t = AutoTokenizer.from_pretrained(tiny_verifier)
-    if request.param == "qwen3":
-        t.chat_template = QWEN3_TEMPLATE
-    return t
+@pytest.fixture(scope="module")
+def tok(qwen3_or_tiny_tok):
+    return qwen3_or_tiny_tok
 
 
 @pytest.fixture(scope="module", params=["tiny", "qwen3", "edges"])
