@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,6 @@ import pytest
 import torch
 import uvicorn
 
-from dspark_kit.engines.lifecycle import free_port
 from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
 from dspark_kit.specdec.verifier import load_tokenizer, load_verifier
 
@@ -19,10 +19,15 @@ pytestmark = pytest.mark.slow  # every test serves the tiny verifier
 
 
 class ThreadServer:
-    def __init__(self, app):
-        self.port = free_port()
+    def __init__(self, app, engine=None):
+        self.engine = engine
+        # bound here, port 0: a free_port() number could be taken again before uvicorn binds it
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 120  # a hang, not a busy machine
         while not self.server.started:
@@ -48,7 +53,8 @@ def verifier(tiny_verifier):
 def _serve(verifier, *flags):
     path, model, tok = verifier
     args = parse_args(["--model", path, *flags])
-    return ThreadServer(create_app(Engine(args, model, tok, build_generator(args, model))))
+    engine = Engine(args, model, tok, build_generator(args, model))
+    return ThreadServer(create_app(engine), engine)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_local_server import ThreadServer, _chat, _serve, verifier  # noqa: F401 - verifier is a fixture
+from test_local_server import _chat, _serve, verifier  # noqa: F401 - verifier is a fixture
 
 from dspark_kit.engines.local_server import split_reasoning_like_vllm
 from dspark_kit.engines.local_stream import TextStream
@@ -143,12 +143,8 @@ def test_stream_stop_strings_and_continuous_usage(server):
 
 @pytest.mark.slow
 def test_client_leaving_mid_stream_stops_decoding(verifier):  # noqa: F811
-    from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
-
-    path, model, tok = verifier
-    args = parse_args(["--model", path, "--token-delay-ms", "50"])
-    engine = Engine(args, model, tok, build_generator(args, model))
-    s = ThreadServer(create_app(engine))
+    s = _serve(verifier, "--token-delay-ms", "50")
+    engine = s.engine
     try:
         body = {"prompt": [1, 5, 6], "max_tokens": 400, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
