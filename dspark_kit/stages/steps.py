@@ -99,9 +99,8 @@ def stage_train(res: Resolved) -> dict:
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
     from dspark_kit.stages.train import (
-        TrainerStopped,
         read_val_metrics,
-        run_training,
+        run_watched,
         set_aside_incomplete_checkpoints,
         training_failure,
     )
@@ -125,12 +124,7 @@ def stage_train(res: Resolved) -> dict:
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        try:
-            code = run_training(plan, log, watch=endpoint.gone if endpoint else None)
-        except TrainerStopped as stopped:
-            code, gone = 1, str(stopped)
-        else:  # the trainer may fail on the dead server before the watch's next look
-            gone = endpoint.gone() if endpoint and code != 0 else None
+        code, gone = run_watched(plan, log, endpoint)
     res.checkpoints_changed()
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")

@@ -286,6 +286,17 @@ def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | Non
         return code
 
 
+def run_watched(plan: LaunchPlan, log_path: Path, endpoint) -> tuple[int, str | None]:
+    """run_training watched by `endpoint.gone` (a HiddenStateEndpoint, or None: nothing to watch):
+    (exit code, why the server is gone, or None)."""
+    try:
+        code = run_training(plan, log_path, watch=endpoint.gone if endpoint else None)
+    except TrainerStopped as stopped:
+        return 1, str(stopped)
+    # the trainer may fail on the dead server before the watch's next look
+    return code, endpoint.gone() if endpoint and code != 0 else None
+
+
 def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | None = None) -> str:
     """The train stage's error for exit `code`: the refusal line when a fix probe failed, the
     prepared row whose hidden states never arrived from `endpoint` (online). Without the stage's
