@@ -215,26 +215,26 @@ def test_a_trainer_stopped_by_the_watch_is_a_failure_even_when_it_exits_0(tmp_pa
     """The watch stops the trainer when its hidden-state server dies; speculators then saves an
     "interrupted" checkpoint and exits 0, which must not read as a finished training."""
     import sys
-    from types import SimpleNamespace
 
-    from dspark_kit.stages.train import LaunchPlan, run_watched
+    from dspark_kit.stages.train import LaunchPlan, run_training
 
     log, started = tmp_path / "train.log", tmp_path / "started"
     reason = "the hidden-state server http://x exited with code -9"
-    server = SimpleNamespace(gone=lambda: reason if started.exists() else None)  # it "dies" once the trainer runs
+
+    def gone():  # the server "dies" once the trainer runs
+        return reason if started.exists() else None
 
     plan = LaunchPlan([sys.executable, "-c", _SAVES_ON_SIGTERM, str(started)])
-    assert run_watched(plan, log, server) == (1, reason)
+    assert run_training(plan, log, watch=gone) == (0, reason)  # exit 0, and still the server's death
     assert "Interrupt checkpoint saved" in log.read_text()  # it was asked, not killed
 
 
 @pytest.mark.slow
 def test_a_watch_that_never_fires_leaves_the_exit_code(tmp_path):
     import sys
-    from types import SimpleNamespace
 
-    from dspark_kit.stages.train import LaunchPlan, run_watched
+    from dspark_kit.stages.train import LaunchPlan, run_training
 
     plan = LaunchPlan([sys.executable, "-c", "raise SystemExit(3)"])
-    assert run_watched(plan, tmp_path / "t.log", SimpleNamespace(gone=lambda: None)) == (3, None)
-    assert run_watched(plan, tmp_path / "t.log", None) == (3, None)  # offline: nothing to watch
+    assert run_training(plan, tmp_path / "t.log", watch=lambda: None) == (3, None)
+    assert run_training(plan, tmp_path / "t.log") == (3, None)  # offline: nothing to watch

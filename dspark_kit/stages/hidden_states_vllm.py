@@ -104,7 +104,7 @@ def run_offline_vllm(res: Resolved) -> dict:
     """speculators generate-offline-data against the extraction server; a row that fails stops it
     (--fail-on-error) and the error names the row, never a file silently left out."""
     from dspark_kit.engines.servers import hidden_state_server
-    from dspark_kit.stages.train import LaunchPlan, failed_row, log_since, run_watched
+    from dspark_kit.stages.train import LaunchPlan, failed_row, log_since, run_training
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank
@@ -114,7 +114,7 @@ def run_offline_vllm(res: Resolved) -> dict:
         argv = offline_command(res, endpoint.url, world, rank)
         # speculators logs through rich, which wraps messages at 80 columns in a pipe: wide enough
         # that the line naming a failed row stays whole
-        code, gone = run_watched(LaunchPlan(argv, {"COLUMNS": "240"}), log, endpoint)
+        code, gone = run_training(LaunchPlan(argv, {"COLUMNS": "240"}), log, watch=endpoint.gone)
     if gone:
         raise RuntimeError(f"{gone}; rerun to resume (written files are kept)")
     if code != 0:

@@ -100,7 +100,7 @@ def stage_train(res: Resolved) -> dict:
     from dspark_kit.stages.preflight import enforce
     from dspark_kit.stages.train import (
         read_val_metrics,
-        run_watched,
+        run_training,
         set_aside_incomplete_checkpoints,
         training_failure,
     )
@@ -124,7 +124,7 @@ def stage_train(res: Resolved) -> dict:
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        code, gone = run_watched(plan, log, endpoint)
+        code, gone = run_training(plan, log, watch=endpoint.gone if endpoint else None)
     res.checkpoints_changed()
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")

@@ -220,10 +220,6 @@ def _stop(proc) -> None:
             child.kill()
 
 
-class TrainerStopped(RuntimeError):
-    """The watch stopped the trainer: the server it needs is gone. The message is the watch's reason."""
-
-
 def _watch(proc, watch: Callable[[], str | None], stopped: list[str], poll_s: float = 1.0) -> None:
     """Stop the trainer once `watch` reports the server it needs is gone (else it would retry for
     minutes); the reason goes into `stopped`."""
@@ -235,15 +231,17 @@ def _watch(proc, watch: Callable[[], str | None], stopped: list[str], poll_s: fl
         time.sleep(poll_s)
 
 
-def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | None] | None = None) -> int:
+def run_training(plan: LaunchPlan, log_path: Path,
+                 watch: Callable[[], str | None] | None = None) -> tuple[int, str | None]:
     """Run the plan with its output in `log_path` (and on the console when stages stream: outside
-    `run`, or `run -v`); returns the exit code.
+    `run`, or `run -v`); returns (exit code, why the server it needs is gone, or None).
 
     `watch`: polled every second while training runs; when it returns a reason (the
-    hidden-state server this command started has exited), the trainer is stopped and
-    TrainerStopped is raised with that reason, whatever the trainer's exit code: speculators
-    answers SIGTERM by saving an "interrupted" checkpoint and often exits 0, and an unfinished
-    training must never read as a finished one.
+    hidden-state server this command started has exited), the trainer is stopped and that
+    reason is returned whatever the exit code: speculators answers SIGTERM by saving an
+    "interrupted" checkpoint and often exits 0, and an unfinished training must never read as
+    a finished one. After a failing exit it is asked once more: the trainer may fail on the
+    dead server before the watch's next look.
     """
     import subprocess
     import threading
@@ -279,22 +277,12 @@ def run_training(plan: LaunchPlan, log_path: Path, watch: Callable[[], str | Non
             _stop(proc)
             raise
         code = proc.wait()
-        if watcher is not None:
-            watcher.join()  # it returns once the trainer has exited, with or without a reason
+        if watcher is None:
+            return code, None
+        watcher.join()  # it returns once the trainer has exited, with or without a reason
         if stopped:
-            raise TrainerStopped(stopped[0])
-        return code
-
-
-def run_watched(plan: LaunchPlan, log_path: Path, endpoint) -> tuple[int, str | None]:
-    """run_training watched by `endpoint.gone` (a HiddenStateEndpoint, or None: nothing to watch):
-    (exit code, why the server is gone, or None)."""
-    try:
-        code = run_training(plan, log_path, watch=endpoint.gone if endpoint else None)
-    except TrainerStopped as stopped:
-        return 1, str(stopped)
-    # the trainer may fail on the dead server before the watch's next look
-    return code, endpoint.gone() if endpoint and code != 0 else None
+            return code, stopped[0]
+        return code, watch() if code != 0 else None
 
 
 def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | None = None) -> str:
