@@ -205,10 +205,8 @@ def test_request_id_with_trailing_newline_is_refused(verifier, tmp_path, rid):  
 
 
 def test_abandoned_requests_stop_decoding(verifier):  # noqa: F811
-    path, model, tok = verifier
-    args = parse_args(["--model", path, "--token-delay-ms", "20"])
-    engine = Engine(args, model, tok, build_generator(args, model))
-    s = ThreadServer(create_app(engine))
+    s = _serve(verifier, "--token-delay-ms", "20")
+    engine = s.engine
     try:
         # ignore_eos: every request would decode 200 tokens, so only cancellation ends them early
         body = json.dumps({"prompt": [1, 5, 6], "max_tokens": 200, "ignore_eos": True}).encode()
