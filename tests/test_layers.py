@@ -97,12 +97,12 @@ def test_cli_modules_hold_no_stage_logic():
     assert not heavy, heavy
 
 
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 600
 
 
-def test_no_module_is_over_400_lines():
-    """Small files: a module past the limit is split by what its parts decide (resolved/ keeps its
-    devices and dtypes in placement.py)."""
+def test_no_module_is_over_600_lines():
+    """A smell, not a rule: modules hold one idea each, and a module this long likely holds two.
+    Split by what the parts decide, never only to get under the number."""
     long = {str(f.relative_to(PKG)): n for f in PKG.rglob("*.py")
             if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

@@ -35,7 +35,7 @@ def write_ckpt(path: Path, verifier: str, block: int = 8, ids=SEED_LAYERS, slots
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {"speculators_model_type": "dspark", "block_size": block, "mask_token_id": 151669,
+    cfg = {"speculators_model_type": "dspark", "block_size": block, "mask_token_id": 151669, "sample_from_anchor": True,
            "aux_hidden_state_layer_ids": list(ids),
            "speculators_config": {"verifier": {"name_or_path": verifier},
                                   "proposal_methods": [{"speculative_tokens": slots or block}]}}
@@ -71,20 +71,20 @@ def test_k_explicit_wins_and_tune_beats_the_checkpoint(tmp_path):
 
 
 def test_bench_records_the_k_the_server_got(tmp_path):
-    """Reproduced: vLLM 0.26.1 served K=8 while bench recorded the recipe's 7."""
+    """Bench records the K the server got, read back from its metrics, not the recipe's."""
     from dspark_kit.engines.vllm import plan_vllm
     from dspark_kit.stages.bench import served_k
 
     recipe, verifier = seed_like(tmp_path, engine="vllm", num_speculative_tokens=7)
     recipe.train.device = "cuda"  # planned for the GPU box (here it would be vLLM's CPU build: no spec)
     ckpt = write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
-    res = Resolved(recipe, installed={"vllm": "0.26.1"})
+    res = Resolved(recipe, installed={"vllm": "0.30.0"})
     argv = plan_vllm(res, "spec").argv
     served = json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
-    assert served == res.k.value == 8 and ckpt.exists()
+    assert served == res.k.value == 7 and ckpt.exists()
     # bench reads K back from the server's per-position series (vLLM exports one per drafted slot)
-    metrics = {"acceptance_length": 2.0, "per_position_acceptance_rates": [0.5] * served}
-    assert served_k(metrics, res)["num_speculative_tokens"] == 8
+    metrics = {"acceptance_length": 2.0, "per_position_acceptance_rates": [0.5] * 6}
+    assert served_k(metrics, res)["num_speculative_tokens"] == 6
     assert served_k(None, res)["num_speculative_tokens"] is None  # a chat server: no K at all
 
 
@@ -101,7 +101,7 @@ def test_null_tune_means_no_window_for_eval_and_every_engine(tmp_path, tiny_veri
     recipe, verifier = seed_like(tmp_path)
     write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
     write_tune(tmp_path / "run", recommended_window=None)
-    ascend = Resolved(recipe, window_support="yes", installed={"vllm-ascend": "0.24.0rc1"})
+    ascend = Resolved(recipe, window_support="yes", installed={"vllm-ascend": "0.27.1rc1"})
     assert ascend.window.value is None
     assert "--additional-config" not in plan_vllm(ascend, "spec").argv
     assert Resolved(recipe).window.value is None

@@ -32,7 +32,7 @@ URL = "http://127.0.0.1:9736"
 def seed_resolved(tmp_path: Path, *sets: str) -> Resolved:
     """The seed recipe planned on this machine (nothing built; the verifier is named by its path)."""
     return Resolved(load_recipe(SEED, list(sets)), tmp_path / "run", planning=True,
-                    installed={"vllm-ascend": "0.24.0rc1", "vllm": "0.32.0"}, window_support="yes")
+                    installed={"vllm-ascend": "0.27.1rc1", "vllm": "0.32.0"}, window_support="yes")
 
 
 def served_model_names(argv: list[str]) -> list[str]:

@@ -1,8 +1,7 @@
-from pathlib import Path
 
 import pytest
 
-from dspark_kit.compat import versions
+from dspark_kit.compat import engine_table, versions
 
 
 def test_installed_reads_metadata_and_aliases():
@@ -33,64 +32,35 @@ def test_at_least(version, minimum, expected):
     assert versions.at_least(version, minimum) is expected
 
 
-def test_dspark_gates():
-    assert versions.dspark_gate("vllm", "0.24.0").ok is True
-    assert versions.dspark_gate("vllm", "0.23.1").ok is False
-    assert "vllm>=0.24" in versions.dspark_gate("vllm", "0.23.1").message
-    assert versions.dspark_gate("vllm-ascend", "0.24.0rc1").ok is True
-    assert versions.dspark_gate("vllm-ascend", "0.23.0").ok is False
+def test_dspark_gates_come_from_the_table():
+    # docs/COMPAT.md: 0.24.0 has no DSpark, 0.25.0-0.26.0 rewrite to the bonus anchor, 0.27.0 serves
+    assert versions.dspark_gate("vllm", "0.24.0").ok is False
+    assert versions.dspark_gate("vllm", "0.26.0").ok is False
+    assert versions.dspark_gate("vllm", "0.27.0").ok is True
+    assert versions.dspark_gate("vllm", "0.33.0+cu130").ok is True  # local tags do not matter
+    assert "vllm>=0.27.0" in versions.dspark_gate("vllm", "0.23.1").message
+    assert versions.dspark_gate("vllm-ascend", "0.24.0rc1").ok is False  # paired with vLLM 0.24.0
+    assert versions.dspark_gate("vllm-ascend", "0.25.1rc1").ok is False
+    assert versions.dspark_gate("vllm-ascend", "0.26.0rc1").ok is True  # backports vLLM PR 48639
     assert versions.dspark_gate("vllm", None).ok is None
+    # a checkpoint without sample_from_anchor: the fix is the key, on every release that reads it
+    missing = versions.dspark_gate("vllm", "0.30.0", sample_from_anchor=None)
+    assert missing.ok is False and '"sample_from_anchor": true' in missing.message
+    # a bonus-anchor checkpoint (explicit false) is what 0.25-0.26 serve
+    assert versions.dspark_gate("vllm", "0.25.1", sample_from_anchor=False).ok is True
 
 
-PRE_14596 = '''
-        self.draft_window_size = (
-            self.vllm_config.additional_config.get("draft_window_size") if self.vllm_config.additional_config else None
-        )
-        if self.draft_window_size is not None:
-            future_offset = 0 if self.method == "dflash" else self.num_speculative_tokens
-'''
-WITH_14596 = PRE_14596.replace('self.method == "dflash"', 'self.method in ("dflash", "dspark")') + '''
-        if self.draft_window_size is not None and self.method != "dspark":
-            self.sliding_window.apply(common_attn_metadata)
-'''
+def test_versions_between_and_beyond_the_surveyed_releases():
+    newer = versions.engine_support("vllm", "0.40.0")
+    assert newer.serves().ok is True and "assumed like it" in newer.source
+    between = versions.engine_support("vllm", "0.27.5")  # 0.27.1 and 0.28.0 agree on serving
+    assert between.serves().ok is True and between.has("adaptive") == "unknown"
+    assert versions.engine_support("vllm", "0.25.5").serves().ok is False  # both neighbours rewrite
 
 
-def test_window_support_from_source():
-    assert versions.window_support_from_source(WITH_14596) == "yes"
-    assert versions.window_support_from_source(PRE_14596) == "no"
-    assert versions.window_support_from_source("def propose(self): pass") == "no"
-
-
-def test_ascend_window_support_reads_installed_tree(tmp_path: Path):
-    assert versions.ascend_dspark_window_support() == "unknown"  # not installed here
-    src = tmp_path / versions.ASCEND_PROPOSER
-    src.parent.mkdir(parents=True)
-    src.write_text(WITH_14596)
-    assert versions.ascend_dspark_window_support(tmp_path) == "yes"
-    src.write_text(PRE_14596)
-    assert versions.ascend_dspark_window_support(tmp_path) == "no"
-    src.unlink()  # an old tree without the proposer has no window
-    assert versions.ascend_dspark_window_support(tmp_path) == "no"
-
-
-def test_k_rule_by_engine_and_version():
-    block = 8
-    ascend = versions.k_rule("vllm-ascend", "0.24.0rc1")
-    assert ascend.allowed(7, block) and ascend.allowed(8, block) and not ascend.allowed(9, block)
-    assert ascend.choose(7, block) == (7, None)  # the reference run's K=7 for block 8
-
-    guarded = versions.k_rule("vllm", "0.26.0")
-    assert not guarded.allowed(7, block) and guarded.allowed(8, block)
-    k, note = guarded.choose(7, block)
-    assert k == 8 and "47419" in note
-
-    for v in ("0.24.0", "0.25.2", "0.27.1"):
-        rule = versions.k_rule("vllm", v)
-        assert rule.allowed(1, block) and rule.allowed(7, block) and not rule.allowed(9, block), v
-
-    assert not versions.k_rule("vllm", "0.23.1").allowed(7, block)
-
-    unknown = versions.k_rule("vllm", None)
-    assert unknown.known is False
-    k, note = unknown.choose(7, block)
-    assert k == 7 and "unknown" in note
+def test_k_rule_is_within_the_slots_on_every_surveyed_release():
+    for engine in ("vllm", "vllm-ascend"):
+        for f in engine_table.rows(engine):
+            rule = versions.k_rule(versions.engine_support(engine, f.version))
+            assert rule.allowed(1, 8) and rule.allowed(7, 8) and not rule.allowed(9, 8), (engine, f.version)
+    assert versions.k_rule(versions.engine_support("vllm", None)).choose(9, 8) == (8, "num_speculative_tokens 9 -> 8: K must not exceed the trained slots")

@@ -75,6 +75,9 @@ def register(app: typer.Typer) -> None:
         plan = sp.plan
         for note in sp.warnings:
             _warn(note)
+        if not json_out:
+            for line in sp.decisions:
+                typer.echo(f"note: {line}", err=True)
 
         if dry_run:
             if json_out:
@@ -82,7 +85,7 @@ def register(app: typer.Typer) -> None:
 
                 emit_json({"role": role, "engine": sp.resolved.engine, "argv": redact_argv(plan.argv),
                            "env": redact_env(plan.env), "base_url": plan.base_url, "health_path": plan.health_path,
-                           "notes": sp.warnings, "checkpoint": str(sp.resolved.checkpoint) if role == "spec" else None,
+                           "notes": sp.warnings, "decisions": sp.decisions, "checkpoint": str(sp.resolved.checkpoint) if role == "spec" else None,
                            "resolved": sp.resolved.summary() if role == "spec" else None,
                            "findings": [f.as_dict() for f in sp.findings], "shell_line": plan.shell_line()})
             else:

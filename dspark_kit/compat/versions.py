@@ -17,6 +17,13 @@ from typing import Literal
 
 from packaging.version import InvalidVersion, Version
 
+from dspark_kit.compat.engine_features import Features
+from dspark_kit.compat.engine_table import (
+    KIT_SAMPLE_FROM_ANCHOR,
+    anchor_problem,
+    first_serving,
+    lookup,
+)
 from dspark_kit.devices import package_version
 
 # distribution names as pip spells them, plus the spellings people type
@@ -29,15 +36,6 @@ _DIST_ALIASES = {
     "transformers": ("transformers",),
 }
 TRACKED = tuple(_DIST_ALIASES)
-
-MIN_VLLM_DSPARK = "0.24"  # CUDA vLLM: first release with method "dspark"
-MIN_VLLM_ASCEND_DSPARK = "0.24.0rc1"  # v0.23.x and below lack DSpark (docs/ASCEND.md)
-
-# vLLM PR 47419 added a hard "num_speculative_tokens >= dspark_block_size" check to
-# SpeculativeConfig (reported at v0.26.0 in vllm issue 50012, which disputes it);
-# vllm main's vllm/config/speculative.py no longer carries it.
-VLLM_K_GUARD_FROM = "0.26.0.dev0"
-VLLM_K_GUARD_UNTIL = "0.27.0.dev0"
 
 Support = Literal["yes", "no", "unknown"]
 
@@ -81,60 +79,91 @@ class Gate:
     message: str
 
 
-def dspark_gate(engine: str, version: str | None) -> Gate:
-    """Does this engine version serve method "dspark"?"""
-    pkg, minimum = {
-        "vllm": ("vllm", MIN_VLLM_DSPARK),
-        "vllm-ascend": ("vllm-ascend", MIN_VLLM_ASCEND_DSPARK),
-    }[engine]
-    if version is None:
-        return Gate(None, f"{pkg} is not installed here: command built for {pkg} >= {minimum} (DSpark)")
-    if at_least(version, minimum):
-        return Gate(True, f"{pkg} {version} >= {minimum}: DSpark supported")
-    return Gate(False, f"{pkg} {version} < {minimum} lacks speculative method dspark; "
-                       f"install {pkg}>={minimum} on the serving machine")
+# ---- what an engine release does with a DSpark draft ------------------------
+# Every answer comes from engine_table (the surveyed releases, docs/COMPAT.md) or from the
+# same detectors run over the installed engine's source: no version constants here.
 
 
-# ---- vllm-ascend DSpark draft window (PR 14596) -----------------------------
-
-# The window lives in vllm_ascend/spec_decode/llm_base_proposer.py: it reads
-# additional_config["draft_window_size"]. Before PR 14596 only dflash got
-# future_offset 0 and the window was applied where DSpark's per-group block table
-# later overwrites it; the PR names "dspark" at both places.
-ASCEND_PROPOSER = Path("vllm_ascend") / "spec_decode" / "llm_base_proposer.py"
-_DSPARK_WINDOW_MARKERS = (
-    re.compile(r"future_offset\s*=.*[\"']dspark[\"']"),
-    re.compile(r"draft_window_size.*[\"']dspark[\"']"),
-)
-
-
-def window_support_from_source(text: str) -> Support:
-    """'yes' when the proposer source applies draft_window_size for DSpark."""
-    if "draft_window_size" not in text:
-        return "no"
-    lines = text.splitlines()
-    return "yes" if any(p.search(line) for p in _DSPARK_WINDOW_MARKERS for line in lines) else "no"
-
-
-def _ascend_package_dir() -> Path | None:
+def _package_parent(module: str) -> Path | None:
     # find_spec on a top-level name locates it without executing its __init__
-    # (which would import torch_npu).
-    spec = importlib.util.find_spec("vllm_ascend")
+    # (vllm_ascend's would import torch_npu).
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
-def ascend_dspark_window_support(package_root: Path | None = None) -> Support:
-    """Does the installed vllm-ascend apply draft_window_size to DSpark drafts?"""
-    root = package_root if package_root is not None else _ascend_package_dir()
-    if root is None:
-        return "unknown"
-    src = root / ASCEND_PROPOSER
-    if not src.is_file():
-        # builds older than the spec_decode refactor have no window at all
-        return "no" if (root / "vllm_ascend").is_dir() else "unknown"
-    return window_support_from_source(src.read_text(errors="replace"))
+def installed_features(engine: str) -> Features | None:
+    """The detectors run over the installed engine (vllm-ascend: paired with the installed vLLM)."""
+    from dspark_kit.compat.engine_features import ascend_features, vllm_features
+
+    vllm_root, vllm_version = _package_parent("vllm"), installed("vllm")
+    paired = vllm_features(vllm_root, vllm_version) if vllm_root and vllm_version else None
+    if engine == "vllm":
+        return paired
+    root, version = _package_parent("vllm_ascend"), installed("vllm-ascend")
+    if root is None or version is None:
+        return None
+    return ascend_features(root, version, paired)
+
+
+@dataclass(frozen=True)
+class EngineSupport:
+    """What the engine that will serve does with a DSpark draft, and how the kit knows."""
+
+    engine: str
+    version: str | None  # None: not installed where the command is planned
+    features: Features | None  # None: unknown
+    source: str
+    uncertain: tuple[str, ...] = ()  # features the table cannot place for this version
+
+    def serves(self, sample_from_anchor: bool | None = KIT_SAMPLE_FROM_ANCHOR) -> Gate:
+        """Can this engine serve a checkpoint with this sample_from_anchor (None: key absent)?"""
+        pkg, f = self.engine, self.features
+        # a missing key is fixed in config.json; the version then needed is the explicit key's
+        need = first_serving(pkg, KIT_SAMPLE_FROM_ANCHOR if sample_from_anchor is None else sample_from_anchor)
+        fix = f"{pkg}>={need} serves it" if need else f"no surveyed {pkg} release serves it"
+        if self.version is None:
+            return Gate(None, f"{pkg} is not installed here: the command needs {pkg} >= {need} on the "
+                              "serving machine (docs/COMPAT.md)" if need else f"{pkg}: {fix}")
+        if f is None:
+            return Gate(None, f"{pkg} {self.version}: DSpark support unknown ({self.source}); "
+                              f"{pkg} >= {need} is known to serve it (docs/COMPAT.md)")
+        if not f.dspark:
+            return Gate(False, f"{pkg} {self.version} lacks speculative method dspark ({self.source}); {fix}")
+        problem = anchor_problem(f.anchor, sample_from_anchor)
+        if problem:
+            return Gate(False, f"{pkg} {self.version}: {problem} ({self.source}); {fix}")
+        return Gate(True, f"{pkg} {self.version} serves DSpark ({self.source})")
+
+    def has(self, feature: str) -> Support:
+        """"yes"/"no"/"unknown" for "window" or "adaptive"."""
+        if self.features is None or feature in self.uncertain:
+            return "unknown"
+        return "yes" if getattr(self.features, feature) else "no"
+
+    def first_with(self, feature: str) -> str | None:
+        return first_serving(self.engine, KIT_SAMPLE_FROM_ANCHOR, feature)
+
+
+def engine_support(engine: str, version: str | None) -> EngineSupport:
+    """The installed engine's own source when `version` is what is installed, else the table."""
+    if engine not in ("vllm", "vllm-ascend"):
+        raise ValueError(f"engine: {engine!r}; engine_support knows vllm and vllm-ascend")
+    if version is None:
+        return EngineSupport(engine, None, None, "not installed here")
+    if installed(engine) == version:
+        here = installed_features(engine)
+        if here is not None:
+            return EngineSupport(engine, version, here, "read from the installed source")
+    found = lookup(engine, version)
+    return EngineSupport(engine, version, found.features, found.source, found.uncertain)
+
+
+def dspark_gate(engine: str, version: str | None,
+                sample_from_anchor: bool | None = KIT_SAMPLE_FROM_ANCHOR) -> Gate:
+    """Does this engine version serve a DSpark checkpoint with this anchor layout?"""
+    return engine_support(engine, version).serves(sample_from_anchor)
 
 
 # ---- num_speculative_tokens (K) vs the trained block ------------------------
@@ -142,54 +171,37 @@ def ascend_dspark_window_support(package_root: Path | None = None) -> Support:
 
 @dataclass(frozen=True)
 class KRule:
-    """Which K an engine version accepts for a DSpark draft with `slots` trained slots."""
+    """Which K an engine accepts for a DSpark draft with `slots` trained slots."""
 
     description: str
-    allowed: Callable[[int, int], bool] = field(repr=False)  # (k, block_size) -> ok
-    known: bool = True  # False: version unknown, the recipe's K is kept as is
+    allowed: Callable[[int, int], bool] = field(repr=False)  # (k, slots) -> ok
 
-    def choose(self, recipe_k: int, block_size: int) -> tuple[int, str | None]:
+    def choose(self, recipe_k: int, slots: int) -> tuple[int, str | None]:
         """The recipe's K when allowed, else the nearest allowed K, plus a note."""
-        if not self.known:
-            return recipe_k, f"num_speculative_tokens {recipe_k} kept: {self.description}"
-        if self.allowed(recipe_k, block_size):
+        if self.allowed(recipe_k, slots):
             return recipe_k, None
-        candidates = [k for k in range(1, block_size + 1) if self.allowed(k, block_size)]
+        candidates = [k for k in range(1, slots + 1) if self.allowed(k, slots)]
         if not candidates:
             return recipe_k, f"num_speculative_tokens {recipe_k}: no K works ({self.description})"
         k = min(candidates, key=lambda c: (abs(c - recipe_k), c))
         return k, f"num_speculative_tokens {recipe_k} -> {k}: {self.description}"
 
 
-def _within_slots(k: int, block: int) -> bool:
-    return 1 <= k <= block
+def _within_slots(k: int, slots: int) -> bool:
+    return 1 <= k <= slots
 
 
-def k_rule(engine: str, version: str | None) -> KRule:
-    """K rule for method dspark, as the engine's speculative config enforces it.
+def k_rule(support: EngineSupport) -> KRule:
+    """K rule for method dspark on a speculators checkpoint: 1 <= K <= the trained slots.
 
-    A speculators DSpark checkpoint (sample_from_anchor) has block_size trained
-    slots, so K <= block_size everywhere; only vLLM 0.26.x also rejects K below it.
-    """
-    if engine == "vllm-ascend":
-        return KRule("vllm-ascend has no lower bound on K (a reference run served K=7 for block 8); "
-                     "K must not exceed the trained slots", _within_slots)
-    if engine != "vllm":
-        raise ValueError(f"engine: {engine!r}; k_rule knows vllm and vllm-ascend")
-    if version is None or parse(version) is None:
-        return KRule("installed vLLM version unknown; vLLM 0.26.x rejects K < block_size "
-                     "(PR 47419 guard, disputed in issue 50012): set serve.num_speculative_tokens "
-                     "= draft.block_size if vLLM raises 'Smaller values produce incorrect output'",
-                     _within_slots, known=False)
-    if not at_least(version, MIN_VLLM_DSPARK):
-        return KRule(f"vLLM {version} has no method dspark (needs >= {MIN_VLLM_DSPARK})",
-                     lambda k, b: False)
-    if at_least(version, VLLM_K_GUARD_FROM) and not at_least(version, VLLM_K_GUARD_UNTIL):
-        return KRule(f"vLLM {version} rejects num_speculative_tokens < block size for dspark "
-                     "(PR 47419 guard, disputed in issue 50012); with block_size trained slots "
-                     "that leaves K = block_size", lambda k, b: k == b)
-    return KRule(f"vLLM {version}: no lower bound on K for dspark in its speculative config; "
-                 "K must not exceed the trained slots", _within_slots)
+    vLLM 0.26-0.27's "K >= dspark_block_size" guard reads a key a speculators config never
+    carries (docs/COMPAT.md), so no surveyed release bounds K from below for these drafts; a
+    release whose loader passed that key on would be held to K = the slots."""
+    f = support.features
+    if f is not None and f.k_guard and f.k_guard in f.config_keys:
+        return KRule(f"{support.engine} {support.version} refuses K < {f.k_guard} for DSpark",
+                     lambda k, slots: k == slots)
+    return KRule("K must not exceed the trained slots", _within_slots)
 
 
 # ---- speculators options that come and go between releases ------------------

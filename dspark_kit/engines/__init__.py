@@ -49,6 +49,7 @@ class ServerPlan:
     env: dict[str, str] = field(default_factory=dict)  # added to os.environ
     health_path: str = "/health"
     notes: list[str] = field(default_factory=list)  # warnings to show the user
+    decisions: list[str] = field(default_factory=list)  # what was decided and why (informational)
 
     @property
     def base_url(self) -> str:

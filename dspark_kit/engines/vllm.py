@@ -96,23 +96,35 @@ def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int], on_cpu: bo
             "--no-enable-chunked-prefill"]
 
 
-def spec_args(res: Resolved) -> tuple[list[str], list[str]]:
-    """--speculative-config (+ --additional-config draft_window_size on Ascend) from the resolver."""
-    from dspark_kit.compat import versions
-
-    notes: list[str] = []
-    gate = versions.dspark_gate(res.engine, res.installed_version())
+def spec_args(res: Resolved) -> tuple[list[str], list[str], list[str]]:
+    """--speculative-config (+ --additional-config on Ascend: draft_window_size, dynamic_spec_config)
+    from the resolver: (args, warnings, decisions). A gate the engine fails is a PlanError."""
+    warnings: list[str] = []
+    sample_from_anchor = (res.checkpoint_config or {}).get("sample_from_anchor") if res.checkpoint_exists else True
+    gate = res.engine_support.serves(sample_from_anchor)
     if gate.ok is False:
-        notes.append(gate.message)
-    k, window = res.k, res.window
+        raise PlanError(f"serve --role spec: {gate.message}")
+    k, window, adaptive = res.k, res.window, res.adaptive_verification
+    decisions = [gate.message]
     if not res.checkpoint_exists:  # K's source says when it was assumed from draft.block_size
-        notes.append(f"checkpoint {res.checkpoint} does not exist yet (planned: train writes it)")
-    notes += [*k.notes, f"num_speculative_tokens {k.value} ({k.source})", *window.notes]
-    args = ["--speculative-config",
-            compact_json({"method": "dspark", "model": str(res.checkpoint), "num_speculative_tokens": k.value})]
+        decisions.append(f"checkpoint {res.checkpoint} does not exist yet (planned: train writes it)")
+    warnings += [*k.notes, *window.notes, *adaptive.notes]
+    decisions += [f"num_speculative_tokens {k.value}: {k.source}",
+                  f"draft_window_size {window.value}: {window.source}" if window.value is not None
+                  else f"draft_window_size: {window.source}",
+                  f"adaptive verification {'on' if adaptive.value else 'off'}: {adaptive.source}"]
+    spec: dict[str, Any] = {"method": "dspark", "model": str(res.checkpoint), "num_speculative_tokens": k.value}
+    additional: dict[str, Any] = {}
+    if adaptive.value and res.engine == "vllm":
+        spec["enable_adaptive_verification"] = True
+    elif adaptive.value:  # vllm-ascend: its own dynamic speculation, same confidence head
+        additional["dynamic_spec_config"] = {"method": "dspark"}
     if window.value is not None:
-        args += ["--additional-config", compact_json({"draft_window_size": window.value})]
-    return args, notes
+        additional["draft_window_size"] = window.value
+    args = ["--speculative-config", compact_json(spec)]
+    if additional:
+        args += ["--additional-config", compact_json(additional)]
+    return args, warnings, decisions
 
 
 def server_flags(res: Resolved, role: Role, port: int, gpu_memory_utilization: float,
@@ -153,14 +165,15 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
         argv += ["--reasoning-parser", s.reasoning_parser]
 
     notes: list[str] = []
+    decisions: list[str] = []
     if role == "hidden-states":
         argv += hidden_states_args(recipe, res.exported_layer_ids, mooncake=res.mooncake)
     elif role == "spec":
-        args, spec_notes = spec_args(res)
+        args, notes, decisions = spec_args(res)
         argv += args
-        notes += spec_notes
     argv += list(s.extra_args)
-    return ServerPlan(argv=argv, host=host, port=port, env=device_env(res.serve_device.value, s.devices), notes=notes)
+    return ServerPlan(argv=argv, host=host, port=port, env=device_env(res.serve_device.value, s.devices), notes=notes,
+                      decisions=decisions)
 
 
 def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan:

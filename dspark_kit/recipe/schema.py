@@ -184,6 +184,13 @@ class ServeCfg(_Section):
         "auto", description="auto = tuned K, else the checkpoint's trained slots (= draft.block_size)")
     draft_window_size: int | Literal["auto", "off"] = Field(
         "auto", description="tokens, off, or auto = tuned window (null: none), else the training window")
+    assume_window_support: bool = Field(
+        False, description="vllm-ascend not installed where you plan: true = the serving host has a "
+                           "release that applies draft_window_size to DSpark (docs/COMPAT.md), emit it")
+    adaptive_verification: Literal["auto", "on", "off"] = Field(
+        "auto", description="size the verify budget from the confidence head (vLLM "
+                            "enable_adaptive_verification, vllm-ascend dynamic_spec_config); auto = "
+                            "where the engine has it, the draft has the head and CUDA graphs are on")
     devices: str | None = None
     seed: int = 42
     extra_args: list[str] = Field(default_factory=list)
@@ -199,6 +206,12 @@ class ServeCfg(_Section):
     def _window_keyword(cls, v: Any) -> Any:
         return parse_window(v)
 
+    @field_validator("adaptive_verification", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare on/off as a boolean
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     @field_validator("num_speculative_tokens", mode="before")
     @classmethod
     def _k_keyword(cls, v: Any) -> Any:
@@ -211,6 +224,9 @@ class ServeCfg(_Section):
 
 class BenchCfg(_Section):
     num_prompts: int = Field(10, ge=1)
+    min_served_fraction: float | None = Field(
+        0.8, ge=0, le=1, description="served acceptance length below this fraction of the in-process "
+                                     "eval's (same prompts, K, window) fails bench with a diagnosis; null: off")
     concurrency: int = Field(10, ge=1)
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0)

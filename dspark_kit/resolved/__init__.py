@@ -193,7 +193,7 @@ class Resolved(Placement):
 
     def checkpoints_changed(self) -> None:
         """Training wrote new checkpoints: forget the decisions read from the old ones."""
-        for name in ("checkpoint", "checkpoint_config", "trained_slots", "k"):
+        for name in ("checkpoint", "checkpoint_config", "trained_slots", "k", "adaptive_verification"):
             self.__dict__.pop(name, None)
 
     @cached_property
@@ -249,13 +249,20 @@ class Resolved(Placement):
         notes: list[str] = []  # K above the trained slots is a checkpoint finding (serve refuses it)
         if source.startswith(TUNED) and self.tune.note:
             notes.append(self.tune.note)
-        if self.engine == "vllm":
-            chosen, note = versions.k_rule("vllm", self.installed_version()).choose(k, slots or block)
+        if self.engine in ("vllm", "vllm-ascend"):
+            chosen, note = versions.k_rule(self.engine_support).choose(k, slots or block)
             if note:
                 notes.append(note)
             if chosen != k:
-                k, source = chosen, f"{source}, then the installed vLLM's rule"
+                k, source = chosen, f"{source}, then {self.engine}'s rule"
         return Decision(k, source, tuple(notes))
+
+    @cached_property
+    def engine_support(self) -> versions.EngineSupport:
+        """What the serving engine does with a DSpark draft: the installed engine's own source, or
+        the surveyed releases (docs/COMPAT.md) for the version given; vllm-ascend only on the vllm engines."""
+        name = "vllm-ascend" if self.engine == "vllm-ascend" else "vllm"
+        return versions.engine_support(name, self.installed_version())
 
     @cached_property
     def wanted_window(self) -> Decision[int | None]:
@@ -284,26 +291,77 @@ class Resolved(Placement):
         """
         wanted = self.wanted_window
         window, source, notes = wanted.value, wanted.source, []
+        max_len = self.recipe.serve.max_model_len
         if self.engine == "vllm":
             if window is not None and not source.startswith("auto"):
                 notes.append(f"{source} {window} ignored: CUDA vLLM has no runtime draft window "
                              "(train sliding-window draft layers instead)")
             window, source = None, "engine vllm: no runtime draft window"
+        elif window is not None and max_len is not None and window >= max_len:
+            # a window at or above the longest context never drops a block: sending it only adds a
+            # dependency on an engine release that reads it
+            window, source = None, (f"none: window {window} ({source}) >= serve.max_model_len {max_len}, "
+                                    "so it could never apply")
         elif self.engine == "vllm-ascend" and window is not None:
-            support = self._window_support
-            if support is None:
-                support = versions.ascend_dspark_window_support() if self.installed_version() else "unknown"
+            support = self._window_support or self.engine_support.has("window")
+            first = self.engine_support.first_with("window")
             if is_deepseek_v4(self.verifier_config):
                 notes.append("draft_window_size on a DSpark draft trained natively with a DeepSeek-V4 target: "
                              "vllm-ascend warns that windowing lowers its acceptance")
             if support == "no":
-                notes.append(f"draft_window_size {window} omitted: the installed vllm-ascend does not apply the "
-                             "window to DSpark (needs vllm-ascend PR 14596); upgrade to use it")
-                window, source = None, "engine vllm-ascend without PR 14596"
+                notes.append(f"draft_window_size {window} omitted: vllm-ascend {self.installed_version()} does not "
+                             f"apply a window to DSpark drafts; vllm-ascend >= {first} does (docs/COMPAT.md)")
+                window, source = None, f"none: vllm-ascend {self.installed_version()} has no DSpark window"
+            elif support == "unknown" and self.recipe.serve.assume_window_support:
+                source = f"{source}; serve.assume_window_support: true (vllm-ascend >= {first} on the serving host)"
             elif support == "unknown":
-                notes.append("draft_window_size needs a vllm-ascend build with PR 14596 (DSpark window apply "
-                             "point); could not check here because vllm-ascend is not installed")
+                where = (f"vllm-ascend {self.installed_version()}" if self.installed_version()
+                         else "vllm-ascend is not installed here")
+                notes.append(f"draft_window_size {window} omitted: {where}, so the kit cannot confirm the "
+                             f"DSpark window (vllm-ascend >= {first}); set serve.assume_window_support: true "
+                             "if the serving host has it")
+                window, source = None, f"none: {where} (window support unconfirmed)"
         return Decision(window, source, (*notes, *self._window_risks(window, source).values()))
+
+    @cached_property
+    def adaptive_verification(self) -> Decision[bool]:
+        """Whether the server sizes the verify budget from the draft's confidence head (vLLM's
+        enable_adaptive_verification, vllm-ascend's dynamic_spec_config). `on` that cannot work
+        is a ResolveError with one line; `auto` is on only where everything it needs is there."""
+        setting, s = self.recipe.serve.adaptive_verification, self.recipe.serve
+        name = f"serve.adaptive_verification {setting}"
+        if setting == "off":
+            return Decision(False, name)
+        if self.engine == "local":
+            return Decision(False, f"{name}: the local engine verifies a fixed K "
+                                   "(eval.confidence_threshold measures the budget offline)")
+        support, first = self.engine_support.has("adaptive"), self.engine_support.first_with("adaptive")
+        try:
+            cfg = self.checkpoint_config
+        except ValueError:  # CheckpointError: nothing to read yet
+            cfg = None
+        head = bool(cfg.get("enable_confidence_head")) if cfg else self.recipe.draft.confidence_head
+        where = "the checkpoint" if cfg else "draft.confidence_head"
+        version = self.installed_version()
+        reasons = []
+        if not head:
+            reasons.append(f"{where} has no confidence head")
+        if support == "no":
+            reasons.append(f"{self.engine} {version} has no adaptive verification ({self.engine} >= {first} has)")
+        if self.engine == "vllm" and s.enforce_eager:
+            reasons.append("vLLM's adaptive verification captures CUDA graphs and serve.enforce_eager is true")
+        if setting == "on" and reasons:
+            raise ResolveError(f"serve.adaptive_verification on: {'; '.join(reasons)}; fix that or set "
+                               "serve.adaptive_verification: off")
+        if reasons:
+            return Decision(False, f"{name}: " + "; ".join(reasons))
+        if support == "unknown":
+            known = f"{self.engine} {version}" if version else f"{self.engine} not installed here"
+            if setting == "auto":
+                return Decision(False, f"{name}: {known} (adaptive verification from {self.engine} >= {first}; "
+                                       "set on if the serving host has it)")
+            return Decision(True, f"{name} ({known}: needs {self.engine} >= {first} on the serving host)")
+        return Decision(True, f"{name} ({self.engine} {version} has it, {where} has a confidence head)")
 
     @property
     def window_risks(self) -> dict[int, str]:
@@ -326,7 +384,7 @@ class Resolved(Placement):
             out[10] = risk
         return out
 
-    SUMMARY = ("k", "window", "train_device", "serve_device", "eval_device", "hidden_states_dtype",
+    SUMMARY = ("k", "window", "adaptive_verification", "train_device", "serve_device", "eval_device", "hidden_states_dtype",
                "hidden_states_out_dtype", "serve_dtype", "eval_dtype")
 
     def summary(self) -> dict:

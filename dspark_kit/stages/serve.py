@@ -30,6 +30,11 @@ class ServePlan:
     findings: list = field(default_factory=list)  # checkpoint findings (spec)
     warnings: list[str] = field(default_factory=list)  # checkpoint + preflight warnings, plan notes
 
+    @property
+    def decisions(self) -> list[str]:
+        """What the plan decided and why (engine gate, K, window, adaptive verification): not warnings."""
+        return self.plan.decisions
+
 
 def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: str | None = None) -> ServePlan:
     """`res` carries the command's --engine and --checkpoint (and planning for --dry-run); the
@@ -99,7 +104,8 @@ def stage_serve_check(res: Resolved) -> dict:
     atomic.write_text(run.serve_command, sp.plan.shell_line() + "\n")
     result = {"engine": res.engine, "checkpoint": str(res.checkpoint), "command_file": str(run.serve_command),
               "num_speculative_tokens": res.k.value, "draft_window_size": res.window.value,
-              "warnings": sp.warnings}
+              "adaptive_verification": res.adaptive_verification.value,
+              "warnings": sp.warnings, "decisions": sp.decisions}
     if res.engine == "local":
         with running_server(res, "spec", port=free_port()) as url:
             result["smoke_reply"] = asyncio.run(smoke_reply(url))
