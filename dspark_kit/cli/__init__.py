@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "bench",
     "report",
     "preflight",
+    "contract",  # vLLM's own loader judges the checkpoint
     "doctor",
     "recipe_cmd",
 ]
