@@ -148,6 +148,10 @@ def tune_cmd(
             typer.echo(f"{k:>1}  {key:>6}  " + "  ".join(f"{row[c] if row[c] is not None else '-':>7}" for c in ctx))
     typer.echo(f"recommended_k: {result['recommended_k']}  recommended_window: {result['recommended_window']} "
                f"-> {result['file']}")
+    from dspark_kit.stages.evaluate import budget_markdown
+
+    for line in budget_markdown(result.get("verify_budget")):
+        typer.echo(line)
 
 
 def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens, prompts,

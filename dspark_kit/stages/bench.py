@@ -313,11 +313,19 @@ def stage_bench(res: Resolved) -> dict[str, Any]:
 
     from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
+    from dspark_kit.stages.served_gate import ServedGateError, enforce, side_by_side
 
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(res.recipe.serve.checkpoint).name) or "spec"
     with running_server(res, "spec", port=free_port()) as url:
         r = run_bench(res, url, label=f"spec-{label}", out_dir=res.run.bench)
+    try:
+        verdict = enforce(res, r)
+    except ServedGateError as e:
+        write_result(r | {"in_process": {"passed": False, "error": str(e)}}, res.run.bench)
+        raise BenchError(f"bench: {e}") from None
+    write_result(r | {"in_process": verdict}, res.run.bench)  # served and in-process side by side
     spec = r["spec_decode"] or {}
     return {"acceptance_length": spec.get("acceptance_length"), "output_throughput": r["output_throughput"],
             "mean_tpot_ms": r["mean_tpot_ms"], "num_speculative_tokens": r["num_speculative_tokens"],
+            "in_process": verdict, "served_vs_in_process": side_by_side(verdict),
             "path": str(res.run.bench_file(r["label"]))}

@@ -23,6 +23,7 @@ from dspark_kit.stages.heldout import (
     load_eval_prompts,
     until_last_user,
 )
+from dspark_kit.stages.served_gate import checkpoint_identity
 
 # ---- prompts ------------------------------------------------------------------
 
@@ -67,6 +68,7 @@ def aggregate(results, k: int) -> dict:
         "accepted_per_pos": per_pos,
         "acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
         "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
+        "mean_verified_per_step": round(draft_tokens / drafts, 4) if drafts else None,  # draft tokens verified
         "per_position_acceptance": [round(a / drafts, 4) for a in per_pos] if drafts else [],
         "output_tokens": tokens,
         "verifier_forwards": forwards,
@@ -120,6 +122,28 @@ class EvalSession:
         return out
 
 
+BUDGET_THRESHOLDS = (0.3, 0.5, 0.7)  # confidence cut-offs measured beside the fixed K
+
+
+def verify_budget(session: EvalSession, prompts: list[list[int]], max_new_tokens: int, window: int | None,
+                  k: int, thresholds: tuple[float, ...] = BUDGET_THRESHOLDS) -> dict | None:
+    """What sizing the verify budget from the confidence head gives against a fixed K, offline:
+    acceptance length and draft tokens verified per step, per threshold (a slot below the threshold
+    ends the block, as vLLM's adaptive verification and vllm-ascend's dynamic speculation drop
+    low-confidence slots). None when the draft has no confidence head."""
+    if session.draft.model.confidence_head is None:
+        return None
+
+    def row(m: dict) -> dict:
+        return {key: m[key] for key in ("acceptance_length", "mean_verified_per_step", "tokens_per_verifier_forward",
+                                        "acceptance_rate")}
+
+    fixed = row(session.measure(prompts, max_new_tokens, window, None, k))
+    return {"k": k, "fixed": fixed,
+            "thresholds": [{"threshold": t, **row(session.measure(prompts, max_new_tokens, window, t, k))}
+                           for t in thresholds]}
+
+
 def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool = False,
              num_prompts: int | None = None, max_new_tokens: int | None = None,
              context_lengths: list[int] | None = None, out_dir: Path | None = None,
@@ -150,6 +174,7 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
             for w in dict.fromkeys([None, window]):
                 log(f"eval: context {length} window {w}")
                 runs.append({"context_length": length, **session.measure(prompts, max_new, w, thr)})
+    budget = verify_budget(session, short, max_new, window, session.k)
     summary = {
         "checkpoint": str(session.checkpoint),
         "verifier": session.verifier_path,
@@ -163,9 +188,11 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
         "device": res.eval_device.value,
         "dtype": res.eval_dtype.value,
         "prompts": found.record(num_prompts),
+        "checkpoint_identity": checkpoint_identity(session.checkpoint),  # the served gate compares it
         **{k: headline[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance",
                                     "tokens_per_verifier_forward", "wall_s", "num_drafts")},
         "runs": runs,
+        "verify_budget": budget,
     }
     summary["files"] = write_outputs(summary, Path(out_dir) if out_dir else res.run.eval)
     return summary
@@ -195,7 +222,26 @@ def markdown(summary: dict) -> str:
         per = ", ".join(f"{x:.3f}" for x in r["per_position_acceptance"])
         lines.append(f"| {r['context_length'] or 'short'} | {r['mean_prompt_tokens']} | {r['window'] or 'off'} | "
                      f"{r['acceptance_length']} | {per} | {r['tokens_per_verifier_forward']} | {r['wall_s']} |")
+    lines += budget_markdown(summary.get("verify_budget"))
     return "\n".join(lines) + "\n"
+
+
+def budget_markdown(budget: dict | None) -> list[str]:
+    """The fixed K beside confidence-threshold verify budgets (what adaptive verification trades)."""
+    if not budget:
+        return []
+    out = ["", "## Verify budget from the confidence head", "",
+           ("What serving with `serve.adaptive_verification` trades: fewer draft tokens verified per step for "
+            "the acceptance length they keep (offline, short prompts)."), "",
+           "| verify budget | acceptance length | draft tokens verified / step | tokens / verifier forward |",
+           "|---|---|---|---|"]
+    f = budget["fixed"]
+    out.append(f"| fixed K={budget['k']} | {f['acceptance_length']} | {f['mean_verified_per_step']} | "
+               f"{f['tokens_per_verifier_forward']} |")
+    for t in budget["thresholds"]:
+        out.append(f"| confidence >= {t['threshold']} | {t['acceptance_length']} | {t['mean_verified_per_step']} | "
+                   f"{t['tokens_per_verifier_forward']} |")
+    return out
 
 
 def write_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
@@ -303,12 +349,14 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
         "measurements": measurements,
         "num_prompts": num_prompts,
         "prompts": found.record(num_prompts),
+        "checkpoint_identity": checkpoint_identity(session.checkpoint),  # which checkpoint was measured
         "max_new_tokens": max_new,
         "checkpoint": str(session.checkpoint),
         "rule": f"per K: the window with max mean AL over contexts > window, short-context AL within {tolerance} "
                 f"of no window, gain over no window > {tolerance}, else null (no window); then the K whose "
                 "mean AL over all contexts (with its window) is highest",
     }
+    result["verify_budget"] = verify_budget(session, prompt_sets[0], max_new, result["recommended_window"], best_k)
     path = res.run.tune_file
     atomic.write_text(path, json.dumps(result, indent=2))
     result["file"] = str(path)

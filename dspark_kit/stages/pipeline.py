@@ -170,10 +170,15 @@ def highlights(workdir: Path) -> list[str]:
         e = json.loads(ev.read_text())
         pos = ", ".join(f"{p:.3f}" for p in e.get("per_position_acceptance", []))
         lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
+    from dspark_kit.stages.served_gate import side_by_side
+
     for b in sorted(run.bench.glob("bench_*.json")):
-        spec = json.loads(b.read_text()).get("spec_decode") or {}
+        result = json.loads(b.read_text())
+        spec = result.get("spec_decode") or {}
         if spec:
             lines.append(f"bench: {b.name}: acceptance length {spec['acceptance_length']:.3f} from /metrics")
+        if result.get("in_process", {}).get("served_acceptance_length") is not None:
+            lines.append(f"bench: {side_by_side(result['in_process'])}")
     rep = run.report_md
     if rep.exists():
         lines.append(f"report: {rep}")

@@ -76,6 +76,11 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
     for k in range(n_pos):
         vals = [(s.get("per_position_acceptance_rates") or []) for s in specs]
         rows.append(row(f"pos{k} rate", [_fmt(v[k], 4) if k < len(v) else NA for v in vals]))
+    if any(r.get("in_process") for r in results):  # the run's served-acceptance gate
+        gate = [r.get("in_process") or {} for r in results]
+        rows.append(row("in-process eval acceptance length", [_fmt(g.get("in_process_acceptance_length")) for g in gate]))
+        rows.append(row("served / in-process", [_fmt(g.get("fraction")) + (" (gated)" if g.get("comparable") else "")
+                                                 if g.get("fraction") is not None else NA for g in gate]))
     rows += [
         row("output throughput (tok/s)", [_fmt(r.get("output_throughput"), 1) for r in results]),
         row("mean TPOT (ms)", [_fmt(r.get("mean_tpot_ms"), 1) for r in results]),

@@ -1,0 +1,80 @@
+"""The served-acceptance gate: served beside in-process acceptance, and a planted mismatch fails it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RECIPE, TRAINED_RUN_SETS, set_args
+
+from dspark_kit.stages.served_gate import checkpoint_identity, compare, side_by_side
+
+
+def bench(al, k=4, n=8):
+    return {"spec_decode": {"acceptance_length": al} if al is not None else None,
+            "num_speculative_tokens": k, "num_prompts": n}
+
+
+def test_compare_gates_only_like_with_like():
+    ev = {"acceptance_length": 3.0, "num_speculative_tokens": 4}
+    ok = compare(bench(2.7), ev, 0.8)
+    assert ok["comparable"] and ok["passed"] and ok["fraction"] == 0.9
+    low = compare(bench(2.0), ev, 0.8)
+    assert low["comparable"] and not low["passed"]
+    assert compare(bench(2.0), ev, None)["passed"]  # bench.min_served_fraction null: compared, never failed
+    other_k = compare(bench(2.0, k=3), ev, 0.8)
+    assert not other_k["comparable"] and "K 3 != eval K 4" in other_k["why_not"]
+    assert not compare(bench(2.0), None, 0.8)["comparable"]
+    assert not compare(bench(None), ev, 0.8)["comparable"]
+    assert "not gated" in side_by_side(other_k) and "0.90x" in side_by_side(ok)
+
+
+def test_checkpoint_identity_sees_config_and_weights(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps({"aux_hidden_state_layer_ids": [1, 2, 3], "block_size": 4}))
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    a = checkpoint_identity(tmp_path)
+    assert a["config"]["aux_hidden_state_layer_ids"] == [1, 2, 3] and a["config"]["sample_from_anchor"] is None
+    (tmp_path / "model.safetensors").write_bytes(b"weightz")
+    assert checkpoint_identity(tmp_path)["weights_sha256"] != a["weights_sha256"]
+
+
+def _run(wd: Path, stages: str, *extra: str) -> subprocess.CompletedProcess:
+    sets = [*TRAINED_RUN_SETS, "regen.enabled=false", "eval.num_prompts=6", "bench.num_prompts=6"]
+    cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages", stages, "--workdir", str(wd),
+           *set_args(sets), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.mark.slow
+def test_run_prints_served_beside_in_process_and_a_planted_mismatch_fails(trained_run, tmp_path):
+    wd = tmp_path / "run"
+    shutil.copytree(trained_run, wd, symlinks=True)  # the session's run stays as trained
+    proc = _run(wd, "eval,serve,bench")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "acceptance length served" in proc.stderr and "vs in-process" in proc.stderr, proc.stderr[-2000:]
+    [result] = [json.loads(p.read_text()) for p in (wd / "bench").glob("bench_*.json")]
+    gate = result["in_process"]
+    assert gate["comparable"] and gate["passed"] and gate["fraction"] >= 0.8, gate
+
+    # plant: after eval, the served checkpoint's weights are replaced (what an edited or swapped
+    # checkpoint does to a server), with a config every static check still accepts
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    ckpt = (wd / "checkpoints" / "checkpoint_best").resolve()
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    planted = {k: v if "norm" in k else torch.randn(v.shape, generator=g).to(v.dtype) * 0.02
+               for k, v in tensors.items()}
+    save_file(planted, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    proc = _run(wd, "bench", "--force")
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "served acceptance length" in err and "in-process eval's" in err and "bench.min_served_fraction" in err
+    assert "checkpoint weights changed since eval" in err, err[-3000:]
+    [result] = [json.loads(p.read_text()) for p in (wd / "bench").glob("bench_*.json")]
+    assert result["in_process"]["passed"] is False  # the failed measurement is kept, marked
