@@ -346,3 +346,21 @@ def test_pitfall_11_two_nodes_node_local_hidden_state_storage(recipe, run):
     assert _errors11(recipe, run) == []
     recipe.train.nnodes, recipe.hidden_states.storage_shared = 1, False  # one node: /tmp is fine
     assert _errors11(recipe, run) == []
+
+
+def test_preflight_refuses_an_engine_that_cannot_serve_the_checkpoint(tmp_path):
+    """The engine gate (docs/COMPAT.md) is a preflight finding, as in serve's plan."""
+    from dspark_kit.recipe import recipe_from_dict
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight import _context, check_engine
+
+    r = recipe_from_dict({"verifier": {"num_hidden_layers": 8}, "train": {"device": "cuda"},
+                          "serve": {"engine": "vllm"}})
+
+    def codes(**installed):
+        return [f.code for f in check_engine(_context(Resolved(r, tmp_path, planning=True, installed=installed)))]
+
+    assert codes(vllm="0.26.0") == ["engine"]  # rewrites to the bonus anchor
+    assert codes(vllm="0.30.0") == [] and codes() == []  # serves it; not installed here: nothing to refuse
+    r.serve.adaptive_verification, r.serve.enforce_eager = "on", True
+    assert codes(vllm="0.30.0") == ["adaptive-verification"]

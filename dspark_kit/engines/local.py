@@ -34,7 +34,8 @@ def plan_local(
         "--served-model-name", *res.served_names(role),
         "--device", res.serve_device.value, "--dtype", res.serve_dtype.value,
     ]
-    notes: list[str] = []
+    notes: list[str] = []  # warnings
+    decisions: list[str] = []  # what was decided and why
     if role == "hidden-states":
         argv += ["--layer-ids", ",".join(map(str, res.exported_layer_ids)),
                  "--storage-path", recipe.hidden_states.storage_path,
@@ -44,8 +45,8 @@ def plan_local(
         argv += ["--draft", str(res.checkpoint), "--num-speculative-tokens", str(k.value)]
         if window.value is not None:
             argv += ["--draft-window-size", str(window.value)]
-        notes += [*k.notes, f"num_speculative_tokens {k.value} ({k.source})",
-                  *window.notes, f"draft_window_size {window.value} ({window.source})"]
+        notes += [*k.notes, *window.notes]
+        decisions += res.spec_decision_lines()
     if recipe.serve.max_model_len is not None:  # vLLM's flag, enforced the same way (400)
         argv += ["--max-model-len", str(recipe.serve.max_model_len)]
     from dspark_kit.engines.local_server import check_extra_args
@@ -55,4 +56,4 @@ def plan_local(
     argv += extra
     # the key travels in the environment, not argv, so `ps` does not show it
     env = {"DSPARK_KIT_API_KEY": api_key} if api_key else {}
-    return ServerPlan(argv=argv, host=host, port=port, env=env, notes=notes)
+    return ServerPlan(argv=argv, host=host, port=port, env=env, notes=notes, decisions=decisions)

@@ -109,9 +109,7 @@ def spec_args(res: Resolved) -> tuple[list[str], list[str], list[str]]:
     if not res.checkpoint_exists:  # K's source says when it was assumed from draft.block_size
         decisions.append(f"checkpoint {res.checkpoint} does not exist yet (planned: train writes it)")
     warnings += [*k.notes, *window.notes, *adaptive.notes]
-    decisions += [f"num_speculative_tokens {k.value}: {k.source}",
-                  f"draft_window_size {window.value}: {window.source}" if window.value is not None
-                  else f"draft_window_size: {window.source}",
+    decisions += [*res.spec_decision_lines(),
                   f"adaptive verification {'on' if adaptive.value else 'off'}: {adaptive.source}"]
     spec: dict[str, Any] = {"method": "dspark", "model": str(res.checkpoint), "num_speculative_tokens": k.value}
     additional: dict[str, Any] = {}

@@ -398,6 +398,13 @@ class Resolved(Placement):
                 out[name] = {"error": str(e)}
         return out
 
+    def spec_decision_lines(self) -> list[str]:
+        """K and the draft window as a spec server gets them, one informational line each (both engines)."""
+        k, window = self.k, self.window
+        return [f"num_speculative_tokens {k.value}: {k.source}",
+                f"draft_window_size {window.value}: {window.source}" if window.value is not None
+                else f"draft_window_size: {window.source}"]
+
     def summary_lines(self) -> list[str]:
         """summary() as comment lines for dry runs."""
         return [f"# {name}: " + (f"{d['value']} ({d['source']})" if "error" not in d else f"unknown ({d['error']})")

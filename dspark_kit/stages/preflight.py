@@ -335,8 +335,24 @@ def check_storage(ctx: _Context) -> list[Finding]:
                                         "written ahead)")]  # fmt: skip
 
 
-CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layers,
-          check_mask, check_windows, check_checkpoint, check_multinode, check_transport, check_storage]  # fmt: skip
+def check_engine(ctx: _Context) -> list[Finding]:
+    """The serving engine against the checkpoint (docs/COMPAT.md): DSpark at all, the anchor layout it
+    serves the checkpoint in, and adaptive verification that was asked for but cannot work."""
+    res = ctx.res
+    if res.engine not in ("vllm", "vllm-ascend"):
+        return []
+    cfg = ctx.checkpoint_config
+    gate = res.engine_support.serves(cfg.get("sample_from_anchor") if cfg else True)
+    out = [Finding("error", "engine", gate.message)] if gate.ok is False else []
+    try:
+        res.adaptive_verification
+    except ValueError as e:  # ResolveError: on, where it cannot work
+        out.append(Finding("error", "adaptive-verification", str(e)))
+    return out
+
+
+CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask, check_windows,
+          check_checkpoint, check_engine, check_multinode, check_transport, check_storage]  # fmt: skip
 
 
 def _context(res: Resolved, checkpoints: bool = True) -> _Context:
