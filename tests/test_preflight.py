@@ -227,6 +227,7 @@ def test_pitfall_8_wrong_or_incomplete_checkpoint(recipe, run, fault):
 
 def test_pitfall_9_window_below_training_window(recipe, run):
     recipe.serve.engine = "vllm-ascend"
+    recipe.serve.assume_window_support = True  # vllm-ascend is not installed here to confirm the window
     recipe.serve.draft_window_size = 64
     assert 9 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "warning")
     recipe.serve.draft_window_size = 256
@@ -238,7 +239,10 @@ def test_pitfall_10_long_serving_context_without_window(recipe, run):
     recipe.serve.max_model_len = 8192
     assert 10 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "warning")
     recipe.serve.engine = "vllm-ascend"  # draft_window_size auto -> a window is passed
+    recipe.serve.assume_window_support = True
     assert 10 not in _pitfalls(run_preflight(Resolved(recipe, run), probes=False))
+    recipe.serve.assume_window_support = False  # unconfirmed: left out, so the long context is a risk again
+    assert 10 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False))
 
 
 def test_cli_exit_codes_and_json(recipe, run, tmp_path):

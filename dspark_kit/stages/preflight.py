@@ -345,7 +345,7 @@ def check_engine(ctx: _Context) -> list[Finding]:
     gate = res.engine_support.serves(cfg.get("sample_from_anchor") if cfg else True)
     out = [Finding("error", "engine", gate.message)] if gate.ok is False else []
     try:
-        res.adaptive_verification
+        _ = res.adaptive_verification  # decided on first use; `on` that cannot work raises
     except ValueError as e:  # ResolveError: on, where it cannot work
         out.append(Finding("error", "adaptive-verification", str(e)))
     return out
