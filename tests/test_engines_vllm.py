@@ -383,3 +383,20 @@ def test_seed_recipe_dry_run_does_not_say_k_was_assumed(tmp_path):
     assert "warning:" not in res.stderr, res.stderr  # every setting in the seed recipe is valid
     assert "draft_window_size" not in res.stdout  # 8192 >= max_model_len 8192: never applies
     assert "could never apply" in res.stderr and "note: adaptive verification off" in res.stderr
+
+
+def test_cuda_recipe_adaptive_verification_on_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    cuda = Path(__file__).resolve().parents[1] / "recipes" / "qwen3-8b-cuda.yaml"
+    base = ["serve", "-r", str(cuda), "--role", "spec", "--dry-run", "-w", str(tmp_path),
+            "--set", "serve.adaptive_verification=on"]
+    res = CliRunner().invoke(app, base)
+    assert res.exit_code == 0, res.output
+    assert '"enable_adaptive_verification":true' in res.stdout
+    eager = CliRunner().invoke(app, [*base, "--set", "serve.enforce_eager=true"])
+    assert eager.exit_code != 0
+    [line] = [ln for ln in eager.stderr.splitlines() if ln.strip()]
+    assert "serve.adaptive_verification on" in line and "serve.enforce_eager" in line
