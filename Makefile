@@ -105,7 +105,7 @@ compat: install ## survey engine releases from their sources -> docs/COMPAT.md a
 	$(BIN)/python -m dspark_kit.compat.engine_table $(COMPAT_ARGS)
 
 lint: install ## ruff
-	$(BIN)/ruff check dspark_kit tests
+	$(BIN)/ruff check dspark_kit tests benchmarks scripts
 
 regen prepare train eval bench: install ## one stage: make train RECIPE=recipes/X.yaml [WORKDIR=DIR]
 	$(BIN)/dspark-kit $@ -r $(RECIPE) $(WD)
