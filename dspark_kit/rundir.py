@@ -18,6 +18,29 @@ def hidden_states_dir(prepared: Path) -> Path:
     return Path(prepared) / "hidden_states"
 
 
+# speculators' file name for prepared row i's hidden states: written by the hidden-states stage
+# (ours and speculators' generate-offline-data alike), read by its trainer
+HS_PREFIX, HS_SUFFIX = "hs_", ".safetensors"
+
+
+def hidden_state_file(folder: Path, row: int) -> Path:
+    return Path(folder) / f"{HS_PREFIX}{row}{HS_SUFFIX}"
+
+
+def hidden_state_row(name: str) -> int | None:
+    """The row index a file name stands for (`hs_12.safetensors` -> 12); None for any other file."""
+    if not (name.startswith(HS_PREFIX) and name.endswith(HS_SUFFIX)):
+        return None
+    middle = name[len(HS_PREFIX):-len(HS_SUFFIX)]
+    return int(middle) if middle.isdigit() else None
+
+
+def hidden_state_rows(folder: Path) -> set[int]:
+    """Rows that have a hidden-state file in `folder` (empty when it does not exist)."""
+    folder = Path(folder)
+    return {r for p in folder.iterdir() if (r := hidden_state_row(p.name)) is not None} if folder.is_dir() else set()
+
+
 @dataclass(frozen=True)
 class RunDir:
     root: Path

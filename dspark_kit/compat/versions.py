@@ -188,7 +188,9 @@ class KRule:
 
 
 def _within_slots(k: int, slots: int) -> bool:
-    return 1 <= k <= slots
+    from dspark_kit.specdec.checkpoints import ks_outside_slots
+
+    return not ks_outside_slots([k], slots)
 
 
 def k_rule(support: EngineSupport) -> KRule:

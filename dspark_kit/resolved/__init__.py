@@ -54,6 +54,7 @@ from dspark_kit.resolved.rules import (  # noqa: F401 - re-exported: callers imp
     long_context_note,
 )
 from dspark_kit.rundir import RunDir
+from dspark_kit.specdec.verifier_facts import language_model_config
 
 # ---- the resolver --------------------------------------------------------------
 
@@ -150,7 +151,7 @@ class Resolved(Placement):
         """The verifier's hidden size: its config, else verifier.hidden_size; None when neither
         says (a plan then leaves the bytes open)."""
         cfg = self.verifier_config or {}
-        found, declared = (cfg.get("text_config") or cfg).get("hidden_size"), self.recipe.verifier.hidden_size
+        found, declared = language_model_config(cfg).get("hidden_size"), self.recipe.verifier.hidden_size
         if isinstance(found, int) and declared is not None and found != declared:
             raise RecipeError(f"verifier.hidden_size: recipe says {declared} but {self.verifier_path} has {found}")
         return found if isinstance(found, int) else declared

@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 
 from dspark_kit.devices import npu_env, visible_devices_env
 from dspark_kit.recipe import DTYPE_BYTES, Recipe
+from dspark_kit.specdec.verifier_facts import language_model_config
 
 T = TypeVar("T")
 # The source of a K or window the tune chose ("auto: tuned ..."); the window warning keys on it.
@@ -45,7 +46,7 @@ def long_context_note(recipe: Recipe, window: int | None) -> str | None:
 def is_deepseek_v4(verifier_config: dict | None) -> bool:
     if not verifier_config:
         return False
-    kinds = [verifier_config.get("model_type"), (verifier_config.get("text_config") or {}).get("model_type")]
+    kinds = [verifier_config.get("model_type"), language_model_config(verifier_config).get("model_type")]
     return any(isinstance(k, str) and k.startswith("deepseek_v4") for k in kinds)
 
 

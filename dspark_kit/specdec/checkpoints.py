@@ -98,6 +98,16 @@ def trained_slots(cfg: dict) -> int | None:
     return block if cfg.get("sample_from_anchor", True) else block - 1
 
 
+def ks_outside_slots(ks, slots: int) -> list[int]:
+    """The K values a draft with `slots` trained slots cannot propose (K is 1..slots): the one rule
+    serve, eval, both tunes, the decoder and the engine gates apply."""
+    return [k for k in ks if not 1 <= k <= slots]
+
+
+def slots_error(what: str, bad: list[int], slots: int) -> str:
+    return f"{what} {bad if len(bad) > 1 else bad[0]}: outside 1..{slots} (the checkpoint's trained slots)"
+
+
 def stored_verifier(cfg: dict) -> str | None:
     return ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
 
@@ -156,7 +166,7 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
     if slots is None:
         out.append(Finding("warning", "slots-unknown", f"{CONFIG} records neither speculative_tokens nor "
                                                        f"block_size; cannot check num_speculative_tokens {k}"))
-    elif k > slots:
+    elif ks_outside_slots([k], slots):
         out.append(Finding("error", "k-above-slots", f"serve.num_speculative_tokens {k} > trained slots {slots} "
                                                      f"(checkpoint); set serve.num_speculative_tokens <= {slots}"))
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from dspark_kit.specdec.checkpoints import ks_outside_slots, slots_error
 from dspark_kit.specdec.draft_model import DSparkDraft, confident_prefix
 from dspark_kit.specdec.verifier import LayerTap, load_verifier, sample_token
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
@@ -183,10 +184,8 @@ class SpecGenerator:
         self.verifier, self.draft = verifier, draft
         self.draft_kv_cache = draft_kv_cache
         self.k = num_speculative_tokens  # decided by resolved.Resolved.k, never defaulted here
-        if not 1 <= self.k <= draft.block_size:
-            raise ValueError(
-                f"num_speculative_tokens: {self.k} outside 1..{draft.block_size} (the checkpoint's trained slots)"
-            )
+        if ks_outside_slots([self.k], draft.block_size):
+            raise ValueError(slots_error("num_speculative_tokens", [self.k], draft.block_size))
         self.window = draft_window_size
         self.kv_block_size = kv_block_size
         self.confidence_threshold = confidence_threshold

@@ -15,6 +15,7 @@ from typing import Self
 import torch
 
 from dspark_kit.devices import detect_device
+from dspark_kit.specdec.verifier_facts import language_model_config
 
 
 def resolve_device(device: str) -> str:
@@ -60,7 +61,7 @@ def verifier_config(verifier: str) -> dict | None:
 def num_layers_of(cfg: dict | None) -> int | None:
     if not cfg:
         return None
-    n = (cfg.get("text_config") or cfg).get("num_hidden_layers")  # multimodal wrappers nest the LM
+    n = language_model_config(cfg).get("num_hidden_layers")
     return n if isinstance(n, int) else None
 
 
@@ -69,7 +70,7 @@ def param_count(cfg: dict | None) -> int | None:
     embeddings (+ an untied head), attention, MLP or experts (routed + shared + router) per layer."""
     if not cfg:
         return None
-    c = cfg.get("text_config") or cfg
+    c = language_model_config(cfg)
     try:
         h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
         heads = int(c.get("num_attention_heads") or 1)

@@ -16,6 +16,13 @@ CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 WRAPPER_SUFFIX = "ForConditionalGeneration"  # multimodal wrapper: accepted when it nests a text_config
 
 
+def language_model_config(cfg: dict) -> dict:
+    """The language model's part of a verifier's config.json: a multimodal wrapper nests it under
+    text_config, a plain LM is its own."""
+    nested = cfg.get("text_config")
+    return nested if isinstance(nested, dict) and nested else cfg
+
+
 class VerifierFactsError(ValueError):
     """The verifier cannot seed a recipe; one line naming what is missing and the fix."""
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dspark_kit import atomic
 from dspark_kit.resolved import Resolved
+from dspark_kit.specdec.checkpoints import ks_outside_slots, slots_error
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
 from dspark_kit.stages.heldout import (
     EvalError,
@@ -103,9 +104,9 @@ class EvalSession:
         self.verifier = Verifier(self.verifier_path, self.draft.target_layer_ids, device, res.eval_dtype.value)
         self.tokenizer = AutoTokenizer.from_pretrained(self.verifier_path)
         self.k = self.draft.block_size if sweep else self.resolved.k.value
-        if not 1 <= self.k <= self.draft.block_size:
-            raise EvalError(f"num_speculative_tokens {self.k} ({self.resolved.k.source}) outside 1..{self.draft.block_size}, "
-                            "the checkpoint's trained slots; set serve.num_speculative_tokens: auto")
+        if ks_outside_slots([self.k], self.draft.block_size):
+            raise EvalError(f"{slots_error('num_speculative_tokens', [self.k], self.draft.block_size)} "
+                            f"({self.resolved.k.source}); set serve.num_speculative_tokens: auto")
         self.stop_ids = frozenset(t for t in [self.tokenizer.eos_token_id] if t is not None)
 
     def measure(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
@@ -283,7 +284,8 @@ def candidate_windows(training_window: int, max_context: int, block: int = LOCAL
 def candidate_ks(block_size: int, slots: int | None) -> list[int]:
     """K values worth comparing: block - 1 (the reference Ascend run's choice) and block (every trained slot)."""
     top = min(block_size, slots or block_size)
-    return sorted({k for k in (block_size - 1, block_size) if 1 <= k <= top})
+    both = {block_size - 1, block_size}
+    return sorted(both - set(ks_outside_slots(both, top)))
 
 
 def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_lengths: list[int] | None = None,
@@ -304,9 +306,9 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
                         "(pass --allow-below to try them anyway)")
     session = EvalSession(res, sweep=True)
     ks = sorted(set(ks or candidate_ks(session.draft.block_size, session.resolved.trained_slots)))
-    bad = [k for k in ks if not 1 <= k <= session.draft.block_size]
+    bad = ks_outside_slots(ks, session.draft.block_size)
     if bad:
-        raise EvalError(f"tune --ks {bad}: outside 1..{session.draft.block_size} (the checkpoint's trained slots)")
+        raise EvalError(slots_error("tune --ks", bad, session.draft.block_size))
     num_prompts = num_prompts or recipe.eval.num_prompts
     max_new = max_new_tokens or recipe.eval.max_new_tokens
     found = load_eval_prompts(res, session.tokenizer, prompts_file, limit=max(num_prompts, 16))

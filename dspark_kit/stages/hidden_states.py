@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from dspark_kit.progress import note
-from dspark_kit.rundir import hidden_states_dir
+from dspark_kit.rundir import hidden_state_file, hidden_states_dir
 from dspark_kit.specdec.verifier import LayerTap, load_verifier
 from dspark_kit.stages.storage_plan import human, offline_bytes, written_bytes
 
@@ -167,7 +167,7 @@ def generate_offline(
                 ids = torch.as_tensor(data[group]["input_ids"], dtype=torch.long)
                 todo = []
                 for b, i in enumerate(group):
-                    path = out / f"hs_{i}.safetensors"
+                    path = hidden_state_file(out, i)
                     if path.exists():
                         if is_valid_file(path, ids[b].tolist()):
                             skipped += 1

@@ -14,6 +14,7 @@ import time
 
 from dspark_kit.engines import openai_base_url
 from dspark_kit.resolved import Resolved
+from dspark_kit.rundir import hidden_state_file, hidden_state_rows
 
 
 def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int = 0) -> list[str]:
@@ -86,7 +87,7 @@ def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
     node the shard is every row: no import of speculators (10 s and more of the stage's time)."""
     import json
 
-    have = {int(p.stem[3:]) for p in res.run.hidden_states.glob("hs_*.safetensors") if p.stem[3:].isdigit()}
+    have = hidden_state_rows(res.run.hidden_states)
     try:  # prepare counted the rows it wrote
         n = int(json.loads((res.run.prepared / "prepare_meta.json").read_text())["summary"]["rows_out"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -120,7 +121,7 @@ def run_offline_vllm(res: Resolved) -> dict:
     if code != 0:
         row = failed_row(log_since(log, since), _FATAL)
         if row is not None:  # --validate-outputs moved a bad file into place before it failed: never keep it
-            (res.run.hidden_states / f"hs_{row[0]}.safetensors").unlink(missing_ok=True)
+            hidden_state_file(res.run.hidden_states, row[0]).unlink(missing_ok=True)
             raise RuntimeError(f"row {row[0]} of {res.run.prepared} from {endpoint.url} failed: "
                                f"{row[1]}; see {log}")
         raise RuntimeError(f"speculators generate-offline-data exited with {code}; see {log}")
@@ -128,5 +129,5 @@ def run_offline_vllm(res: Resolved) -> dict:
     if missing:
         raise RuntimeError(f"no file for rows {missing[:10]}{' ...' if len(missing) > 10 else ''} "
                            f"of {res.run.prepared} after generate-offline-data; see {log}")
-    files = len(list(res.run.hidden_states.glob("hs_*.safetensors")))
+    files = len(hidden_state_rows(res.run.hidden_states))
     return {"generated": files, "seconds": round(time.time() - t0, 1), "argv": argv}

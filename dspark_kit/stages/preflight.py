@@ -20,7 +20,7 @@ from dspark_kit.findings import (
 )
 from dspark_kit.recipe import Recipe, RecipeError
 from dspark_kit.resolved import Resolved
-from dspark_kit.rundir import RunDir
+from dspark_kit.rundir import RunDir, hidden_state_file
 from dspark_kit.specdec import checkpoints as ckpt
 
 NODE_LOCAL_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
@@ -187,7 +187,7 @@ def check_thinking(ctx: _Context) -> list[Finding]:
 
 def check_layers(ctx: _Context) -> list[Finding]:
     n, out = ctx.num_layers, []
-    hs = ctx.run.hidden_states / "hs_0.safetensors"
+    hs = hidden_state_file(ctx.run.hidden_states, 0)
     if n is None or not hs.is_file():
         return out
     from safetensors import safe_open

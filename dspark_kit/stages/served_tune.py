@@ -20,6 +20,8 @@ from typing import Any
 
 from dspark_kit.recipe import Recipe, apply_overrides, recipe_from_dict
 from dspark_kit.resolved import Resolved
+from dspark_kit.specdec.checkpoints import ks_outside_slots, slots_error
+from dspark_kit.specdec.verifier_facts import language_model_config
 from dspark_kit.stages import served_sweep as sweep
 from dspark_kit.stages.evaluate import build_prompts, candidate_ks, candidate_windows
 from dspark_kit.stages.heldout import EvalError, EvalPrompts, load_eval_prompts
@@ -147,9 +149,9 @@ def sweep_inputs(res: Resolved, *, ks: list[int] | None, windows: list[int] | No
                         "(pass --allow-below to try them anyway)")
     block = res.trained_slots or recipe.draft.block_size
     ks = sorted(set(ks or candidate_ks(recipe.draft.block_size, res.trained_slots)))
-    bad = [k for k in ks if not 1 <= k <= block]
+    bad = ks_outside_slots(ks, block)
     if bad:
-        raise EvalError(f"tune --served --ks {bad}: outside 1..{block} (the checkpoint's trained slots)")
+        raise EvalError(slots_error("tune --served --ks", bad, block))
     return ks, cands, ctx
 
 
@@ -159,7 +161,7 @@ def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, k
     """Sweep, save as it goes, recommend; writes DIR/eval/served_tune.json and .md (not in a dry run)."""
     servers, notes = sweep.plan_servers(res.engine, ks, windows)
     cfg = res.verifier_config or {}
-    limit = (cfg.get("text_config") or cfg).get("max_position_embeddings")
+    limit = language_model_config(cfg).get("max_position_embeddings")
     too_long = [n for n in prompt_sets if n and isinstance(limit, int) and n + max_new_tokens > limit]
     if too_long:  # the engine would refuse them (or fail to start with that max_model_len)
         notes.append(f"contexts {too_long} dropped: with {max_new_tokens} new tokens they pass the verifier's "

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dspark_kit.recipe import DTYPE_BYTES
 from dspark_kit.resolved import Resolved
+from dspark_kit.rundir import hidden_state_row
 
 HEADER_BYTES = 200  # a safetensors header per file (two tensors), rounded up
 SAMPLE = 200  # conversations tokenized for an estimate before prepare
@@ -48,7 +49,7 @@ def written_bytes(dest: Path) -> int:
     """Bytes of hidden-state files already in `dest` (a resumed run needs room for the rest only)."""
     try:
         with os.scandir(dest) as it:
-            return sum(e.stat().st_size for e in it if e.name.startswith("hs_") and e.name.endswith(".safetensors"))
+            return sum(e.stat().st_size for e in it if hidden_state_row(e.name) is not None)
     except OSError:
         return 0
 
