@@ -120,6 +120,7 @@ def test_a_tuned_window_below_training_says_it_was_measured(tmp_path):
     recipe, verifier = seed_like(tmp_path)
     write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
     train_w = recipe.training_window
+    recipe.serve.extra_args = ["--block-size", "64"]  # vllm-ascend's default 128-token block is above the window
     write_tune(tmp_path / "run", recommended_window=64)
     tuned = Resolved(recipe, window_support="yes").window
     assert tuned.value == 64 < train_w
@@ -127,6 +128,17 @@ def test_a_tuned_window_below_training_says_it_was_measured(tmp_path):
     recipe.serve.draft_window_size = 64
     manual = Resolved(recipe, window_support="yes").window
     assert any("usually drops" in n for n in manual.notes) and not any("tune" in n for n in manual.notes)
+
+
+def test_a_window_below_the_engines_kv_block_is_refused(tmp_path):
+    from dspark_kit.resolved import ResolveError
+
+    recipe, verifier = seed_like(tmp_path)
+    recipe.serve.draft_window_size = 64
+    with pytest.raises(ResolveError, match="< the KV block 128 .vllm-ascend's default"):
+        _ = Resolved(recipe, window_support="yes").window
+    recipe.serve.engine = "local"  # 16-token blocks: 64 is four of them
+    assert Resolved(recipe).window.value == 64
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"recommended_window": -3}', '{"recommended_window": "x"}'])

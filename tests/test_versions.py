@@ -58,9 +58,15 @@ def test_versions_between_and_beyond_the_surveyed_releases():
     assert versions.engine_support("vllm", "0.25.5").serves().ok is False  # both neighbours rewrite
 
 
-def test_k_rule_is_within_the_slots_on_every_surveyed_release():
+def test_no_surveyed_release_has_a_k_rule_of_its_own():
+    """Every K in 1..slots is served by every release (the kit's one K rule is
+    checkpoints.ks_outside_slots); a guard on a key the loader passes on would be one."""
     for engine in ("vllm", "vllm-ascend"):
         for f in engine_table.rows(engine):
-            rule = versions.k_rule(versions.engine_support(engine, f.version))
-            assert rule.allowed(1, 8) and rule.allowed(7, 8) and not rule.allowed(9, 8), (engine, f.version)
-    assert versions.k_rule(versions.engine_support("vllm", None)).choose(9, 8) == (8, "num_speculative_tokens 9 -> 8: K must not exceed the trained slots")
+            assert versions.k_rule(versions.engine_support(engine, f.version)) is None, (engine, f.version)
+    import dataclasses
+
+    guarded = versions.engine_support("vllm", "0.26.0")
+    passed_on = dataclasses.replace(guarded.features, config_keys=(*guarded.features.config_keys, "dspark_block_size"))
+    rule = versions.k_rule(dataclasses.replace(guarded, features=passed_on))
+    assert rule.choose(7, 8) == (8, "num_speculative_tokens 7 -> 8: vllm 0.26.0 refuses K < dspark_block_size for DSpark")

@@ -31,10 +31,13 @@ DEFAULT_RECIPE_PATH = Path(DEFAULT_RECIPE)
 
 
 def fail(message: str, code: int = 2) -> None:
+    # soft_wrap: one line even when stderr is a pipe (Rich would wrap at 80 columns)
+    from rich.markup import escape
+
     from dspark_kit.redact import redact_text
 
-    # soft_wrap: one line even when stderr is a pipe (Rich would wrap at 80 columns)
-    console.print(f"[bold red]error:[/] {redact_text(message)}", highlight=False, soft_wrap=True)
+    # escape: a message's own brackets ("[pitfall 9]", a list) are text, not Rich markup
+    console.print(f"[bold red]error:[/] {escape(redact_text(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

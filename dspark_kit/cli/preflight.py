@@ -46,12 +46,15 @@ def register(app: typer.Typer) -> None:
             emit_json({"ok": not has_errors(findings), "findings": [f.as_dict() for f in findings],
                        "storage": storage.as_dict()})
         else:
+            from rich.markup import escape
+
             out = Console(stderr=True)
             out.print(storage.line(), highlight=False, soft_wrap=True)
-            for f in findings:
+            for f in findings:  # one line each, also in a pipe; the message's brackets are text
                 color = "red" if f.level == "error" else "yellow"
                 about = f"pitfall {f.pitfall} ({PITFALLS[f.pitfall]})" if f.pitfall is not None else f.code
-                out.print(f"[{color}]{f.level}[/] {about}: {f.message}", highlight=False)
+                out.print(f"[{color}]{f.level}[/] {escape(about)}: {escape(f.message)}", highlight=False,
+                          soft_wrap=True)
             errors = sum(f.level == "error" for f in findings)
             out.print(
                 f"preflight: {errors} error(s), {len(findings) - errors} warning(s)"

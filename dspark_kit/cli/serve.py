@@ -23,7 +23,9 @@ from dspark_kit.cli.common import (
 
 
 def _warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)  # one line in pipes
+    from rich.markup import escape
+
+    console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)  # one line in pipes
 
 
 def register(app: typer.Typer) -> None:

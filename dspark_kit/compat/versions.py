@@ -187,23 +187,18 @@ class KRule:
         return k, f"num_speculative_tokens {recipe_k} -> {k}: {self.description}"
 
 
-def _within_slots(k: int, slots: int) -> bool:
-    from dspark_kit.specdec.checkpoints import ks_outside_slots
-
-    return not ks_outside_slots([k], slots)
-
-
-def k_rule(support: EngineSupport) -> KRule:
-    """K rule for method dspark on a speculators checkpoint: 1 <= K <= the trained slots.
+def k_rule(support: EngineSupport) -> KRule | None:
+    """An engine's own rule for K on a speculators DSpark checkpoint, beyond the kit's one rule
+    (1 <= K <= the trained slots: checkpoints.ks_outside_slots, a checkpoint finding); None: none.
 
     vLLM 0.26-0.27's "K >= dspark_block_size" guard reads a key a speculators config never
-    carries (docs/COMPAT.md), so no surveyed release bounds K from below for these drafts; a
-    release whose loader passed that key on would be held to K = the slots."""
+    carries (docs/COMPAT.md), so no surveyed release has one; a release whose loader passed that
+    key on would be held to K = the slots."""
     f = support.features
     if f is not None and f.k_guard and f.k_guard in f.config_keys:
         return KRule(f"{support.engine} {support.version} refuses K < {f.k_guard} for DSpark",
                      lambda k, slots: k == slots)
-    return KRule("K must not exceed the trained slots", _within_slots)
+    return None
 
 
 # ---- speculators options that come and go between releases ------------------

@@ -250,8 +250,9 @@ class Resolved(Placement):
         notes: list[str] = []  # K above the trained slots is a checkpoint finding (serve refuses it)
         if source.startswith(TUNED) and self.tune.note:
             notes.append(self.tune.note)
-        if self.engine in ("vllm", "vllm-ascend"):
-            chosen, note = versions.k_rule(self.engine_support).choose(k, slots or block)
+        rule = versions.k_rule(self.engine_support) if self.engine in ("vllm", "vllm-ascend") else None
+        if rule is not None:
+            chosen, note = rule.choose(k, slots or block)
             if note:
                 notes.append(note)
             if chosen != k:
@@ -322,7 +323,26 @@ class Resolved(Placement):
                              f"DSpark window (vllm-ascend >= {first}); set serve.assume_window_support: true "
                              "if the serving host has it")
                 window, source = None, f"none: {where} (window support unconfirmed)"
+        block = self.kv_block_size
+        if window is not None and block.value is not None and window < block.value:
+            raise ResolveError(f"draft window {window} ({source}) < the KV block {block.value} ({block.source}): "
+                               "a window starts on a block boundary, so the draft would see only part of one "
+                               f"block; set serve.draft_window_size >= {block.value}, or off")
         return Decision(window, source, (*notes, *self._window_risks(window, source).values()))
+
+    @cached_property
+    def kv_block_size(self) -> Decision[int | None]:
+        """The serving engine's KV-cache block: a draft window starts on one of its boundaries."""
+        from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
+
+        if self.engine == "local":
+            return Decision(LOCAL_KV_BLOCK_SIZE, "the local engine's KV block")
+        if self.engine == "vllm-ascend":
+            args = list(self.recipe.serve.extra_args)
+            if "--block-size" in args[:-1]:
+                return Decision(int(args[args.index("--block-size") + 1]), "--block-size in serve.extra_args")
+            return Decision(128, "vllm-ascend's default KV block (no --block-size in serve.extra_args)")
+        return Decision(None, "engine vllm: no runtime draft window")
 
     @cached_property
     def adaptive_verification(self) -> Decision[bool]:

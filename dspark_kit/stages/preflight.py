@@ -187,6 +187,11 @@ def check_thinking(ctx: _Context) -> list[Finding]:
 
 def check_layers(ctx: _Context) -> list[Finding]:
     n, out = ctx.num_layers, []
+    if n is not None:
+        try:  # the rule every stage's plan applies: a dry run refuses the same ids
+            ctx.recipe.target_layer_ids(n)
+        except RecipeError as e:
+            return [pitfall(5, "error", str(e))]
     hs = hidden_state_file(ctx.run.hidden_states, 0)
     if n is None or not hs.is_file():
         return out
