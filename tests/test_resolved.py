@@ -133,7 +133,7 @@ def test_a_tuned_window_below_training_says_it_was_measured(tmp_path):
 def test_a_window_below_the_engines_kv_block_is_refused(tmp_path):
     from dspark_kit.resolved import ResolveError
 
-    recipe, verifier = seed_like(tmp_path)
+    recipe, _ = seed_like(tmp_path)
     recipe.serve.draft_window_size = 64
     with pytest.raises(ResolveError, match="< the KV block 128 .vllm-ascend's default"):
         _ = Resolved(recipe, window_support="yes").window
