@@ -53,8 +53,21 @@ def test_overrides_are_typed_and_nested():
 
 
 def test_bad_override_syntax():
-    with pytest.raises(RecipeError, match="expected section.key=value"):
+    with pytest.raises(RecipeError, match="expected section.name=value"):
         apply_overrides({}, ["train.epochs"])
+
+
+def test_bad_override_reads_whole_through_the_redaction():
+    """Reproduced: `--set train.epochs` answered `expected section.key=*** e.g.`: the word key=
+    looked like a secret to the printed line's redaction."""
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    res = CliRunner().invoke(app, ["recipe", "show", "--set", "train.epochs"])
+    assert res.exit_code != 0 and "section.name=value" in res.stderr and "***" not in res.stderr
+    unknown = CliRunner().invoke(app, ["recipe", "show", "--set", "train.epochz=3"])
+    assert "`dspark-kit recipe reference` lists every key" in unknown.stderr
 
 
 @pytest.mark.parametrize(

@@ -164,7 +164,7 @@ def test_cli_json_summary_and_dry_run(tmp_path, stub):
     from dspark_kit.recipe import dump_recipe
 
     recipe_file = tmp_path / "r.yaml"
-    recipe_file.write_text(dump_recipe(_recipe(tmp_path, ["ok", "ok", "reject"])))
+    recipe_file.write_text(dump_recipe(_recipe(tmp_path, ["ok", "ok", "reject"], max_failed_fraction=0.5)))
     out = tmp_path / "o.jsonl"
     runner = CliRunner()
     dry = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "--dry-run", "--json"])
@@ -173,6 +173,26 @@ def test_cli_json_summary_and_dry_run(tmp_path, stub):
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert (summary["written"], summary["failed"]) == (2, 1) and len(_lines(out)) == 2
+
+
+def test_a_server_that_rejects_every_request_fails_regen(tmp_path, stub):
+    """Reproduced: "0 rows written, 4 failed" exited 0 (and the endpoint line said "4 errors, ok");
+    the next stage then blamed data.source. Past regen.max_failed_fraction regen exits 1 with the reasons."""
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+    from dspark_kit.recipe import dump_recipe
+
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(dump_recipe(_recipe(tmp_path, ["reject"] * 4)))
+    res = CliRunner().invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-o", str(tmp_path / "o.jsonl")])
+    assert res.exit_code == 1, res.output
+    assert "every row failed" in res.stderr and "HTTP 400" in res.stderr and "regen.max_failed_fraction" in res.stderr
+    assert "4 errors, up" in res.stderr  # not "ok"
+    within = tmp_path / "within.yaml"  # one failure in twenty: within the default budget
+    within.write_text(dump_recipe(_recipe(tmp_path, ["ok"] * 19 + ["reject"], max_failed_fraction=0.05)))
+    assert CliRunner().invoke(app, ["regen", "-r", str(within), "-e", stub.url,
+                                    "-o", str(tmp_path / "o2.jsonl")]).exit_code == 0
 
 
 def test_bad_source_fails_fast_without_hanging(tmp_path, stub):

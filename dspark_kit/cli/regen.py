@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
         Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
         """
         from dspark_kit.data.sources import SourceError
-        from dspark_kit.stages.regen import OutputExists, run_regen
+        from dspark_kit.stages.regen import OutputExists, failure_verdict, run_regen
 
         r = load(recipe, set_)
         res = resolve(r, workdir, planning=dry_run)
@@ -125,7 +125,7 @@ def register(app: typer.Typer) -> None:
                 f"{summary['already_done']} already done -> {summary['outfile']} "
                 f"({summary['rows_per_min']} rows/min, {summary['tokens_per_s']} tok/s)", highlight=False)
             for ep in summary["endpoints"]:
-                state = f"DEAD: {ep['dead']}" if ep["dead"] else "ok"
+                state = f"DEAD: {ep['dead']}" if ep["dead"] else ("ok" if not ep["errors"] else "up")
                 console.print(f"  {ep['url']}: {ep['rows']} rows, {ep['errors']} errors, {state}", highlight=False)
             if summary["failed"]:
                 console.print(f"  failures: {summary['errors_file']} (re-run with --resume to retry them)")
@@ -137,3 +137,6 @@ def register(app: typer.Typer) -> None:
                 console.print(f"  unusable source rows: {summary['skipped_rows']}", highlight=False)
         if summary["all_endpoints_dead"]:
             raise typer.Exit(1)
+        verdict = failure_verdict(summary, r.regen.max_failed_fraction)
+        if verdict:
+            fail(verdict, code=1)

@@ -31,14 +31,14 @@ def _format_error(err: ValidationError) -> str:
         loc = ".".join(shown_key(p) for p in e["loc"])
         msg = " ".join(str(e["msg"]).split()).removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check spelling; `dspark-kit recipe show` lists valid keys)"
+            msg = "unknown key (check spelling; `dspark-kit recipe reference` lists every key)"
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise RecipeError(f"--set {item!r}: expected section.key=value, e.g. --set train.epochs=3")
+        raise RecipeError(f"--set {item!r}: expected section.name=value, e.g. --set train.epochs=3")
     key, raw = item.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:

@@ -90,6 +90,8 @@ class RegenCfg(_Section):
     max_retries: int = Field(5, ge=0)
     unavailable_timeout: float = Field(300.0, ge=0, description="seconds an endpoint may refuse connections "
                                        "(server restarting) before regen gives up on it")
+    max_failed_fraction: float = Field(0.05, ge=0, le=1, description="failed rows / rows sent above this fails "
+                                       "regen (its rows are kept; --resume retries the failed ones)")
 
 
 class MooncakeCfg(_Section):

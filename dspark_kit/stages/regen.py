@@ -253,6 +253,19 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
     }
 
 
+def failure_verdict(summary: dict, budget: float) -> str | None:
+    """Why this regen failed as a whole (None: it did its job): nothing written while rows failed,
+    or more failed rows than regen.max_failed_fraction of those sent, with the first reasons."""
+    failed, written = summary["failed"], summary["written"]
+    sent = failed + written
+    if not failed or (written and failed / sent <= budget):
+        return None
+    reasons = "; ".join(f"{n}x {r}" for r, n in list(summary["failed_reasons"].items())[:3])
+    what = "every row failed" if not written else f"{failed} of {sent} rows failed ({failed / sent:.0%})"
+    return (f"regen: {what}, above regen.max_failed_fraction {budget:g}: {reasons}; fix the server or "
+            "request and rerun with --resume (written rows are kept)")
+
+
 class OutputExists(ValueError):
     """--no-resume on an output that holds rows, without --overwrite."""
 

@@ -25,7 +25,7 @@ class Stage:
 
 def stage_regen(res: Resolved) -> dict:
     from dspark_kit.progress import progress_bar
-    from dspark_kit.stages.regen import run_regen
+    from dspark_kit.stages.regen import failure_verdict, run_regen
 
     with progress_bar("regen", total=res.recipe.data.limit, unit="row") as bar:
         s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
@@ -35,6 +35,9 @@ def stage_regen(res: Resolved) -> dict:
          f"of {s['source_rows']} source rows")
     for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
         note(f"  {n}: {reason}")
+    verdict = failure_verdict(s, res.recipe.regen.max_failed_fraction)
+    if verdict:
+        raise RuntimeError(verdict)
     return s
 
 
