@@ -26,18 +26,19 @@ from dspark_kit.cli.common import (
 
 def _run_one(name: str, res, json_out: bool) -> None:
     from dspark_kit.stages.manifest import update_manifest
+    from dspark_kit.stages.pipeline import stage_result
     from dspark_kit.stages.steps import REGISTRY
 
     try:
         summary = REGISTRY[name].run(res)
     except (ValueError, OSError, RuntimeError) as e:
-        fail(f"{name}: {e}", 1)
+        message = str(e)  # the stage is named once, whether or not the error already names it
+        fail(message if message.startswith(f"{name}:") else f"{name}: {message}", 1)
     update_manifest(res.run.root, res.recipe, name, resolved=res, summary=summary)
     if json_out:
         emit_json(summary)
-    else:
-        for k, v in summary.items():
-            typer.echo(f"{k}: {v}")
+    else:  # the stage's one-line result, as `run` prints it; --json has every figure
+        typer.echo(f"{name}: {stage_result(REGISTRY[name], summary)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -188,7 +188,7 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan
     util = s.gpu_memory_utilization
     if util > CPU_GPU_MEMORY_UTILIZATION:
         notes.append(f"serve.gpu_memory_utilization {util:g} -> {CPU_GPU_MEMORY_UTILIZATION:g} on CPU "
-                     "(vLLM's CPU build reads it as a fraction of RAM; 0.92 refuses to start)")
+                     "(vLLM's CPU build reads it as a fraction of RAM; a GPU-style 0.9 refuses to start)")
         util = CPU_GPU_MEMORY_UTILIZATION
     argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path,
             *server_flags(res, role, port, util, host), "--dtype", res.serve_dtype.value]

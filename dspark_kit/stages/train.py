@@ -175,24 +175,21 @@ _STEP = re.compile(r"global_step[=': ]+(\d+)")
 
 
 class TrainProgress:
-    """Moves the train stage's line from what the trainer logs: epochs started/completed, steps."""
+    """Moves the train stage's line from what the trainer logs: the bar counts completed epochs
+    ("3/8 epoch", with rate and ETA), the detail is the global step (the running epoch is the
+    next one: printing it too read as two epoch counts)."""
 
     def __init__(self, bar):
-        self.bar, self.epoch, self.step = bar, "", ""
+        self.bar = bar
 
     def feed(self, line: str) -> None:
         if m := _EPOCH.search(line):
-            epoch, epochs, what = int(m.group(1)), int(m.group(2)), m.group(3)
-            if what == "completed":
+            if m.group(3) == "completed":
                 self.bar.advance(1)
             else:
-                self.bar.total(epochs)
-                self.epoch = f"epoch {epoch}/{epochs}"
+                self.bar.total(int(m.group(2)))
         elif m := _STEP.search(line):
-            self.step = f"step {m.group(1)}"
-        else:
-            return
-        self.bar.describe(" ".join(p for p in (self.epoch, self.step) if p))
+            self.bar.describe(f"step {m.group(1)}")
 
 
 STOP_GRACE_S = 30.0  # SIGTERM lets speculators save an "interrupted" checkpoint; then SIGKILL
