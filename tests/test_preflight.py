@@ -228,7 +228,7 @@ def test_pitfall_8_wrong_or_incomplete_checkpoint(recipe, run, fault):
 def test_pitfall_9_window_below_training_window(recipe, run):
     recipe.serve.engine = "vllm-ascend"
     recipe.serve.assume_window_support = True  # vllm-ascend is not installed here to confirm the window
-    recipe.serve.draft_window_size = 64
+    recipe.serve.draft_window_size = 128  # below the training window, not below vllm-ascend's 128-token KV block
     assert 9 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "warning")
     recipe.serve.draft_window_size = 256
     assert 9 not in _pitfalls(run_preflight(Resolved(recipe, run), probes=False))
@@ -368,3 +368,66 @@ def test_preflight_refuses_an_engine_that_cannot_serve_the_checkpoint(tmp_path):
     assert codes(vllm="0.30.0") == [] and codes() == []  # serves it; not installed here: nothing to refuse
     r.serve.adaptive_verification, r.serve.enforce_eager = "on", True
     assert codes(vllm="0.30.0") == ["adaptive-verification"]
+
+
+def _verifier_dir(tmp_path, *, weights=True, tokenizer=True, shards=None, heads=4):
+    import json as _json
+
+    d = tmp_path / "verifier"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(_json.dumps({"num_hidden_layers": 8, "hidden_size": 64,
+                                                "num_attention_heads": heads, "vocab_size": 1000}))
+    if weights:
+        (d / "model.safetensors").write_bytes(b"")
+    if shards is not None:
+        (d / "model.safetensors.index.json").write_text(_json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+        (d / shards[0]).write_bytes(b"")
+    if tokenizer:  # a real (word-level) tokenizer with a mask token, so the mask check passes
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+
+        vocab = {w: i for i, w in enumerate(["<unk>", "<mask>", "hello", "world"])}
+        Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(d / "tokenizer.json"))
+        (d / "tokenizer_config.json").write_text(_json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              "unk_token": "<unk>", "mask_token": "<mask>"}))
+    return d
+
+
+@pytest.mark.parametrize("case,code", [
+    ("config-only", "verifier-weights"), ("missing-shard", "verifier-shards"), ("no-tokenizer", "verifier-tokenizer"),
+    ("nonexistent", "verifier-missing"), ("tp-3-on-2", "tensor-parallel"), ("tp-not-dividing-heads", "tensor-parallel"),
+    ("regen-too-long", "max-model-len"), ("bench-too-long", "max-model-len"),
+])
+def test_preflight_catches_what_would_fail_at_load(tmp_path, case, code):
+    """Each mistake fails preflight with one line naming the key, before anything loads."""
+    from dspark_kit.recipe import recipe_from_dict
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight import run_preflight
+
+    v = _verifier_dir(tmp_path, weights=case not in ("config-only", "missing-shard"), tokenizer=case != "no-tokenizer",
+                      shards=("s-1.safetensors", "s-2.safetensors") if case == "missing-shard" else None,
+                      heads={"tp-not-dividing-heads": 6, "tp-3-on-2": 6}.get(case, 4))
+    serve = {"max_model_len": 256, "tensor_parallel_size": 1}
+    if case == "tp-3-on-2":
+        serve |= {"tensor_parallel_size": 3, "devices": "0,1"}
+    if case == "tp-not-dividing-heads":
+        serve |= {"tensor_parallel_size": 4}
+    data = {"verifier": {"path": "/nonexistent/verifier" if case == "nonexistent" else str(v)},
+            "regen": {"max_tokens": 256 if case == "regen-too-long" else 64},
+            "bench": {"max_tokens": 300 if case == "bench-too-long" else 64}, "serve": serve}
+    findings = run_preflight(Resolved(recipe_from_dict(data), tmp_path / "run", planning=True), probes=False,
+                             storage=False)
+    errors = [f for f in findings if f.level == "error"]
+    assert [f.code for f in errors] == [code], errors
+    assert "\n" not in errors[0].message
+
+
+def test_a_missing_verifier_on_a_recipe_for_another_machine_is_a_warning(tmp_path):
+    """Planning the cluster on a laptop: an NPU recipe's verifier lives there, not here."""
+    from dspark_kit.recipe import recipe_from_dict
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight import _context, check_verifier
+
+    r = recipe_from_dict({"verifier": {"path": "/mnt/models/q", "num_hidden_layers": 8}, "train": {"device": "npu"}})
+    [f] = check_verifier(_context(Resolved(r, tmp_path, planning=True)))
+    assert f.level == "warning" and "runs on npu" in f.message and f.code == "verifier-missing"

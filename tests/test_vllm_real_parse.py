@@ -52,7 +52,7 @@ def generated_commands(ckpt: Path, workdir: Path, tiny_verifier: Path) -> list[d
     disk), so commands whose verifier is not here are checked with the tiny verifier in the
     model slot: every flag is still the recipe's own."""
     items = []
-    versions_of = {"vllm": {"vllm": "0.32.0"}, "vllm-ascend": {"vllm-ascend": "0.24.0rc1"}}
+    versions_of = {"vllm": {"vllm": "0.32.0"}, "vllm-ascend": {"vllm-ascend": "0.30.0rc2"}}
     for path in RECIPES:
         recipe = load_recipe(path)
         for engine in ("vllm", "vllm-ascend"):

@@ -34,6 +34,21 @@ class Placement:
         return Decision(found, f"train.device auto: detected {found} here")
 
     @cached_property
+    def train_device_here(self) -> bool:
+        """This machine has the training device (False: a plan for another machine, e.g. an Ascend
+        recipe checked on a laptop, whose files are checked where it runs)."""
+        device = self.train_device.value
+        if device == "cpu":
+            return True
+        from dspark_kit.devices import detect_device
+
+        try:
+            detect_device(device)
+        except (RuntimeError, ValueError):
+            return False
+        return True
+
+    @cached_property
     def vllm_on_cpu(self) -> bool:
         """Engine vllm with no accelerator (train.device cpu, or auto on a machine without GPU/NPU):
         the plan is vLLM's CPU build. A recipe naming cuda/npu keeps the accelerator command."""

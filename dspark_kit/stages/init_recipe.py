@@ -154,6 +154,20 @@ class _Decided:
     def accel(self) -> bool:
         return self.device != "cpu"
 
+    @property
+    def max_model_len(self) -> int:
+        """serve.max_model_len: the training length on an accelerator (2x on CPU), capped by the
+        verifier's own limit."""
+        max_len = self.seq if self.accel else 2 * self.seq
+        limit = self.facts.max_position_embeddings
+        return min(max_len, limit) if limit else max_len
+
+    def reply_budget(self, wanted: int) -> tuple[int, str | None]:
+        """A request's max_tokens that leaves a quarter of serve.max_model_len for the prompt (a prompt
+        plus max_tokens past max_model_len is a 400: every request, when they are equal)."""
+        room = self.max_model_len * 3 // 4
+        return (wanted, None) if wanted <= room else (room, f"3/4 of serve.max_model_len {self.max_model_len}")
+
 
 def _decide(opts: InitOptions) -> _Decided:
     from dspark_kit.specdec import verifier_facts as vf
@@ -212,8 +226,9 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
     w.section("regen", "on-policy replies from the verifier itself (docs/PITFALLS.md, pitfall 3)")
     w.key("endpoints", [], "empty: the run starts a chat server; list several servers to shard")
     w.key("concurrency", profile["regen"]["concurrency"])
-    w.key("max_tokens", profile["regen"].get("max_tokens", d.seq),
-          "profile" if "max_tokens" in profile["regen"] else "= data.seq_length")
+    wanted = profile["regen"].get("max_tokens", d.seq)
+    max_tokens, capped = d.reply_budget(wanted)
+    w.key("max_tokens", max_tokens, capped or ("profile" if "max_tokens" in profile["regen"] else "= data.seq_length"))
     w.key("temperature", 0.0, "greedy: the draft learns what greedy serving accepts")
     w.key("seed", 42)
 
@@ -292,9 +307,7 @@ def _serve_bench_eval(w: CommentedYaml, d: _Decided) -> None:
         npu = d.device == "npu"
         w.key("gpu_memory_utilization", 0.85 if npu else 0.9)
         w.key("enforce_eager", npu, "vLLM-Ascend: eager, as the reference run" if npu else "")
-    max_len = d.seq if d.accel else 2 * d.seq
-    if facts.max_position_embeddings:
-        max_len = min(max_len, facts.max_position_embeddings)
+    max_len = d.max_model_len
     w.key("max_model_len", max_len, ("= data.seq_length; longer contexts need a draft window "
                                      "(docs/CONCEPTS.md#long-context)") if d.accel else "2x data.seq_length")
     w.key("checkpoint", "checkpoint_best")
@@ -305,7 +318,11 @@ def _serve_bench_eval(w: CommentedYaml, d: _Decided) -> None:
     for section in ("bench", "eval"):
         w.section(section)
         for key, value in profile[section].items():
-            w.key(key, value)
+            if section == "bench" and key == "max_tokens":
+                value, capped = d.reply_budget(value)
+                w.key(key, value, capped or "")
+            else:
+                w.key(key, value)
 
 
 def derive(opts: InitOptions) -> NewRecipe:

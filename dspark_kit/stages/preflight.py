@@ -33,6 +33,16 @@ _CHECKPOINT_CODES = {
 }  # fmt: skip
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def label(f: Finding) -> str:
+    """What a finding is, for one line: its pitfall number, else its code."""
+    return f"pitfall {f.pitfall}" if f.pitfall is not None else f.code
+
+
 def pitfall(number: int, level: str, message: str) -> Finding:
     """A preflight finding: the shared Finding tagged with its pitfall number."""
     return Finding(level, f"pitfall-{number}", message, number)
@@ -215,9 +225,16 @@ def check_mask(ctx: _Context) -> list[Finding]:
     if not Path(ctx.verifier_path).is_dir():
         return [pitfall(7, "warning", f"verifier {ctx.verifier_path} is not a local directory here (a hub id, "
                                       "or the tiny verifier not built yet); mask token not checked")]  # fmt: skip
+    if not any((Path(ctx.verifier_path) / t).is_file() for t in TOKENIZER_FILES):
+        return []  # check_verifier says the tokenizer is missing
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(ctx.verifier_path, trust_remote_code=ctx.recipe.verifier.trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(ctx.verifier_path, trust_remote_code=ctx.recipe.verifier.trust_remote_code)
+    except (OSError, ValueError, TypeError) as e:  # check_verifier names missing tokenizer files
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        return [Finding("error", "verifier-tokenizer", f"the tokenizer in {ctx.verifier_path} does not load "
+                                                       f"({first}); copy the model's tokenizer files")]
     # the id training resolves: the recipe's, else the tokenizer's; else what a checkpoint recorded
     candidates = (ctx.recipe.draft.mask_token_id, tok.mask_token_id,
                   (ctx.checkpoint_config or {}).get("mask_token_id"))
@@ -340,6 +357,81 @@ def check_storage(ctx: _Context) -> list[Finding]:
                                         "written ahead)")]  # fmt: skip
 
 
+def _looks_like_a_path(path: str) -> bool:
+    """A local path as typed (absolute, ./, ../, ~); else a hub id (org/name) or a builtin."""
+    return path.startswith(("/", "./", "../", "~"))
+
+
+def check_verifier(ctx: _Context) -> list[Finding]:
+    """The verifier can load, told from its files alone (nothing is loaded): the path exists, its
+    weights and every shard its index names are there, and a tokenizer sits beside them. On a
+    recipe for another machine's accelerator these are warnings: the files are checked there."""
+    typed = ctx.recipe.verifier.path
+    where = Path(ctx.verifier_path).expanduser()
+    if not where.is_dir() and not _looks_like_a_path(typed):
+        return []  # a hub id (or the tiny verifier before its build)
+    found: list[tuple[str, str]] = []
+    if not where.is_dir():
+        found.append(("verifier-missing", (f"verifier.path {typed}: no such directory here; fix the path "
+                                           "(a hub id is written org/name)")))
+    else:
+        if not (where / "config.json").is_file():
+            found.append(("verifier-config", (f"verifier.path {where} has no config.json; point it at the "
+                                               "model's directory (the one holding config.json)")))
+        present = [name for name in WEIGHT_FILES if (where / name).is_file()]
+        if not present and not any(where.glob("*.safetensors")):
+            found.append(("verifier-weights", (f"verifier.path {where} holds no weights (config only: no "
+                                                f"{' / '.join(WEIGHT_FILES[:2])}); download the full model")))
+        for index in (name for name in present if name.endswith(".index.json")):
+            shards = set((_read_json(where / index) or {}).get("weight_map", {}).values())
+            missing = sorted(sh for sh in shards if not (where / sh).is_file())
+            if missing:
+                found.append(("verifier-shards", (f"{where / index} names {len(missing)} shard(s) that are not "
+                                                   f"there ({', '.join(missing[:3])}); finish the download")))
+        if not any((where / t).is_file() for t in TOKENIZER_FILES):
+            found.append(("verifier-tokenizer", (f"verifier.path {where} has no tokenizer (tokenizer.json / "
+                                                  "tokenizer_config.json); copy the model's tokenizer files")))
+    if found and not ctx.res.train_device_here:
+        device = ctx.res.train_device.value
+        return [Finding("warning", code, f"{message} (the recipe runs on {device}, not here: preflight there "
+                                         "makes this an error)") for code, message in found]
+    return [Finding("error", code, message) for code, message in found]
+
+
+def check_parallel(ctx: _Context) -> list[Finding]:
+    """serve.tensor_parallel_size fits the listed devices and divides the attention heads."""
+    from dspark_kit.specdec.verifier_facts import language_model_config
+
+    s, out = ctx.recipe.serve, []
+    tp = s.tensor_parallel_size
+    listed = [d for d in (s.devices or "").split(",") if d.strip()]
+    if listed and tp > len(listed):
+        out.append(Finding("error", "tensor-parallel", f"serve.tensor_parallel_size {tp} > the {len(listed)} "
+                                                       f"device(s) in serve.devices {s.devices}; list {tp} or lower it"))
+    heads = language_model_config(ctx.verifier_config or {}).get("num_attention_heads")
+    if isinstance(heads, int) and heads % tp:
+        out.append(Finding("error", "tensor-parallel", f"serve.tensor_parallel_size {tp} does not divide the "
+                                                       f"verifier's {heads} attention heads; use a divisor of {heads}"))
+    return out
+
+
+def check_lengths(ctx: _Context) -> list[Finding]:
+    """Every regen and bench request fits serve.max_model_len (a prompt plus max_tokens beyond it is a 400)."""
+    r, out = ctx.recipe, []
+    limit = r.serve.max_model_len
+    if limit is None:
+        return out
+    asks = [("bench.max_tokens", r.bench.max_tokens)]
+    if r.regen.enabled:
+        asks.insert(0, ("regen.max_tokens", r.regen.max_tokens))
+    for key, n in asks:
+        if n >= limit:
+            out.append(Finding("error", "max-model-len", f"{key} {n} >= serve.max_model_len {limit}: no prompt leaves "
+                                                         f"room, so every request is refused; lower {key} or raise "
+                                                         "serve.max_model_len"))
+    return out
+
+
 def check_engine(ctx: _Context) -> list[Finding]:
     """The serving engine against the checkpoint (docs/COMPAT.md): DSpark at all, the anchor layout it
     serves the checkpoint in, and adaptive verification that was asked for but cannot work."""
@@ -356,8 +448,9 @@ def check_engine(ctx: _Context) -> list[Finding]:
     return out
 
 
-CHECKS = [check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask, check_windows,
-          check_checkpoint, check_engine, check_multinode, check_transport, check_storage]  # fmt: skip
+CHECKS = [check_verifier, check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask,
+          check_windows, check_checkpoint, check_engine, check_parallel, check_lengths, check_multinode,
+          check_transport, check_storage]  # fmt: skip
 
 
 def _context(res: Resolved, checkpoints: bool = True) -> _Context:
@@ -411,9 +504,9 @@ def enforce(res: Resolved, stage: str, log=None, checkpoint_checked: bool = Fals
                              storage=False)
     for f in findings:
         if f.level == "warning":
-            (log or note)(f"preflight warning (pitfall {f.pitfall}): {f.message}")
+            (log or note)(f"preflight warning ({label(f)}): {f.message}")
     errors = [f for f in findings if f.level == "error"]
     if errors:
         raise PreflightError(f"preflight stopped {stage}: " + "; ".join(
-            f"[pitfall {f.pitfall}] {f.message}" for f in errors) + " (see `dspark-kit preflight`)")
+            f"[{label(f)}] {f.message}" for f in errors) + " (see `dspark-kit preflight`)")
     return findings

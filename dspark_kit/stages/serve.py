@@ -41,7 +41,7 @@ def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: s
     checks below and the preflight all judge that one resolution."""
     from dspark_kit.engines.servers import server_plan
     from dspark_kit.specdec.checkpoints import CheckpointError, errors
-    from dspark_kit.stages.preflight import PreflightError, enforce
+    from dspark_kit.stages.preflight import PreflightError, enforce, label
 
     if role not in ROLES:
         raise ServeError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
@@ -74,7 +74,7 @@ def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: s
     except ValueError as e:
         raise ServeError(str(e)) from None
     # each warning once: a window risk is both a plan note and a preflight finding
-    warnings += [f"preflight warning (pitfall {f.pitfall}): {f.message}" for f in preflight
+    warnings += [f"preflight warning ({label(f)}): {f.message}" for f in preflight
                  if f.level == "warning" and f.message not in plan.notes]
     return ServePlan(plan, res, findings, warnings + plan.notes)
 
