@@ -60,7 +60,8 @@ def test_seed_recipe_plans_what_offline_would_cost_and_says_why_it_trains_online
     line = r.output.splitlines()[0]
     # no verifier or data here: at most 20,000 conversations x 8192 tokens x (5 targets + last) x 2048 x bf16
     assert "163,840,000 tokens x 6 layers x hidden 2048" in line and "TiB" in line
-    assert "hidden_states.mode online writes none of it ahead" in line
+    assert "hidden_states.mode online writes no hidden states ahead" in line
+    assert "would not fit" not in line  # online: whether offline files would fit is no question
     plan = sp.plan_storage(Resolved(load_recipe(SEED), tmp_path, planning=True))
     assert plan.bytes == 20_000 * 8192 * (6 * 2048 * 2 + 8) + 20_000 * sp.HEADER_BYTES
     run = CliRunner().invoke(app, ["run", str(SEED), "-w", str(tmp_path), "--dry-run"])

@@ -96,11 +96,9 @@ class StoragePlan:
         else:
             size = (f"~{human(self.bytes)} = {self.tokens:,} tokens x {self.layers} layers x hidden {self.hidden} x "
                     f"{self.dtype} ({DTYPE_BYTES[self.dtype]} B) + ids and headers; tokens from {self.basis}")
-        if self.mode == "online":
-            where += "; it would not fit there" if self.fits is False else ""
-            return (f"storage: offline hidden states would take {size}, in {where}; hidden_states.mode online "
-                    "writes none of it ahead: each trainer asks the extraction server for a batch's states as it "
-                    "trains")
+        if self.mode == "online":  # nothing is written: whether offline would fit is no question here
+            return (f"storage: hidden_states.mode online writes no hidden states ahead (each trainer asks the "
+                    f"extraction server for a batch's states as it trains); offline would take {size}")
         head = f"storage: offline hidden states {size} -> {where}"
         if self.written:
             head += f"; {human(self.written)} already there"
