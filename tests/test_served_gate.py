@@ -42,6 +42,18 @@ def test_checkpoint_identity_sees_config_and_weights(tmp_path: Path):
     assert checkpoint_identity(tmp_path)["weights_sha256"] != a["weights_sha256"]
 
 
+def assert_budget_trade(wd: Path) -> None:
+    """eval puts confidence-threshold verify budgets beside the fixed K (what adaptive verification trades)."""
+    ev = json.loads((wd / "eval" / "eval.json").read_text())
+    budget, k = ev["verify_budget"], ev["num_speculative_tokens"]
+    assert budget["k"] == k and budget["fixed"]["acceptance_length"] == ev["acceptance_length"]
+    fixed = budget["fixed"]["mean_verified_per_step"]
+    assert k - 0.5 < fixed <= k  # a fixed K verifies every slot but where the token limit cuts the last block
+    cuts = [t["mean_verified_per_step"] for t in budget["thresholds"]]
+    assert all(c <= fixed for c in cuts) and cuts == sorted(cuts, reverse=True)  # a higher bar verifies fewer
+    assert "## Verify budget from the confidence head" in (wd / "eval" / "eval.md").read_text()
+
+
 def _run(wd: Path, stages: str, *extra: str) -> subprocess.CompletedProcess:
     sets = [*TRAINED_RUN_SETS, "regen.enabled=false", "eval.num_prompts=6", "bench.num_prompts=6"]
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages", stages, "--workdir", str(wd),
@@ -59,6 +71,7 @@ def test_run_prints_served_beside_in_process_and_a_planted_mismatch_fails(traine
     [result] = [json.loads(p.read_text()) for p in (wd / "bench").glob("bench_*.json")]
     gate = result["in_process"]
     assert gate["comparable"] and gate["passed"] and gate["fraction"] >= 0.8, gate
+    assert_budget_trade(wd)  # the same eval also priced the confidence-threshold verify budgets
 
     # plant: after eval, the served checkpoint's weights are replaced (what an edited or swapped
     # checkpoint does to a server), with a config every static check still accepts
