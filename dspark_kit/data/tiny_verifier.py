@@ -131,25 +131,56 @@ def tiny_verifier_dir(spec: TinySpec = TinySpec(), root: Path | None = None) -> 
     return (root or cache_root()) / f"tiny-qwen3-{spec_hash(spec)}"
 
 
+def lock_holder(owner: Path, now: float | None = None) -> str:
+    """Who holds the build lock, from the note its holder leaves beside it."""
+    try:
+        held = json.loads(owner.read_text())
+        return f"process {held['pid']} (building for {(now or time.time()) - held['since']:.0f} s)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def _acquire(lock: FileLock, owner: Path, what: str, log) -> None:
+    """Take the lock; when someone has it, say who and since when before waiting."""
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log(f"waiting for {what}: {lock_holder(owner)} holds {lock.lock_file}")
+        lock.acquire()
+    owner.write_text(json.dumps({"pid": os.getpid(), "since": time.time()}))
+
+
 def ensure_tiny_verifier(spec: TinySpec = TinySpec(), root: Path | None = None, log=note) -> Path:
     out = tiny_verifier_dir(spec, root)
     if (out / "model.safetensors").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out) + ".lock"):
-        if (out / "model.safetensors").exists():
-            return out
-        tmp = out.with_name(out.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        t0 = time.time()
-        log(f"building the tiny verifier (first use, ~4 min on one thread) -> {out}")
-        tok = build_tokenizer(spec)
-        tok.save_pretrained(tmp)
-        model = train_tiny_model(spec, tok, log=log)
-        model.save_pretrained(tmp)
-        (tmp / "dspark_kit_tiny.json").write_text(json.dumps(asdict(spec), indent=1))
-        tmp.rename(out)
-        log(f"tiny verifier ready in {time.time() - t0:.0f}s")
+    lock, owner = FileLock(str(out) + ".lock"), Path(str(out) + ".lock.owner")
+    _acquire(lock, owner, "the tiny verifier build", log)
+    try:
+        return _build_locked(spec, out, log)
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()
+
+
+def _build_locked(spec: TinySpec, out: Path, log) -> Path:
+    """The build itself, under the lock (another process may have finished it meanwhile)."""
+    if (out / "model.safetensors").exists():
+        return out
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.time()
+    log(f"building the tiny verifier (first use, ~4 min on one thread) -> {out}")
+    tok = build_tokenizer(spec)
+    tok.save_pretrained(tmp)
+    model = train_tiny_model(spec, tok, log=log)
+    model.save_pretrained(tmp)
+    (tmp / "dspark_kit_tiny.json").write_text(json.dumps(asdict(spec), indent=1))
+    tmp.rename(out)
+    log(f"tiny verifier ready in {time.time() - t0:.0f}s")
     return out
 
 
