@@ -262,8 +262,9 @@ class StageDisplay:
                 yield line
         except BaseException as e:  # the error itself is the command's last line; here: what led to it
             self._end_line()
-            written = logs_written(log.parent, before, first=log)
-            how = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            stopped = isinstance(e, KeyboardInterrupt)  # the user stopped it: the logs' tails are no news
+            written = [] if stopped else logs_written(log.parent, before, first=log)
+            how = "interrupted" if stopped else "failed"
             self.say(f"x {name} {how} after {_fmt_s(line.clock() - line.started)}"
                      + ("; the last lines of its logs:" if written else ""))
             for path in written:

@@ -55,6 +55,18 @@ def test_a_failing_stage_shows_the_tail_of_its_logs(tmp_path):
     assert "  | stage line" in text and "earlier run" not in text  # only logs this stage wrote
 
 
+def test_an_interrupted_stage_is_one_line_without_log_tails(tmp_path):
+    """Reproduced: Ctrl-C in training printed ~20 lines of trainer metrics; the user stopped it."""
+    out, logs = io.StringIO(), tmp_path / "logs"
+    logs.mkdir()
+    with (StageDisplay(out, terminal=False) as d, pytest.raises(KeyboardInterrupt),
+          d.stage("train", logs / "stage-train.log")):
+        (logs / "train.log").write_text("".join(f"trainer line {i}\n" for i in range(50)))
+        raise KeyboardInterrupt
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    assert lines[-1] == "x train interrupted after 0:00" and not any("trainer line" in ln for ln in lines)
+
+
 def test_verbose_streams_everything_as_the_stage_commands_do(tmp_path):
     out, log = io.StringIO(), tmp_path / "stage.log"
     with StageDisplay(out, verbose=True, terminal=False) as d, d.stage("train", log):
@@ -195,3 +207,21 @@ def test_a_failing_stage_shows_its_log_tail_and_verbose_streams(tmp_path, tiny_v
     streamed = run_cli("-w", str(wd), *bad, "-v")  # prepare and hidden states are done: only train runs
     assert streamed.returncode == 1
     assert "==> train" in streamed.stderr and "--no-such-flag" in streamed.stderr.split("==> train", 1)[1]
+
+
+def test_ctrl_c_in_run_ends_with_the_line_that_resumes(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+    from dspark_kit.stages import pipeline
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "run_pipeline", interrupted)
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
+    res = CliRunner().invoke(app, ["run", str(recipe), "-w", str(tmp_path), "--set", "train.epochs=2"])
+    assert res.exit_code == 130
+    [line] = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert line.startswith("error: interrupted: `dspark-kit run ") and "--set train.epochs=2" in line
+    assert f"-w {tmp_path}`" in line and "resumes" in line

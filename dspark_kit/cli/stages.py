@@ -158,6 +158,14 @@ def register(app: typer.Typer) -> None:
                 rows = run_pipeline(res, chosen, start, force, display)
         except (ValueError, OSError, RuntimeError) as e:
             fail(str(e), 1)
+        except KeyboardInterrupt:
+            import shlex
+
+            words = ["--replay", str(replay)] if replay is not None else [str(recipe_path), *(
+                w for s in (set_ or []) for w in ("--set", s))]
+            again = shlex.join(["dspark-kit", "run", *words, "-w", str(wd)])
+            fail(f"interrupted: `{again}` resumes (finished stages are skipped; the interrupted one picks up "
+                 "where it stopped, training from its last whole epoch)", 130)
         if json_out:
             emit_json({"workdir": str(wd), "stages": rows})
             return
