@@ -224,6 +224,14 @@ def test_refuses_unreadable_data(tmp_path, tokenizer_dir):
     junk = tmp_path / "junk.jsonl"
     junk.write_text('{"text": "no chat here"}\nnot json\n')
     refused(init("--verifier", str(verifier), "--data", str(junk), "-o", str(out)), out, "--data", "no usable chat")
+    # usable rows and broken ones: the recipe is written, and says what it skipped (it was silent)
+    mixed = tmp_path / "mixed.jsonl"
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    mixed.write_text(json.dumps({"messages": chat}) + "\n{broken\n")
+    r = init("--verifier", str(verifier), "--data", str(mixed), "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "unusable rows skipped" in r.output
+    assert "skipped 1 unusable row(s) (1: invalid JSON line" in comment_of(out.read_text(), "seq_length")
 
 
 def test_refuses_an_existing_output_without_force(tmp_path, tokenizer_dir):

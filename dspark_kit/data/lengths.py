@@ -22,6 +22,12 @@ class LengthSample:
     p50: int
     p99: int
     longest: int
+    skipped: tuple[tuple[str, int], ...] = ()  # (reason, rows) the sample could not use, most first
+
+    def skipped_note(self) -> str:
+        """'; skipped 3 unusable rows (2: not JSON, 1: ...)' or '' (a sample that used every row)."""
+        n = sum(k for _, k in self.skipped)
+        return f"; skipped {n} unusable row(s) ({', '.join(f'{k}: {r}' for r, k in self.skipped[:3])})" if n else ""
 
 
 def percentile(values: list[int], q: float) -> int:
@@ -53,4 +59,4 @@ def sample_lengths(source: str, tokenizer, thinking: bool, sample: int = 256) ->
         raise DataSampleError(f"--data {source}: no usable chat in the first {sample} rows ({why}); expected "
                               "rows with messages [{role, content}] or conversations [{from, value}]")
     return LengthSample(rows=len(lengths), p50=percentile(lengths, 50), p99=percentile(lengths, 99),
-                        longest=max(lengths))
+                        longest=max(lengths), skipped=tuple(skipped.most_common()))

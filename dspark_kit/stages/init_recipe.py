@@ -111,7 +111,7 @@ def _seq_length(opts: InitOptions, facts, profile: dict, thinking: bool) -> tupl
         s = sample_lengths(opts.data, facts.tokenizer, thinking, SAMPLE_ROWS)
         seq = max(SEQ_ROUND, -(-s.p99 // SEQ_ROUND) * SEQ_ROUND)
         how = (f"p99 of {s.rows} sampled chats = {s.p99} tokens (median {s.p50}, longest {s.longest}), "
-               f"rounded up to {SEQ_ROUND}{cap}")
+               f"rounded up to {SEQ_ROUND}{cap}{s.skipped_note()}")
     if max_pos and seq > max_pos:
         seq = max_pos
     return seq, how
@@ -221,7 +221,8 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
         source = str(Path(opts.data).expanduser().resolve())
     w.key("source", source, "--data" if opts.data else "no --data: the profile's chats (pass --data FILE.jsonl)")
     w.key("limit", profile["data"]["limit"], "rows regenerated and trained (profile)")
-    w.key("seq_length", d.seq, d.seq_from, show="p99 of the data" if opts.data else "profile (no --data)")
+    shown = "p99 of the data" + ("; unusable rows skipped (see its comment)" if "skipped" in d.seq_from else "")
+    w.key("seq_length", d.seq, d.seq_from, show=shown if opts.data else "profile (no --data)")
     w.key("num_workers", profile["data"]["num_workers"])
     w.section("regen", "on-policy replies from the verifier itself (docs/PITFALLS.md, pitfall 3)")
     w.key("endpoints", [], "empty: the run starts a chat server; list several servers to shard")
