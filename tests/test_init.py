@@ -295,3 +295,33 @@ def test_the_tokenizer_fixture_is_the_tiny_verifiers(tmp_path):
     built = json.loads((tmp_path / "tokenizer_config.json").read_text())
     built.pop("mask_token")
     assert built == json.loads((TOKENIZER_FIXTURE / "tokenizer_config.json").read_text())
+
+
+@pytest.mark.parametrize("change,needles", [
+    (lambda c: c.pop("num_hidden_layers") and c.update(n_layer=48), ["names it n_layer (48)", '"num_hidden_layers": 48']),
+    (lambda c: c.update(num_hidden_layers="48"), ["num_hidden_layers is the string '48'", "as a number"]),
+])
+def test_unusual_configs_get_the_key_and_the_fix(tmp_path, tokenizer_dir, change, needles):
+    """Reproduced: n_layer got no fix, and a string layer count was blamed on the tokenizer."""
+    cfg = dict(QWEN3_30B_A3B)
+    change(cfg)
+    verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, cfg), tmp_path / "r.yaml"
+    refused(init("--verifier", str(verifier), "-o", str(out)), out, *needles)
+
+
+def test_a_directory_without_a_tokenizer_is_not_called_templateless(tmp_path):
+    verifier, out = tmp_path / "v", tmp_path / "r.yaml"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    refused(init("--verifier", str(verifier), "-o", str(out)), out, "has no tokenizer")
+
+
+def test_an_unknown_model_type_and_a_small_tokenizer_are_said(tmp_path, tokenizer_dir):
+    """Reproduced: an unknown model_type silently became a qwen3 draft, and a 950-token tokenizer
+    against a 151,936-row embedding passed without a word."""
+    verifier = verifier_dir(tmp_path / "v", tokenizer_dir, {**QWEN3_30B_A3B, "model_type": "mystery_lm"})
+    out = tmp_path / "r.yaml"
+    res = init("--verifier", str(verifier), "-o", str(out))
+    assert res.exit_code == 0, res.output
+    assert "no draft architecture of its own" in comment_of(out.read_text(), "arch")
+    assert "warning: the tokenizer has 950 tokens against the embedding's vocab_size 151,936" in res.stderr

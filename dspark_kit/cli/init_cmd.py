@@ -46,4 +46,6 @@ def register(app: typer.Typer) -> None:
         vwidth = max(len(v) for _, v, _ in new.derived)
         for key, value, source in new.derived:
             typer.echo(f"  {key:<{width}}  {value:<{vwidth}}  {source}")
+        for warning in new.warnings:
+            typer.echo(f"warning: {warning}", err=True)
         typer.echo(f"wrote {new.path}\nnext: dspark-kit preflight -r {new.path} && dspark-kit run {new.path} --dry-run")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WRAPPER_SUFFIX = "ForConditionalGeneration"  # multimodal wrapper: accepted when it nests a text_config
 
 
@@ -44,6 +45,7 @@ class VerifierFacts:
     tokenizer_mask: tuple[int, str] | None  # the tokenizer's own mask token (id, text)
     thinking_default: bool | None  # the template's mode when enable_thinking is not passed; None: no switch
     tokenizer: object  # the loaded tokenizer (token lengths of the data)
+    warnings: tuple[str, ...] = ()  # what looks wrong but does not stop a recipe
 
 
 def _read_config(verifier: str, location: str) -> dict:
@@ -93,11 +95,23 @@ def causal_lm_config(cfg: dict, verifier: str) -> tuple[str, dict]:
                              "not a causal LM; a DSpark draft speeds up a decoder-only LLM")
 
 
+# other names configs use for the same numbers (GPT-2 style, some remote-code models)
+ALIASES = {"num_hidden_layers": ("n_layer", "num_layers", "n_layers"), "hidden_size": ("n_embd", "d_model"),
+           "vocab_size": ("n_vocab",)}
+
+
 def _int(section: dict, key: str, verifier: str) -> int:
     value = section.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise VerifierFactsError(f"--verifier {verifier}: config.json has no usable {key} ({value!r})")
-    return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        raise VerifierFactsError(f"--verifier {verifier}: config.json {key} is the string {value!r}; write it "
+                                 f"as a number ({key}: {value.strip()})")
+    alias = next((a for a in ALIASES.get(key, ()) if isinstance(section.get(a), int)), None)
+    if value is None and alias:
+        raise VerifierFactsError(f"--verifier {verifier}: config.json names it {alias} ({section[alias]}), not "
+                                 f"{key}, which vLLM and speculators read; add \"{key}\": {section[alias]} to it")
+    raise VerifierFactsError(f"--verifier {verifier}: config.json has no usable {key} ({value!r}); add it")
 
 
 def _load_tokenizer(verifier: str, location: str, trust_remote_code: bool):
@@ -139,8 +153,21 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
     location = location or verifier
     cfg = _read_config(verifier, location)
     arch, lm = causal_lm_config(cfg, verifier)
+    sizes = {key: _int(lm, key, verifier) for key in ("num_hidden_layers", "hidden_size", "vocab_size")}  # before
+    # the tokenizer: a config mistake is not a tokenizer error
     remote = bool(cfg.get("auto_map"))
+    local = Path(location).expanduser()
+    if local.is_dir() and not any((local / t).is_file() for t in TOKENIZER_FILES):
+        raise VerifierFactsError(f"--verifier {verifier}: {local} has no tokenizer ({' / '.join(TOKENIZER_FILES)}); "
+                                 "copy the model's tokenizer files beside config.json")
     tok = _load_tokenizer(verifier, location, trust_remote_code or remote)
+    vocab, warnings = sizes["vocab_size"], []
+    if len(tok) > vocab:
+        raise VerifierFactsError(f"--verifier {verifier}: its tokenizer has {len(tok):,} tokens, more than the "
+                                 f"embedding's vocab_size {vocab:,}: another model's tokenizer; copy the verifier's")
+    if len(tok) < vocab // 2:
+        warnings.append(f"the tokenizer has {len(tok):,} tokens against the embedding's vocab_size {vocab:,}: "
+                        "another model's tokenizer? (a model's own fills its embedding but for padding rows)")
     template = template_text(tok)
     if template is None:
         raise VerifierFactsError(f"--verifier {verifier}: its tokenizer has no chat template; regen, prepare and "
@@ -150,12 +177,12 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
     dtype = lm.get("dtype") or lm.get("torch_dtype") or cfg.get("dtype") or cfg.get("torch_dtype")
     return VerifierFacts(
         name=verifier, location=location, model_type=str(lm.get("model_type") or cfg.get("model_type") or "?"),
-        architecture=arch, num_layers=_int(lm, "num_hidden_layers", verifier),
-        hidden_size=_int(lm, "hidden_size", verifier), num_attention_heads=lm.get("num_attention_heads"),
-        vocab_size=_int(lm, "vocab_size", verifier), max_position_embeddings=lm.get("max_position_embeddings"),
+        architecture=arch, num_layers=sizes["num_hidden_layers"],
+        hidden_size=sizes["hidden_size"], num_attention_heads=lm.get("num_attention_heads"),
+        vocab_size=sizes["vocab_size"], max_position_embeddings=lm.get("max_position_embeddings"),
         dtype=dtype if isinstance(dtype, str) else None, remote_code=remote, tokenizer_len=len(tok),
         tokenizer_mask=(mask_id, str(tok.mask_token)) if isinstance(mask_id, int) else None,
-        thinking_default=thinking_default(tok), tokenizer=tok,
+        thinking_default=thinking_default(tok), tokenizer=tok, warnings=tuple(warnings),
     )
 
 
@@ -196,6 +223,12 @@ def mask_token_choice(vocab_size: int, tokenizer_len: int, tokenizer_mask: tuple
                              "--mask-token-id with a reserved special token id the verifier never emits")
 
 
-def draft_arch(model_type: str) -> str:
-    """speculators' draft architectures: llama for Llama-family verifiers, else qwen3."""
-    return "llama" if model_type.startswith("llama") else "qwen3"
+def draft_arch(model_type: str) -> tuple[str, str]:
+    """(speculators' draft architecture, why): llama for Llama-family verifiers, qwen3 for the Qwen
+    family, and qwen3 for anything else, said so (the draft's own layers need not match the verifier)."""
+    if model_type.startswith("llama"):
+        return "llama", f"verifier model_type {model_type}"
+    if model_type.startswith("qwen"):
+        return "qwen3", f"verifier model_type {model_type}"
+    return "qwen3", (f"verifier model_type {model_type} has no draft architecture of its own in speculators: "
+                     "a Qwen3-style draft (it reads the verifier's hidden states, not its layers)")

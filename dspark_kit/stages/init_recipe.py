@@ -71,6 +71,7 @@ class NewRecipe:
     path: Path
     text: str
     derived: list[tuple[str, str, str]] = field(default_factory=list)  # (key, value, where from)
+    warnings: tuple[str, ...] = ()  # what looks wrong in the verifier but does not stop the recipe
 
 
 def _where(opts: InitOptions):
@@ -252,7 +253,8 @@ def _hidden_states_draft(w: CommentedYaml, d: _Decided) -> None:
         w.key("storage_path", "/tmp/hidden_states", "the server and the trainer share a node")
     which = "reference run" if d.accel else "tiny demo"
     w.section("draft", f"block size and layers: the {which}'s")
-    w.key("arch", draft_arch(d.facts.model_type), f"verifier model_type {d.facts.model_type}")
+    arch, arch_from = draft_arch(d.facts.model_type)
+    w.key("arch", arch, arch_from)
     w.key("block_size", d.profile["draft"]["block_size"], "trained slots; K <= block_size", show=which)
     w.key("num_layers", d.profile["draft"]["num_layers"], show=which)
     w.key("mask_token_id", d.mask, f"{d.mask_from} (docs/CONCEPTS.md#the-mask-token)",
@@ -342,7 +344,7 @@ def derive(opts: InitOptions) -> NewRecipe:
     facts = d.facts
     derived = [("verifier", f"{facts.num_layers} layers, hidden {facts.hidden_size}",
                 f"config.json ({facts.architecture})"), *w.derived]
-    return NewRecipe(opts.output, "\n".join([*header, *w.lines]) + "\n", derived)
+    return NewRecipe(opts.output, "\n".join([*header, *w.lines]) + "\n", derived, facts.warnings)
 
 
 def _num_devices(opts: InitOptions, device: str) -> tuple[int, str]:

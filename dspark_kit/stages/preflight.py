@@ -22,6 +22,7 @@ from dspark_kit.recipe import Recipe, RecipeError
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir, hidden_state_file
 from dspark_kit.specdec import checkpoints as ckpt
+from dspark_kit.specdec.verifier_facts import TOKENIZER_FILES
 
 NODE_LOCAL_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 # checkpoints.validate_checkpoint finding codes -> pitfall number
@@ -33,7 +34,6 @@ _CHECKPOINT_CODES = {
 }  # fmt: skip
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
