@@ -100,8 +100,7 @@ def spec_args(res: Resolved) -> tuple[list[str], list[str], list[str]]:
     """--speculative-config (+ --additional-config on Ascend: draft_window_size, dynamic_spec_config)
     from the resolver: (args, warnings, decisions). A gate the engine fails is a PlanError."""
     warnings: list[str] = []
-    sample_from_anchor = (res.checkpoint_config or {}).get("sample_from_anchor") if res.checkpoint_exists else True
-    gate = res.engine_support.serves(sample_from_anchor)
+    gate = res.engine_gate
     if gate.ok is False:
         raise PlanError(f"serve --role spec: {gate.message}")
     k, window, adaptive = res.k, res.window, res.adaptive_verification

@@ -194,7 +194,7 @@ class Resolved(Placement):
 
     def checkpoints_changed(self) -> None:
         """Training wrote new checkpoints: forget the decisions read from the old ones."""
-        for name in ("checkpoint", "checkpoint_config", "trained_slots", "k", "adaptive_verification"):
+        for name in ("checkpoint", "checkpoint_config", "trained_slots", "k", "adaptive_verification", "engine_gate"):
             self.__dict__.pop(name, None)
 
     @cached_property
@@ -258,6 +258,18 @@ class Resolved(Placement):
             if chosen != k:
                 k, source = chosen, f"{source}, then {self.engine}'s rule"
         return Decision(k, source, tuple(notes))
+
+    @cached_property
+    def engine_gate(self) -> versions.Gate:
+        """Does the serving engine serve this checkpoint in its trained layout? Judged on the
+        checkpoint's sample_from_anchor (None: the key is absent), or, before training, on what the
+        kit's trainer writes. serve's plan, preflight and the served-acceptance gate all read this."""
+        try:
+            cfg = self.checkpoint_config
+        except ValueError:  # CheckpointError: nothing trained to read yet
+            cfg = None
+        anchor = cfg.get("sample_from_anchor") if cfg else versions.KIT_SAMPLE_FROM_ANCHOR
+        return self.engine_support.serves(anchor)
 
     @cached_property
     def engine_support(self) -> versions.EngineSupport:

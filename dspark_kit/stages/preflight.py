@@ -438,8 +438,8 @@ def check_engine(ctx: _Context) -> list[Finding]:
     res = ctx.res
     if res.engine not in ("vllm", "vllm-ascend"):
         return []
-    cfg = ctx.checkpoint_config
-    gate = res.engine_support.serves(cfg.get("sample_from_anchor") if cfg else True)
+    # checkpoints ignored (before train: they are its own output): judge what the trainer will write
+    gate = res.engine_gate if ctx.checkpoint_config is not None else res.engine_support.serves()
     out = [Finding("error", "engine", gate.message)] if gate.ok is False else []
     try:
         _ = res.adaptive_verification  # decided on first use; `on` that cannot work raises

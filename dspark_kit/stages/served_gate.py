@@ -77,7 +77,7 @@ def diagnose(res: Resolved, bench: dict, ev: dict) -> list[str]:
     for f in res.checkpoint_findings():
         lines.append(f"checkpoint {f.level} {f.code}: {f.message}")
     if res.engine in ("vllm", "vllm-ascend"):
-        lines.append(res.engine_support.serves((res.checkpoint_config or {}).get("sample_from_anchor")).message)
+        lines.append(res.engine_gate.message)
         lines.append("vLLM's own loader: `dspark-kit contract` loads the checkpoint as the server does")
     if bench.get("num_prompts") != (ev.get("prompts") or {}).get("count", bench.get("num_prompts")):
         lines.append(f"prompts: bench sent {bench.get('num_prompts')}, eval measured "
