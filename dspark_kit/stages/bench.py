@@ -239,8 +239,9 @@ def summarize(records: list[RequestRecord], duration_s: float) -> dict[str, Any]
 def run_bench(res: Resolved, base_url: str | None = None, label: str | None = None,
               out_dir: str | Path | None = None, *, num_prompts: int | None = None,
               concurrency: int | None = None, max_tokens: int | None = None,
-              dataset: str = BUILTIN_DATASET, model: str | None = None) -> dict[str, Any]:
-    """Benchmark a running server; writes `<out_dir>/bench_<label>.json` + `.md`, returns the result.
+              dataset: str = BUILTIN_DATASET, model: str | None = None, write: bool = True) -> dict[str, Any]:
+    """Benchmark a running server; writes `<out_dir>/bench_<label>.json` + `.md` (unless `write` is
+    False: the caller adds to the result and writes it once), returns the result.
 
     `res` names the model to ask for (served_name) and the K to record without spec metrics."""
     recipe = res.recipe
@@ -274,8 +275,8 @@ def run_bench(res: Resolved, base_url: str | None = None, label: str | None = No
     if result["completed"] == 0:
         raise BenchError(f"bench: all {len(prompts)} requests failed ({'; '.join(result['errors'])}); "
                          "check the server log and the model name")
-    out = Path(out_dir) if out_dir else res.run.bench
-    write_result(result, out)
+    if write:
+        write_result(result, Path(out_dir) if out_dir else res.run.bench)
     return result
 
 
@@ -317,7 +318,7 @@ def stage_bench(res: Resolved) -> dict[str, Any]:
 
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(res.recipe.serve.checkpoint).name) or "spec"
     with running_server(res, "spec", port=free_port()) as url:
-        r = run_bench(res, url, label=f"spec-{label}", out_dir=res.run.bench)
+        r = run_bench(res, url, label=f"spec-{label}", write=False)  # written once, with the gate's verdict
     try:
         verdict = enforce(res, r)
     except ServedGateError as e:

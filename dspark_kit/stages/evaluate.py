@@ -127,11 +127,12 @@ BUDGET_THRESHOLDS = (0.3, 0.5, 0.7)  # confidence cut-offs measured beside the f
 
 
 def verify_budget(session: EvalSession, prompts: list[list[int]], max_new_tokens: int, window: int | None,
-                  k: int, thresholds: tuple[float, ...] = BUDGET_THRESHOLDS) -> dict | None:
+                  k: int, thresholds: tuple[float, ...] = BUDGET_THRESHOLDS, fixed: dict | None = None) -> dict | None:
     """What sizing the verify budget from the confidence head gives against a fixed K, offline:
     acceptance length and draft tokens verified per step, per threshold (a slot below the threshold
     ends the block, as vLLM's adaptive verification and vllm-ascend's dynamic speculation drop
-    low-confidence slots). None when the draft has no confidence head."""
+    low-confidence slots). None when the draft has no confidence head. `fixed`: the caller's own
+    measure() of these prompts, window and K without a threshold, so it is not decoded twice."""
     if session.draft.model.confidence_head is None:
         return None
 
@@ -139,7 +140,7 @@ def verify_budget(session: EvalSession, prompts: list[list[int]], max_new_tokens
         return {key: m[key] for key in ("acceptance_length", "mean_verified_per_step", "tokens_per_verifier_forward",
                                         "acceptance_rate")}
 
-    fixed = row(session.measure(prompts, max_new_tokens, window, None, k))
+    fixed = row(fixed or session.measure(prompts, max_new_tokens, window, None, k))
     return {"k": k, "fixed": fixed,
             "thresholds": [{"threshold": t, **row(session.measure(prompts, max_new_tokens, window, t, k))}
                            for t in thresholds]}
@@ -175,7 +176,7 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
             for w in dict.fromkeys([None, window]):
                 log(f"eval: context {length} window {w}")
                 runs.append({"context_length": length, **session.measure(prompts, max_new, w, thr)})
-    budget = verify_budget(session, short, max_new, window, session.k)
+    budget = verify_budget(session, short, max_new, window, session.k, fixed=headline if thr is None else None)
     summary = {
         "checkpoint": str(session.checkpoint),
         "verifier": session.verifier_path,
@@ -318,6 +319,7 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
     prompt_sets |= {n: build_prompts(session.tokenizer, chats, num_prompts, thinking, n) for n in ctx_lens}
     tables: dict[int, dict[str, dict[str, float | None]]] = {}
     measurements = []
+    short_runs: dict[tuple[int, int | None], dict] = {}  # (K, window) -> the short prompts' measure
     for k in ks:
         tables[k] = {}
         for w in [None, *cands]:
@@ -326,6 +328,8 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
             for n, prompts in prompt_sets.items():
                 log(f"tune: K {k} window {key} context {n or 'short'}")
                 m = session.measure(prompts, max_new, w, k=k)
+                if n == 0:
+                    short_runs[(k, w)] = m
                 tables[k][key][str(n)] = m["acceptance_length"]
                 measurements.append({"k": k, "window": w, "context_length": n,
                                      "mean_prompt_tokens": m["mean_prompt_tokens"],
@@ -358,7 +362,9 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
                 f"of no window, gain over no window > {tolerance}, else null (no window); then the K whose "
                 "mean AL over all contexts (with its window) is highest",
     }
-    result["verify_budget"] = verify_budget(session, prompt_sets[0], max_new, result["recommended_window"], best_k)
+    best_w = result["recommended_window"]
+    result["verify_budget"] = verify_budget(session, prompt_sets[0], max_new, best_w, best_k,
+                                            fixed=short_runs.get((best_k, best_w)))
     path = res.run.tune_file
     atomic.write_text(path, json.dumps(result, indent=2))
     result["file"] = str(path)
