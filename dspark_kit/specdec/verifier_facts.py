@@ -24,6 +24,11 @@ def language_model_config(cfg: dict) -> dict:
     return nested if isinstance(nested, dict) and nested else cfg
 
 
+def has_tokenizer_files(folder: Path) -> bool:
+    """A model directory with a tokenizer beside its config (whether it loads is another question)."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
 class VerifierFactsError(ValueError):
     """The verifier cannot seed a recipe; one line naming what is missing and the fix."""
 
@@ -157,7 +162,7 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
     # the tokenizer: a config mistake is not a tokenizer error
     remote = bool(cfg.get("auto_map"))
     local = Path(location).expanduser()
-    if local.is_dir() and not any((local / t).is_file() for t in TOKENIZER_FILES):
+    if local.is_dir() and not has_tokenizer_files(local):
         raise VerifierFactsError(f"--verifier {verifier}: {local} has no tokenizer ({' / '.join(TOKENIZER_FILES)}); "
                                  "copy the model's tokenizer files beside config.json")
     tok = _load_tokenizer(verifier, location, trust_remote_code or remote)

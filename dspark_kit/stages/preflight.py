@@ -22,7 +22,7 @@ from dspark_kit.recipe import Recipe, RecipeError
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir, hidden_state_file
 from dspark_kit.specdec import checkpoints as ckpt
-from dspark_kit.specdec.verifier_facts import TOKENIZER_FILES
+from dspark_kit.specdec.verifier_facts import has_tokenizer_files
 
 NODE_LOCAL_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 # checkpoints.validate_checkpoint finding codes -> pitfall number
@@ -225,7 +225,7 @@ def check_mask(ctx: _Context) -> list[Finding]:
     if not Path(ctx.verifier_path).is_dir():
         return [pitfall(7, "warning", f"verifier {ctx.verifier_path} is not a local directory here (a hub id, "
                                       "or the tiny verifier not built yet); mask token not checked")]  # fmt: skip
-    if not any((Path(ctx.verifier_path) / t).is_file() for t in TOKENIZER_FILES):
+    if not has_tokenizer_files(Path(ctx.verifier_path)):
         return []  # check_verifier says the tokenizer is missing
     from transformers import AutoTokenizer
 
@@ -388,7 +388,7 @@ def check_verifier(ctx: _Context) -> list[Finding]:
             if missing:
                 found.append(("verifier-shards", (f"{where / index} names {len(missing)} shard(s) that are not "
                                                    f"there ({', '.join(missing[:3])}); finish the download")))
-        if not any((where / t).is_file() for t in TOKENIZER_FILES):
+        if not has_tokenizer_files(where):
             found.append(("verifier-tokenizer", (f"verifier.path {where} has no tokenizer (tokenizer.json / "
                                                   "tokenizer_config.json); copy the model's tokenizer files")))
     if found and not ctx.res.train_device_here:
