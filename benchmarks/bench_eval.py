@@ -53,7 +53,7 @@ def untrained_copy(checkpoint: Path, dest: Path) -> Path:
 
 def bench_al(recipe, wd: Path, prompts: Path, n: int, max_tokens: int, out: Path) -> float | None:
     """AL of the local spec engine serving recipe.serve.checkpoint, from bench's /metrics deltas."""
-    from dspark_kit.engines.lifecycle import free_port
+    from dspark_kit.engines.ports import free_port
     from dspark_kit.engines.servers import running_server
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.bench import run_bench

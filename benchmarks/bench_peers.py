@@ -53,7 +53,8 @@ def sets(*overrides: str) -> list[str]:
 
 
 def start_server(root: Path, tiny: Path):
-    from dspark_kit.engines.lifecycle import ManagedServer, free_port
+    from dspark_kit.engines.lifecycle import ManagedServer
+    from dspark_kit.engines.ports import free_port
     from dspark_kit.engines.servers import server_plan
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved

@@ -204,7 +204,7 @@ def main() -> None:
     ap.add_argument("--plot", type=Path, help="write the time and memory curves here (PNG)")
     ap.add_argument("--timeout", type=int, default=600, help="per child, seconds")
     args = ap.parse_args()
-    from dspark_kit.engines.lifecycle import free_port
+    from dspark_kit.engines.ports import free_port
 
     rows: list[Row] = []
     curves: dict[str, list[dict]] = {}

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_train.py [--repeats 3] [--json out.json]
 
-Ours: dspark_kit.stages.pipeline.train_plan + dspark_kit.stages.train.run_training, i.e.
+Ours: the train stage's plan (dspark_kit.stages.steps) + dspark_kit.stages.train.run_training, i.e.
 `python -m dspark_kit.compat.train_entry --dspark-device cpu FLAGS` with patch probes and
 the log tee. Baseline: benchmarks/plain_speculators_train.py FLAGS -- speculators'
 own train main with only the CPU device patches applied (plain speculators cannot
@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.steps import stage_hidden_states, stage_prepare, train_plan
+    from dspark_kit.stages.steps import REGISTRY, run_stage
     from dspark_kit.stages.train import run_training
 
     # regen off: the launch path is what is measured, on the data source as is
@@ -67,9 +67,9 @@ def main() -> None:
         if args.workdir and (args.workdir / "prepared" / "hidden_states").is_dir():
             shutil.copytree(args.workdir / "prepared", wd / "prepared")
         else:
-            stage_prepare(res)
-            stage_hidden_states(res)
-        plan = train_plan(res)
+            run_stage("prepare", res)
+            run_stage("hidden-states", res)
+        plan = REGISTRY["train"].plan(res).process("trainer").launch
         flags = plan.argv[plan.argv.index("--dspark-device") + 2 :]
         env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
 

@@ -137,6 +137,10 @@ class RunDir:
         """mooncake_master, when `train` starts it (hidden_states.transport mooncake)."""
         return self.logs / "mooncake-master.log"
 
+    def plan_file(self, stage: str) -> Path:
+        """The plan a stage's run executed (stages/plan.py), recorded before it starts."""
+        return self.root / "plans" / f"{stage}.json"
+
     def stage_log(self, stage: str) -> Path:
         """`dspark-kit run`: what one stage printed (stage-regen.log ... stage-report.log)."""
         return self.logs / f"stage-{stage}.log"

@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--pairs", type=int, default=3)
     args = ap.parse_args()
-    from dspark_kit.engines.lifecycle import free_port
+    from dspark_kit.engines.ports import free_port
 
     port = free_port()
     stub = mp.get_context("spawn").Process(target=serve_stub, args=(port,), daemon=True)

@@ -144,6 +144,10 @@ def trained_run(tmp_path_factory, tiny_verifier) -> Path:
     wd = tmp_path_factory.mktemp("trained-run")
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages",
            "prepare,hidden-states,train", "--workdir", str(wd), "--json", *set_args(), "--set", "regen.enabled=false"]
+    # the dry run first: the plans each stage then records (tests/test_plan_recorded.py compares them)
+    dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, timeout=300, check=False)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    (wd.parent / f"{wd.name}-dry-run.json").write_text(dry.stdout)  # beside the run: the run folder starts empty
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wd / "run.json").write_text(proc.stdout)

@@ -268,7 +268,8 @@ def test_against_local_engine(tmp_path, tiny_verifier):
     import sys
 
     from dspark_kit.engines import ServerPlan
-    from dspark_kit.engines.lifecycle import ManagedServer, free_port
+    from dspark_kit.engines.lifecycle import ManagedServer
+    from dspark_kit.engines.ports import free_port
 
     model = tiny_verifier
     port = free_port()

@@ -139,7 +139,7 @@ def test_a_bug_while_starting_surfaces_with_its_traceback(setup, monkeypatch):
     (["--role", "leader"], "--role"),
     (["--role", "chat", "--engine", "sglang"], "--engine"),
     (["--role", "chat", "--checkpoint", "latest"], "--checkpoint"),
-    (["--role", "chat", "--set", "serve.port=0"], "serve.port"),
+    (["--role", "chat", "--set", "serve.port=70000"], "serve.port"),
 ])
 def test_bad_input_is_one_line_error(setup, args, message):
     recipe = setup[0]
@@ -175,7 +175,7 @@ def test_serve_starts_waits_healthy_and_stops_on_ctrl_c(setup, tmp_path: Path):
     fake = bin_dir / "vllm"
     fake.write_text(FAKE_VLLM.format(python=sys.executable))
     fake.chmod(0o755)
-    from dspark_kit.engines.lifecycle import free_port
+    from dspark_kit.engines.ports import free_port
 
     port = free_port()
     # PYTHONFAULTHANDLER: if serve ever hangs on Ctrl-C, SIGABRT below makes it print every

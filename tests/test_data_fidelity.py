@@ -200,14 +200,14 @@ def test_bad_rows_from_regen_jsonl_are_counted_per_full_reason(tmp_path, tiny_ve
 @pytest.mark.slow
 def test_bad_rows_from_data_source_are_counted_too(tmp_path, tiny_recipe, tiny_verifier, capsys):
     """regen.enabled false: prepare reads data.source; the reader's skips reach the summary and the log."""
-    from dspark_kit.stages.steps import stage_prepare
+    from dspark_kit.stages.steps import run_stage
 
     src = tmp_path / "src.jsonl"
     n_lines, expected = _bad_file(src)
     recipe = tiny_recipe.model_copy(deep=True)
     recipe.regen.enabled = False
     recipe.data.source, recipe.data.limit, recipe.data.seq_length = str(src), None, 128
-    summary = stage_prepare(Resolved(recipe, tmp_path))
+    summary = run_stage("prepare", Resolved(recipe, tmp_path))
     assert Counter(summary["rejected"]) == expected
     assert summary["conversations_in"] == n_lines
     err = capsys.readouterr().err
@@ -215,11 +215,11 @@ def test_bad_rows_from_data_source_are_counted_too(tmp_path, tiny_recipe, tiny_v
 
 
 def test_prepare_stops_when_regen_output_is_missing(tmp_path, tiny_recipe):
-    from dspark_kit.stages.steps import stage_prepare
+    from dspark_kit.stages.steps import run_stage
 
     assert tiny_recipe.regen.enabled
     with pytest.raises(ValueError, match="regen.jsonl not found: run regen first") as e:
-        stage_prepare(Resolved(tiny_recipe, tmp_path))
+        run_stage("prepare", Resolved(tiny_recipe, tmp_path))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "prepared").exists()
 
@@ -262,7 +262,7 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
     from dspark_kit.data.tiny_corpus import thinking_reply
     from dspark_kit.engines.servers import regen_server_plan
     from dspark_kit.stages.regen import run_regen
-    from dspark_kit.stages.steps import stage_prepare
+    from dspark_kit.stages.steps import run_stage
 
     rng = random.Random(5)
     src = tmp_path / "src.jsonl"
@@ -278,7 +278,7 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
     replies = [json.loads(line)["conversations"][1] for line in (tmp_path / "regen.jsonl").read_text().splitlines()]
     assert all("reasoning_content" in r and "<think>" not in r["value"] for r in replies)
     assert sum(bool(r["reasoning_content"].strip()) for r in replies) >= 2
-    prepared = stage_prepare(Resolved(recipe, tmp_path))
+    prepared = run_stage("prepare", Resolved(recipe, tmp_path))
     assert prepared["conversations_used"] == 3 and prepared["with_reasoning"] >= 2
     tok = AutoTokenizer.from_pretrained(tiny_verifier)
     ds = load_from_disk(str(tmp_path / "prepared"))

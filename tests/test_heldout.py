@@ -30,7 +30,7 @@ def tok(tiny_verifier):
 def prepared_run(tmp_path_factory, tiny_verifier) -> Resolved:
     """A jsonl data source (some conversations twice, as real data has them) prepared like a run
     (the tests only read it)."""
-    from dspark_kit.stages.steps import stage_prepare
+    from dspark_kit.stages.steps import run_stage
 
     tmp_path = tmp_path_factory.mktemp("heldout-run")
     chats = conversations(48, seed=3)
@@ -41,7 +41,7 @@ def prepared_run(tmp_path_factory, tiny_verifier) -> Resolved:
     recipe = load_recipe(TINY, [f"workdir={tmp_path / 'run'}", f"data.source={src}", "data.limit=1000",
                                 "regen.enabled=false", f"train.train_data_ratio={RATIO}"])
     res = Resolved(recipe)
-    stage_prepare(res)
+    run_stage("prepare", res)
     return res
 
 

@@ -18,8 +18,7 @@ from fake_hs_server import FakeHiddenStateServer
 
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.hidden_states_vllm import run_offline_vllm
-from dspark_kit.stages.steps import stage_prepare, stage_train
+from dspark_kit.stages.steps import run_stage
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +36,7 @@ def prepared(tmp_path_factory, tiny_verifier):
     from datasets import load_from_disk
 
     wd = tmp_path_factory.mktemp("prepared-run")
-    stage_prepare(Resolved(recipe(), wd))
+    run_stage("prepare", Resolved(recipe(), wd))
     rows = [list(map(int, r)) for r in load_from_disk(str(wd / "prepared"))["input_ids"]]
     assert len(rows) > BAD_ROW + 2
     return wd, rows
@@ -63,7 +62,7 @@ def test_offline_bad_row_is_named(prepared, fake, tmp_path):
     r = recipe("hidden_states.backend=vllm", f"hidden_states.endpoint={fake.url}",
                f"hidden_states.storage_path={fake.storage}")
     with pytest.raises(RuntimeError) as e:
-        run_offline_vllm(Resolved(r, wd))
+        run_stage("hidden-states", Resolved(r, wd))
     msg = str(e.value)
     print(f"\n[faults] offline {next(iter(fake.faults.values()))}: {msg}")
     assert f"row {BAD_ROW} of {wd / 'prepared'}" in msg and REASON[fake.faults[tuple(prepared[1][BAD_ROW])]] in msg
@@ -78,7 +77,7 @@ def test_online_bad_row_stops_training_naming_it(prepared, fake, tmp_path):
                f"hidden_states.storage_path={fake.storage}")
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as e:
-        stage_train(Resolved(r, wd))
+        run_stage("train", Resolved(r, wd))
     msg = str(e.value)
     print(f"\n[faults] online {next(iter(fake.faults.values()))}: stopped after {time.monotonic() - t0:.0f}s: {msg}")
     assert msg.startswith(f"hidden states for prepared row {BAD_ROW} from {fake.url} failed")

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.hidden_states_vllm import dry_run_lines, run_offline_vllm
-from dspark_kit.stages.steps import stage_hidden_states, stage_prepare
+from dspark_kit.stages.hidden_states_vllm import dry_run_lines
+from dspark_kit.stages.steps import run_stage
 
 
 @pytest.mark.slow
@@ -18,10 +18,10 @@ def test_server_backend_matches_local_backend(tmp_path, tiny_recipe, tiny_verifi
     tiny_recipe.regen.enabled = False  # prepare the raw data.source
     a, b = tmp_path / "a", tmp_path / "b"
     for wd in (a, b):
-        stage_prepare(Resolved(tiny_recipe, wd))
-    stage_hidden_states(Resolved(tiny_recipe, a))  # in-process transformers
+        run_stage("prepare", Resolved(tiny_recipe, wd))
+    run_stage("hidden-states", Resolved(tiny_recipe, a))  # in-process transformers
     tiny_recipe.hidden_states.backend = "vllm"  # the recipe's engine (local) serves extraction
-    summary = run_offline_vllm(Resolved(tiny_recipe, b))
+    summary = run_stage("hidden-states", Resolved(tiny_recipe, b))
     assert summary["generated"] == len(list((a / "prepared" / "hidden_states").glob("hs_*.safetensors")))
     for f in sorted((a / "prepared" / "hidden_states").glob("hs_*.safetensors")):
         x, y = load_file(str(f)), load_file(str(b / "prepared" / "hidden_states" / f.name))

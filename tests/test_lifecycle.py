@@ -10,7 +10,8 @@ import time
 import pytest
 
 from dspark_kit.engines import ServerPlan
-from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError, free_port
+from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
+from dspark_kit.engines.ports import free_port
 
 HEALTH_SERVER = r"""
 import http.server, subprocess, sys, time

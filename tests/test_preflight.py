@@ -266,12 +266,12 @@ def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
     """`train` refuses a planted pitfall before anything expensive starts."""
     import dspark_kit.stages.train as train_mod
     from dspark_kit.stages.preflight import PreflightError
-    from dspark_kit.stages.steps import stage_train
+    from dspark_kit.stages.steps import run_stage
 
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
     monkeypatch.setattr(train_mod, "run_training", lambda *a, **k: pytest.fail("training started"))
     with pytest.raises(PreflightError, match=r"pitfall 4"):
-        stage_train(Resolved(recipe, run))
+        run_stage("train", Resolved(recipe, run))
 
 
 def test_hidden_size_is_checked_for_a_verifier_in_the_model_cache(tiny_recipe, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from dspark_kit.engines.lifecycle import free_port
+from dspark_kit.engines.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 KIT = [sys.executable, "-m", "dspark_kit"]

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from aiohttp import web
 
-from dspark_kit.engines.lifecycle import free_port
+from dspark_kit.engines.ports import free_port
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.regen import run_regen
@@ -168,7 +168,7 @@ def test_cli_json_summary_and_dry_run(tmp_path, stub):
     out = tmp_path / "o.jsonl"
     runner = CliRunner()
     dry = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "--dry-run", "--json"])
-    assert dry.exit_code == 0 and json.loads(dry.stdout)["endpoints"] == [stub.url] and not out.exists()
+    assert dry.exit_code == 0 and json.loads(dry.stdout)["details"]["endpoints"] == [stub.url] and not out.exists()
     res = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-o", str(out), "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)

@@ -138,7 +138,7 @@ def test_local_plan_passes_the_key_in_env_not_argv(tiny_recipe, tiny_verifier):
 def test_local_server_enforces_the_key_and_never_logs_it(tiny_verifier, tmp_path):
     import httpx
 
-    from dspark_kit.engines.lifecycle import free_port
+    from dspark_kit.engines.ports import free_port
 
     secret, port = "sk-log-leak-check-42", free_port()
     log = tmp_path / "server.log"

@@ -65,8 +65,15 @@ def _run(wd: Path, stages: str, *extra: str) -> subprocess.CompletedProcess:
 def test_run_prints_served_beside_in_process_and_a_planted_mismatch_fails(trained_run, tmp_path):
     wd = tmp_path / "run"
     shutil.copytree(trained_run, wd, symlinks=True)  # the session's run stays as trained
+    dry = _run(wd, "eval,serve,bench", "--dry-run", "--json")  # the plans the run below must execute
+    assert dry.returncode == 0, dry.stderr[-3000:]
     proc = _run(wd, "eval,serve,bench")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    from test_plan_recorded import assert_recorded_equals_dry_run
+
+    planned = {p["stage"]: p for p in json.loads(dry.stdout)["plans"]}
+    assert [p["role"] for p in planned["bench"]["processes"]] == ["spec server"]
+    assert_recorded_equals_dry_run(wd, planned, ["eval", "serve", "bench"])
     assert "acceptance length served" in proc.stderr and "vs in-process" in proc.stderr, proc.stderr[-2000:]
     [result] = [json.loads(p.read_text()) for p in (wd / "bench").glob("bench_*.json")]
     gate = result["in_process"]

@@ -21,7 +21,7 @@ from dspark_kit.engines.servers import server_plan
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.hidden_states_vllm import offline_command
-from dspark_kit.stages.steps import train_args
+from dspark_kit.stages.steps import plan_train
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml"
@@ -55,7 +55,7 @@ def test_seed_hidden_states_server_answers_first_to_the_trainers_verifier(tmp_pa
     res = seed_resolved(tmp_path, *sets)
     assert res.recipe.verifier.served_name == "qwen3-30b-a3b"  # what made the trainer refuse the server
     names = served_model_names(server_plan(res, "hidden-states", port=9736).argv)
-    trainer = train_args(res, URL)[0]
+    trainer = plan_train(res).process("trainer").launch.argv
     offline = offline_command(res, URL)
     assert names == [SEED_VERIFIER, "qwen3-30b-a3b"]
     assert names[0] == flag(trainer, "--verifier-name-or-path") == flag(offline, "--model")

@@ -162,12 +162,12 @@ def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, 
     resolved K and window and measures the same prompts; its AL is in-process eval's."""
     from dspark_kit.resolved import Decision
     from dspark_kit.stages.evaluate import EvalSession, build_prompts
-    from dspark_kit.stages.steps import run_eval as stage_eval
+    from dspark_kit.stages.steps import run_stage
 
     monkeypatch.setattr(Resolved, "eval_fit", property(lambda self: Decision(False, "as if 64 GiB were too small")))
     res = Resolved(_recipe(run, f"eval.num_prompts={N}", f"eval.max_new_tokens={NEW}", "eval.context_lengths=[]"), run)
     assert res.eval_mode.value == "served"
-    out = stage_eval(res)
+    out = run_stage("eval", res)
     summary = json.loads(res.run.eval_json.read_text())
     assert summary["mode"] == "served" and summary["engine"] == "local"
     assert out["acceptance_length"] == summary["acceptance_length"] and out["tokens_per_verifier_forward"] is None

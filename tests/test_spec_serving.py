@@ -5,7 +5,7 @@ import itertools
 import httpx
 import pytest
 
-from dspark_kit.engines.lifecycle import free_port
+from dspark_kit.engines.ports import free_port
 from dspark_kit.engines.prom import spec_decode_delta
 from dspark_kit.engines.servers import running_server
 from dspark_kit.resolved import Resolved

@@ -192,10 +192,16 @@ def test_train_failure_names_the_stage_once(tmp_path, monkeypatch):
     log = tmp_path / "train.log"
     log.write_text(f"{REFUSAL_PREFIX}speculators fix x: probe failed: Boom: no\n")
 
-    def refused(res):  # what stage_train raises when the trainer exits with a fix probe's refusal
+    from dspark_kit.stages.plan import StagePlan
+
+    def refused(res, plan):  # what stage_train raises when the trainer exits with a fix probe's refusal
         raise RuntimeError(training_failure(3, log))
 
-    monkeypatch.setitem(steps.REGISTRY, "train", dataclasses.replace(steps.REGISTRY["train"], run=refused))
+    def planned(res):  # no verifier to look at: the plan is not what this test is about
+        return StagePlan("train", [])
+
+    monkeypatch.setitem(steps.REGISTRY, "train", dataclasses.replace(steps.REGISTRY["train"], run=refused,
+                                                                     plan=planned))
     r = CliRunner().invoke(app, ["train", "-w", str(tmp_path / "run")])
     assert r.exit_code == 1, r.output
     assert r.output.strip().splitlines()[-1] == "error: train: speculators fix x: probe failed: Boom: no"

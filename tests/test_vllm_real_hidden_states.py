@@ -32,12 +32,13 @@ import torch
 from safetensors.torch import load_file
 from test_vllm_real import STARTUP_TIMEOUT, Served, _stop
 
-from dspark_kit.engines.lifecycle import ManagedServer, free_port
+from dspark_kit.engines.lifecycle import ManagedServer
+from dspark_kit.engines.ports import free_port
 from dspark_kit.engines.servers import server_plan
 from dspark_kit.engines.vllm import VLLM_CPU_ENTRYPOINT
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.steps import stage_hidden_states, stage_prepare
+from dspark_kit.stages.steps import run_stage
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow]
 
@@ -96,14 +97,14 @@ def hs_server(tmp_path_factory, tiny_verifier, vllm_cpu_build):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, tiny_verifier) -> Path:
     wd = tmp_path_factory.mktemp("hs-prepared")
-    stage_prepare(Resolved(recipe(f"data.limit={HS_ROWS}"), wd))
+    run_stage("prepare", Resolved(recipe(f"data.limit={HS_ROWS}"), wd))
     return wd / "prepared"
 
 
 def hidden_state_files(prepared: Path, wd: Path, *sets: str) -> dict[int, dict]:
     """The hidden-states stage of the tiny recipe in `wd` on a copy of `prepared`: {row: tensors}."""
     shutil.copytree(prepared, wd / "prepared")
-    stage_hidden_states(Resolved(recipe(f"data.limit={HS_ROWS}", *sets), wd))
+    run_stage("hidden-states", Resolved(recipe(f"data.limit={HS_ROWS}", *sets), wd))
     return {int(p.stem[3:]): load_file(str(p)) for p in (wd / "prepared" / "hidden_states").glob("hs_*.safetensors")}
 
 

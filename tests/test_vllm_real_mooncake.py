@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from vllm_build import on_ci
 
-from dspark_kit.engines.lifecycle import free_port
+from dspark_kit.engines.ports import free_port
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow]
 

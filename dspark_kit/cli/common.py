@@ -24,7 +24,8 @@ SetOpt = Annotated[
 WorkdirOpt = Annotated[
     Path | None, typer.Option("--workdir", "-w", help="Run directory (default: the recipe's workdir).")
 ]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the exact command(s) and exit.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan (exact commands, ports, paths, decided values) and exit; "
+                                                          "with --json, the plan as data: what the run executes and records in DIR/plans/.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 DEFAULT_RECIPE_PATH = Path(DEFAULT_RECIPE)

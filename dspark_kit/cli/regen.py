@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -57,13 +58,13 @@ class _Progress:
 
 def _dry_run(res, endpoints: list[str] | None, json_out: bool, outfile: Path | None = None) -> None:
     """Where requests would go; with no endpoint, the engine command regen would start."""
-    from dspark_kit.stages.regen import regen_plan, regen_plan_lines
+    from dspark_kit.stages.regen import regen_plan
 
-    plan = regen_plan(res, endpoints, outfile)
+    plan = regen_plan(res, endpoints, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
     if json_out:
-        emit_json(plan)
+        emit_json(plan.as_dict())
     else:
-        typer.echo("\n".join(regen_plan_lines(plan)))
+        typer.echo("\n".join(plan.lines))
 
 
 def register(app: typer.Typer) -> None:
@@ -104,14 +105,20 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             _dry_run(res, endpoint, json_out, outfile)
             return
+        from dspark_kit.stages.regen import regen_plan
+
         total = limit or r.data.limit
         progress = _Progress(total, enabled=not json_out and console.is_terminal)
+        plan = regen_plan(res, endpoint, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
+        plan.record(res.run.plan_file("regen"))
+        chat = plan.process("chat server")
         try:
             with progress.bar:
                 summary = run_regen(
                     res, outfile, endpoints=endpoint, limit=limit, resume=resume, overwrite=overwrite, dataset=dataset,
                     model=model, concurrency=concurrency, max_tokens=max_tokens,
-                    temperature=temperature, top_p=top_p, seed=seed, on_row=progress.on_row)
+                    temperature=temperature, top_p=top_p, seed=seed, on_row=progress.on_row,
+                    server_plan=chat.server if chat else None)
         except (SourceError, OutputExists) as e:
             fail(str(e))
         except RuntimeError as e:  # e.g. the local engine did not start

@@ -44,7 +44,9 @@ def register(app: typer.Typer) -> None:
             "--checkpoint", help="spec only: checkpoint_best | latest | epoch number | epochN_end | PATH, "
                                  "relative to DIR/checkpoints (default: serve.checkpoint).")] = None,
         port: Annotated[int | None, typer.Option(
-            "--port", min=1, max=65535, help="Default: serve.port (hidden-states: serve.hidden_states_port).")] = None,
+            "--port", min=1, max=65535, help="Default: serve.port (role hidden-states: serve.hidden_states_port); a recipe port 0 "
+                                     "takes a free one at start (printed). A port in use is refused before the "
+                                     "model loads.")] = None,
         workdir: WorkdirOpt = None,
         api_key: Annotated[str | None, typer.Option(
             "--api-key", envvar="DSPARK_KIT_API_KEY", show_envvar=True,
@@ -98,13 +100,18 @@ def register(app: typer.Typer) -> None:
 
 def _run(plan, recipe, run, role: str, json_out: bool) -> None:
     from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
+    from dspark_kit.engines.ports import PortBusy
+    from dspark_kit.engines.servers import start_checks
 
     log_path = run.serve_log(role)
     server = ManagedServer(plan, log_path)
     try:
+        start_checks(plan)  # a taken port fails here, not after the model has loaded
         server.start()
         typer.echo(f"starting {role} server (log: {log_path}) ...", err=True)
         server.wait_healthy(recipe.serve.startup_timeout)
+    except PortBusy as e:
+        fail(f"serve --role {role}: {e}", 1)
     except (ServerStartError, OSError) as e:  # exited, never healthy, or could not be started
         server.stop()
         fail(f"serve --role {role}: server did not become healthy ({type(e).__name__}: {e}); see {log_path}", 1)

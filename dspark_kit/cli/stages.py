@@ -24,13 +24,28 @@ from dspark_kit.cli.common import (
 )
 
 
-def _run_one(name: str, res, json_out: bool) -> None:
-    from dspark_kit.stages.manifest import update_manifest
-    from dspark_kit.stages.pipeline import stage_result
+def _dry_run(name: str, res, json_out: bool) -> None:
+    """The stage's plan: its lines, or (--json) the plan as data; what a run of it executes."""
+    from dspark_kit.recipe import RecipeError
     from dspark_kit.stages.steps import REGISTRY
 
     try:
-        summary = REGISTRY[name].run(res)
+        plan = REGISTRY[name].plan(res)
+    except (RecipeError, ValueError, RuntimeError) as e:
+        fail(str(e))
+    if json_out:
+        emit_json(plan.as_dict())
+    else:
+        typer.echo("\n".join(plan.lines))
+
+
+def _run_one(name: str, res, json_out: bool) -> None:
+    from dspark_kit.stages.manifest import update_manifest
+    from dspark_kit.stages.pipeline import stage_result
+    from dspark_kit.stages.steps import REGISTRY, execute
+
+    try:
+        summary = execute(REGISTRY[name], res)
     except (ValueError, OSError, RuntimeError) as e:
         message = str(e)  # the stage is named once, whether or not the error already names it
         fail(message if message.startswith(f"{name}:") else f"{name}: {message}", 1)
@@ -44,14 +59,17 @@ def _run_one(name: str, res, json_out: bool) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def prepare(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
-                json_out: JsonOpt = False) -> None:
+                dry_run: DryRunOpt = False, json_out: JsonOpt = False) -> None:
         """Tokenize chats with the verifier's chat template; write DIR/prepared (speculators Arrow + token_freq.pt).
 
         Input: DIR/regen.jsonl when it exists, else the recipe's data.source. Loss mask = assistant
         tokens only; thinking mode from verifier.thinking.
         """
-        r = load(recipe, set_)
-        _run_one("prepare", resolve(r, workdir), json_out)
+        res = resolve(load(recipe, set_), workdir, planning=dry_run)
+        if dry_run:
+            _dry_run("prepare", res, json_out)
+            return
+        _run_one("prepare", res, json_out)
 
     @app.command("hidden-states")
     def hidden_states(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
@@ -65,9 +83,7 @@ def register(app: typer.Typer) -> None:
         """
         res = resolve(load(recipe, set_), workdir, planning=dry_run)
         if dry_run:
-            from dspark_kit.stages.steps import REGISTRY
-
-            typer.echo("\n".join(REGISTRY["hidden-states"].plan(res)))
+            _dry_run("hidden-states", res, json_out)
             return
         _run_one("hidden-states", res, json_out)
 
@@ -83,13 +99,7 @@ def register(app: typer.Typer) -> None:
         """
         res = resolve(load(recipe, set_), workdir, planning=dry_run)
         if dry_run:
-            from dspark_kit.recipe import RecipeError
-            from dspark_kit.stages.steps import REGISTRY
-
-            try:
-                typer.echo("\n".join(REGISTRY["train"].plan(res)))
-            except (RecipeError, RuntimeError) as e:
-                fail(str(e))
+            _dry_run("train", res, json_out)
             return
         _run_one("train", res, json_out)
 
@@ -140,14 +150,15 @@ def register(app: typer.Typer) -> None:
         res = resolve(r, wd, planning=dry_run)  # the run's one Resolved: every stage asks it
         if dry_run:
             from dspark_kit.recipe import RecipeError
-            from dspark_kit.stages.pipeline import pipeline_dry_run
+            from dspark_kit.stages.pipeline import pipeline_dry_run, pipeline_plans
 
             try:
-                lines = pipeline_dry_run(res, chosen, start)
+                plans = pipeline_plans(res, chosen, start)
+                lines = pipeline_dry_run(res, plans=plans)
             except (RecipeError, ValueError, RuntimeError) as e:
                 fail(str(e))
-            if json_out:
-                emit_json({"workdir": str(wd), "dry_run": lines})
+            if json_out:  # the plans each stage's run executes (and records in DIR/plans/)
+                emit_json({"workdir": str(wd), "dry_run": lines, "plans": [p.as_dict() for p in plans]})
             else:
                 typer.echo("\n".join(lines))
             return

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dspark_kit.recipe import ENGINES, ROLES
+
+if TYPE_CHECKING:
+    from dspark_kit.engines.ports import Port
 
 Role = Literal[ROLES]
 EngineName = Literal[ENGINES]
@@ -50,6 +53,7 @@ class ServerPlan:
     health_path: str = "/health"
     notes: list[str] = field(default_factory=list)  # warnings to show the user
     decisions: list[str] = field(default_factory=list)  # what was decided and why (informational)
+    port_decision: Port | None = None  # where `port` came from (engines/ports.py); None: given by the caller
 
     @property
     def base_url(self) -> str:

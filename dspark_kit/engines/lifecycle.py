@@ -19,7 +19,6 @@ import atexit
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -95,13 +94,6 @@ def _die_with_parent(prctl, parent_pid: int, sig: int) -> None:
     prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free right now (bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def log_tail(path: Path, lines: int = 30) -> str:

@@ -22,12 +22,12 @@ def plan_local(
     api_key: str | None = None,
     extra_args: list[str] | None = None,
 ) -> ServerPlan:
-    from dspark_kit.engines.lifecycle import free_port
-
     recipe = res.recipe
     host = host or recipe.serve.host
-    if port is None:  # spec serves where users point clients; helper roles take a free port
-        port = free_port(host) if role != "spec" else recipe.serve.port
+    if port is None:
+        from dspark_kit.engines.ports import decide_port
+
+        port = decide_port(res, role, host).number
     argv = [
         sys.executable, "-m", "dspark_kit.engines.local_server",
         "--model", res.verifier_path, "--role", role, "--host", host, "--port", str(port),

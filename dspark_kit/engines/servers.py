@@ -5,53 +5,63 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_kit.engines import Role, ServerPlan
+from dspark_kit.engines.ports import Port, decide_port, ensure_free
 from dspark_kit.resolved import Resolved
 
 if TYPE_CHECKING:
     from dspark_kit.engines.lifecycle import ManagedServer
 
 
-def server_plan(res: Resolved, role: Role, port: int | None = None, api_key: str | None = None,
-                host: str | None = None) -> ServerPlan:
+def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_key: str | None = None,
+                host: str | None = None, extra_args: list[str] | None = None) -> ServerPlan:
     """The plan for `role` on the resolver's engine (default: the recipe's serve.engine).
 
+    port: None = the recipe's port for the role (engines/ports.py decides, 0 = a free one now).
     api_key goes to the server in its environment (DSPARK_KIT_API_KEY / VLLM_API_KEY), never argv;
     `host` replaces serve.host (a server other machines reach binds 0.0.0.0).
     """
+    decided = decide_port(res, role, host) if port is None else port if isinstance(port, Port) else None
+    number = decided.number if decided is not None else int(port)
     if res.engine == "local":
         from dspark_kit.engines.local import plan_local  # lazily: pulls in the local server stack
 
-        return plan_local(res, role, port=port, host=host, api_key=api_key)
-    from dspark_kit.engines.vllm import plan_vllm
+        plan = plan_local(res, role, port=number, host=host, api_key=api_key, extra_args=extra_args)
+    else:
+        from dspark_kit.engines.vllm import plan_vllm
 
-    plan = plan_vllm(res, role, port=port, host=host)
-    if api_key:
-        plan.env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is not given
+        plan = plan_vllm(res, role, port=number, host=host)
+        if api_key:
+            plan.env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is not given
+    plan.port_decision = decided
     return plan
 
 
 def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:
-    """The chat server regen starts when no endpoint is given: the recipe's engine, on a free port."""
-    from dspark_kit.engines.lifecycle import free_port
+    """The chat server regen starts when no endpoint is given: the recipe's engine on serve.port."""
+    # thinking on: the local engine hands reasoning back split out, as vLLM --reasoning-parser qwen3 does
+    extra = ["--reasoning-parser", "qwen3"] if res.engine == "local" and res.recipe.verifier.thinking else None
+    return server_plan(res, "chat", api_key=api_key, extra_args=extra)
 
-    if res.engine == "local":
-        from dspark_kit.engines.local import plan_local
 
-        # thinking on: the engine hands reasoning back split out, as vLLM --reasoning-parser qwen3 does
-        extra = ["--reasoning-parser", "qwen3"] if res.recipe.verifier.thinking else None
-        return plan_local(res, "chat", port=free_port(res.recipe.serve.host), api_key=api_key, extra_args=extra)
-    return server_plan(res, "chat", port=free_port(res.recipe.serve.host), api_key=api_key)
+def start_checks(plan: ServerPlan) -> None:
+    """What a server plan needs before it starts: its configured port free (before the model loads)."""
+    if plan.port_decision is not None:
+        ensure_free(plan.port_decision, plan.host)
 
 
 @contextmanager
-def managed_server(res: Resolved, role: Role, port: int | None = None) -> Iterator[ManagedServer]:
-    """A healthy server for `role` (its log in the run's logs/); stopped afterwards."""
+def managed_server(res: Resolved, role: Role, port: int | None = None,
+                   plan: ServerPlan | None = None) -> Iterator[ManagedServer]:
+    """A healthy server for `role` (its log in the run's logs/); stopped afterwards.
+    plan: the one a stage plan holds (else planned here)."""
     from dspark_kit.engines.lifecycle import ManagedServer
 
-    plan = server_plan(res, role, port=port)
+    plan = plan or server_plan(res, role, port=port)
+    start_checks(plan)
     log = res.run.server_log(role)
     log.parent.mkdir(parents=True, exist_ok=True)
     with ManagedServer(plan, log) as srv:
@@ -60,26 +70,22 @@ def managed_server(res: Resolved, role: Role, port: int | None = None) -> Iterat
 
 
 @contextmanager
-def running_server(res: Resolved, role: Role, port: int | None = None) -> Iterator[str]:
+def running_server(res: Resolved, role: Role, port: int | None = None,
+                   plan: ServerPlan | None = None) -> Iterator[str]:
     """Yield the base URL of a healthy server for `role`; stop it afterwards."""
-    with managed_server(res, role, port=port) as srv:
+    with managed_server(res, role, port=port, plan=plan) as srv:
         yield srv.base_url
 
 
 @contextmanager
-def mooncake_master(res: Resolved) -> Iterator[ManagedServer | None]:
-    """mooncake_master while the stage runs, on the node that starts it (transport mooncake); else nothing."""
-    mc = res.mooncake
-    if mc is None or mc.start_on_node != res.recipe.train.node_rank:
-        yield None
-        return
+def started(plan: ServerPlan, log: Path, timeout: float) -> Iterator[ManagedServer]:
+    """A healthy server from `plan` (e.g. mooncake_master, /health on its admin port); stopped afterwards."""
     from dspark_kit.engines.lifecycle import ManagedServer
 
-    plan = ServerPlan(argv=mc.master_argv(), host="127.0.0.1", port=mc.admin_port)  # /health on its admin port
-    log = res.run.mooncake_log
+    start_checks(plan)
     log.parent.mkdir(parents=True, exist_ok=True)
     with ManagedServer(plan, log) as srv:
-        srv.wait_healthy(res.recipe.serve.startup_timeout)
+        srv.wait_healthy(timeout)
         yield srv
 
 
@@ -99,12 +105,10 @@ class HiddenStateEndpoint:
 
 
 @contextmanager
-def hidden_state_server(res: Resolved) -> Iterator[HiddenStateEndpoint]:
-    """hidden_states.endpoint when given, else a started extraction server."""
+def hidden_state_server(res: Resolved, plan: ServerPlan | None = None) -> Iterator[HiddenStateEndpoint]:
+    """hidden_states.endpoint when given, else a started extraction server (`plan`: the stage plan's)."""
     if res.recipe.hidden_states.endpoint:
         yield HiddenStateEndpoint(res.recipe.hidden_states.endpoint)
         return
-    from dspark_kit.engines.lifecycle import free_port
-
-    with managed_server(res, "hidden-states", port=free_port()) as srv:
+    with managed_server(res, "hidden-states", plan=plan) as srv:
         yield HiddenStateEndpoint(srv.base_url, srv)

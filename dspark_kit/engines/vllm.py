@@ -150,7 +150,9 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
     s = recipe.serve
     host = host or s.host
     if port is None:
-        port = s.hidden_states_port if role == "hidden-states" else s.port
+        from dspark_kit.engines.ports import decide_port
+
+        port = decide_port(res, role, host).number
     if res.vllm_on_cpu:
         return plan_vllm_cpu(res, role, port, host)
     argv = ["vllm", "serve", res.verifier_path, *server_flags(res, role, port, s.gpu_memory_utilization, host)]

@@ -173,8 +173,9 @@ class TrainCfg(_Section):
 class ServeCfg(_Section):
     engine: Literal[ENGINES] = "local"
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    hidden_states_port: int = Field(9736, ge=1, le=65535)
+    port: int = Field(8000, ge=0, le=65535, description="chat/spec server port; 0 = a free port taken at start")
+    hidden_states_port: int = Field(9736, ge=0, le=65535, description="hidden-state server port; 0 = a free port "
+                                    "taken at start")
     tensor_parallel_size: int = Field(1, ge=1)
     max_model_len: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)

@@ -21,6 +21,7 @@ from typing import Any
 
 from dspark_kit import atomic
 from dspark_kit.data.conversations import ConversationError, normalize
+from dspark_kit.engines import ServerPlan
 from dspark_kit.engines.chat_client import ChatClient, RequestFailed
 from dspark_kit.engines.prom import MetricsError, server_delta, spec_decode_delta
 from dspark_kit.resolved import Resolved
@@ -308,16 +309,15 @@ def write_result(result: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def stage_bench(res: Resolved) -> dict[str, Any]:
-    """Pipeline stage: serve verifier + draft (role spec) on a free port, benchmark it, stop it."""
+def stage_bench(res: Resolved, server: ServerPlan | None = None) -> dict[str, Any]:
+    """Pipeline stage: serve verifier + draft (role spec; `server`: the stage plan's), benchmark it, stop it."""
     import re
 
-    from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
     from dspark_kit.stages.served_gate import ServedGateError, enforce, side_by_side
 
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(res.recipe.serve.checkpoint).name) or "spec"
-    with running_server(res, "spec", port=free_port()) as url:
+    with running_server(res, "spec", plan=server) as url:
         r = run_bench(res, url, label=f"spec-{label}", write=False)  # written once, with the gate's verdict
     try:
         verdict = enforce(res, r)

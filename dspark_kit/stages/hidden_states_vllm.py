@@ -8,13 +8,16 @@ server from the recipe, build its exact command, and shard it over nodes with
 from __future__ import annotations
 
 import re
-import shlex
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from dspark_kit.engines import openai_base_url
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import hidden_state_file, hidden_state_rows
+
+if TYPE_CHECKING:
+    from dspark_kit.stages.plan import Process, StagePlan
 
 
 def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int = 0) -> list[str]:
@@ -57,25 +60,38 @@ def node_notes(res: Resolved) -> list[str]:
     return lines
 
 
-def dry_run_lines(res: Resolved) -> list[str]:
-    """The extraction server and one generate-offline-data command per node (train.nnodes)."""
+def offline_processes(res: Resolved) -> tuple[list[str], list[Process]]:
+    """The extraction server (unless hidden_states.endpoint) and generate-offline-data, one per node
+    (train.nnodes): the dry run's lines, and the processes this node's run starts."""
     from dspark_kit.engines.servers import server_plan
+    from dspark_kit.stages.plan import Process
+    from dspark_kit.stages.train import LaunchPlan
 
     recipe = res.recipe
-    plan = server_plan(res, "hidden-states", port=recipe.serve.hidden_states_port)
-    url = recipe.hidden_states.endpoint or plan.base_url
-    n = recipe.train.nnodes
+    hs, n = recipe.hidden_states, recipe.train.nnodes
+    server = None if hs.endpoint else server_plan(res, "hidden-states")
+    url = hs.endpoint or server.base_url
     lines = node_notes(res)
-    if recipe.hidden_states.mode == "online":
+    processes = [Process("hidden-state server", server)] if server else []
+    start = ["# extraction server (on every node)", server.shell_line()] if server else []
+    if hs.mode == "online":
         lines += res.mooncake.node_lines() if res.mooncake is not None else []
         lines.append("# online: no files are written ahead; each trainer asks "
                      f"{url} during training (`dspark-kit train --dry-run` prints the trainer command)")
-        return lines + ([] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()])
-    lines += [] if recipe.hidden_states.endpoint else ["# extraction server (on every node)", plan.shell_line()]
+        return lines + start, []
+    lines += start
     for rank in range(n):
+        # speculators logs through rich, which wraps at 80 columns in a pipe: wide enough that the
+        # line naming a failed row stays whole
+        launch = LaunchPlan(offline_command(res, url, world_size=n, rank=rank), {"COLUMNS": "240"})
+        processes.append(Process("generate-offline-data", launch, node=rank))
         lines += [f"# node {rank} of {n}: shard {rank}/{n} of the rows into {res.run.hidden_states}",
-                  shlex.join(offline_command(res, url, world_size=n, rank=rank))]
-    return lines
+                  launch.shell_line()]
+    return lines, processes
+
+
+def dry_run_lines(res: Resolved) -> list[str]:
+    return offline_processes(res)[0]
 
 
 # generate-offline-data's own line when a row fails under --fail-on-error
@@ -101,21 +117,22 @@ def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
     return get_indices_to_process(n, None, sorted(have), world_size, rank)
 
 
-def run_offline_vllm(res: Resolved) -> dict:
-    """speculators generate-offline-data against the extraction server; a row that fails stops it
-    (--fail-on-error) and the error names the row, never a file silently left out."""
+def run_offline_vllm(res: Resolved, plan: StagePlan) -> dict:
+    """speculators generate-offline-data (this node's, from the stage plan) against the extraction
+    server; a row that fails stops it (--fail-on-error) and the error names the row, never a file
+    silently left out."""
     from dspark_kit.engines.servers import hidden_state_server
-    from dspark_kit.stages.train import LaunchPlan, failed_row, log_since, run_training
+    from dspark_kit.stages.train import failed_row, log_since, run_training
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank
     log = res.run.offline_data_log
     since = log.stat().st_size if log.exists() else 0
-    with hidden_state_server(res) as endpoint:
-        argv = offline_command(res, endpoint.url, world, rank)
-        # speculators logs through rich, which wraps messages at 80 columns in a pipe: wide enough
-        # that the line naming a failed row stays whole
-        code, gone = run_training(LaunchPlan(argv, {"COLUMNS": "240"}), log, watch=endpoint.gone)
+    server = plan.process("hidden-state server")
+    job = next(p.launch for p in plan.processes if p.role == "generate-offline-data" and p.node == rank)
+    argv = job.argv
+    with hidden_state_server(res, server.server if server else None) as endpoint:
+        code, gone = run_training(job, log, watch=endpoint.gone)
     if gone:
         raise RuntimeError(f"{gone}; rerun to resume (written files are kept)")
     if code != 0:

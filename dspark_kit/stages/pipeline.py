@@ -20,15 +20,22 @@ from dspark_kit.progress import StageDisplay
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir
-from dspark_kit.stages.steps import REGISTRY, STAGES, Stage
+from dspark_kit.stages.plan import StagePlan
+from dspark_kit.stages.steps import REGISTRY, STAGES, Stage, execute
 
 
-def pipeline_dry_run(res: Resolved, stages: list[str] | None = None, start: str | None = None) -> list[str]:
-    """`run --dry-run`: the run's decided values, then every selected stage's dry-run output in
-    pipeline order (`res` is a planning Resolved: nothing is built or trained)."""
+def pipeline_plans(res: Resolved, stages: list[str] | None = None, start: str | None = None) -> list[StagePlan]:
+    """Every selected stage's plan in pipeline order (`res` is a planning Resolved: nothing is built
+    or trained)."""
+    return [REGISTRY[name].plan(res) for name in resolve_stages(stages, start)]
+
+
+def pipeline_dry_run(res: Resolved, stages: list[str] | None = None, start: str | None = None,
+                     plans: list[StagePlan] | None = None) -> list[str]:
+    """`run --dry-run`: the run's decided values, then every selected stage's plan as printed."""
     lines: list[str] = ["# resolved (where each value came from):", *res.summary_lines()]
-    for name in resolve_stages(stages, start):
-        lines += [f"# ==> {name}", *REGISTRY[name].plan(res)]
+    for plan in plans if plans is not None else pipeline_plans(res, stages, start):
+        lines += [f"# ==> {plan.stage}", *plan.lines]
     return lines
 
 
@@ -139,7 +146,7 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
         t0 = time.time()
         try:
             with display.stage(name, res.run.stage_log(name)):
-                summary = stage.run(res)
+                summary = execute(stage, res)
         except BaseException:
             state[name]["status"] = "failed"
             save_state(workdir, state)

@@ -448,9 +448,29 @@ def check_engine(ctx: _Context) -> list[Finding]:
     return out
 
 
+def check_ports(ctx: _Context) -> list[Finding]:
+    """A configured port the kit's servers will listen on that something holds now. A warning: the
+    run itself refuses it before any model loads (engines/ports.py), and preflight may run on
+    another machine than the servers."""
+    from dspark_kit.engines.ports import PORT_KEYS, Port, busy_message, port_in_use
+
+    r = ctx.recipe
+    hs = r.hidden_states
+    roles = ["spec"]  # serve and bench start the spec server
+    if hs.mode == "online" or hs.backend != "local":
+        roles += [] if hs.endpoint else ["hidden-states"]
+    out = []
+    for key in dict.fromkeys(PORT_KEYS[role] for role in roles):
+        number = getattr(r.serve, key.split(".")[1])
+        why = port_in_use(r.serve.host, number) if number else None
+        if why:
+            out.append(Finding("warning", "port", busy_message(Port(number, key, False), r.serve.host, why)))
+    return out
+
+
 CHECKS = [check_verifier, check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask,
-          check_windows, check_checkpoint, check_engine, check_parallel, check_lengths, check_multinode,
-          check_transport, check_storage]  # fmt: skip
+          check_windows, check_checkpoint, check_engine, check_parallel, check_lengths, check_ports,
+          check_multinode, check_transport, check_storage]  # fmt: skip
 
 
 def _context(res: Resolved, checkpoints: bool = True) -> _Context:

@@ -8,6 +8,11 @@ from __future__ import annotations
 from dspark_kit.resolved import Resolved
 
 
+def prepare_source(res: Resolved) -> str:
+    """What prepare reads: DIR/regen.jsonl when regen is part of the recipe, else data.source."""
+    return str(res.run.regen_jsonl) if res.recipe.regen.enabled else res.recipe.data.source
+
+
 def prepare_input_rows(res: Resolved):
     """(rows, total, rows the reader could not use, source): DIR/regen.jsonl when regen is part of
     the recipe (a missing one is an error, not a silent fall-back to the raw data), else the

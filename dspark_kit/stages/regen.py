@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
 from dspark_kit.engines import openai_base_url as normalize_endpoint
@@ -55,6 +55,10 @@ from dspark_kit.engines.chat_client import (
 )
 from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, keys_in, open_for_resume
 from dspark_kit.resolved import Resolved
+
+if TYPE_CHECKING:
+    from dspark_kit.engines import ServerPlan
+    from dspark_kit.stages.plan import StagePlan
 
 
 @dataclass
@@ -275,11 +279,12 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
               model: str | None = None, concurrency: int | None = None, max_tokens: int | None = None,
               temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
               api_key: str | None = None, on_row: Callable[[dict[str, Any]], None] | None = None,
-              engine_log: str | Path | None = None, **opt_overrides: Any) -> dict[str, Any]:
+              engine_log: str | Path | None = None, server_plan: ServerPlan | None = None,
+              **opt_overrides: Any) -> dict[str, Any]:
     """Regenerate recipe.data into outfile; returns a JSON-able summary.
 
     Endpoints: the argument, else recipe.regen.endpoints, else the recipe engine's chat server
-    (`res`'s plan) started for the run and stopped after it.
+    (`server_plan`: the stage plan's; else planned here) started for the run and stopped after it.
     The source is read (and a bad one reported) before the output is touched; resume=False on
     an output that holds rows needs overwrite=True.
     """
@@ -312,9 +317,10 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     server = None
     if not endpoints:
         from dspark_kit.engines.lifecycle import ManagedServer
-        from dspark_kit.engines.servers import regen_server_plan
+        from dspark_kit.engines.servers import regen_server_plan, start_checks
 
-        plan = regen_server_plan(res, api_key=opts.api_key)
+        plan = server_plan or regen_server_plan(res, api_key=opts.api_key)
+        start_checks(plan)
         server = ManagedServer(plan, Path(engine_log or outfile.with_name(outfile.name + ".engine.log")))
         server.start()
         endpoints = [plan.base_url]
@@ -337,34 +343,34 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     return summary
 
 
-def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path | None = None) -> dict[str, Any]:
-    """What regen would do: the endpoints (N servers on M machines) into one resumable output, or
-    the recipe engine's chat server it would start when there is none."""
+def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path | None = None,
+               api_key: str | None = None) -> StagePlan:
+    """What regen will do: the endpoints (N servers on M machines) into one resumable output, or the
+    recipe engine's chat server it starts when there is none (the run starts exactly that one)."""
     from urllib.parse import urlparse
 
     from dspark_kit.engines.servers import regen_server_plan, server_plan
+    from dspark_kit.stages.plan import Process, StagePlan
 
     recipe = res.recipe
+    outfile = Path(outfile or res.run.regen_jsonl)
     endpoints = list(endpoints or recipe.regen.endpoints)
-    command = None if endpoints else regen_server_plan(res).shell_line()
-    machines = sorted({urlparse(e if "//" in e else f"http://{e}").hostname or e for e in endpoints})
-    per_server = None
-    if endpoints and res.engine != "local":  # a server other machines send requests to: 0.0.0.0
-        per_server = server_plan(res, "chat", port=recipe.serve.port, host="0.0.0.0").shell_line()
-    return {"endpoints": endpoints, "machines": machines, "local_engine_command": command,
-            "server_command": per_server, "outfile": str(outfile) if outfile else None,
-            "concurrency_per_endpoint": recipe.regen.concurrency}
-
-
-def regen_plan_lines(plan: dict[str, Any]) -> list[str]:
-    if plan["local_engine_command"]:
-        return [plan["local_engine_command"]]
-    endpoints, machines = plan["endpoints"], plan["machines"]
-    lines = [(f"# {len(endpoints)} server(s) on {len(machines)} machine(s) ({', '.join(machines)}): one client here "
-             f"spreads rows over all of them ({plan['concurrency_per_endpoint']} in flight each) into one output "
-             f"{plan['outfile'] or 'regen.jsonl'}; --resume (default) skips rows already written and retries failed "
-             "ones, a server that keeps refusing is dropped and its rows go to the others")]
-    if plan["server_command"]:
-        lines += [("# start on each server machine (same verifier and thinking mode everywhere; one --port per "
-                   "server on a machine):"), f"#   {plan['server_command']}"]
-    return lines + [f"endpoint {e}" for e in endpoints]
+    urls = [urlparse(e if "//" in e else f"http://{e}") for e in endpoints]
+    machines = sorted({u.hostname or e for u, e in zip(urls, endpoints, strict=True)})
+    processes = [] if endpoints else [Process("chat server", regen_server_plan(res, api_key=api_key))]
+    lines = [processes[0].launch.shell_line()] if processes else [
+        (f"# {len(endpoints)} server(s) on {len(machines)} machine(s) ({', '.join(machines)}): one client here "
+         f"spreads rows over all of them ({recipe.regen.concurrency} in flight each) into one output {outfile}; "
+         "--resume (default) skips rows already written and retries failed ones, a server that keeps refusing "
+         "is dropped and its rows go to the others")]
+    if endpoints and res.engine != "local":  # servers other machines send requests to: 0.0.0.0, the endpoint's port
+        lines.append("# start on each server machine (same verifier and thinking mode everywhere):")
+        for u, e in zip(urls, endpoints, strict=True):
+            port = u.port or recipe.serve.port
+            lines.append(f"#   {u.hostname or e}: {server_plan(res, 'chat', port=port, host='0.0.0.0').shell_line()}")
+    lines += [f"endpoint {e}" for e in endpoints]
+    return StagePlan("regen", lines, processes, inputs={"data.source": recipe.data.source},
+                     outputs={"regen": str(outfile), "errors": str(outfile.with_name(outfile.name + ".errors.jsonl"))},
+                     decisions=res.summary(),
+                     details={"endpoints": endpoints, "machines": machines,
+                              "concurrency_per_endpoint": recipe.regen.concurrency})

@@ -93,20 +93,22 @@ async def smoke_reply(url: str) -> str:
     return out["text"]
 
 
-def stage_serve_check(res: Resolved) -> dict:
+def stage_serve_check(res: Resolved, server: ServerPlan | None = None) -> dict:
+    """Check the checkpoint serves: write the spec server's command, and with the local engine start
+    that server (`server`: the stage plan's) and get one reply from it."""
     import asyncio
 
-    from dspark_kit.engines.lifecycle import free_port
     from dspark_kit.engines.servers import running_server
 
     run = res.run
-    sp = plan_server(res, "spec")
-    atomic.write_text(run.serve_command, sp.plan.shell_line() + "\n")
+    sp = plan_server(res, "spec")  # its findings, warnings and decisions
+    server = server or sp.plan
+    atomic.write_text(run.serve_command, server.shell_line() + "\n")
     result = {"engine": res.engine, "checkpoint": str(res.checkpoint), "command_file": str(run.serve_command),
               "num_speculative_tokens": res.k.value, "draft_window_size": res.window.value,
               "adaptive_verification": res.adaptive_verification.value,
               "warnings": sp.warnings, "decisions": sp.decisions}
     if res.engine == "local":
-        with running_server(res, "spec", port=free_port()) as url:
+        with running_server(res, "spec", plan=server) as url:
             result["smoke_reply"] = asyncio.run(smoke_reply(url))
     return result

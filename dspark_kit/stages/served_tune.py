@@ -80,9 +80,10 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
                      concurrency: int, max_tokens: int, max_model_len: int, log, save) -> float | None:
     """Start one server, measure every prompt set on it (saving each point), stop it.
     Returns the seconds the server took to become healthy (None: it did not)."""
-    from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError, free_port, log_tail
+    from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError, log_tail
+    from dspark_kit.engines.ports import PortBusy
     from dspark_kit.engines.prom import MetricsError
-    from dspark_kit.engines.servers import server_plan
+    from dspark_kit.engines.servers import server_plan, start_checks
 
     recipe = point_recipe(res.recipe, res.checkpoint, server.k, server.window, max_model_len)
     point_res = Resolved(recipe, res.run, engine=res.engine)
@@ -90,7 +91,10 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
     tag = "alone" if not server.k else f"k{server.k}-w{server.window or 'off'}"
     log_path = res.run.server_log(f"served-tune-{tag}")
     try:
-        plan = server_plan(point_res, role, port=free_port(recipe.serve.host))
+        plan = server_plan(point_res, role)  # serve.port (0: a free one), as every server the kit starts
+        start_checks(plan)
+    except PortBusy:
+        raise
     except ValueError as e:  # the engine cannot serve this point at all (one line, from the plan)
         for n, prompts in prompt_sets.items():
             save(_failed(server, n, len(prompts), f"not planned: {e}"))

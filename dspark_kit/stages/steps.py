@@ -1,6 +1,7 @@
-"""The eight stages, each with the same small interface: `run(res)` does the work and returns
-a summary dict with one key figure, `plan(res)` returns what it would launch (the exact
-commands, or a note for in-process work) for `--dry-run`. `res` is the command's one
+"""The eight stages, each with the same small interface: `plan(res)` returns the stage's typed
+plan (stages/plan.py: every process it starts, the paths, the decided values), which `--dry-run`
+prints; `run(res, plan)` executes exactly that plan and returns a summary dict with one key
+figure; `execute` does both and records the plan in the run folder. `res` is the command's one
 `Resolved` (recipe, run folder and every derived value). `REGISTRY` is the one list the
 pipeline, `run --dry-run` and every stage command use."""
 
@@ -12,24 +13,38 @@ from dataclasses import dataclass
 
 from dspark_kit.progress import note
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.plan import Process, StagePlan
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     sections: tuple[str, ...]  # recipe sections whose change invalidates the stage
-    run: Callable[[Resolved], dict]  # do it; a summary dict
-    plan: Callable[[Resolved], list[str]]  # what it would launch (dry run)
+    run: Callable[[Resolved, StagePlan], dict]  # execute the plan; a summary dict
+    plan: Callable[[Resolved], StagePlan]  # what it will do (dry run, and the plan a run executes)
     key: str  # summary field shown in the final table
 
 
-def stage_regen(res: Resolved) -> dict:
+def execute(stage: Stage, res: Resolved) -> dict:
+    """Plan the stage, record the plan in the run folder, run exactly that plan."""
+    plan = stage.plan(res)
+    plan.record(res.run.plan_file(stage.name))
+    return stage.run(res, plan)
+
+
+def _plan(res: Resolved, stage: str, lines: list[str], processes: list[Process] | None = None,
+          inputs: dict | None = None, outputs: dict | None = None) -> StagePlan:
+    return StagePlan(stage, lines, processes or [], inputs or {}, outputs or {}, decisions=res.summary())
+
+
+def stage_regen(res: Resolved, plan: StagePlan) -> dict:
     from dspark_kit.progress import progress_bar
     from dspark_kit.stages.regen import failure_verdict, run_regen
 
+    chat = plan.process("chat server")
     with progress_bar("regen", total=res.recipe.data.limit, unit="row") as bar:
         s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
-                      engine_log=res.run.server_log("chat"))
+                      engine_log=res.run.server_log("chat"), server_plan=chat.server if chat else None)
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
          f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
          f"of {s['source_rows']} source rows")
@@ -41,14 +56,33 @@ def stage_regen(res: Resolved) -> dict:
     return s
 
 
-def stage_prepare(res: Resolved) -> dict:
+def plan_regen(res: Resolved) -> StagePlan:
+    if not res.recipe.regen.enabled:
+        return _plan(res, "regen", ["# regen disabled (regen.enabled: false)"])
+    import os
+
+    from dspark_kit.stages.regen import regen_plan
+
+    # the key a run would take from the environment, so the dry run shows the same (masked) env
+    return regen_plan(res, outfile=res.run.regen_jsonl, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
+
+
+def plan_prepare(res: Resolved) -> StagePlan:
+    from dspark_kit.stages.prepare_input import prepare_source
+
+    src, out = prepare_source(res), res.run.prepared
+    return _plan(res, "prepare", [f"# in-process: tokenize {src} with {res.recipe.verifier.path}'s chat template -> {out}"],
+                 inputs={"rows": src, "verifier": res.recipe.verifier.path}, outputs={"prepared": str(out)})
+
+
+def stage_prepare(res: Resolved, plan: StagePlan) -> dict:
     from dspark_kit.stages.prepare import prepare
     from dspark_kit.stages.prepare_input import prepare_input_rows
 
     recipe = res.recipe
     rows, total, unusable, source = prepare_input_rows(res)
     s = prepare(
-        rows, res.verifier_path, res.run.prepared,
+        rows, res.verifier_path, plan.outputs["prepared"],
         seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking,
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
@@ -58,14 +92,38 @@ def stage_prepare(res: Resolved) -> dict:
     return s.as_dict()
 
 
-def stage_hidden_states(res: Resolved) -> dict:
+def plan_hidden_states(res: Resolved) -> StagePlan:
+    """The bytes offline files take (or would), what each node needs for hidden states, and the
+    processes backend vllm starts."""
+    from dspark_kit.stages.storage_plan import plan_lines
+
+    hs, lines, processes = res.recipe.hidden_states, plan_lines(res), []
+    outputs = {"hidden_states": str(res.run.hidden_states)} if hs.mode == "offline" else {}
+    inputs = {"prepared": str(res.run.prepared), "verifier": res.verifier_path}
+    if hs.backend == "local" and hs.mode == "offline":
+        from dspark_kit.stages.hidden_states_vllm import node_notes
+
+        lines += [*node_notes(res), (f"# nothing to launch: hidden_states backend=local runs in-process on "
+                                     f"{res.train_device.value} in {res.hidden_states_dtype.value} (once; every "
+                                     "node reads DIR/prepared/hidden_states)")]
+    elif hs.mode == "online" and hs.backend == "local":
+        lines.append("# online, backend local: `dspark-kit train` starts the kit's own extraction server on each node")
+    else:
+        from dspark_kit.stages.hidden_states_vllm import offline_processes
+
+        more, processes = offline_processes(res)
+        lines += more
+    return _plan(res, "hidden-states", lines, processes, inputs, outputs)
+
+
+def stage_hidden_states(res: Resolved, plan: StagePlan) -> dict:
     recipe = res.recipe
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
     if recipe.hidden_states.backend != "local":
         from dspark_kit.stages.hidden_states_vllm import run_offline_vllm
 
-        return run_offline_vllm(res)
+        return run_offline_vllm(res, plan)
     from dspark_kit.stages.hidden_states import generate_offline
 
     s = generate_offline(
@@ -76,29 +134,62 @@ def stage_hidden_states(res: Resolved) -> dict:
     return s.as_dict()
 
 
-def train_args(res: Resolved, hidden_states_endpoint: str | None = None) -> tuple[list[str], str]:
-    """speculators train flags for this recipe, and the device they are for (Resolved.train_device:
-    a plan keeps an explicit train.device even when this machine lacks it)."""
-    from dspark_kit.stages.train import build_train_args
+def plan_train(res: Resolved) -> StagePlan:
+    """The hidden-state server and Mooncake master train starts (online mode), and the exact
+    training command(s), one per node with the rendezvous decision (raises RecipeError or
+    RuntimeError when unplannable)."""
+    from dspark_kit.engines import shell_line
+    from dspark_kit.rendezvous import rendezvous_for
+    from dspark_kit.stages.train import build_train_args, node_plans
 
+    recipe, hs = res.recipe, res.recipe.hidden_states
+    lines: list[str] = []
+    processes: list[Process] = []
+    endpoint = hs.endpoint
+    if hs.mode == "online" and not hs.endpoint:  # train starts the extraction server itself
+        from dspark_kit.engines.servers import server_plan
+
+        server = server_plan(res, "hidden-states")
+        endpoint = server.base_url
+        if res.mooncake is not None:
+            from dspark_kit.engines import ServerPlan
+
+            mc = res.mooncake
+            master = ServerPlan(argv=mc.master_argv(), host="127.0.0.1", port=mc.admin_port)
+            if mc.start_on_node == recipe.train.node_rank:
+                processes.append(Process("mooncake master", master))
+            lines += [*mc.node_lines(), "# mooncake master (node 0)", shell_line(master.argv, {})]
+        processes.append(Process("hidden-state server", server))
+        lines += ["# hidden-state server train starts (online mode)", server.shell_line()]
     device = res.train_device.value
-    args = build_train_args(res.recipe, res.run.root, verifier_path=res.verifier_path, device=device,
-                            num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=hidden_states_endpoint,
+    args = build_train_args(recipe, res.run.root, verifier_path=res.verifier_path, device=device,
+                            num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=endpoint,
                             mooncake=res.mooncake)
-    return args, device
+    rdzv = rendezvous_for(recipe, device)
+    trainers = node_plans(recipe, args, device, rdzv)
+    if res.mooncake is not None and hs.mode == "online":
+        for t in trainers:
+            t.env.update(res.mooncake.env())  # the address this node's trainer joins the store as
+    processes += [Process("trainer", t, node=i) for i, t in enumerate(trainers)]
+    if len(trainers) == 1:
+        lines.append(trainers[0].shell_line())
+    else:
+        lines += [f"# {rdzv.summary()}", *(f"# warning: {w}" for w in rdzv.warnings)]
+        if rdzv.backend == "c10d":
+            lines.append("# c10d assigns node ranks at rendezvous: every node runs the same command; "
+                         "`dspark-kit train` on each node resolves that node's own interface")
+        lines += [line for i, t in enumerate(trainers) for line in (f"# node {i}", t.shell_line())]
+    inputs = {"prepared": str(res.run.prepared), "verifier": res.verifier_path}
+    if hs.mode == "offline":
+        inputs["hidden_states"] = str(res.run.hidden_states)
+    elif endpoint:
+        inputs["hidden_states_endpoint"] = endpoint
+    return _plan(res, "train", lines, processes, inputs, {"checkpoints": str(res.run.checkpoints)})
 
 
-def train_plan(res: Resolved, hidden_states_endpoint: str | None = None):
-    from dspark_kit.stages.train import launch_plan
+def stage_train(res: Resolved, plan: StagePlan) -> dict:
+    from contextlib import ExitStack
 
-    args, device = train_args(res, hidden_states_endpoint)
-    plan = launch_plan(res.recipe, args, device)
-    if res.mooncake is not None and res.recipe.hidden_states.mode == "online":
-        plan.env.update(res.mooncake.env())  # the address this node's trainer joins the store as
-    return plan
-
-
-def stage_train(res: Resolved) -> dict:
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
     from dspark_kit.stages.train import (
@@ -113,21 +204,23 @@ def stage_train(res: Resolved) -> dict:
     for d in set_aside_incomplete_checkpoints(run.checkpoints):
         note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
-    from contextlib import ExitStack
-
+    trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
     with ExitStack() as stack:
-        endpoint = None  # offline: the trainer reads prepared/hidden_states
-        if recipe.hidden_states.mode == "online":
-            from dspark_kit.engines.servers import hidden_state_server, mooncake_master
+        endpoint = None  # offline, or the recipe's endpoint: nothing to watch
+        master, server = plan.process("mooncake master"), plan.process("hidden-state server")
+        if master is not None:  # before the server that joins it (transport mooncake)
+            from dspark_kit.engines.servers import started
 
-            stack.enter_context(mooncake_master(res))  # before the server that joins it (transport mooncake)
-            endpoint = stack.enter_context(hidden_state_server(res))
-        plan = train_plan(res, endpoint.url if endpoint else None)
-        update_manifest(run.root, recipe, "train", resolved=res, argv=plan.argv, env=plan.env)
+            stack.enter_context(started(master.server, run.mooncake_log, recipe.serve.startup_timeout))
+        if server is not None:
+            from dspark_kit.engines.servers import hidden_state_server
+
+            endpoint = stack.enter_context(hidden_state_server(res, server.server))
+        update_manifest(run.root, recipe, "train", resolved=res, argv=trainer.argv, env=trainer.env)
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        code, gone = run_training(plan, log, watch=endpoint.gone if endpoint else None)
+        code, gone = run_training(trainer, log, watch=endpoint.gone if endpoint else None)
     res.checkpoints_changed()
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")
@@ -137,93 +230,40 @@ def stage_train(res: Resolved) -> dict:
     return {"seconds": round(time.time() - t0, 1), **metrics}
 
 
-# ---- dry runs: each stage's commands, what `<stage> --dry-run` prints ------------
-
-
-def hidden_states_dry_run(res: Resolved) -> list[str]:
-    """The bytes offline files take (or would), what each node needs for hidden states, and the
-    commands backend vllm would launch."""
-    from dspark_kit.stages.storage_plan import plan_lines
-
-    return [*plan_lines(res), *_hidden_states_commands(res)]
-
-
-def _hidden_states_commands(res: Resolved) -> list[str]:
-    from dspark_kit.stages.hidden_states_vllm import dry_run_lines, node_notes
-
-    hs = res.recipe.hidden_states
-    if hs.backend == "local" and hs.mode == "offline":
-        return [*node_notes(res), (f"# nothing to launch: hidden_states backend=local runs in-process on "
-                                   f"{res.train_device.value} in {res.hidden_states_dtype.value} (once; every node "
-                                   "reads DIR/prepared/hidden_states)")]
-    if hs.mode == "online" and hs.backend == "local":
-        return ["# online, backend local: `dspark-kit train` starts the kit's own extraction server on each node"]
-    return dry_run_lines(res)
-
-
-def train_dry_run(res: Resolved) -> list[str]:
-    """The exact training command(s), one per node with the rendezvous decision (raises
-    RecipeError/RuntimeError when unplannable)."""
-    from dspark_kit.rendezvous import rendezvous_for
-    from dspark_kit.stages.train import node_plans
-
-    recipe, hs = res.recipe, res.recipe.hidden_states
-    endpoint = hs.endpoint or (f"http://{recipe.serve.host}:{recipe.serve.hidden_states_port}"
-                               if hs.mode == "online" else None)
-    args, device = train_args(res, endpoint)
-    rdzv = rendezvous_for(recipe, device)
-    plans = node_plans(recipe, args, device, rdzv)
-    if len(plans) == 1:
-        return [plans[0].shell_line()]
-    lines = [f"# {rdzv.summary()}", *(f"# warning: {w}" for w in rdzv.warnings)]
-    if rdzv.backend == "c10d":
-        lines.append("# c10d assigns node ranks at rendezvous: every node runs the same command; "
-                     "`dspark-kit train` on each node resolves that node's own interface")
-    return lines + [line for i, p in enumerate(plans) for line in (f"# node {i}", p.shell_line())]
-
-
-def _spec_server_dry_run(res: Resolved, what: str) -> list[str]:
+def _spec_server(res: Resolved, what: str) -> tuple[list[str], list[Process]]:
     from dspark_kit.stages.serve import ServeError, plan_server
 
     try:
         sp = plan_server(res, "spec")
     except (ServeError, ValueError, OSError) as e:
-        return [f"# {what}: cannot plan the spec server ({e})"]
-    return [f"# {what}: spec server on checkpoint {sp.resolved.checkpoint}", sp.plan.shell_line(),
-            *(f"# note: {n}" for n in sp.warnings)]
+        return [f"# {what}: cannot plan the spec server ({e})"], []
+    return ([f"# {what}: spec server on checkpoint {sp.resolved.checkpoint}", sp.plan.shell_line(),
+             *(f"# note: {n}" for n in sp.warnings)], [Process("spec server", sp.plan)])
 
 
-def plan_regen(res: Resolved) -> list[str]:
-    if not res.recipe.regen.enabled:
-        return ["# regen disabled (regen.enabled: false)"]
-    from dspark_kit.stages.regen import regen_plan, regen_plan_lines
-
-    return regen_plan_lines(regen_plan(res, outfile=res.run.regen_jsonl))
-
-
-def plan_prepare(res: Resolved) -> list[str]:
-    recipe, run = res.recipe, res.run
-    src = run.regen_jsonl if recipe.regen.enabled else recipe.data.source
-    return [f"# in-process: tokenize {src} with {recipe.verifier.path}'s chat template -> {run.prepared}"]
-
-
-def plan_train(res: Resolved) -> list[str]:
-    hs, lines = res.recipe.hidden_states, []
-    if hs.mode == "online" and not hs.endpoint:  # train starts the extraction server itself
-        from dspark_kit.engines.servers import server_plan
-
-        plan = server_plan(res, "hidden-states", port=res.recipe.serve.hidden_states_port)
-        lines = ["# hidden-state server train starts (online mode)", plan.shell_line()]
-        if res.mooncake is not None:
-            from dspark_kit.engines import shell_line
-
-            lines = [*res.mooncake.node_lines(), "# mooncake master (node 0)",
-                     shell_line(res.mooncake.master_argv(), {}), *lines]
-    return [*lines, *train_dry_run(res)]
-
-
-def run_eval(res: Resolved) -> dict:
+def plan_eval(res: Resolved) -> StagePlan:
     """In-process when the verifier fits the eval device, else through the serving engine (Resolved.eval_mode)."""
+    from dspark_kit.stages.heldout import plan_line
+
+    mode, where = res.eval_mode, f"{plan_line(res)} -> {res.run.eval}"
+    device = f"{res.eval_device.value} ({res.eval_dtype.value})"
+    outputs = {"eval": str(res.run.eval_json)}
+    if mode.value == "served":  # the server is sized at start for the longest eval prompt (its max_model_len)
+        lines, _ = _spec_server(res, "eval")
+        plan = _plan(res, "eval", [(f"# served: acceptance through the {res.engine} engine at the bench "
+                                    f"concurrency, {where} (why: {mode.source})"), *lines], outputs=outputs)
+        plan.details["server"] = "chosen at start: a spec server with room for the longest eval prompt"
+        return plan
+    if res.eval_fit.value is None:  # cannot tell on this machine: the run decides
+        lines, _ = _spec_server(res, "eval if served")
+        return _plan(res, "eval", [(f"# decided when it runs: in-process on {device} if the verifier fits there, else "
+                                    f"served through the {res.engine} engine (the server below); {where}; "
+                                    f"{res.eval_fit.source}"), *lines], outputs=outputs)
+    return _plan(res, "eval", [f"# in-process: offline acceptance on {device}, {where} (why: {mode.source})"],
+                 outputs=outputs)
+
+
+def run_eval(res: Resolved, plan: StagePlan) -> dict:
     if res.eval_mode.value == "served":
         from dspark_kit.stages.served_tune import served_eval
 
@@ -234,49 +274,43 @@ def run_eval(res: Resolved) -> dict:
     return stage_eval(res)
 
 
-def plan_eval(res: Resolved) -> list[str]:
-    from dspark_kit.stages.heldout import plan_line
-
-    mode, where = res.eval_mode, f"{plan_line(res)} -> {res.run.eval}"
-    device = f"{res.eval_device.value} ({res.eval_dtype.value})"
-    if mode.value == "served":
-        return [(f"# served: acceptance through the {res.engine} engine at the bench concurrency, {where} "
-                f"(why: {mode.source})"), *_spec_server_dry_run(res, "eval")]
-    if res.eval_fit.value is None:  # cannot tell on this machine: the run decides
-        return [(f"# decided when it runs: in-process on {device} if the verifier fits there, else served through "
-                f"the {res.engine} engine (the server below); {where}; {res.eval_fit.source}"),
-                *_spec_server_dry_run(res, "eval if served")]
-    return [f"# in-process: offline acceptance on {device}, {where} (why: {mode.source})"]
+def plan_serve(res: Resolved) -> StagePlan:
+    lines, procs = _spec_server(res, "serve check")
+    if res.engine != "local":  # nothing starts here: the command is written for the serving host
+        lines.append(f"# written to {res.run.serve_command}; a non-local engine is not started by the serve check")
+        procs = []
+    return _plan(res, "serve", lines, procs, outputs={"command": str(res.run.serve_command)})
 
 
-def run_serve(res: Resolved) -> dict:
+def run_serve(res: Resolved, plan: StagePlan) -> dict:
     from dspark_kit.stages.serve import stage_serve_check
 
-    return stage_serve_check(res)
+    spec = plan.process("spec server")
+    return stage_serve_check(res, spec.server if spec else None)
 
 
-def plan_serve(res: Resolved) -> list[str]:
-    return _spec_server_dry_run(res, "serve check")
+def plan_bench(res: Resolved) -> StagePlan:
+    lines, procs = _spec_server(res, "bench")
+    return _plan(res, "bench", [*lines, f"# in-process: benchmark that server -> {res.run.bench}"], procs,
+                 outputs={"bench": str(res.run.bench)})
 
 
-def run_bench(res: Resolved) -> dict:
+def run_bench(res: Resolved, plan: StagePlan) -> dict:
     from dspark_kit.stages.bench import stage_bench
 
-    return stage_bench(res)
+    spec = plan.process("spec server")
+    return stage_bench(res, spec.server if spec else None)
 
 
-def plan_bench(res: Resolved) -> list[str]:
-    return [*_spec_server_dry_run(res, "bench"), f"# in-process: benchmark that server -> {res.run.bench}"]
+def plan_report(res: Resolved) -> StagePlan:
+    return _plan(res, "report", [f"# in-process: report -> {res.run.report_md}"],
+                 outputs={"report": str(res.run.report_md)})
 
 
-def run_report(res: Resolved) -> dict:
+def run_report(res: Resolved, plan: StagePlan) -> dict:
     from dspark_kit.stages.report import stage_report
 
     return stage_report(res.recipe, res.run.root)
-
-
-def plan_report(res: Resolved) -> list[str]:
-    return [f"# in-process: report -> {res.run.report_md}"]
 
 
 REGISTRY: dict[str, Stage] = {
@@ -284,8 +318,7 @@ REGISTRY: dict[str, Stage] = {
     for s in [
         Stage("regen", ("verifier", "data", "regen"), stage_regen, plan_regen, "written"),
         Stage("prepare", ("verifier", "data"), stage_prepare, plan_prepare, "rows_out"),
-        Stage("hidden-states", ("verifier", "hidden_states"), stage_hidden_states, hidden_states_dry_run,
-              "generated"),
+        Stage("hidden-states", ("verifier", "hidden_states"), stage_hidden_states, plan_hidden_states, "generated"),
         Stage("train", ("draft", "train", "hidden_states"), stage_train, plan_train, "accept_len_epoch"),
         Stage("eval", ("eval", "serve"), run_eval, plan_eval, "acceptance_length"),
         Stage("serve", ("serve",), run_serve, plan_serve, "engine"),
@@ -294,3 +327,8 @@ REGISTRY: dict[str, Stage] = {
     ]
 }
 STAGES = list(REGISTRY)  # pipeline order
+
+
+def run_stage(name: str, res: Resolved) -> dict:
+    """One stage by name, as `run` and the stage commands do it (plan, record, execute)."""
+    return execute(REGISTRY[name], res)

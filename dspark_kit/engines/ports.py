@@ -1,0 +1,75 @@
+"""Where a server listens: one decision, the same for `--dry-run` and the run.
+
+A configured port (serve.port, serve.hidden_states_port) is honoured: the run refuses it, before
+anything loads, when something already listens there. Port 0 asks for any free port; it is taken
+when the plan is made, and the plan says so (`Port.chosen_at_start`), so a dry run and the run
+it previews differ only there.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass
+
+from dspark_kit.resolved import Resolved
+
+PORT_KEYS = {"chat": "serve.port", "spec": "serve.port", "hidden-states": "serve.hidden_states_port"}
+
+
+class PortBusy(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Port:
+    number: int
+    key: str  # the recipe key it comes from
+    chosen_at_start: bool  # the key is 0: a free port taken when the plan was made
+
+    @property
+    def source(self) -> str:
+        return f"{self.key} 0: a free port taken when the plan is made" if self.chosen_at_start else self.key
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free right now (bind port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def decide_port(res: Resolved, role: str, host: str | None = None) -> Port:
+    """The port `role`'s server listens on: its recipe key, or a free one when that key is 0."""
+    key = PORT_KEYS[role]
+    configured = getattr(res.recipe.serve, key.split(".")[1])
+    if configured == 0:
+        return Port(free_port(host or res.recipe.serve.host), key, True)
+    return Port(configured, key, False)
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """"in use" when something listens on `host:port` now, else None. Other bind errors (an address
+    of another machine, a name that does not resolve) are the server's to report."""
+    bind_host = "" if host in ("0.0.0.0", "::") else host
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is not "in use"
+        try:
+            s.bind((bind_host, port))
+        except OSError as e:
+            return "in use" if e.errno == errno.EADDRINUSE else None
+    return None
+
+
+def busy_message(port: Port, host: str, why: str) -> str:
+    return (f"{port.key} {port.number} on {host} is {why}: stop what listens there, or set {port.key}: 0 "
+            "to take a free port when the run starts")
+
+
+def ensure_free(port: Port, host: str) -> None:
+    """Refuse a configured port something else holds, before the server (and its model) loads."""
+    if port.chosen_at_start:
+        return
+    why = port_in_use(host, port.number)
+    if why:
+        raise PortBusy(busy_message(port, host, why))
