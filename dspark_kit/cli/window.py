@@ -158,8 +158,8 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
                     concurrency, dry_run, json_out) -> None:
     from dspark_kit.resolved import ResolveError
     from dspark_kit.specdec.checkpoints import CheckpointError
-    from dspark_kit.stages.evaluate import EvalError
-    from dspark_kit.stages.served_tune import prompt_sets, run_served_tune, sweep_inputs
+    from dspark_kit.stages.evaluate import EvalError, sweep_inputs
+    from dspark_kit.stages.served_tune import prompt_sets, run_served_tune
 
     def say(m: str) -> None:
         console.print(m, highlight=False, soft_wrap=True)
@@ -169,7 +169,7 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
         k_list, w_list, ctx = sweep_inputs(res, ks=parse_int_list(ks, "--ks"),
                                            windows=parse_int_list(windows, "--windows"),
                                            context_lengths=parse_int_list(context_lengths, "--context-lengths"),
-                                           allow_below=allow_below)
+                                           allow_below=allow_below, what="tune --served")
         n = num_prompts or r.eval.num_prompts
         sets, found = prompt_sets(res, ctx, n, prompts)
         result = run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=concurrency or r.bench.concurrency,

@@ -289,6 +289,28 @@ def candidate_ks(block_size: int, slots: int | None) -> list[int]:
     return sorted(both - set(ks_outside_slots(both, top)))
 
 
+def sweep_inputs(res: Resolved, *, ks: list[int] | None, windows: list[int] | None,
+                 context_lengths: list[int] | None, allow_below: bool,
+                 what: str = "tune") -> tuple[list[int], list[int], list[int]]:
+    """K values, candidate windows and long contexts of a sweep, in-process (`tune`) or served
+    (`tune --served`) alike. None = the default; an empty window list sweeps K alone (window off).
+    K is bounded by the slots the checkpoint trained (its config, else draft.block_size)."""
+    recipe = res.recipe
+    tw = recipe.training_window
+    ctx = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw, 8 * tw]))
+    cands = sorted(set(windows if windows is not None else candidate_windows(tw, max(ctx), allow_below=allow_below)))
+    below = [w for w in cands if w < tw]
+    if below and not allow_below:
+        raise EvalError(f"{what} --windows {below}: below the draft's training window {tw} "
+                        "(pass --allow-below to try them anyway)")
+    slots = res.trained_slots or recipe.draft.block_size
+    ks = sorted(set(ks or candidate_ks(recipe.draft.block_size, res.trained_slots)))
+    bad = ks_outside_slots(ks, slots)
+    if bad:
+        raise EvalError(slots_error(f"{what} --ks", bad, slots))
+    return ks, cands, ctx
+
+
 def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_lengths: list[int] | None = None,
                 ks: list[int] | None = None, allow_below: bool = False, num_prompts: int | None = None,
                 max_new_tokens: int | None = None, prompts_file: Path | None = None, tolerance: float = 0.02,
@@ -299,17 +321,9 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
     `recommended_k` and `recommended_window` from it (through the resolver).
     """
     recipe, tw = res.recipe, res.recipe.training_window
-    ctx_lens = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw, 8 * tw]))
-    cands = sorted(set(candidates or candidate_windows(tw, max(ctx_lens), allow_below=allow_below)))
-    below = [w for w in cands if w < tw]
-    if below and not allow_below:
-        raise EvalError(f"window tune: candidates {below} below the draft's training window {tw} "
-                        "(pass --allow-below to try them anyway)")
+    ks, cands, ctx_lens = sweep_inputs(res, ks=ks, windows=candidates, context_lengths=context_lengths,
+                                       allow_below=allow_below)
     session = EvalSession(res, sweep=True)
-    ks = sorted(set(ks or candidate_ks(session.draft.block_size, session.resolved.trained_slots)))
-    bad = ks_outside_slots(ks, session.draft.block_size)
-    if bad:
-        raise EvalError(slots_error("tune --ks", bad, session.draft.block_size))
     num_prompts = num_prompts or recipe.eval.num_prompts
     max_new = max_new_tokens or recipe.eval.max_new_tokens
     found = load_eval_prompts(res, session.tokenizer, prompts_file, limit=max(num_prompts, 16))

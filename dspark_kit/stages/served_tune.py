@@ -20,10 +20,9 @@ from typing import Any
 
 from dspark_kit.recipe import Recipe, apply_overrides, recipe_from_dict
 from dspark_kit.resolved import Resolved
-from dspark_kit.specdec.checkpoints import ks_outside_slots, slots_error
 from dspark_kit.specdec.verifier_facts import language_model_config
 from dspark_kit.stages import served_sweep as sweep
-from dspark_kit.stages.evaluate import build_prompts, candidate_ks, candidate_windows
+from dspark_kit.stages.evaluate import build_prompts
 from dspark_kit.stages.heldout import EvalError, EvalPrompts, load_eval_prompts
 
 REQUEST_TIMEOUT_S = 600.0  # one streamed request's wait for its next bytes: a hang, not a slow machine
@@ -138,25 +137,6 @@ def prompt_sets(res: Resolved, context_lengths: list[int], num_prompts: int,
     found = load_eval_prompts(res, tok, prompts_file, limit=max(num_prompts, 16))
     thinking = res.recipe.verifier.thinking
     return {n: build_prompts(tok, found.chats, num_prompts, thinking, n) for n in [0, *context_lengths]}, found
-
-
-def sweep_inputs(res: Resolved, *, ks: list[int] | None, windows: list[int] | None,
-                 context_lengths: list[int] | None, allow_below: bool) -> tuple[list[int], list[int], list[int]]:
-    """K values, candidate windows and long contexts, as the in-process tune chooses them."""
-    recipe = res.recipe
-    tw = recipe.training_window
-    ctx = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw, 8 * tw]))
-    cands = sorted(set(windows if windows is not None else candidate_windows(tw, max(ctx), allow_below=allow_below)))
-    below = [w for w in cands if w < tw]
-    if below and not allow_below:
-        raise EvalError(f"tune --served --windows {below}: below the draft's training window {tw} "
-                        "(pass --allow-below to try them anyway)")
-    block = res.trained_slots or recipe.draft.block_size
-    ks = sorted(set(ks or candidate_ks(recipe.draft.block_size, res.trained_slots)))
-    bad = ks_outside_slots(ks, block)
-    if bad:
-        raise EvalError(slots_error("tune --served --ks", bad, block))
-    return ks, cands, ctx
 
 
 def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, ks: list[int], windows: list[int],

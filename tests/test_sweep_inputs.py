@@ -1,0 +1,35 @@
+"""One rule for a sweep's K values and windows, in-process `tune` and `tune --served` alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dspark_kit.recipe import load_recipe
+from dspark_kit.resolved import Resolved
+from dspark_kit.stages.evaluate import EvalError, sweep_inputs
+
+TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
+
+
+def _res(tmp_path):
+    return Resolved(load_recipe(TINY, ["draft.block_size=4", "data.seq_length=64"]), tmp_path, planning=True)
+
+
+@pytest.mark.parametrize("what", ["tune", "tune --served"])
+def test_both_sweeps_choose_the_same_candidates(tmp_path, what):
+    res = _res(tmp_path)
+    ks, windows, ctx = sweep_inputs(res, ks=None, windows=None, context_lengths=[300], allow_below=False, what=what)
+    assert (ks, windows, ctx) == ([3, 4], [64, 128, 256], [300])  # block - 1 and block; the training window doubled
+    assert sweep_inputs(res, ks=[2], windows=[], context_lengths=[300], allow_below=False, what=what)[:2] == ([2], [])
+
+
+@pytest.mark.parametrize("what", ["tune", "tune --served"])
+def test_both_sweeps_bound_k_by_the_trained_slots_and_windows_by_the_training_window(tmp_path, what):
+    res = _res(tmp_path)
+    with pytest.raises(EvalError, match=rf"^{what} --ks 5: outside 1..4"):
+        sweep_inputs(res, ks=[4, 5], windows=None, context_lengths=[300], allow_below=False, what=what)
+    with pytest.raises(EvalError, match=rf"^{what} --windows \[32\]: below the draft's training window 64"):
+        sweep_inputs(res, ks=None, windows=[32], context_lengths=[300], allow_below=False, what=what)
+    assert sweep_inputs(res, ks=None, windows=[32], context_lengths=[300], allow_below=True, what=what)[1] == [32]
