@@ -119,3 +119,12 @@ def test_device_and_dataset_say_which_they_are():
     assert accepted["doctor"]["--device"] == "--probe-device"
     assert accepted["regen"]["--dataset"] == "--data"
     assert accepted["bench"]["--dataset"] == "--prompts"
+
+
+def test_report_takes_the_run_dir_as_every_command_does(tmp_path):
+    runner = CliRunner()
+    missing = tmp_path / "no-run"
+    by_flag = runner.invoke(app, ["report", "-w", str(missing)])
+    assert by_flag.exit_code == 2 and str(missing) in by_flag.output  # -w is read, not the recipe's workdir
+    twice = runner.invoke(app, ["report", str(tmp_path / "a"), "-w", str(tmp_path / "b")])
+    assert twice.exit_code == 2 and "run directory given twice" in twice.output
