@@ -64,7 +64,7 @@ def cuda_available() -> bool:
 
 
 def detect_device(requested: str = "auto") -> Device:
-    """Resolve `train.device` / `--device`: auto prefers npu, then cuda, then cpu."""
+    """Resolve `train.device` / `--target-device` / `--probe-device`: auto prefers npu, then cuda, then cpu."""
     if requested not in ("auto", *DEVICES):
         raise ValueError(f"device {requested!r}: expected one of auto, npu, cuda, cpu")
     if requested == "npu" and not npu_available():

@@ -8,7 +8,7 @@ process with a time limit; figures go to WORKDIR/gpu_smoke.json after each step
 (and to --out DIR, with the step logs), so a run cut short still reports.
 
 Steps (--steps, default all):
-  doctor  `dspark-kit doctor --device cuda --json`: every speculators probe ok, and how fast
+  doctor  `dspark-kit doctor --probe-device cuda --json`: every speculators probe ok, and how fast
   run     the full tiny recipe (regen .. report) with train.device=cuda, flex attention
           and fused losses set explicitly (speculators' CUDA defaults)
   eval    acceptance of that run's checkpoint with the reference decoder on cuda
@@ -187,7 +187,7 @@ def plan(wd: Path, steps: list[str], tests: str) -> dict[str, list[str]]:
     py, run_wd = sys.executable, wd / "run"
     sets = [a for s in CUDA_SETS for a in ("--set", s)]
     cmds = {
-        "doctor": [py, "-m", "dspark_kit", "doctor", "--device", "cuda", "--json"],
+        "doctor": [py, "-m", "dspark_kit", "doctor", "--probe-device", "cuda", "--json"],
         "run": [py, "-m", "dspark_kit", "run", RECIPE, "--workdir", str(run_wd), *sets, "--json"],
         "eval": [py, "-c", EVAL_CUDA, str(run_wd), RECIPE, *CUDA_SETS],
         "tests": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests.split()],

@@ -182,7 +182,7 @@ def test_unreachable_server(tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(BenchError, match="--base-url"):
+    with pytest.raises(BenchError, match="--endpoint"):
         run_bench(Resolved(_recipe(tmp_path)), f"http://127.0.0.1:{port}", label="x", out_dir=tmp_path / "o")
 
 
@@ -198,7 +198,7 @@ def test_prompts_from_jsonl(tmp_path):
     assert sorted(m[-1]["content"] for m in prompts) == ["hi 1", "hi 2"]
     assert all(m[-1]["role"] == "user" for m in prompts)
     assert len(load_prompts("builtin", 4, res)) == 4
-    with pytest.raises(BenchError, match="--dataset"):
+    with pytest.raises(BenchError, match="--prompts"):
         load_prompts(str(tmp_path / "missing.jsonl"), 3, res)
 
 
@@ -233,7 +233,7 @@ def test_cli_bench_then_compare(serve, tmp_path):
                       "bench: {num_prompts: 3, concurrency: 3}\n")
     runner = CliRunner()
     for label in ("a", "b"):
-        res = runner.invoke(app, ["bench", "-r", str(recipe), "--base-url", url, "--label", label, "--json"])
+        res = runner.invoke(app, ["bench", "-r", str(recipe), "--endpoint", url, "--label", label, "--json"])
         assert res.exit_code == 0, res.output
         assert json.loads(res.stdout)["label"] == label
     a, b = (tmp_path / "run" / "bench" / f"bench_{x}.json" for x in "ab")
@@ -255,7 +255,7 @@ def test_cli_bench_workdir(serve, tmp_path):
     recipe.write_text(f"name: t\nworkdir: {tmp_path / 'recipe-run'}\nverifier: {{path: {UNSERVED}}}\n"
                       "bench: {num_prompts: 2, concurrency: 2}\n")
     for flag, wd in (("-w", tmp_path / "w1"), ("--workdir", tmp_path / "w2")):
-        res = CliRunner().invoke(app, ["bench", "-r", str(recipe), flag, str(wd), "--base-url", url, "--label", "x"])
+        res = CliRunner().invoke(app, ["bench", "-r", str(recipe), flag, str(wd), "--endpoint", url, "--label", "x"])
         assert res.exit_code == 0, res.output
         assert json.loads((wd / "bench" / "bench_x.json").read_text())["completed"] == 2
         assert str(wd / "bench" / "bench_x.json") in res.output

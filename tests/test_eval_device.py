@@ -1,4 +1,4 @@
-"""eval / tune --device, and the refusal of a verifier too large for the eval device."""
+"""eval / tune --eval-device, and the refusal of a verifier too large for the eval device."""
 
 from __future__ import annotations
 
@@ -46,11 +46,11 @@ def test_device_flag_decides_eval_device_and_dtype(tmp_path):
     res = Resolved(r, tmp_path, planning=True)
     assert res.eval_device.value == "npu" and res.eval_dtype.value == "bfloat16"  # the recipe's device, bf16
     res = Resolved(r, tmp_path, planning=True, eval_device="cpu")
-    assert res.eval_device.value == "cpu" and res.eval_device.source == "--device"
+    assert res.eval_device.value == "cpu" and res.eval_device.source == "--eval-device"
     assert res.eval_dtype.value == "float32"
     assert Resolved(r, tmp_path, planning=True, eval_device="cuda:1").eval_dtype.value == "bfloat16"
     for bad in ("tpu", "cuda:x", "auto:0"):
-        with pytest.raises(ResolveError, match="--device"):
+        with pytest.raises(ResolveError, match="--eval-device"):
             Resolved(r, tmp_path, planning=True, eval_device=bad)
 
 
@@ -64,19 +64,19 @@ def test_too_large_verifier_is_refused_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(devices, "device_memory_bytes", lambda device: 64 * GiB)
     monkeypatch.setattr(draft_model.DSparkDraft, "load", lambda *a, **k: pytest.fail("loaded the draft"))
     monkeypatch.setattr(Resolved, "checkpoint", property(lambda self: tmp_path))
-    args = ["-r", str(ASCEND), "-w", str(tmp_path), "--device", "npu"]
+    args = ["-r", str(ASCEND), "-w", str(tmp_path), "--eval-device", "npu"]
     for cmd in (["eval"], ["tune"]):
         res = CliRunner().invoke(app, [*cmd, *args])
         assert res.exit_code == 2, res.output
         line = " ".join(res.output.split())
         assert "30.5B parameters" in line and "64.0 GiB" in line and "dspark-kit tune --served" in line, line
-    res = CliRunner().invoke(app, ["eval", "-r", str(RECIPE), "-w", str(tmp_path), "--device", "tpu"])
-    assert res.exit_code == 2 and "--device 'tpu'" in res.output
+    res = CliRunner().invoke(app, ["eval", "-r", str(RECIPE), "-w", str(tmp_path), "--eval-device", "tpu"])
+    assert res.exit_code == 2 and "--eval-device 'tpu'" in res.output
 
 
 @pytest.mark.slow
 def test_eval_device_cpu(trained_run, tmp_path):
-    res = CliRunner().invoke(app, ["eval", "-r", str(RECIPE), "-w", str(trained_run), "--device", "cpu",
+    res = CliRunner().invoke(app, ["eval", "-r", str(RECIPE), "-w", str(trained_run), "--eval-device", "cpu",
                                    "--num-prompts", "2", "--max-new-tokens", "8", "--context-lengths", "",
                                    "--out", str(tmp_path), "--json"])
     assert res.exit_code == 0, res.output

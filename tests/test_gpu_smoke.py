@@ -43,7 +43,7 @@ def test_check_creates_a_missing_workdir_and_writes_the_plan(smoke, monkeypatch,
     report = _report(wd)
     assert report["mode"] == "check" and set(report["plan"]) == set(smoke.STEPS)
     assert (
-        "train.device=cuda" in report["plan"]["run"] and "--device cuda" in report["plan"]["doctor"]
+        "train.device=cuda" in report["plan"]["run"] and "--probe-device cuda" in report["plan"]["doctor"]
     )
 
 

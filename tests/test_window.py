@@ -124,7 +124,7 @@ def test_the_decoder_windows_like_vllm_ascend(monkeypatch):
 
 def test_cli_plan_text_and_json():
     runner = CliRunner()
-    args = ["window", "plan", "--context-lens", "10,60,200,64", "--window", "64", "--kv-block-size", "16",
+    args = ["window", "plan", "--context-lengths", "10,60,200,64", "-W", "64", "--kv-block-size", "16",
             "--num-speculative-tokens", "3", "--method", "dspark"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
@@ -133,15 +133,15 @@ def test_cli_plan_text_and_json():
     data = json.loads(res.stdout)
     assert data["seq_lens"] == [13, 63, 203, 67] and data["future_offset"] == 0
     assert data["start_blocks"] == [0, 0, 8, 0] and data["needed_blocks"] == [1, 4, 5, 5]
-    eagle = json.loads(runner.invoke(app, ["window", "plan", "--context-lens", "10,60,200,64", "--window", "64",
+    eagle = json.loads(runner.invoke(app, ["window", "plan", "--context-lengths", "10,60,200,64", "-W", "64",
                                            "--kv-block-size", "16", "--num-speculative-tokens", "3",
                                            "--method", "eagle3", "--json"]).stdout)
     assert eagle["windowed_lens"] == [10, 60, 72, 64] and eagle["future_offset"] == 3  # the §5 test vector
-    bad = runner.invoke(app, ["window", "plan", "--context-lens", "10,x", "--window", "64"])
+    bad = runner.invoke(app, ["window", "plan", "--context-lengths", "10,x", "-W", "64"])
     assert bad.exit_code == 2
 
 
 def test_cli_rejects_a_window_not_above_future_offset():
-    res = CliRunner().invoke(app, ["window", "plan", "--context-lens", "0", "--window", "1", "--kv-block-size", "1",
+    res = CliRunner().invoke(app, ["window", "plan", "--context-lengths", "0", "-W", "1", "--kv-block-size", "1",
                                    "--num-speculative-tokens", "2", "--method", "eagle3"])
     assert res.exit_code == 2 and "must exceed future_offset 2" in res.output

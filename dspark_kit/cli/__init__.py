@@ -10,6 +10,8 @@ import importlib
 
 import typer
 
+from dspark_kit.cli import vocabulary
+
 app = typer.Typer(
     name="dspark-kit",
     help=(
@@ -40,6 +42,9 @@ COMMAND_MODULES = [
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"dspark_kit.cli.{_name}").register(app)
+
+# after every command is registered: each one also parses its options' old spellings (hidden, one release)
+vocabulary.install(app)
 
 
 def main() -> None:

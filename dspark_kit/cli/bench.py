@@ -18,6 +18,7 @@ from dspark_kit.cli.common import (
     load,
     resolve,
 )
+from dspark_kit.cli.vocabulary import option
 
 
 def register(app: typer.Typer) -> None:
@@ -28,17 +29,17 @@ def register(app: typer.Typer) -> None:
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
         workdir: WorkdirOpt = None,
-        base_url: Annotated[str | None, typer.Option(
-            "--base-url", help="Running server, e.g. http://127.0.0.1:8000 (default: recipe serve.host:port).")] = None,
-        num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1, help="Default: bench.num_prompts.")] = None,
-        concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Requests in flight (default: bench.concurrency).")] = None,
-        max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Per request (default: bench.max_tokens).")] = None,
-        dataset: Annotated[str, typer.Option(
-            "--dataset", help="'builtin' (the tiny corpus's held-out prompts, eval's default on tiny data, in eval's order) "
+        base_url: Annotated[str | None, option(
+            "endpoint", help="Running server, e.g. http://127.0.0.1:8000 (default: recipe serve.host:port).")] = None,
+        num_prompts: Annotated[int | None, option("num_prompts", min=1, help="Default: bench.num_prompts.")] = None,
+        concurrency: Annotated[int | None, option("concurrency", min=1, help="Requests in flight (default: bench.concurrency).")] = None,
+        max_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Per request (default: bench.max_tokens).")] = None,
+        dataset: Annotated[str, option(
+            "prompts", help="'builtin' (the tiny corpus's held-out prompts, eval's default on tiny data, in eval's order) "
             "or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
         label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
-        out: Annotated[Path | None, typer.Option(
-            "--out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,
+        out: Annotated[Path | None, option(
+            "out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,
         compare: Annotated[bool, typer.Option(
             "--compare", help="Compare result files instead of benchmarking: prints a markdown table; --out also writes it + a per-position PNG.")] = False,
         json_out: JsonOpt = False,

@@ -10,23 +10,17 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from dspark_kit.cli.vocabulary import option
 from dspark_kit.recipe import DEFAULT_RECIPE, Recipe, RecipeError, load_recipe
 
 console = Console(stderr=True)
 
-RecipeOpt = Annotated[
-    Path, typer.Option("-r", "--recipe", help="Recipe YAML (see recipes/).", show_default=True)
-]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a recipe value, e.g. --set train.epochs=3 (repeatable)."),
-]
-WorkdirOpt = Annotated[
-    Path | None, typer.Option("--workdir", "-w", help="Run directory (default: the recipe's workdir).")
-]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan (exact commands, ports, paths, decided values) and exit; "
-                                                          "with --json, the plan as data: what the run executes and records in DIR/plans/.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+# the shared options, named by the one table (cli/vocabulary.py)
+RecipeOpt = Annotated[Path, option("recipe", show_default=True)]
+SetOpt = Annotated[list[str] | None, option("set")]
+WorkdirOpt = Annotated[Path | None, option("workdir")]
+DryRunOpt = Annotated[bool, option("dry_run")]
+JsonOpt = Annotated[bool, option("json")]
 
 DEFAULT_RECIPE_PATH = Path(DEFAULT_RECIPE)
 

@@ -17,6 +17,7 @@ from dspark_kit.cli.common import (
     load,
     resolve,
 )
+from dspark_kit.cli.vocabulary import option
 
 
 def register(app: typer.Typer) -> None:
@@ -25,8 +26,8 @@ def register(app: typer.Typer) -> None:
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
         workdir: WorkdirOpt = None,
-        checkpoint: Annotated[list[str] | None, typer.Option(
-            "--checkpoint", help="checkpoint_best | latest | epoch | PATH; repeat to judge several in one "
+        checkpoint: Annotated[list[str] | None, option(
+            "checkpoint", help="checkpoint_best | latest | epoch | PATH; repeat to judge several in one "
                                  "vLLM process (default: serve.checkpoint).")] = None,
         json_out: JsonOpt = False,
     ) -> None:

@@ -7,17 +7,13 @@ from typing import Annotated
 import typer
 
 from dspark_kit.cli.common import JsonOpt, emit_json, fail
+from dspark_kit.cli.vocabulary import option
 
 
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor(
-        device: Annotated[
-            str,
-            typer.Option(
-                "--device", help="auto, cpu, cuda or npu: the device whose probes to run."
-            ),
-        ] = "auto",
+        probe_device: Annotated[str, option("probe_device")] = "auto",
         json_out: JsonOpt = False,
     ) -> None:
         """Show the device, package versions and each speculators fix probe.
@@ -37,7 +33,7 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.compat import patches
 
         try:
-            info = devices.describe(device)
+            info = devices.describe(probe_device)
         except (ValueError, RuntimeError) as e:
             fail(str(e))
         results = patches.probe_all(info["device"])

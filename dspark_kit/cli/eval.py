@@ -19,6 +19,7 @@ from dspark_kit.cli.common import (
     load,
     resolve,
 )
+from dspark_kit.cli.vocabulary import option
 
 
 def parse_int_list(value: str | None, flag: str) -> list[int] | None:
@@ -39,23 +40,22 @@ def register(app: typer.Typer) -> None:
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
         workdir: WorkdirOpt = None,
-        checkpoint: Annotated[str | None, typer.Option(
-            "--checkpoint", help="checkpoint_best, latest, an epoch number or a path (default: serve.checkpoint).")] = None,
-        prompts: Annotated[Path | None, typer.Option(
-            "--prompts", help="jsonl of chats (conversations/messages/prompt) or plain text lines.")] = None,
+        checkpoint: Annotated[str | None, option("checkpoint")] = None,
+        prompts: Annotated[Path | None, option(
+            "prompts", help="jsonl of chats (conversations/messages/prompt) or plain text lines.")] = None,
         from_data: Annotated[bool, typer.Option(
             "--from-data", help="Take prompts from the first rows of the recipe's data source (they may be "
                                 "training rows). Default: prompts the draft never trained on.")] = False,
-        num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1, help="Default: eval.num_prompts.")] = None,
-        max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1, help="Default: eval.max_new_tokens.")] = None,
-        context_lengths: Annotated[str | None, typer.Option(
-            "--context-lengths", help="Also measure at these prompt lengths (earlier chats prepended), e.g. 512,1024.")] = None,
-        draft_window_size: Annotated[str | None, typer.Option(
-            "--draft-window-size", help="N, auto (window_tune.json, else the training window) or off. Default: serve.draft_window_size.")] = None,
-        device: Annotated[str | None, typer.Option(
-            "--device", help="auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft. Default: where "
-                             "training runs (train.device); float32 on cpu, verifier.dtype on accelerators.")] = None,
-        out: Annotated[Path | None, typer.Option("--out", help="Output dir (default <workdir>/eval).")] = None,
+        num_prompts: Annotated[int | None, option("num_prompts", min=1, help="Default: eval.num_prompts.")] = None,
+        max_new_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Default: eval.max_new_tokens.")] = None,
+        context_lengths: Annotated[str | None, option(
+            "context_lengths", help="Also measure at these prompt lengths (earlier chats prepended), e.g. 512,1024.")] = None,
+        draft_window_size: Annotated[str | None, option(
+            "draft_window_size", help="N, auto (window_tune.json, else the training window) or off. Default: serve.draft_window_size.")] = None,
+        eval_device: Annotated[str | None, option(
+            "eval_device", help="auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft. Default: where "
+                                "training runs (train.device); float32 on cpu, verifier.dtype on accelerators.")] = None,
+        out: Annotated[Path | None, option("out", help="Output dir (default <workdir>/eval).")] = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Measure acceptance offline with the reference DSpark decoder (greedy, lossless).
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.stages.evaluate import EvalError, run_eval
 
         # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
-        res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=device)
+        res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device)
         try:
             summary = run_eval(
                 res, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,

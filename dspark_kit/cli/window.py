@@ -21,6 +21,7 @@ from dspark_kit.cli.common import (
     resolve,
 )
 from dspark_kit.cli.eval import parse_int_list
+from dspark_kit.cli.vocabulary import option
 
 window_app = typer.Typer(
     help="Draft KV window (vLLM-Ascend draft_window_size): plan the arithmetic, tune the size.",
@@ -30,9 +31,9 @@ window_app = typer.Typer(
 
 @window_app.command("plan")
 def plan_cmd(
-    context_lens: Annotated[str, typer.Option(
-        "--context-lens", help="Comma-separated context lengths (tokens already in the draft's KV cache).")],
-    window: Annotated[int, typer.Option("--window", "-W", min=1, help="draft_window_size W.")],
+    context_lens: Annotated[str, option(
+        "context_lengths", help="Comma-separated context lengths (tokens already in the draft's KV cache).")],
+    window: Annotated[int, option("draft_window_size", min=1, help="draft_window_size W.")],
     kv_block_size: Annotated[int, typer.Option(
         "--kv-block-size", min=1, help="KV-cache (kernel) block size b; not the draft's block_size.")] = 128,
     num_speculative_tokens: Annotated[int, typer.Option(
@@ -49,12 +50,12 @@ def plan_cmd(
     windowed = seq - start, start_block = start // b, needed blocks =
     ceil(windowed / b) capped at ceil(W / b) + 1. KV writes are never windowed.
 
-      dspark-kit window plan --context-lens 10,60,200,64 --window 64 --kv-block-size 16 --num-speculative-tokens 3
+      dspark-kit window plan --context-lengths 10,60,200,64 -W 64 --kv-block-size 16 --num-speculative-tokens 3
     """
     from dspark_kit.specdec.window import draft_seq_len, future_offset, plan_window
 
-    lens = parse_int_list(context_lens, "--context-lens") or fail(
-        "--context-lens: give at least one length, e.g. --context-lens 10,60")
+    lens = parse_int_list(context_lens, "--context-lengths") or fail(
+        "--context-lengths: give at least one length, e.g. --context-lengths 10,60")
     try:
         seqs = [draft_seq_len(method, n, num_speculative_tokens) for n in lens]
         offset = future_offset(method, num_speculative_tokens)
@@ -77,27 +78,27 @@ def tune_cmd(
     recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
     set_: SetOpt = None,
     workdir: WorkdirOpt = None,
-    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="Default: serve.checkpoint.")] = None,
+    checkpoint: Annotated[str | None, option("checkpoint")] = None,
     ks: Annotated[str | None, typer.Option(
         "--ks", help="num_speculative_tokens to compare (default: the draft's block size and one less).")] = None,
     windows: Annotated[str | None, typer.Option(
         "--windows", help="Candidate windows (default: training window x1, x2, x4... below the longest context).")] = None,
-    context_lengths: Annotated[str | None, typer.Option(
-        "--context-lengths", help="Default: eval.context_lengths, else 2x, 4x and 8x the training window.")] = None,
+    context_lengths: Annotated[str | None, option(
+        "context_lengths", help="Default: eval.context_lengths, else 2x, 4x and 8x the training window.")] = None,
     allow_below: Annotated[bool, typer.Option(
         "--allow-below", help="Allow windows below the draft's training window (docs/PITFALLS.md, pitfall 9).")] = False,
-    num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1)] = None,
-    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
-    prompts: Annotated[Path | None, typer.Option(
-        "--prompts", help="jsonl of chats or text lines (default: prompts the draft never trained on, as eval).")] = None,
+    num_prompts: Annotated[int | None, option("num_prompts", min=1, help="Default: eval.num_prompts.")] = None,
+    max_new_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Default: eval.max_new_tokens.")] = None,
+    prompts: Annotated[Path | None, option(
+        "prompts", help="jsonl of chats or text lines (default: prompts the draft never trained on, as eval).")] = None,
     served: Annotated[bool, typer.Option(
         "--served", help="Measure through the recipe's serving engine and recommend by output throughput "
                          "(DIR/eval/served_tune.json).")] = False,
-    concurrency: Annotated[int | None, typer.Option(
-        "--concurrency", min=1, help="--served: requests in flight (default: bench.concurrency).")] = None,
-    device: Annotated[str | None, typer.Option(
-        "--device", help="In-process: auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft "
-                         "(default: where training runs).")] = None,
+    concurrency: Annotated[int | None, option(
+        "concurrency", min=1, help="--served: requests in flight (default: bench.concurrency).")] = None,
+    eval_device: Annotated[str | None, option(
+        "eval_device", help="In-process: auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft "
+                            "(default: where training runs).")] = None,
     dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -119,10 +120,10 @@ def tune_cmd(
     from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluate import EvalError, tune_window
 
-    if served and device:
-        fail("--device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
-             "drop --device or the --served flag")
-    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=device)
+    if served and eval_device:
+        fail("--eval-device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
+             "drop --eval-device or the --served flag")
+    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=eval_device)
     if served:
         return served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
                                prompts, concurrency, dry_run, json_out)

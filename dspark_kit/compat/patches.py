@@ -153,7 +153,7 @@ def refusal(result: ProbeResult, device: str) -> str:
     """The one line train stops with when a probe failed."""
     return (
         f"speculators fix {result.name}: {result.detail}; not patching on a guess "
-        f"(see `dspark-kit doctor --device {device}`)"
+        f"(see `dspark-kit doctor --probe-device {device}`)"
     )
 
 

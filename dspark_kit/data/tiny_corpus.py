@@ -123,7 +123,7 @@ def write_eval_prompts(path: Path, n: int = 32, seed: int = EVAL_SEED) -> Path:
 
     `dspark-kit eval --prompts` takes the prompt of the first `--num-prompts` rows and,
     for `--context-lengths`, prepends the other rows as earlier turns (a multi-turn chat
-    of 1k-2k tokens); `dspark-kit bench --dataset` sends the same first turns, so eval
+    of 1k-2k tokens); `dspark-kit bench --prompts` sends the same first turns, so eval
     and bench measure the same prompts.
     """
     path.parent.mkdir(parents=True, exist_ok=True)

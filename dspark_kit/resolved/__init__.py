@@ -64,7 +64,7 @@ class Resolved(Placement):
 
     A command's flags enter here, not beside it: `engine` (--engine), `checkpoint`
     (--checkpoint), `window` (--draft-window-size N|auto|off, in place of
-    serve.draft_window_size), `eval_device` (eval's and tune's --device). `planning=True` (dry runs) builds nothing and tolerates what
+    serve.draft_window_size), `eval_device` (eval's and tune's --eval-device). `planning=True` (dry runs) builds nothing and tolerates what
     a laptop lacks: no checkpoint yet (K falls back to the recipe), no verifier config
     (verifier.num_hidden_layers, or the tiny verifier's planned config).
     """

@@ -6,7 +6,7 @@ from it), kept apart so the resolver stays readable; callers ask a `Resolved` as
     train_device   train.device as written; auto = detected on this machine
     serve_device   the engine's own for vllm (cuda, or cpu for its CPU build) and vllm-ascend (npu);
                    the local engine runs where training does
-    eval_device    eval's and tune's --device, else where training runs
+    eval_device    eval's and tune's --eval-device, else where training runs
     *_dtype        one rule: float32 on CPU, verifier.dtype on accelerators
 """
 
@@ -71,9 +71,9 @@ class Placement:
             from dspark_kit.devices import detect_device
 
             found = detect_device("auto")
-            return Decision(found, f"--device auto: detected {found} here")
+            return Decision(found, f"--eval-device auto: detected {found} here")
         if choice:
-            return Decision(choice, "--device")
+            return Decision(choice, "--eval-device")
         return Decision(self.train_device.value, f"eval decodes in-process where training runs; {self.train_device.source}")
 
     @cached_property

@@ -133,7 +133,7 @@ EVAL_HEADROOM = 1.15
 def check_eval_device(device: str) -> str:
     kind, sep, index = device.partition(":")
     if kind not in EVAL_DEVICES or (sep and (kind == "auto" or not index.isdigit())):
-        raise ResolveError(f"--device {device!r}: expected auto, cpu, cuda or npu (a device index as cuda:1)")
+        raise ResolveError(f"--eval-device {device!r}: expected auto, cpu, cuda or npu (a device index as cuda:1)")
     return device
 
 

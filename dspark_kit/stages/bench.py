@@ -57,7 +57,7 @@ def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -
         return [until_last_user(c) for c in tiny_held_out(res, num_prompts).chats]
     path = Path(dataset)
     if not path.is_file():
-        raise BenchError(f"--dataset {dataset}: file not found (pass a regen .jsonl or 'builtin')")
+        raise BenchError(f"--prompts {dataset}: file not found (pass a regen .jsonl or 'builtin')")
     prompts = []
     for line in path.read_text().splitlines():
         if not line.strip():
@@ -67,7 +67,7 @@ def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -
         except (json.JSONDecodeError, ConversationError):
             continue  # unusable rows are skipped, as in prepare
     if not prompts:
-        raise BenchError(f"--dataset {dataset}: no usable chat rows (need conversations/messages/prompt)")
+        raise BenchError(f"--prompts {dataset}: no usable chat rows (need conversations/messages/prompt)")
     random.Random(seed).shuffle(prompts)
     return prompts[:num_prompts]
 
@@ -173,9 +173,9 @@ async def run_load(base_url: str, model: str | None, prompts: list[list[dict[str
             if isinstance(e, RequestFailed) and not e.transport:
                 ids = []  # it answers: the model list is optional
             else:
-                raise BenchError(f"--base-url {base_url}: server not reachable "
+                raise BenchError(f"--endpoint {base_url}: server not reachable "
                                  f"({getattr(e, 'reason', None) or 'no answer in 10 s'}); "
-                                 "start it with `dspark-kit serve` or pass the right --base-url") from None
+                                 "start it with `dspark-kit serve` or pass the right --endpoint") from None
         model = model or (preferred_model if preferred_model in ids or not ids else ids[0])
         before = await client.get_text("/metrics")
         sem = asyncio.Semaphore(concurrency)

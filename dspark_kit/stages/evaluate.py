@@ -90,7 +90,7 @@ class EvalSession:
         """`sweep`: the caller passes K to every measure() (tune), so the resolved K is not needed."""
         if res.eval_fit.value is False:  # before loading (or importing) anything: it would not fit
             raise EvalError(f"eval on {res.eval_device.value}: {res.eval_fit.source}; measure through the "
-                            "serving engine instead: `dspark-kit tune --served` (or choose another --device)")
+                            "serving engine instead: `dspark-kit tune --served` (or choose another --eval-device)")
         from transformers import AutoTokenizer
 
         from dspark_kit.specdec.decoder import Verifier

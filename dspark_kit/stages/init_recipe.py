@@ -80,7 +80,7 @@ def _where(opts: InitOptions):
     from dspark_kit.resolved import Resolved
 
     if opts.device not in ("auto", "cpu", "cuda", "npu"):
-        raise InitError(f"--device {opts.device!r}: expected cpu, cuda, npu or auto")
+        raise InitError(f"--target-device {opts.device!r}: expected cpu, cuda, npu or auto")
     res = Resolved(Recipe.model_validate({"verifier": {"path": opts.verifier}, "train": {"device": opts.device}}))
     return res.verifier_path, res.train_device.value
 
@@ -276,8 +276,8 @@ def _train(w: CommentedYaml, d: _Decided) -> None:
     w.key("max_anchors", profile["train"]["max_anchors"])
     w.key("logger", "tensorboard")
     given = opts.device != "auto"
-    w.key("device", d.device, "--device" if given else "this machine's device",
-          show="--device" if given else "this machine")
+    w.key("device", d.device, "--target-device" if given else "this machine's device",
+          show="--target-device" if given else "this machine")
     w.key("nproc", max(1, len(d.train_ids)), "one process per training device")
     if d.accel:
         w.key("devices", _ids(d.train_ids), f"{d.n_dev} devices per node ({d.n_dev_from}): the trainer's share",
@@ -361,12 +361,12 @@ def _num_devices(opts: InitOptions, device: str) -> tuple[int, str]:
 
 
 def write_new_recipe(opts: InitOptions) -> NewRecipe:
-    """Derive, validate as a recipe, then write atomically; an existing file needs force."""
+    """Derive, validate as a recipe, then write atomically; an existing file needs --overwrite."""
     out = opts.output
     if out.is_dir():
-        raise InitError(f"-o {out}: is a directory; pass a file such as recipes/my-verifier.yaml")
+        raise InitError(f"--out {out}: is a directory; pass a file such as recipes/my-verifier.yaml")
     if out.exists() and not opts.force:
-        raise InitError(f"-o {out}: exists; pass --force to overwrite it")
+        raise InitError(f"--out {out}: exists; pass --overwrite to replace it")
     new = derive(opts)
     with tempfile.TemporaryDirectory() as tmp:  # the text itself must load: no unknown key, valid values
         check = Path(tmp) / out.name
