@@ -29,7 +29,6 @@ def test_server_backend_matches_local_backend(tmp_path, tiny_recipe, tiny_verifi
         assert torch.equal(x["hidden_states"], y["hidden_states"])  # same layer tap, same bf16 cast
 
 
-@pytest.mark.slow  # plans with the built-in verifier, which planning still builds
 def test_dry_run_prints_one_command_per_node(tiny_recipe, tmp_path):
     tiny_recipe.hidden_states.backend = "vllm"
     tiny_recipe.train.nnodes = 3

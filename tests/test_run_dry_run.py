@@ -13,7 +13,6 @@ from dspark_kit.stages.steps import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "recipes/tiny-cpu.yaml")
-pytestmark = pytest.mark.slow  # plans with the built-in verifier, which planning still builds
 
 
 def _no_port(text: str) -> str:

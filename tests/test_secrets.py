@@ -80,12 +80,11 @@ def test_planted_key_reaches_no_output_of_a_run(tmp_path, vllm_cpu_stub):
     _assert_clean(outputs, tmp_path)
 
 
-@pytest.mark.slow  # plans with the built-in verifier, which planning still builds
 def test_serve_api_key_travels_in_env_never_argv(tiny_recipe):
     from dspark_kit.engines.servers import server_plan
     from dspark_kit.resolved import Resolved
 
-    local = server_plan(Resolved(tiny_recipe), "chat", port=8123, api_key=TOKEN)
+    local = server_plan(Resolved(tiny_recipe, planning=True), "chat", port=8123, api_key=TOKEN)  # no build
     assert TOKEN not in " ".join(local.argv) and local.env["DSPARK_KIT_API_KEY"] == TOKEN
     assert TOKEN not in local.shell_line() and "DSPARK_KIT_API_KEY=***" in local.shell_line()
 

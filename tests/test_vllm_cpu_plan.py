@@ -123,7 +123,6 @@ def test_cli_serve_hidden_states_on_cpu(vllm_cpu_stub, tmp_path):
     assert kv_config(words)["kv_connector"] == CPU_HIDDEN_STATES_CONNECTOR
 
 
-@pytest.mark.slow  # plans with the built-in verifier, which planning still builds
 def test_cli_serve_refuses_spec_on_cpu_in_one_line(vllm_cpu_stub, tmp_path):
     """Refused before any checkpoint lookup: the reason, not a missing-checkpoint error."""
     res = CliRunner().invoke(app, ["serve", "--role", "spec", "--engine", "vllm", "--set", "train.device=cpu",
