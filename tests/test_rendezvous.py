@@ -167,4 +167,9 @@ def test_regen_dry_run_shows_servers_on_machines_into_one_output(tmp_path):
     assert "# 3 server(s) on 2 machine(s) (10.0.0.5, 10.0.0.6)" in res.stdout
     assert f"one output {tmp_path / 'regen.jsonl'}" in res.stdout and "--resume" in res.stdout
     assert "--host 0.0.0.0" in res.stdout and all(f"endpoint {e}" in res.stdout for e in eps)
+    # each server starts on its endpoint's port (before: every one on serve.port)
+    starts = [line for line in res.stdout.splitlines() if line.startswith("#   10.0.0.")]
+    assert [(line.split(":")[0][4:], line.split("--port ")[1].split()[0]) for line in starts] == [
+        ("10.0.0.5", "8000"), ("10.0.0.5", "8001"), ("10.0.0.6", "8000")]
+    assert "# 10.0.0.5: more than one server on a machine" in res.stdout
     assert not (tmp_path / "regen.jsonl").exists()

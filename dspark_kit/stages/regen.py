@@ -364,7 +364,12 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
          "--resume (default) skips rows already written and retries failed ones, a server that keeps refusing "
          "is dropped and its rows go to the others")]
     if endpoints and res.engine != "local":  # servers other machines send requests to: 0.0.0.0, the endpoint's port
-        lines.append("# start on each server machine (same verifier and thinking mode everywhere):")
+        lines.append("# start on each server machine (same verifier and thinking mode everywhere; each on its "
+                     "endpoint's port):")
+        crowded = sorted(m for m in machines if sum(u.hostname == m for u in urls) > 1)
+        if crowded:
+            lines.append(f"# {', '.join(crowded)}: more than one server on a machine; give each its own "
+                         "devices (serve.devices differs per server, e.g. --set serve.devices=[0,1])")
         for u, e in zip(urls, endpoints, strict=True):
             port = u.port or recipe.serve.port
             lines.append(f"#   {u.hostname or e}: {server_plan(res, 'chat', port=port, host='0.0.0.0').shell_line()}")
