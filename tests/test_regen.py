@@ -24,7 +24,7 @@ from dspark_kit.stages.regen import run_regen
 
 pytestmark = pytest.mark.slow
 RECIPE = {"regen": {"max_tokens": 16, "concurrency": 8, "request_timeout": 60},
-          "data": {"source": "builtin:tiny-chat"}}
+          "data": {"source": "builtin:tiny-chat"}, "serve": {"port": 0}}  # two engines: a free port each
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_sigkill_at_random_moments_then_resume_gives_exactly_20_rows(engines, tm
 
 
 def test_no_endpoint_starts_and_stops_a_local_engine(tmp_path):
-    recipe = Recipe.model_validate({**RECIPE, "serve": {"startup_timeout": 120}})
+    recipe = Recipe.model_validate({**RECIPE, "serve": {"port": 0, "startup_timeout": 120}})
     out = tmp_path / "regen.jsonl"
     summary = run_regen(Resolved(recipe), out, limit=3)
     assert summary["local_engine"] and summary["written"] == 3
