@@ -207,7 +207,11 @@ def _decide(opts: InitOptions) -> _Decided:
 def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
     opts, facts, profile = d.opts, d.facts, d.profile
     w.section("verifier", f"{facts.architecture}, read from config.json, tokenizer and chat template")
-    w.key("path", opts.verifier)
+    local = Path(opts.verifier).expanduser()
+    if local.is_dir():  # absolute: the recipe means the same from any directory
+        w.key("path", str(local.resolve()), "" if local.is_absolute() else f"--verifier {opts.verifier}, made absolute")
+    else:
+        w.key("path", opts.verifier)
     w.key("thinking", d.thinking, f"{d.thinking_from} (docs/PITFALLS.md, pitfall 4)",
           show="chat template" if opts.thinking is None else "flag")
     w.key("trust_remote_code", facts.remote_code,

@@ -371,7 +371,13 @@ def check_verifier(ctx: _Context) -> list[Finding]:
     if not where.is_dir() and not _looks_like_a_path(typed):
         return []  # a hub id (or the tiny verifier before its build)
     found: list[tuple[str, str]] = []
-    if not where.is_dir():
+    if not Path(typed).is_absolute() and not _looks_like_a_path(typed) and where.is_dir():
+        # a recipe's relative path found beside the recipe is absolute by now: this one is only in the
+        # shell's directory, and would load from another directory as a hub id
+        found = [("verifier-relative", (f"verifier.path {typed}: not beside the recipe file, only in the current "
+                                        f"directory ({where.resolve()}); a relative path is read from the recipe "
+                                        "file's folder: write it absolute or relative to the recipe"))]
+    elif not where.is_dir():
         found.append(("verifier-missing", (f"verifier.path {typed}: no such directory here; fix the path "
                                            "(a hub id is written org/name)")))
     else:
