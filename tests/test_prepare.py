@@ -110,3 +110,20 @@ def test_prepare_with_nothing_trainable_is_a_clear_error(tmp_path, tiny_verifier
     with pytest.raises(ValueError, match="no trainable rows.*no assistant turn"):
         prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "p", seq_length=64, thinking=False)
     assert not (tmp_path / "p").exists()  # nothing half-written that looks complete
+
+
+def test_saving_the_prepared_dataset_prints_no_progress_bar(tmp_path, capfd):
+    """prepare's own line says what it wrote; datasets' 'Saving the dataset' tqdm bar on stderr did not
+    belong there (and the setting is restored for whoever else uses datasets)."""
+    import datasets
+
+    from dspark_kit.data.speculators_dataset import DatasetWriter
+
+    (tmp_path / "work").mkdir()
+    w = DatasetWriter(tmp_path / "work")
+    w.add([([1, 2, 3], [0, 1, 1]), ([4, 5], [0, 1])])
+    w.save(tmp_path / "out", seed=0)
+    err = capfd.readouterr().err
+    assert "Saving the dataset" not in err and "%|" not in err, err
+    assert not datasets.are_progress_bars_disabled()
+    assert datasets.load_from_disk(str(tmp_path / "out")).num_rows == 2
