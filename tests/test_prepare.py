@@ -127,3 +127,27 @@ def test_saving_the_prepared_dataset_prints_no_progress_bar(tmp_path, capfd):
     assert "Saving the dataset" not in err and "%|" not in err, err
     assert not datasets.are_progress_bars_disabled()
     assert datasets.load_from_disk(str(tmp_path / "out")).num_rows == 2
+
+
+def test_prepare_cli_prints_one_line_and_names_itself_once(tmp_path):
+    """stdout: the stage's one-line result (it was a raw dict dump); an error names the stage once
+    (it read `prepare: prepare: ...`). The verifier is the tokenizer fixture: prepare reads no weights."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "tiny_tokenizer"
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q {i}"},
+                                                      {"role": "assistant", "content": f"a {i}"}]}) + "\n"
+                             for i in range(3)))
+    base = ["prepare", "--set", f"verifier.path={fixture}", "--set", "regen.enabled=false", "--set",
+            "data.seq_length=64", "-w", str(tmp_path / "run")]
+    r = CliRunner().invoke(app, [*base, "--set", f"data.source={chats}"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().splitlines()[-1] == "prepare: training rows 3", r.stdout
+    assert "{" not in r.stdout
+    r = CliRunner().invoke(app, [*base, "--set", f"data.source={tmp_path / 'missing.jsonl'}"])
+    assert r.exit_code == 1 and r.output.count("prepare:") == 1 and "data.source" in r.output, r.output
