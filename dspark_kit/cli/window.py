@@ -122,7 +122,8 @@ def tune_cmd(
     if served and device:
         fail("--device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
              "drop --device or the --served flag")
-    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=device)
+    # a served dry run plans (before training: the checkpoint path training will write); it starts nothing
+    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=device, planning=served and dry_run)
     if served:
         return served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
                                prompts, concurrency, dry_run, json_out)
