@@ -391,7 +391,8 @@ def check_verifier(ctx: _Context) -> list[Finding]:
     if not where.is_dir() and not _looks_like_a_path(typed):
         return []  # a hub id (or the tiny verifier before its build)
     found: list[tuple[str, str]] = []
-    if not Path(typed).is_absolute() and not _looks_like_a_path(typed) and where.is_dir():
+    relative = not typed.startswith("builtin:") and not Path(typed).is_absolute() and not _looks_like_a_path(typed)
+    if relative and where.is_dir():
         # a recipe's relative path found beside the recipe is absolute by now: this one is only in the
         # shell's directory, and would load from another directory as a hub id
         found = [("verifier-relative", (f"verifier.path {typed}: not beside the recipe file, only in the current "
