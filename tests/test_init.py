@@ -27,6 +27,11 @@ QWEN3_30B_A3B = {
     "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 151936,
     "max_position_embeddings": 40960, "torch_dtype": "bfloat16",
 }  # fmt: skip
+QWEN3_0_6B = {  # small enough for a laptop's memory in float32
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 28, "hidden_size": 1024,
+    "intermediate_size": 3072, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
+}  # fmt: skip
 
 
 # The tiny verifier's tokenizer as Qwen3's tokenizers come: no mask token. Written once by
@@ -47,13 +52,19 @@ def tokenizer(tokenizer_dir):
     return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
-def verifier_dir(root: Path, tokenizer_dir: Path, config: dict | None, template: bool = True) -> Path:
+def verifier_dir(root: Path, tokenizer_dir: Path, config: dict | None, template: bool = True,
+                 weights: bool = True) -> Path:
+    """A config-only verifier (plus the fixture's tokenizer); `weights`: an index and its one empty
+    shard, as a downloaded model has (preflight checks the files are there, nothing reads them)."""
     root.mkdir(parents=True, exist_ok=True)
     for f in tokenizer_dir.iterdir():
         if template or f.name != "chat_template.jinja":
             shutil.copy(f, root / f.name)
     if config is not None:
         (root / "config.json").write_text(json.dumps(config))
+    if weights:
+        (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-1.safetensors"}}))
+        (root / "model-1.safetensors").write_bytes(b"")
     return root
 
 
@@ -72,7 +83,7 @@ def test_init_on_a_qwen3_30b_a3b_shaped_verifier(tmp_path, tokenizer_dir, tokeni
     from dspark_kit.stages.pipeline import pipeline_dry_run
     from dspark_kit.stages.preflight import run_preflight
 
-    verifier = verifier_dir(tmp_path / "Qwen3-30B-A3B", tokenizer_dir, QWEN3_30B_A3B)
+    verifier = verifier_dir(tmp_path / "Qwen3-30B-A3B", tokenizer_dir, QWEN3_30B_A3B, weights=False)
     out = tmp_path / "recipes" / "q30b.yaml"
     r = init("--verifier", str(verifier), "--target-device", "npu", "-o", str(out))
     assert r.exit_code == 0, r.output
@@ -135,7 +146,7 @@ def test_init_with_data_sets_seq_length_from_the_token_lengths(tmp_path, tokeniz
 
 def test_init_cpu_profile_is_the_tiny_recipe(tmp_path, tokenizer_dir):
     """--target-device cpu writes the demo's choices (block, layers, data, training); they must not drift."""
-    verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B)
+    verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_0_6B)
     out = tmp_path / "cpu.yaml"
     assert init("--verifier", str(verifier), "--target-device", "cpu", "-o", str(out)).exit_code == 0
     got, tiny = load_recipe(out), load_recipe(REPO / "recipes" / "tiny-cpu.yaml")
@@ -247,6 +258,90 @@ def test_refuses_an_existing_output_without_force(tmp_path, tokenizer_dir):
 def test_refuses_an_unknown_device(tmp_path, tokenizer_dir):
     verifier, out = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_30B_A3B), tmp_path / "r.yaml"
     refused(init("--verifier", str(verifier), "--target-device", "tpu", "-o", str(out)), out, "--target-device", "tpu")
+
+
+# ---- init -> preflight over verifier shapes, devices, device counts and data ----------
+
+QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 36,
+            "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+LLAMA_3_1_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,
+                "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "vocab_size": 128256, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+SHAPES = {"qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": {**QWEN3_30B_A3B, "moe_intermediate_size": 768, "num_experts": 128,
+                                                  "num_experts_per_tok": 8, "head_dim": 128},
+          "llama-3.1-8b": LLAMA_3_1_8B}  # fmt: skip
+LAPTOP_RAM = 16 * 2**30  # the CPU cells' memory, fixed: whether an 8B fits must not depend on the test host
+
+
+@pytest.fixture()
+def laptop_memory(monkeypatch):
+    from dspark_kit import devices
+
+    real = devices.device_memory_bytes
+    monkeypatch.setattr(devices, "device_memory_bytes", lambda d: LAPTOP_RAM if d.startswith("cpu") else real(d))
+
+
+def _init_then_preflight(tmp_path, verifier: Path, out: Path, args: list[str]) -> tuple[str | None, list]:
+    """(init's one-line refusal or None, then the written recipe's preflight errors)."""
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight import run_preflight
+
+    r = init("--verifier", str(verifier), "-o", str(out), *args)
+    if r.exit_code:
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.output
+        assert not out.exists()
+        return lines[0], []
+    findings = run_preflight(Resolved(load_recipe(out), planning=True), probes=False)  # the probe: installed code
+    return None, [f for f in findings if f.level == "error"]
+
+
+def test_init_then_preflight_over_the_matrix(tmp_path, tokenizer_dir, laptop_memory, monkeypatch):
+    """Every cell: init writes a recipe its own preflight passes, or refuses with one line naming the
+    flag that changes it. Refused: CPU for verifiers past the machine's memory; one accelerator with no
+    --data (the trainer and the extraction server cannot share it, and offline states are TiBs)."""
+    from dspark_kit.devices import detect_device
+
+    monkeypatch.chdir(tmp_path)  # the recipes' workdir (runs/NAME) is planned here; nothing is created
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                                     {"role": "assistant", "content": f"answer {i} " * 8}]}) + "\n"
+                            for i in range(20)))
+    here = detect_device("auto")
+    outcomes = {}
+    for shape, config in SHAPES.items():
+        verifier = verifier_dir(tmp_path / shape, tokenizer_dir, config)
+        for device in ("cuda", "npu", "cpu", None):
+            for n in (1, 2, 8):
+                for with_data in (False, True):
+                    cell = f"{shape}/{device or 'none'}/{n}/{'data' if with_data else 'profile'}"
+                    args = ["--num-devices", str(n), *(["--target-device", device] if device else []),
+                            *(["--data", str(data)] if with_data else [])]
+                    refusal, errors = _init_then_preflight(tmp_path, verifier, tmp_path / f"r{len(outcomes)}.yaml",
+                                                           args)
+                    assert not errors, f"{cell}: init wrote a recipe its preflight rejects: {errors}"
+                    on = device or here
+                    if on == "cpu":  # an 8B in float32 is ~35 GiB: not in LAPTOP_RAM
+                        assert refusal and "--target-device cuda or npu" in refusal and "GiB" in refusal, cell
+                    elif n == 1 and not with_data:
+                        assert refusal and "--num-devices 2" in refusal and "TiB" in refusal, cell
+                    else:
+                        assert refusal is None, f"{cell}: {refusal}"
+                    outcomes[cell] = refusal
+    assert len(outcomes) == 72
+
+
+def test_init_on_cpu_writes_what_fits_and_a_relative_verifier_absolute(tmp_path, tokenizer_dir, laptop_memory,
+                                                                       monkeypatch):
+    """A verifier that fits the laptop gets the demo's recipe, passing preflight; a relative --verifier is
+    written absolute (a relative one, used from another directory, became a hub id)."""
+    verifier_dir(tmp_path / "models" / "q06", tokenizer_dir, QWEN3_0_6B)
+    monkeypatch.chdir(tmp_path / "models")
+    refusal, errors = _init_then_preflight(tmp_path, Path("q06"), tmp_path / "r.yaml", ["--target-device", "cpu"])
+    assert refusal is None and not errors, (refusal, errors)
+    assert yaml.safe_load((tmp_path / "r.yaml").read_text())["verifier"]["path"] == str((tmp_path / "models" /
+                                                                                            "q06").resolve())
 
 
 # ---- the real tiny verifier, and the CLI's preflight + run --dry-run ----------

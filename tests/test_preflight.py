@@ -431,3 +431,55 @@ def test_a_missing_verifier_on_a_recipe_for_another_machine_is_a_warning(tmp_pat
     r = recipe_from_dict({"verifier": {"path": "/mnt/models/q", "num_hidden_layers": 8}, "train": {"device": "npu"}})
     [f] = check_verifier(_context(Resolved(r, tmp_path, planning=True)))
     assert f.level == "warning" and "runs on npu" in f.message and f.code == "verifier-missing"
+
+
+def test_preflight_catches_a_relative_verifier_path_read_from_the_shell(tmp_path, monkeypatch):
+    """A relative verifier.path is read from the recipe file's folder; one that exists only in the shell's
+    directory is named (elsewhere it became a hub id: 24 s of retries, then transformers' error)."""
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight import run_preflight
+
+    (tmp_path / "recipes").mkdir()
+    _verifier_dir(tmp_path)  # tmp_path/verifier, beside the shell, not the recipe
+    f = tmp_path / "recipes" / "r.yaml"
+    f.write_text("verifier:\n  path: verifier\ntrain:\n  device: cpu\nserve:\n  max_model_len: 256\n"
+                 "regen:\n  max_tokens: 64\nbench:\n  max_tokens: 64\n")
+    monkeypatch.chdir(tmp_path)
+    findings = run_preflight(Resolved(load_recipe(f), tmp_path / "run", planning=True), probes=False, storage=False)
+    errors = [fd for fd in findings if fd.level == "error"]
+    assert [fd.code for fd in errors] == ["verifier-relative"], errors
+    assert "verifier.path verifier" in errors[0].message and "relative to the recipe" in errors[0].message
+    # written relative to the recipe, it loads from any directory
+    f.write_text(f.read_text().replace("path: verifier", "path: ../verifier"))
+    monkeypatch.chdir(tmp_path / "recipes")
+    findings = run_preflight(Resolved(load_recipe("r.yaml"), tmp_path / "run", planning=True), probes=False,
+                             storage=False)
+    assert not [fd for fd in findings if fd.level == "error"], findings
+
+
+def test_preflight_refuses_a_cpu_recipe_whose_verifier_does_not_fit_memory(tmp_path, monkeypatch):
+    """On CPU every stage holds the verifier in memory: an 8B in float32 (~35 GiB) on a 16 GiB laptop is
+    refused before anything loads, naming train.device and the fix."""
+    import json as _json
+
+    from dspark_kit import devices
+    from dspark_kit.recipe import recipe_from_dict
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight import run_preflight
+
+    v = _verifier_dir(tmp_path)
+    config = _json.loads((v / "config.json").read_text())
+    (v / "config.json").write_text(_json.dumps({**config, "num_hidden_layers": 36, "hidden_size": 4096,
+                                                "num_attention_heads": 32, "intermediate_size": 12288,
+                                                "vocab_size": 151936}))
+    monkeypatch.setattr(devices, "device_memory_bytes", lambda d: 16 * 2**30)
+    r = recipe_from_dict({"verifier": {"path": str(v)}, "train": {"device": "cpu"}})
+    errors = [f for f in run_preflight(Resolved(r, tmp_path / "run", planning=True), probes=False, storage=False)
+              if f.level == "error"]
+    assert [f.code for f in errors] == ["verifier-memory"], errors
+    assert errors[0].message.startswith("train.device cpu: the verifier (") and "16.0 GiB" in errors[0].message
+    assert "train.device cuda" in errors[0].message and "\n" not in errors[0].message
+    monkeypatch.setattr(devices, "device_memory_bytes", lambda d: 64 * 2**30)  # it fits: no finding
+    assert not [f for f in run_preflight(Resolved(r, tmp_path / "run", planning=True), probes=False, storage=False)
+                if f.code == "verifier-memory"]

@@ -110,3 +110,44 @@ def test_prepare_with_nothing_trainable_is_a_clear_error(tmp_path, tiny_verifier
     with pytest.raises(ValueError, match="no trainable rows.*no assistant turn"):
         prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "p", seq_length=64, thinking=False)
     assert not (tmp_path / "p").exists()  # nothing half-written that looks complete
+
+
+def test_saving_the_prepared_dataset_prints_no_progress_bar(tmp_path, capfd):
+    """prepare's own line says what it wrote; datasets' 'Saving the dataset' tqdm bar on stderr did not
+    belong there (and the setting is restored for whoever else uses datasets)."""
+    import datasets
+
+    from dspark_kit.data.speculators_dataset import DatasetWriter
+
+    (tmp_path / "work").mkdir()
+    w = DatasetWriter(tmp_path / "work")
+    w.add([([1, 2, 3], [0, 1, 1]), ([4, 5], [0, 1])])
+    w.save(tmp_path / "out", seed=0)
+    err = capfd.readouterr().err
+    assert "Saving the dataset" not in err and "%|" not in err, err
+    assert not datasets.are_progress_bars_disabled()
+    assert datasets.load_from_disk(str(tmp_path / "out")).num_rows == 2
+
+
+def test_prepare_cli_prints_one_line_and_names_itself_once(tmp_path):
+    """stdout: the stage's one-line result (it was a raw dict dump); an error names the stage once
+    (it read `prepare: prepare: ...`). The verifier is the tokenizer fixture: prepare reads no weights."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "tiny_tokenizer"
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q {i}"},
+                                                      {"role": "assistant", "content": f"a {i}"}]}) + "\n"
+                             for i in range(3)))
+    base = ["prepare", "--set", f"verifier.path={fixture}", "--set", "regen.enabled=false", "--set",
+            "data.seq_length=64", "-w", str(tmp_path / "run")]
+    r = CliRunner().invoke(app, [*base, "--set", f"data.source={chats}"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().splitlines()[-1] == "prepare: training rows 3", r.stdout
+    assert "{" not in r.stdout
+    r = CliRunner().invoke(app, [*base, "--set", f"data.source={tmp_path / 'missing.jsonl'}"])
+    assert r.exit_code == 1 and r.output.count("prepare:") == 1 and "data.source" in r.output, r.output

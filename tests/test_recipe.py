@@ -139,3 +139,43 @@ def test_recipe_reference_doc_is_in_sync():
 
     doc = (REPO / "docs" / "RECIPES.md").read_text()
     assert reference_markdown() in doc, "regenerate docs/RECIPES.md with `dspark-kit recipe reference`"
+
+
+def test_path_keys_expand_tilde_and_read_relative_paths_from_the_recipe_folder(tmp_path, monkeypatch):
+    """Before: a relative verifier.path was read from the shell's directory (elsewhere: a hub id), and
+    `~` was expanded only in workdir. A --set value is typed at a shell: relative to its directory."""
+    home, recipes, shell = tmp_path / "home", tmp_path / "recipes", tmp_path / "shell"
+    for d in (home, recipes / "models" / "q", recipes / "ckpts" / "e1", shell):
+        d.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(shell)
+    f = recipes / "r.yaml"
+    f.write_text("workdir: ~/runs/x\nverifier:\n  path: models/q\ndata:\n  source: chats.jsonl\n"
+                 "hidden_states:\n  storage_path: ~/hs\nserve:\n  checkpoint: ckpts/e1\n")
+    r = load_recipe(f)
+    assert r.verifier.path == str(recipes.resolve() / "models" / "q")
+    assert r.data.source == str(recipes.resolve() / "chats.jsonl")  # a file need not exist yet
+    assert r.serve.checkpoint == str(recipes.resolve() / "ckpts" / "e1")
+    assert r.workdir == str(home / "runs" / "x") and r.hidden_states.storage_path == str(home / "hs")
+
+    # names stay names: a hub id not beside the recipe, a data preset, builtins, a checkpoint keyword
+    f.write_text("workdir: runs/x\nverifier:\n  path: Qwen/Qwen3-8B\ndata:\n  source: ultrachat\n"
+                 "serve:\n  checkpoint: checkpoint_best\n")
+    r = load_recipe(f)
+    assert (r.verifier.path, r.data.source, r.serve.checkpoint, r.workdir) == (
+        "Qwen/Qwen3-8B", "ultrachat", "checkpoint_best", "runs/x")  # outputs: from the shell's directory
+    assert load_recipe(recipes.parent / "recipes" / "r.yaml", ["verifier.path=builtin:tiny-qwen3"]).verifier.path == \
+        "builtin:tiny-qwen3"
+
+    # --set: from the shell's directory; ~ expanded
+    r = load_recipe(f, ["verifier.path=./mine", "data.source=~/d.jsonl", "hidden_states.storage_path=~/s"])
+    assert r.verifier.path == str(shell.resolve() / "mine")
+    assert r.data.source == str(home / "d.jsonl") and r.hidden_states.storage_path == str(home / "s")
+
+
+def test_data_presets_are_the_sources_presets():
+    """recipe/ tells a preset name from a file by DATA_PRESETS; data/sources.py loads them."""
+    from dspark_kit.data.sources import PRESETS
+    from dspark_kit.recipe import DATA_PRESETS
+
+    assert set(DATA_PRESETS) == set(PRESETS)

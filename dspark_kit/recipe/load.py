@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from dspark_kit.recipe.schema import Recipe, RecipeError
+from dspark_kit.recipe.schema import DATA_PRESETS, Recipe, RecipeError
 
 DEFAULT_RECIPE = "recipes/tiny-cpu.yaml"
 
@@ -49,9 +49,58 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise RecipeError(f"--set {item!r}: value is not valid YAML; quote it, e.g. --set '{key}=\"...\"'") from None
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+# Path keys, and what a relative value means. Inputs the recipe points at are read from the recipe
+# file's folder, so a recipe means the same from any shell directory; the run's outputs (workdir,
+# storage_path) are made where you run, as `-w` is. `~` is the home directory in all of them.
+INPUT_PATHS = (("verifier", "path"), ("data", "source"), ("serve", "checkpoint"))
+OUTPUT_PATHS = (("workdir",), ("hidden_states", "storage_path"))
+
+
+def _is_input_path(key: tuple[str, ...], value: str, base: Path) -> bool:
+    """Whether an input key's value is a local path rather than a name (builtin:, a data preset, a
+    hub id org/name, a checkpoint keyword or epoch number)."""
+    if value.startswith("builtin:"):
+        return False
+    if value.startswith(("/", "~", "./", "../")) or value in (".", ".."):
+        return True
+    if key == ("data", "source"):
+        return value not in DATA_PRESETS  # anything else is a file
+    if key == ("serve", "checkpoint"):
+        return "/" in value  # a bare name is a folder under the run's checkpoints/
+    return (base / value).exists()  # verifier.path: a folder beside the recipe, else a hub id
+
+
+def resolve_path(key: tuple[str, ...], value: Any, base: Path) -> Any:
+    """A path key's value with `~` expanded and, for an input, a relative path made absolute from
+    `base` (the recipe file's folder; the current directory for a `--set`)."""
+    if not isinstance(value, str) or not value.strip():
+        return value  # validation names a wrong type
+    if key in OUTPUT_PATHS:
+        return str(Path(value).expanduser()) if value.startswith("~") else value
+    if key in INPUT_PATHS and _is_input_path(key, value, base):
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (base / path).resolve())
+    return value
+
+
+def resolve_paths(data: dict, base: Path) -> dict:
+    """The file's path keys resolved against its folder `base` (see resolve_path)."""
+    for key in (*INPUT_PATHS, *OUTPUT_PATHS):
+        node = data
+        for part in key[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key[-1] in node:
+            node[key[-1]] = resolve_path(key, node[key[-1]], base)
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str], base: Path | None = None) -> dict:
+    """`--set` items applied to a recipe's mapping; with `base` (the shell's directory, for values typed
+    at a shell) path keys are resolved as the file's are against its folder."""
     for item in overrides:
         path, value = parse_override(item)
+        if base is not None:
+            value = resolve_path(tuple(path), value, base)
         node = data
         for p in path[:-1]:
             nxt = node.setdefault(p, {})
@@ -142,8 +191,8 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
                 require_run_keys: bool = False) -> Recipe:
     """Load a recipe file (+ --set overrides). require_run_keys: also demand RUN_KEYS (recipe validate)."""
     path = Path(path or DEFAULT_RECIPE)
-    data = read_recipe_data(path)
-    data = apply_overrides(data, overrides or [])
+    data = resolve_paths(read_recipe_data(path), path.parent.resolve())
+    data = apply_overrides(data, overrides or [], base=Path.cwd())
     if require_run_keys:
         check_run_keys(data, str(path))
     return recipe_from_dict(data, str(path))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 TINY_VERIFIER = "builtin:tiny-qwen3"
 ENGINES = ("local", "vllm", "vllm-ascend")  # serve.engine values; the one list every module uses
 ROLES = ("chat", "hidden-states", "spec")  # what a server can be started for
+DATA_PRESETS = ("ultrachat", "magpie", "gsm8k")  # data.source names that are not files (data/sources.py)
 
 
 # Bytes per value of each dtype a recipe names (verifier.dtype, hidden_states.dtype): sizes of
@@ -55,7 +56,8 @@ class _Section(BaseModel):
 
 
 class VerifierCfg(_Section):
-    path: str = Field(TINY_VERIFIER, description="HF dir or hub id; builtin:tiny-qwen3 = embedded tiny model")
+    path: str = Field(TINY_VERIFIER, description="HF dir (relative: from the recipe file's folder) or hub id; "
+                                                 "builtin:tiny-qwen3 = embedded tiny model")
     served_name: str | None = Field(None, description="model id clients ask for (default: path; a hidden-states server lists path first, then this)")
     thinking: bool = Field(False, description="chat template thinking mode, same in regen/prepare/bench")
     trust_remote_code: bool = False
@@ -68,7 +70,8 @@ class VerifierCfg(_Section):
 
 
 class DataCfg(_Section):
-    source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, ultrachat|magpie|gsm8k, or a jsonl/json/parquet path")
+    source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, ultrachat|magpie|gsm8k, or a jsonl/json/parquet "
+                                                          "path (relative: from the recipe file's folder)")
     split: str | None = None
     subset: str | None = None
     limit: int | None = Field(None, ge=1)
@@ -112,7 +115,8 @@ class HiddenStatesCfg(_Section):
     mode: Literal["offline", "online"] = "offline"
     backend: Literal["local", "vllm"] = "local"
     target_layer_ids: list[int] | None = Field(None, description="verifier layer ids; default [2, N//2, N-3]")
-    storage_path: str = Field("/tmp/hidden_states", description="vLLM shared_storage_path for online/vllm")
+    storage_path: str = Field("/tmp/hidden_states", description="vLLM shared_storage_path for online/vllm "
+                                                                "(relative: from the current directory, as workdir)")
     storage_shared: bool = Field(
         False, description="storage_path is mounted on every node (checked when one hidden_states.endpoint serves several nodes)")
     endpoint: str | None = Field(None, description="existing hidden-state server base URL (online)")
@@ -182,7 +186,8 @@ class ServeCfg(_Section):
     enforce_eager: bool = False
     compilation_config: dict[str, Any] | None = None
     reasoning_parser: str | None = None
-    checkpoint: str = Field("checkpoint_best", description="path, checkpoint_best, latest or epoch number")
+    checkpoint: str = Field("checkpoint_best", description="checkpoint_best, latest, epoch number, or a path "
+                                                           "(with a /; relative: from the recipe file's folder)")
     num_speculative_tokens: int | Literal["auto"] = Field(
         "auto", description="auto = tuned K, else the checkpoint's trained slots (= draft.block_size)")
     draft_window_size: int | Literal["auto", "off"] = Field(

@@ -207,7 +207,11 @@ def _decide(opts: InitOptions) -> _Decided:
 def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
     opts, facts, profile = d.opts, d.facts, d.profile
     w.section("verifier", f"{facts.architecture}, read from config.json, tokenizer and chat template")
-    w.key("path", opts.verifier)
+    local = Path(opts.verifier).expanduser()
+    if local.is_dir():  # absolute: the recipe means the same from any directory
+        w.key("path", str(local.resolve()), "" if local.is_absolute() else f"--verifier {opts.verifier}, made absolute")
+    else:
+        w.key("path", opts.verifier)
     w.key("thinking", d.thinking, f"{d.thinking_from} (docs/PITFALLS.md, pitfall 4)",
           show="chat template" if opts.thinking is None else "flag")
     w.key("trust_remote_code", facts.remote_code,
@@ -372,8 +376,35 @@ def write_new_recipe(opts: InitOptions) -> NewRecipe:
         check = Path(tmp) / out.name
         check.write_text(new.text)
         try:
-            load_recipe(check, require_run_keys=True)
+            recipe = load_recipe(check, require_run_keys=True)
         except RecipeError as e:
             raise InitError(f"internal: the derived recipe does not load ({e})") from None
+    _own_preflight(recipe, opts)
     atomic.write_text(out, new.text)
     return new
+
+
+def _own_preflight(recipe, opts: InitOptions) -> None:
+    """init writes only what its own preflight passes: what the verifier and this machine rule out is
+    refused here, with the init flag that changes it (probes skipped: they are about installed code)."""
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight import run_preflight
+
+    res = Resolved(recipe, planning=True)
+    errors = [f for f in run_preflight(res, probes=False, checkpoints=False, storage=False) if f.level == "error"]
+    if not errors:  # the storage plan tokenizes a data sample: only for a recipe nothing else refuses
+        errors = [f for f in run_preflight(res, probes=False, checkpoints=False) if f.level == "error"]
+    if not errors:
+        return
+    f = errors[0]
+    if f.code == "verifier-memory":
+        where = "--target-device cpu" if opts.device == "cpu" else "this machine (cpu: no GPU or NPU seen)"
+        raise InitError(f"{where}: {f.message.split('; ')[0].removeprefix('train.device cpu: ')}; pass "
+                        "--target-device cuda or npu to write a recipe for an accelerator machine, or a smaller --verifier")
+    if f.code == "storage" and recipe.train.devices == recipe.serve.devices:
+        need = f.message.removeprefix("offline hidden states ").split(":")[0]  # "need ~X more in DIR, which has Y free"
+        one = "--num-devices 1" if opts.num_devices else "one device visible here"
+        raise InitError(f"{one}: the extraction server cannot run beside the trainer on one device, and "
+                        f"offline hidden states {need}; pass --num-devices 2 or more (online hidden states), or "
+                        "--data with fewer chats")
+    raise InitError(f"the recipe would fail its own preflight ({f.code}): {f.message}")

@@ -352,9 +352,29 @@ def check_storage(ctx: _Context) -> list[Finding]:
     if plan.fits is not False:
         return []
     return [Finding("error", "storage", f"offline hidden states need ~{human(plan.needed)} more in {plan.dest}, "
-                                        f"which has {human(plan.free)} free: free space there, or set "
-                                        "hidden_states.mode: online (the trainer asks a server; nothing is "
-                                        "written ahead)")]  # fmt: skip
+                                        f"which has {human(plan.free)} free: free space there, lower data.limit, "
+                                        "or set hidden_states.mode: online with serve.devices apart from "
+                                        "train.devices (the trainer asks a server; nothing is written ahead)")]  # fmt: skip
+
+
+def check_memory(ctx: _Context) -> list[Finding]:
+    """On CPU the verifier sits in this machine's memory for regen's server, hidden states and eval:
+    a verifier that does not fit fails the first stage, after minutes of loading."""
+    from dspark_kit.devices import device_memory_bytes
+    from dspark_kit.resolved.rules import eval_fit
+    from dspark_kit.specdec.verifier import param_count
+
+    res = ctx.res
+    if res.train_device.value != "cpu" or ctx.verifier_config is None:
+        return []
+    fit = eval_fit(param_count(ctx.verifier_config), res.hidden_states_dtype.value, "cpu",
+                   device_memory_bytes("cpu"), ctx.recipe.verifier.path)
+    if fit.value is not False:
+        return []
+    return [Finding("error", "verifier-memory", f"train.device cpu: {fit.source}; on CPU regen, hidden states and "
+                                                "eval hold it in memory: run on an accelerator (train.device cuda "
+                                                "or npu; `dspark-kit init --target-device cuda|npu` writes such a recipe) "
+                                                "or choose a smaller verifier.path")]
 
 
 def _looks_like_a_path(path: str) -> bool:
@@ -371,7 +391,14 @@ def check_verifier(ctx: _Context) -> list[Finding]:
     if not where.is_dir() and not _looks_like_a_path(typed):
         return []  # a hub id (or the tiny verifier before its build)
     found: list[tuple[str, str]] = []
-    if not where.is_dir():
+    relative = not typed.startswith("builtin:") and not Path(typed).is_absolute() and not _looks_like_a_path(typed)
+    if relative and where.is_dir():
+        # a recipe's relative path found beside the recipe is absolute by now: this one is only in the
+        # shell's directory, and would load from another directory as a hub id
+        found = [("verifier-relative", (f"verifier.path {typed}: not beside the recipe file, only in the current "
+                                        f"directory ({where.resolve()}); a relative path is read from the recipe "
+                                        "file's folder: write it absolute or relative to the recipe"))]
+    elif not where.is_dir():
         found.append(("verifier-missing", (f"verifier.path {typed}: no such directory here; fix the path "
                                            "(a hub id is written org/name)")))
     else:
@@ -468,7 +495,7 @@ def check_ports(ctx: _Context) -> list[Finding]:
     return out
 
 
-CHECKS = [check_verifier, check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask,
+CHECKS = [check_verifier, check_memory, check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask,
           check_windows, check_checkpoint, check_engine, check_parallel, check_lengths, check_ports,
           check_multinode, check_transport, check_storage]  # fmt: skip
 

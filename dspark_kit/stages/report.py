@@ -292,6 +292,32 @@ def context_png(run_dir: Path, path: Path) -> Path | None:
 # ---- the report ----------------------------------------------------------------
 
 
+def _read_json_or_empty(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def training_stopped_line(run: RunDir) -> str | None:
+    """"Training stopped after epoch N of M" when the run's training did not finish (interrupted or
+    failed: the run's state says so, or fewer whole epochs than train.epochs with no max_steps), with
+    the command that resumes it; None when it finished or never started."""
+    from dspark_kit.specdec.checkpoints import complete_epochs
+
+    train = (_read_json_or_empty(run.manifest).get("recipe") or {}).get("train") or {}
+    planned, status = train.get("epochs"), (_read_json_or_empty(run.state).get("train") or {}).get("status")
+    done = len(complete_epochs(run.checkpoints))
+    if not isinstance(planned, int) or status == "done" or (status is None and (not done or train.get("max_steps"))):
+        return None
+    if done >= planned:
+        return None
+    how = "interrupted or failed" if status else "fewer whole epochs than train.epochs"
+    return (f"**Training stopped after epoch {done} of {planned}** ({how}): `dspark-kit run --replay {run.root}` "
+            "resumes it from the last whole epoch (finished stages are skipped).")
+
+
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write `run_dir/report/report.md` (or `out`) with PNGs in run_dir/report; returns its path."""
     from dspark_kit.stages.plots import lines
@@ -310,6 +336,9 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     best_link = run.checkpoints / "checkpoint_best"
     best = os.readlink(best_link) if best_link.is_symlink() else None
     parts.append("## Training (teacher-forced validation per epoch)")
+    stopped = training_stopped_line(run)
+    if stopped:
+        parts.append(stopped)
     if epochs:
         parts.append(epoch_markdown(epochs, best))
         parts.append("Teacher-forced `accept_len` is not serving acceptance: the bench "

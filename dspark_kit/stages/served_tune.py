@@ -172,6 +172,8 @@ def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, k
             "concurrency": concurrency, "estimated_s": round(seconds), "estimate": how, "notes": notes,
             "file": str(path)}
     if dry_run:
+        if not res.checkpoint_exists:
+            notes.append(f"not trained yet: the sweep will load {res.checkpoint} (train first)")
         return {"plan": plan}
     points = list(saved)
     extra = {"prompts_source": prompts_source}
