@@ -13,6 +13,7 @@ import sys
 import time
 
 from dspark_kit.engines import openai_base_url
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import hidden_state_file, hidden_state_rows
 
@@ -101,11 +102,12 @@ def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
     return get_indices_to_process(n, None, sorted(have), world_size, rank)
 
 
-def run_offline_vllm(res: Resolved) -> dict:
+def run_offline_vllm(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     """speculators generate-offline-data against the extraction server; a row that fails stops it
     (--fail-on-error) and the error names the row, never a file silently left out."""
     from dspark_kit.engines.servers import hidden_state_server
-    from dspark_kit.stages.train import LaunchPlan, failed_row, log_since, run_training
+    from dspark_kit.logs import log_since
+    from dspark_kit.stages.train import LaunchPlan, failed_row, run_training
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank
@@ -115,7 +117,7 @@ def run_offline_vllm(res: Resolved) -> dict:
         argv = offline_command(res, endpoint.url, world, rank)
         # speculators logs through rich, which wraps messages at 80 columns in a pipe: wide enough
         # that the line naming a failed row stays whole
-        code, gone = run_training(LaunchPlan(argv, {"COLUMNS": "240"}), log, watch=endpoint.gone)
+        code, gone = run_training(LaunchPlan(argv, {"COLUMNS": "240"}), log, watch=endpoint.gone, reporter=reporter)
     if gone:
         raise RuntimeError(f"{gone}; rerun to resume (written files are kept)")
     if code != 0:

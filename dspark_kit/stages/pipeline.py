@@ -139,7 +139,7 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
         t0 = time.time()
         try:
             with display.stage(name, res.run.stage_log(name)):
-                summary = stage.run(res)
+                summary = stage.run(res, display.reporter)
         except BaseException:
             state[name]["status"] = "failed"
             save_state(workdir, state)

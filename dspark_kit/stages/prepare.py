@@ -50,7 +50,7 @@ from dspark_kit.data.conversations import (
 )
 from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.data.speculators_dataset import DatasetWriter
-from dspark_kit.progress import note, progress_bar
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.stages.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
 
 _TOKENIZER = None
@@ -96,7 +96,7 @@ class PrepareSummary:
             self.warnings.append("verifier.thinking is true but no reply carries reasoning: regenerate in "
                                  "thinking mode (with vLLM: --reasoning-parser qwen3 keeps it) or set thinking false")
 
-    def log(self) -> None:
+    def log(self, note) -> None:
         note(f"prepare: {self.conversations_used} of {self.conversations_in} conversations used -> "
              f"{self.rows_out} rows")
         for reason, n in self.rejected.most_common():
@@ -270,6 +270,7 @@ def prepare(
     meta: dict | None = None,
     keep_truncated: bool = False,
     pre_rejected: Counter | None = None,
+    reporter: Reporter = STANDALONE,
 ) -> PrepareSummary:
     """Tokenize `rows` and write the speculators dataset atomically to `out_dir`.
 
@@ -284,7 +285,7 @@ def prepare(
     try:
         writer = DatasetWriter(work)
         chunks = ((c, thinking, seq_length, keep_truncated) for c in _chunks(rows, 64))
-        with progress_bar("prepare", total=total, unit="conv") as bar:
+        with reporter.bar("prepare", total=total, unit="conv") as bar:
             if num_workers > 1:
                 pool = ProcessPoolExecutor(num_workers, initializer=_init_worker, initargs=(tokenizer_path, trust_remote_code))
                 results = pool.map(_work, chunks)
@@ -321,7 +322,7 @@ def prepare(
         for reason, n in (pre_rejected or {}).items():
             summary.reject(reason, n)
         summary.check_thinking(thinking)
-        summary.log()
+        summary.log(reporter.note)
         if summary.rows_out == 0:
             raise ValueError(
                 f"prepare: no trainable rows out of {summary.conversations_in} conversations "

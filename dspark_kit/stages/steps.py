@@ -1,5 +1,6 @@
-"""The eight stages, each with the same small interface: `run(res)` does the work and returns
-a summary dict with one key figure, `plan(res)` returns what it would launch (the exact
+"""The eight stages, each with the same small interface: `run(res, reporter)` does the work
+(showing its progress and notes through `reporter`: `run`'s stage line, or a stage command's
+console) and returns a summary dict with one key figure, `plan(res)` returns what it would launch (the exact
 commands, or a note for in-process work) for `--dry-run`. `res` is the command's one
 `Resolved` (recipe, run folder and every derived value). `REGISTRY` is the one list the
 pipeline, `run --dry-run` and every stage command use."""
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dspark_kit.progress import note
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
 
 
@@ -18,16 +19,16 @@ from dspark_kit.resolved import Resolved
 class Stage:
     name: str
     sections: tuple[str, ...]  # recipe sections whose change invalidates the stage
-    run: Callable[[Resolved], dict]  # do it; a summary dict
+    run: Callable[[Resolved, Reporter], dict]  # do it; a summary dict
     plan: Callable[[Resolved], list[str]]  # what it would launch (dry run)
     key: str  # summary field shown in the final table
 
 
-def stage_regen(res: Resolved) -> dict:
-    from dspark_kit.progress import progress_bar
+def stage_regen(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.regen import failure_verdict, run_regen
 
-    with progress_bar("regen", total=res.recipe.data.limit, unit="row") as bar:
+    note = reporter.note
+    with reporter.bar("regen", total=res.recipe.data.limit, unit="row") as bar:
         s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
                       engine_log=res.run.server_log("chat"))
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
@@ -41,7 +42,7 @@ def stage_regen(res: Resolved) -> dict:
     return s
 
 
-def stage_prepare(res: Resolved) -> dict:
+def stage_prepare(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.prepare import prepare
     from dspark_kit.stages.prepare_input import prepare_input_rows
 
@@ -53,25 +54,25 @@ def stage_prepare(res: Resolved) -> dict:
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
         keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable,
-        meta={"verifier": recipe.verifier.path, "source": source},
+        meta={"verifier": recipe.verifier.path, "source": source}, reporter=reporter,
     )
     return s.as_dict()
 
 
-def stage_hidden_states(res: Resolved) -> dict:
+def stage_hidden_states(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     recipe = res.recipe
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
     if recipe.hidden_states.backend != "local":
         from dspark_kit.stages.hidden_states_vllm import run_offline_vllm
 
-        return run_offline_vllm(res)
+        return run_offline_vllm(res, reporter)
     from dspark_kit.stages.hidden_states import generate_offline
 
     s = generate_offline(
         res.run.prepared, res.verifier_path, res.exported_layer_ids, device=res.train_device.value,
         dtype=res.hidden_states_dtype.value, out_dtype=res.hidden_states_out_dtype.value,
-        trust_remote_code=recipe.verifier.trust_remote_code,
+        trust_remote_code=recipe.verifier.trust_remote_code, reporter=reporter,
     )
     return s.as_dict()
 
@@ -98,7 +99,7 @@ def train_plan(res: Resolved, hidden_states_endpoint: str | None = None):
     return plan
 
 
-def stage_train(res: Resolved) -> dict:
+def stage_train(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
     from dspark_kit.stages.train import (
@@ -109,9 +110,9 @@ def stage_train(res: Resolved) -> dict:
     )
 
     recipe, run = res.recipe, res.run
-    enforce(res, "train")
+    enforce(res, "train", log=reporter.note)
     for d in set_aside_incomplete_checkpoints(run.checkpoints):
-        note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
+        reporter.note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
     from contextlib import ExitStack
 
@@ -127,7 +128,7 @@ def stage_train(res: Resolved) -> dict:
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        code, gone = run_training(plan, log, watch=endpoint.gone if endpoint else None)
+        code, gone = run_training(plan, log, watch=endpoint.gone if endpoint else None, reporter=reporter)
     res.checkpoints_changed()
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")
@@ -222,7 +223,7 @@ def plan_train(res: Resolved) -> list[str]:
     return [*lines, *train_dry_run(res)]
 
 
-def run_eval(res: Resolved) -> dict:
+def run_eval(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     """In-process when the verifier fits the eval device, else through the serving engine (Resolved.eval_mode)."""
     if res.eval_mode.value == "served":
         from dspark_kit.stages.served_tune import served_eval
@@ -249,7 +250,7 @@ def plan_eval(res: Resolved) -> list[str]:
     return [f"# in-process: offline acceptance on {device}, {where} (why: {mode.source})"]
 
 
-def run_serve(res: Resolved) -> dict:
+def run_serve(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.serve import stage_serve_check
 
     return stage_serve_check(res)
@@ -259,7 +260,7 @@ def plan_serve(res: Resolved) -> list[str]:
     return _spec_server_dry_run(res, "serve check")
 
 
-def run_bench(res: Resolved) -> dict:
+def run_bench(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.bench import stage_bench
 
     return stage_bench(res)
@@ -269,7 +270,7 @@ def plan_bench(res: Resolved) -> list[str]:
     return [*_spec_server_dry_run(res, "bench"), f"# in-process: benchmark that server -> {res.run.bench}"]
 
 
-def run_report(res: Resolved) -> dict:
+def run_report(res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.report import stage_report
 
     return stage_report(res.recipe, res.run.root)
