@@ -39,7 +39,7 @@ def test_only_the_reporter_handed_down_reaches_the_display(tmp_path, capsys):
     """No module-level "current display": a stage command's note inside a display's block goes to
     stderr as always, and only code handed `d.reporter` draws on the stage line."""
     out = io.StringIO()
-    with StageDisplay(out, terminal=False) as d:
+    with StageDisplay(out, terminal=False):
         note("a stage command's note")
         STANDALONE.note("another")
     assert out.getvalue() == "" and "a stage command's note\nanother\n" == capsys.readouterr().err

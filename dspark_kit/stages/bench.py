@@ -23,6 +23,7 @@ from dspark_kit import atomic
 from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.engines.chat_client import ChatClient, RequestFailed
 from dspark_kit.engines.prom import MetricsError, server_delta, spec_decode_delta
+from dspark_kit.jsonl import BadLine, read_jsonl
 from dspark_kit.resolved import Resolved
 
 SCHEMA = "dspark-kit.bench/1"
@@ -58,12 +59,11 @@ def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -
     if not path.is_file():
         raise BenchError(f"--dataset {dataset}: file not found (pass a regen .jsonl or 'builtin')")
     prompts = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
+    for row in read_jsonl(path):
         try:
-            prompts.append(_first_turn(normalize(json.loads(line))))
-        except (json.JSONDecodeError, ConversationError):
+            if not isinstance(row, BadLine):
+                prompts.append(_first_turn(normalize(row)))
+        except ConversationError:
             continue  # unusable rows are skipped, as in prepare
     if not prompts:
         raise BenchError(f"--dataset {dataset}: no usable chat rows (need conversations/messages/prompt)")

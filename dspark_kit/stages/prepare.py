@@ -50,6 +50,7 @@ from dspark_kit.data.conversations import (
 )
 from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.data.speculators_dataset import DatasetWriter
+from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.stages.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
 
@@ -111,13 +112,6 @@ class PrepareSummary:
 REASONING_WITH_THINKING_OFF = ("reply carries reasoning but verifier.thinking is false "
                                "(the verifier never writes it in that mode; regenerate or set verifier.thinking)")
 NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
-
-
-class InvalidLine:
-    """A jsonl line that did not parse; rejected with its reason like any unusable row."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
 
 
 def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False) -> list[str]:
@@ -203,7 +197,7 @@ def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
     out: list[dict] = []
     planned: list[tuple[int, list[str]]] = []  # (index in out, texts)
     for raw in raw_rows:
-        if isinstance(raw, InvalidLine):
+        if isinstance(raw, BadLine):  # a jsonl line that did not parse: rejected with its reason
             out.append({"error": raw.reason})
             continue
         try:
@@ -243,17 +237,6 @@ def _chunks(rows: Iterable, size: int) -> Iterator[list]:
             buf = []
     if buf:
         yield buf
-
-
-def read_jsonl(path: Path) -> Iterator[dict | InvalidLine]:
-    """Rows of a jsonl file; an unparsable line is yielded as InvalidLine (rejected with its reason)."""
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield InvalidLine(f"invalid JSON line ({e.msg})")
 
 
 def prepare(
