@@ -199,3 +199,14 @@ def test_report_eval_table_leaves_the_tune_result_out(tmp_path):
     assert table[2:] == ["| eval | 3.250 | 0.900, 0.700 |"], section  # after the header and its rule
     assert "{" not in section and "window_tune |" not in section
     assert "recommended K 4, draft window 256" in section
+
+
+def test_report_reads_bench_files_from_before_the_figure_was_renamed(tmp_path):
+    """bench json wrote per_position_acceptance_rates before issue 28; the report still shows it."""
+    from dspark_kit.stages.report import bench_markdown
+
+    counts = {"num_drafts": 10, "num_accepted_tokens": 5}
+    old = {"label": "old", "spec_decode": {**counts, "acceptance_length": 1.5, "per_position_acceptance_rates": [0.4, 0.1]}}
+    new = {"label": "new", "spec_decode": {**counts, "acceptance_length": 1.7, "per_position_acceptance": [0.5, 0.2]}}
+    md = bench_markdown([old, new])
+    assert "| pos0 rate | 0.4000 | 0.5000 |" in md and "| pos1 rate | 0.1000 | 0.2000 |" in md

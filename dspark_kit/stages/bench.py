@@ -284,7 +284,7 @@ def served_k(spec_decode: dict | None, res: Resolved) -> dict[str, Any]:
     """The K the server really ran: vLLM (and our engine) export one per-position acceptance
     series per drafted slot, so their count is K; without spec metrics, what the resolver
     decided for the recipe's engine."""
-    rates = (spec_decode or {}).get("per_position_acceptance_rates") or []
+    rates = (spec_decode or {}).get("per_position_acceptance") or []
     if rates:
         return {"num_speculative_tokens": len(rates),
                 "num_speculative_tokens_source": "server /metrics (per-position series)"}

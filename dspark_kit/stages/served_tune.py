@@ -61,7 +61,7 @@ async def measure(url: str, model: str, prompts: list[list[int]], concurrency: i
     s = summarize(records, duration)
     spec = spec_decode_delta(before, after) if before is not None and after is not None else None
     return {"acceptance_length": round(spec["acceptance_length"], 4) if spec else None,
-            "per_position_acceptance": [round(x, 4) for x in spec["per_position_acceptance_rates"]] if spec else [],
+            "per_position_acceptance": [round(x, 4) for x in spec["per_position_acceptance"]] if spec else [],
             "output_throughput": round(s["output_throughput"], 3) if s["completed"] else None,
             "ttft_ms": round(s["mean_ttft_ms"], 2) if s["mean_ttft_ms"] is not None else None,
             "tpot_ms": round(s["mean_tpot_ms"], 2) if s["mean_tpot_ms"] is not None else None,
