@@ -13,7 +13,8 @@ from dspark_kit.resolved import Resolved
 pytestmark = pytest.mark.slow
 
 
-def test_metrics_deltas_equal_the_engines_own_count(trained_run, tiny_recipe):
+def test_metrics_deltas_equal_the_engines_own_count(own_trained_run, tiny_recipe):
+    trained_run = own_trained_run  # bench writes bench/ into it
     from dspark_kit.stages.bench import run_bench
 
     res = Resolved(tiny_recipe, trained_run)
