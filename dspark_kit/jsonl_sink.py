@@ -2,21 +2,22 @@
 
 Rows are streamed, not written temp+rename: a crash keeps every finished row.
 Each write is flushed and every `fsync_every` lines fsync'ed (off the writer's thread); a resume cuts a
-partial last line, drops unparsable ones and returns the keys already done.
+partial last line, drops unparsable ones and returns the keys already done (read with dspark_kit.jsonl).
 A side file of per-key entries (e.g. errors) is compacted after a run to the
 latest entry per key, minus the keys that have since succeeded.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from dspark_kit.jsonl import BadLine, read_jsonl_raw
 
 Key = Callable[[dict[str, Any]], Any]
 
@@ -31,17 +32,20 @@ def open_for_resume(path: Path, resume: bool, key: Key) -> tuple[set[int], dict[
     if not resume or not path.exists():
         path.write_bytes(b"")
         return set(), info
-    data = path.read_bytes()
-    keep = data[: data.rfind(b"\n") + 1]  # up to the last complete line (or nothing)
-    info["truncated_bytes"] = len(data) - len(keep)
     done: set[int] = set()
     good: list[bytes] = []
-    for line in keep.splitlines(keepends=True):
+    for raw, row in read_jsonl_raw(path, whole_lines_only=True):
+        if isinstance(row, BadLine) and row.torn:  # a partial last line: the rest of its row was never written
+            info["truncated_bytes"] = len(raw)
+            continue
         try:
-            done.add(int(key(json.loads(line))))
-            good.append(line)
+            if not isinstance(row, BadLine):
+                done.add(int(key(row)))
+                good.append(raw)
+                continue
         except (ValueError, KeyError, TypeError):
-            info["dropped_lines"] += 1
+            pass
+        info["dropped_lines"] += 1
     if info["truncated_bytes"] or info["dropped_lines"]:
         tmp = path.with_name(path.name + ".repair")
         tmp.write_bytes(b"".join(good))
@@ -103,32 +107,32 @@ class JsonlSink:
             raise self._error
 
 
+def _keyed(path: Path, key: Key) -> Iterator[tuple[int, bytes]]:
+    """(key, line) of a side file's entries with a usable key (none when it is missing)."""
+    if not path.exists():
+        return
+    for raw, row in read_jsonl_raw(path):
+        try:
+            if not isinstance(row, BadLine):
+                yield int(key(row)), raw.rstrip(b"\r\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+
+
 def keys_in(path: Path, key: Key) -> set[int]:
     """The keys of a side file's entries (none when it is missing)."""
-    keys: set[int] = set()
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                keys.add(int(key(json.loads(line))))
-            except (ValueError, KeyError, TypeError):
-                continue
-    return keys
+    return {k for k, _ in _keyed(path, key)}
 
 
 def compact_by_key(path: Path, settled: set[int], key: Key) -> None:
     """One entry per key (the latest), none for the `settled` keys; the file goes when none is left."""
     if not path.exists():
         return
-    latest: dict[int, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            latest[int(key(json.loads(line)))] = line
-        except (ValueError, KeyError, TypeError):
-            continue
+    latest = dict(_keyed(path, key))
     keep = [line for k, line in latest.items() if k not in settled]
     if not keep:
         path.unlink()
         return
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    tmp.write_bytes(b"".join(line + b"\n" for line in keep))
     os.replace(tmp, path)

@@ -1,7 +1,8 @@
 """What a person sees while the kit works: progress bars, notes, and `run`'s one line per stage.
 
 Outside `run` (a stage command on its own) a progress bar is a rich bar on a terminal and
-nothing elsewhere, and notes go to stderr. Inside `run`, a `StageDisplay` is active: each stage
+nothing elsewhere, and notes go to stderr (`STANDALONE`). Inside `run`, a `StageDisplay` shows the
+stages, and its `reporter` is handed down to each stage's code (no global "current display"): each stage
 is one line (live on a terminal: progress, rate, ETA; plain lines elsewhere, never redrawn),
 replaced by its one-line result; everything the stage's code, its libraries and its child
 processes print goes to the stage's log under DIR/logs (at the file-descriptor level, so C
@@ -30,6 +31,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from dspark_kit.logs import log_tail
 
 PLAIN_EVERY_S = 30.0  # a plain (non-terminal) progress line at most this often
 TAIL_LINES = 20  # log lines shown when a stage fails
@@ -64,11 +67,7 @@ class _Rate(TextColumn):
 
 @contextlib.contextmanager
 def progress_bar(label: str, total: int | None, unit: str = "it") -> Iterator[_Bar]:
-    """A bar for `label`; inside `run` it drives the stage's line instead of drawing its own."""
-    display = _active
-    if display is not None and not display.verbose:
-        yield display.line_bar(label, total, unit)
-        return
+    """A stage command's bar for `label`: a rich bar on a terminal, nothing elsewhere."""
     console = Console(stderr=True)
     if not console.is_terminal and not sys.stderr.isatty():
         yield _Bar(None, None, unit)
@@ -80,17 +79,25 @@ def progress_bar(label: str, total: int | None, unit: str = "it") -> Iterator[_B
 
 
 def note(message: str) -> None:
-    """Human-readable status on stderr (stdout stays clean for --json); inside `run`, above the stage line."""
-    display = _active
-    if display is not None and not display.verbose:
-        display.note(message)
-        return
+    """A stage command's human-readable status: on stderr (stdout stays clean for --json)."""
     print(message, file=sys.stderr, flush=True)
 
 
-def echo_child_output() -> bool:
-    """Whether a stage should copy its child process's output to the console (it always logs it)."""
-    return _active is None or _active.verbose
+class Reporter:
+    """How stage code shows its progress and notes, handed down to it (`stage.run(res, reporter)`,
+    `run_training(..., reporter=...)`): nothing global decides it. This one is a stage command on
+    its own (and `run -v`): progress_bar, note, and a child process's output echoed to the console."""
+
+    echo_children = True  # copy a child process's output to the console (it is always logged)
+
+    def bar(self, label: str, total: int | None, unit: str = "it") -> contextlib.AbstractContextManager[_Bar]:
+        return progress_bar(label, total, unit)
+
+    def note(self, message: str) -> None:
+        note(message)
+
+
+STANDALONE = Reporter()
 
 
 class _Tee:
@@ -127,8 +134,6 @@ def tee_stderr(path):
 
 
 # ---- `run`: one line per stage ------------------------------------------------------
-
-_active: StageDisplay | None = None
 
 
 def _fmt_s(seconds: float) -> str:
@@ -201,6 +206,23 @@ class _LineBar(_Bar):
         self.display.changed()
 
 
+class _LineReporter(Reporter):
+    """Inside `run`: a bar moves the stage's line, a note goes above it (and into the stage's log),
+    a child's output only into its log."""
+
+    echo_children = False
+
+    def __init__(self, display: StageDisplay):
+        self.display = display
+
+    @contextlib.contextmanager
+    def bar(self, label: str, total: int | None, unit: str = "it") -> Iterator[_Bar]:
+        yield self.display.line_bar(label, total, unit)
+
+    def note(self, message: str) -> None:
+        self.display.note(message)
+
+
 class StageDisplay:
     """`run`'s console: `with StageDisplay() as d: with d.stage("train", log_path): ...`."""
 
@@ -218,22 +240,23 @@ class StageDisplay:
 
     # ---- lifetime ---------------------------------------------------------------
     def __enter__(self) -> Self:
-        global _active
         try:  # our own handle on the console, so redirecting fd 1/2 during a stage leaves it alone
             self._owned = os.fdopen(os.dup(self.stream.fileno()), "w", buffering=1, encoding="utf-8",
                                     errors="replace")
             self._out = self._owned
         except (AttributeError, OSError, ValueError):  # a stream without a descriptor (tests): use it as is
             self._out = self.stream
-        _active = self
         return self
 
     def __exit__(self, *exc) -> None:
-        global _active
-        _active = None
         if self._owned is not None:
             self._owned.close()
             self._owned = None
+
+    @property
+    def reporter(self) -> Reporter:
+        """What the stages it shows report through: their lines (verbose: streamed, as stage commands)."""
+        return STANDALONE if self.verbose else _LineReporter(self)
 
     def say(self, text: str) -> None:
         """A line on the console (above a live line)."""
@@ -269,7 +292,7 @@ class StageDisplay:
                      + ("; the last lines of its logs:" if written else ""))
             for path in written:
                 self.say(f"  last lines of {path}:")
-                for text in tail(path, TAIL_LINES):
+                for text in log_tail(path, TAIL_LINES) or []:
                     self.say(f"  | {text}")
             raise
         finally:
@@ -374,17 +397,3 @@ def logs_written(folder: Path, before: dict[Path, tuple[int, int]], first: Path 
     found = [p for p, state in now.items() if state[0] > 0 and before.get(p) != state]
     found.sort(key=lambda p: (p != first, -now[p][1]))
     return found[:limit]
-
-
-def tail(path: Path, lines: int) -> list[str]:
-    """The last `lines` non-empty lines of a text file (progress-bar redraws split at carriage returns)."""
-    from dspark_kit.redact import redact_text
-
-    try:
-        with Path(path).open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    rows = [r.split("\r")[-1].rstrip() for r in text.splitlines()]
-    return [redact_text(r) for r in rows if r.strip()][-lines:]

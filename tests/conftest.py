@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,40 @@ def trained_run(tmp_path_factory, tiny_verifier) -> Path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wd / "run.json").write_text(proc.stdout)
     return wd
+
+
+# What a copy of the trained run hard-links instead of copying: the bulky files no stage rewrites
+# in place (a test that changes one replaces it; own_trained_run checks that on teardown).
+LINKED_DIRS = ("checkpoints", "prepared/hidden_states")
+
+
+@pytest.fixture()
+def own_trained_run(trained_run, tmp_path) -> Path:
+    """This test's own copy of the session's trained run, for a test that writes into a run (eval/,
+    bench/, a rerun): `Resolved` reads those folders, so writing into the shared run would make
+    later tests depend on this one. Checkpoints and hidden states are hard links (cheap)."""
+    wd = tmp_path / "run"
+    linked: dict[Path, tuple[int, int]] = {}
+
+    def link_or_copy(src, dst):
+        rel = Path(src).relative_to(trained_run).as_posix()
+        if rel.startswith(tuple(d + "/" for d in LINKED_DIRS)):
+            try:
+                os.link(src, dst)
+                st = os.stat(src)
+                linked[Path(src)] = (st.st_size, st.st_mtime_ns)
+                return dst
+            except OSError:  # another filesystem: copy
+                pass
+        return shutil.copy2(src, dst)
+
+    shutil.copytree(trained_run, wd, symlinks=True, copy_function=link_or_copy)
+    for link in (p for p in wd.rglob("*") if p.is_symlink() and Path(os.readlink(p)).is_absolute()):
+        target = Path(os.readlink(link))
+        if target.is_relative_to(trained_run):  # keep the copy's links inside the copy
+            link.unlink()
+            link.symlink_to(wd / target.relative_to(trained_run))
+    yield wd
+    changed = [str(p) for p, (size, mtime) in linked.items()
+               if (st := os.stat(p)).st_size != size or st.st_mtime_ns != mtime]
+    assert not changed, f"a test wrote through a hard link into the session's trained run: {changed[:3]}"

@@ -147,7 +147,7 @@ def test_streaming_latency_and_acceptance(serve, tmp_path):
     assert s["num_drafts"] == n * DRAFTS
     assert s["acceptance_length"] == pytest.approx(1 + sum(PER_POS) / DRAFTS)
     assert s["acceptance_rate"] == pytest.approx(sum(PER_POS) / DRAFT_TOKENS)
-    assert s["per_position_acceptance_rates"] == pytest.approx([v / DRAFTS for v in PER_POS])
+    assert s["per_position_acceptance"] == pytest.approx([v / DRAFTS for v in PER_POS])
     body = stub.bodies[0]
     assert body["model"] == "stub"  # recipe's served name is not listed: first served model
     assert body["chat_template_kwargs"] == {"enable_thinking": True}

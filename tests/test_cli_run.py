@@ -44,12 +44,12 @@ def test_tensorboard_has_val_accept_len(trained_run):
     assert len(acc.Scalars("val/accept_len_epoch")) == epochs  # one validation per epoch
 
 
-def test_rerun_skips_unchanged_stages(trained_run):
+def test_rerun_skips_unchanged_stages(own_trained_run):
     import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages",
-           "prepare,hidden-states,train", "--workdir", str(trained_run), "--json", *set_args(),
+           "prepare,hidden-states,train", "--workdir", str(own_trained_run), "--json", *set_args(),
            "--set", "regen.enabled=false"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     assert {s["status"] for s in json.loads(out)["stages"]} == {"skipped (unchanged)"}
@@ -77,11 +77,10 @@ def test_replay_reruns_from_the_manifest(trained_run, tmp_path):
     assert (tmp_path / "prepared" / "token_freq.pt").exists()
 
 
-def test_pipeline_eval_prompts_are_not_training_rows(trained_run, tmp_path):
+def test_pipeline_eval_prompts_are_not_training_rows(own_trained_run):
     """Reproduced: the pipeline's eval read the first rows of the run's data, which are training rows
     (one demo checkpoint: AL 3.475 there, 3.356 on held-out prompts). It now evaluates on prompts the
     draft never trained on and eval.json says which."""
-    import shutil
     import subprocess
     import sys
 
@@ -93,8 +92,7 @@ def test_pipeline_eval_prompts_are_not_training_rows(trained_run, tmp_path):
     from dspark_kit.recipe import load_recipe
     from dspark_kit.stages.heldout import until_last_user
 
-    wd = tmp_path / "run"
-    shutil.copytree(trained_run, wd, symlinks=True)
+    wd = own_trained_run
     sets = [*TRAINED_RUN_SETS, "regen.enabled=false", "eval.num_prompts=4", "eval.max_new_tokens=8"]
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages", "eval", "--workdir", str(wd),
            "--json", *set_args(sets)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dspark_kit import progress
-from dspark_kit.progress import StageDisplay, StageLine, note, progress_bar
+from dspark_kit.progress import STANDALONE, StageDisplay, StageLine, note
 
 
 def test_plain_stage_shows_its_line_and_result_and_logs_the_noise(tmp_path):
@@ -21,10 +21,10 @@ def test_plain_stage_shows_its_line_and_result_and_logs_the_noise(tmp_path):
         with d.stage("prepare", log):
             print("Map (num_proc=1): 100%|##########| 387/387")  # a library's progress bar on stdout
             print("INFO step 1 loss 2.3", file=sys.stderr)
-            with progress_bar("prepare", total=100, unit="conv") as bar:
+            with d.reporter.bar("prepare", total=100, unit="conv") as bar:
                 for _ in range(100):
                     bar.advance()
-            note("prepare: 100 of 100 conversations used")
+            d.reporter.note("prepare: 100 of 100 conversations used")
         d.result("prepare", "rows_out 140", 1.5)
     text = out.getvalue()
     assert text.splitlines() == ["> prepare", "  prepare: 100 of 100 conversations used",
@@ -32,7 +32,18 @@ def test_plain_stage_shows_its_line_and_result_and_logs_the_noise(tmp_path):
     assert "\r" not in text
     logged = log.read_text()
     assert "387/387" in logged and "step 1 loss" in logged and "100 of 100 conversations" in logged
-    assert progress._active is None  # the display is gone after the block
+    assert not d.reporter.echo_children  # run_training logs the trainer's output, never on the console
+
+
+def test_only_the_reporter_handed_down_reaches_the_display(tmp_path, capsys):
+    """No module-level "current display": a stage command's note inside a display's block goes to
+    stderr as always, and only code handed `d.reporter` draws on the stage line."""
+    out = io.StringIO()
+    with StageDisplay(out, terminal=False):
+        note("a stage command's note")
+        STANDALONE.note("another")
+    assert out.getvalue() == "" and "a stage command's note\nanother\n" == capsys.readouterr().err
+    assert not hasattr(progress, "_active") and STANDALONE.echo_children
 
 
 def test_a_failing_stage_shows_the_tail_of_its_logs(tmp_path):
@@ -70,7 +81,7 @@ def test_an_interrupted_stage_is_one_line_without_log_tails(tmp_path):
 def test_verbose_streams_everything_as_the_stage_commands_do(tmp_path):
     out, log = io.StringIO(), tmp_path / "stage.log"
     with StageDisplay(out, verbose=True, terminal=False) as d, d.stage("train", log):
-        assert progress.echo_child_output()
+        assert d.reporter is STANDALONE and d.reporter.echo_children
         print("INFO step 7", file=sys.stderr)
     assert "==> train" in out.getvalue()
     assert "INFO step 7" in log.read_text()  # tee: the log keeps it as before
@@ -126,13 +137,13 @@ def test_the_train_line_follows_the_trainers_records():
 def test_plain_progress_lines_are_rate_limited(tmp_path):
     out = io.StringIO()
     with (StageDisplay(out, terminal=False, plain_every_s=0.0) as d, d.stage("regen", tmp_path / "s.log"),
-          progress_bar("regen", total=3, unit="row") as bar):
+          d.reporter.bar("regen", total=3, unit="row") as bar):
         for _ in range(3):
             bar.advance()
     assert sum("regen  " in ln and "/3 row" in ln for ln in out.getvalue().splitlines()) == 3
     out = io.StringIO()
     with (StageDisplay(out, terminal=False) as d, d.stage("regen", tmp_path / "s.log"),  # one line per 30 s at most
-          progress_bar("regen", total=300, unit="row") as bar):
+          d.reporter.bar("regen", total=300, unit="row") as bar):
         for _ in range(300):
             bar.advance()
     assert out.getvalue().splitlines() == ["> regen"]

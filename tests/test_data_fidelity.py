@@ -18,11 +18,11 @@ import pytest
 from chat_templates import QWEN3_TEMPLATE
 
 from dspark_kit.data.conversations import ConversationError, normalize, to_sharegpt
+from dspark_kit.jsonl import read_jsonl
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.prepare import (
     REASONING_WITH_THINKING_OFF,
     prepare,
-    read_jsonl,
     tokenize_conversation,
 )
 

@@ -75,8 +75,8 @@ def test_too_large_verifier_is_refused_before_loading(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_eval_device_cpu(trained_run, tmp_path):
-    res = CliRunner().invoke(app, ["eval", "-r", str(RECIPE), "-w", str(trained_run), "--eval-device", "cpu",
+def test_eval_device_cpu(own_trained_run, tmp_path):
+    res = CliRunner().invoke(app, ["eval", "-r", str(RECIPE), "-w", str(own_trained_run), "--eval-device", "cpu",
                                    "--num-prompts", "2", "--max-new-tokens", "8", "--context-lengths", "",
                                    "--out", str(tmp_path), "--json"])
     assert res.exit_code == 0, res.output

@@ -57,3 +57,38 @@ def test_fsyncs_are_at_least_min_interval_apart_and_close_still_covers_every_lin
         sink.write({"idx": i})
     sink.close()  # does not wait out the interval
     assert len(sizes) <= 2 and sizes[-1] == path.stat().st_size  # not 50: one, then the last on close
+
+
+# ---- the one reader (dspark_kit.jsonl) -------------------------------------------------------
+
+
+def test_read_jsonl_names_bad_lines_and_tolerates_a_torn_last_line(tmp_path):
+    from dspark_kit.jsonl import BadLine, read_jsonl
+
+    f = tmp_path / "rows.jsonl"
+    f.write_bytes(b'{"i": 0}\n\nnot json\n{"i": 1}\n{"i": 2, "te')  # blank skipped; the writer died mid-row
+    rows = list(read_jsonl(f))
+    assert rows[0] == {"i": 0} and rows[2] == {"i": 1} and len(rows) == 4
+    assert rows[1] == BadLine("not json", "invalid JSON line (Expecting value)", torn=False)
+    assert isinstance(rows[3], BadLine) and rows[3].torn and rows[3].text == '{"i": 2, "te'
+
+
+def test_read_jsonl_whole_lines_only_cuts_a_last_line_that_parses(tmp_path):
+    """A resume's rule: a row whose newline never reached the disk is torn, even if it parses."""
+    from dspark_kit.jsonl import BadLine, read_jsonl
+
+    f = tmp_path / "rows.jsonl"
+    f.write_bytes(b'{"i": 0}\n{"i": 1}')
+    assert list(read_jsonl(f)) == [{"i": 0}, {"i": 1}]  # a hand-written file without a final newline
+    *_, last = read_jsonl(f, whole_lines_only=True)
+    assert isinstance(last, BadLine) and last.torn
+
+
+def test_read_jsonl_decodes_with_replacement_unless_strict(tmp_path):
+    from dspark_kit.jsonl import read_jsonl
+
+    f = tmp_path / "rows.jsonl"
+    f.write_bytes(b'{"t": "caf\xe9"}\n')
+    assert list(read_jsonl(f)) == [{"t": "caf\ufffd"}]
+    with pytest.raises(UnicodeDecodeError):
+        list(read_jsonl(f, errors="strict"))

@@ -1,6 +1,6 @@
 """The folders are layers: imports (module- or function-level) only point down, never in a cycle.
 
-    0 core     recipe, rundir, atomic, jsonl_sink, progress, devices
+    0 core     recipe, rundir, atomic, jsonl, jsonl_sink, logs, processes, progress, devices
     1 data     data/ (conversation model, chat rendering, sources, the tiny verifier)
     2 specdec  specdec/ (window math, verifier, draft, decoder, checkpoints), compat/ (speculators fixes)
     3 resolve  resolved/ (every derived value), rendezvous.py (multi-node launch decisions)
@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "dspark_kit"
-LAYERS = {"recipe": 0, "rundir": 0, "findings": 0, "redact": 0, "atomic": 0, "jsonl_sink": 0, "progress": 0, "devices": 0, "data": 1, "specdec": 2, "compat": 2,
+LAYERS = {"recipe": 0, "rundir": 0, "findings": 0, "redact": 0, "atomic": 0, "jsonl": 0, "jsonl_sink": 0, "logs": 0, "processes": 0, "progress": 0, "devices": 0, "data": 1, "specdec": 2, "compat": 2,
           "resolved": 3, "rendezvous": 3, "hs_transport": 3, "engines": 4, "stages": 5, "cli": 6, "__main__": 6}
 
 

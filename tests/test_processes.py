@@ -123,3 +123,71 @@ def test_killing_the_kit_during_training_ends_the_trainer(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ---- the one stop policy (dspark_kit.processes.stop): SIGTERM to the group, grace, SIGKILL ----
+
+FAMILY = r"""
+import os, signal, subprocess, sys, time
+deaf = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " if sys.argv[1] == "ignore" else ""
+exec(deaf)
+stay = deaf + "import time; time.sleep(600)"
+grandchild = subprocess.Popen([sys.executable, "-c", stay])  # in the group
+# torchrun's workers: a session of their own, out of the group's reach
+escaped = subprocess.Popen([sys.executable, "-c", stay], start_new_session=True)
+print(grandchild.pid, escaped.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _start_family(mode: str):
+    from dspark_kit.processes import start
+
+    proc = start([sys.executable, "-c", FAMILY, mode], dict(os.environ), stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2, "the family never started"
+    return proc, [psutil.Process(p) for p in pids]
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow
+def test_stop_kills_a_child_that_ignores_sigterm_after_the_grace_and_its_whole_family():
+    from dspark_kit.processes import stop
+
+    proc, family = _start_family("ignore")
+    try:
+        t0 = time.monotonic()
+        assert stop(proc, grace_s=1.5) == -signal.SIGKILL  # SIGTERM was ignored: killed
+        took = time.monotonic() - t0
+        assert 1.5 <= took < 15, took  # it waited out the grace first, then did not linger
+        assert all(_gone(p) for p in family), "a grandchild outlived stop()"
+    finally:
+        for p in family:
+            if not _gone(p):
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_stop_sends_sigterm_first_and_a_willing_child_exits_within_the_grace():
+    from dspark_kit.processes import stop
+
+    proc, family = _start_family("obey")
+    try:
+        t0 = time.monotonic()
+        assert stop(proc, grace_s=30) == -signal.SIGTERM  # ended by SIGTERM, long before the grace ran out
+        assert time.monotonic() - t0 < 15
+        assert all(_gone(p) for p in family)  # the grandchildren got SIGTERM too, the escaped one included
+    finally:
+        for p in family:
+            if not _gone(p):
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()

@@ -75,9 +75,9 @@ def test_delta_formulas():
     assert d["num_drafts"] == 20 and d["num_accepted_tokens"] == 20
     assert d["acceptance_length"] == pytest.approx(1 + 20 / 20)
     assert d["acceptance_rate"] == pytest.approx(20 / 60)
-    assert d["per_position_acceptance_rates"] == pytest.approx([0.6, 0.3, 0.1])
+    assert d["per_position_acceptance"] == pytest.approx([0.6, 0.3, 0.1])
     # invariant (docs/CONCEPTS.md#acceptance-figures): sum of per-position rates + 1 = acceptance length
-    assert sum(d["per_position_acceptance_rates"]) + 1 == pytest.approx(d["acceptance_length"])
+    assert sum(d["per_position_acceptance"]) + 1 == pytest.approx(d["acceptance_length"])
 
 
 def test_restart_detected():
@@ -118,7 +118,7 @@ def test_import_vllm_bench(tmp_path):
     s = r["spec_decode"]
     assert s["acceptance_rate"] == pytest.approx(0.1272)  # vLLM stores percent, we store a fraction
     assert s["num_drafts"] == 10832 and s["num_accepted_tokens"] == 9647
-    assert s["per_position_acceptance_rates"] == [0.493, 0.227, 0.098]
+    assert s["per_position_acceptance"] == [0.493, 0.227, 0.098]
     p.write_text(json.dumps({"hello": 1}))
     with pytest.raises(MetricsError, match="output_throughput"):
         import_vllm_bench(p)
@@ -153,3 +153,27 @@ def test_server_delta_throughput_and_latency():
     assert d["mean_ttft_ms"] == pytest.approx(200.0) and d["mean_tpot_ms"] == pytest.approx(30.0)
     assert d["mean_itl_ms"] is None and d["mean_e2el_ms"] is None  # not exported here
     assert server_delta("", "", 1.0) is None  # a server with none of these series
+
+
+def test_in_process_and_served_figures_are_one_type_with_one_name_each():
+    """eval's aggregate (decoder counts) and bench's /metrics deltas write the same keys, same values."""
+    from types import SimpleNamespace
+
+    from dspark_kit.engines.prom import spec_decode_delta
+    from dspark_kit.stages.evaluate import aggregate
+
+    req = SimpleNamespace(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=9, accepted_per_pos=[6, 3, 0],
+                          token_ids=[1] * 19)
+    in_process = aggregate([req], 3)
+
+    def scrape(d, t, a, pos):
+        lines = [f"vllm:spec_decode_num_drafts_total {d}", f"vllm:spec_decode_num_draft_tokens_total {t}",
+                 f"vllm:spec_decode_num_accepted_tokens_total {a}"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {v}' for i, v in enumerate(pos)]
+        return "\n".join(lines) + "\n"
+
+    served = spec_decode_delta(scrape(0, 0, 0, [0, 0, 0]), scrape(10, 30, 9, [6, 3, 0]))
+    assert set(served) <= set(in_process)
+    for key in served:
+        assert in_process[key] == pytest.approx(served[key], abs=1e-4), key
+    assert served["per_position_acceptance"] == pytest.approx([0.6, 0.3, 0.0])

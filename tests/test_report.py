@@ -229,3 +229,14 @@ def test_report_says_where_an_unfinished_training_stopped(tmp_path, status, whol
     else:
         assert says in line and f"dspark-kit run --replay {tmp_path}" in line
         assert says in build_report(tmp_path).read_text()
+
+
+def test_report_reads_bench_files_from_before_the_figure_was_renamed(tmp_path):
+    """bench json wrote per_position_acceptance_rates before issue 28; the report still shows it."""
+    from dspark_kit.stages.report import bench_markdown
+
+    counts = {"num_drafts": 10, "num_accepted_tokens": 5}
+    old = {"label": "old", "spec_decode": {**counts, "acceptance_length": 1.5, "per_position_acceptance_rates": [0.4, 0.1]}}
+    new = {"label": "new", "spec_decode": {**counts, "acceptance_length": 1.7, "per_position_acceptance": [0.5, 0.2]}}
+    md = bench_markdown([old, new])
+    assert "| pos0 rate | 0.4000 | 0.5000 |" in md and "| pos1 rate | 0.1000 | 0.2000 |" in md

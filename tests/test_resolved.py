@@ -83,7 +83,7 @@ def test_bench_records_the_k_the_server_got(tmp_path):
     served = json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
     assert served == res.k.value == 7 and ckpt.exists()
     # bench reads K back from the server's per-position series (vLLM exports one per drafted slot)
-    metrics = {"acceptance_length": 2.0, "per_position_acceptance_rates": [0.5] * 6}
+    metrics = {"acceptance_length": 2.0, "per_position_acceptance": [0.5] * 6}
     assert served_k(metrics, res)["num_speculative_tokens"] == 6
     assert served_k(None, res)["num_speculative_tokens"] is None  # a chat server: no K at all
 

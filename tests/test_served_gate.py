@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +61,8 @@ def _run(wd: Path, stages: str, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_run_prints_served_beside_in_process_and_a_planted_mismatch_fails(trained_run, tmp_path):
-    wd = tmp_path / "run"
-    shutil.copytree(trained_run, wd, symlinks=True)  # the session's run stays as trained
+def test_run_prints_served_beside_in_process_and_a_planted_mismatch_fails(own_trained_run):
+    wd = own_trained_run  # the session's run stays as trained
     dry = _run(wd, "eval,serve,bench", "--dry-run", "--json")  # the plans the run below must execute
     assert dry.returncode == 0, dry.stderr[-3000:]
     proc = _run(wd, "eval,serve,bench")
@@ -90,6 +88,7 @@ def test_run_prints_served_beside_in_process_and_a_planted_mismatch_fails(traine
     g = torch.Generator().manual_seed(0)
     planted = {k: v if "norm" in k else torch.randn(v.shape, generator=g).to(v.dtype) * 0.02
                for k, v in tensors.items()}
+    (ckpt / "model.safetensors").unlink()  # a hard link to the session's run: replace it, never write through
     save_file(planted, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
     proc = _run(wd, "bench", "--force")
     assert proc.returncode != 0

@@ -17,6 +17,30 @@ def test_a_fast_test_cannot_start_python_but_may_ask_git():
     assert subprocess.run(["git", "--version"], capture_output=True, check=False).returncode == 0
 
 
+def _noop():
+    pass
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn", "forkserver", "os.fork", "pool"])
+def test_a_fast_test_cannot_start_a_process_any_other_way(start):
+    import concurrent.futures
+    import multiprocessing
+
+    with pytest.raises(pytest.fail.Exception, match="starts a process .* not marked slow"):
+        if start == "os.fork":
+            pid = os.fork()
+            if pid == 0:  # only if the guard failed to stop the fork
+                os._exit(0)
+            os.waitpid(pid, 0)
+        elif start == "pool":
+            with concurrent.futures.ProcessPoolExecutor(1) as pool:
+                pool.submit(_noop).result()
+        else:
+            p = multiprocessing.get_context(start).Process(target=_noop)
+            p.start()
+            p.join()
+
+
 def test_a_fast_test_sees_an_empty_model_cache_and_cannot_build_the_tiny_verifier():
     from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
 
@@ -40,9 +64,14 @@ def test_an_expensive_fixture_fails_a_test_not_marked_slow_before_it_runs(fixtur
 
 
 def test_a_slow_test_may_use_them_and_runs_unguarded():
-    real = subprocess.Popen._execute_child
-    setup = tiers.pytest_runtest_setup(FakeItem(["tiny_verifier", "trained_run"], slow=True))
-    next(setup)  # no failure; the fixtures would run here
-    assert subprocess.Popen._execute_child is real
-    with pytest.raises(StopIteration):
-        setup.send(None)
+    guarded = tiers.PROCESS_GUARD.nodeid
+    assert guarded is not None  # this test itself is fast: guarded
+    tiers.PROCESS_GUARD.nodeid = None  # as outside any test
+    try:
+        setup = tiers.pytest_runtest_setup(FakeItem(["tiny_verifier", "trained_run"], slow=True))
+        next(setup)  # no failure; the fixtures would run here
+        assert tiers.PROCESS_GUARD.nodeid is None
+        with pytest.raises(StopIteration):
+            setup.send(None)
+    finally:
+        tiers.PROCESS_GUARD.nodeid = guarded

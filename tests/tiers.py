@@ -4,8 +4,10 @@
 on a clean clone as on a warm machine. A test not marked `slow`:
 - may not request an expensive fixture (EXPENSIVE_FIXTURES, directly or through another fixture):
   it errors at setup, naming the fixture;
-- may not start a process: subprocess.Popen (and so run/check_output/asyncio's subprocesses)
-  fails it, except for the few quick non-Python tools in QUICK_TOOLS;
+- may not start a process: subprocess (and so run/check_output/asyncio's subprocesses), os.fork
+  (and so multiprocessing's fork start method, ProcessPoolExecutor), os.posix_spawn/system/exec*
+  and multiprocessing's spawn and forkserver start methods fail it, except for the few quick
+  non-Python tools in QUICK_TOOLS;
 - sees an empty model cache (DSPARK_KIT_CACHE) and may not build the tiny verifier, so a test
   that quietly resolves or loads it fails here whether or not this machine has it cached.
 Everything else about a test's tier is its own marker: `@pytest.mark.slow`.
@@ -13,9 +15,10 @@ Everything else about a test's tier is its own marker: `@pytest.mark.slow`.
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
-import subprocess
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,22 +48,58 @@ def _program(args) -> str:
     return Path(os.fsdecode(first)).name
 
 
+# The audit events (sys.addaudithook, Python's public hook) raised before a process starts.
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+                            "os.system", "os.exec"})
+
+
+class ProcessGuard:
+    """The audit hook: while `nodeid` is set, a process start fails that test. An audit hook cannot be
+    removed, so it is added once and switched by `nodeid`."""
+
+    def __init__(self):
+        self.nodeid: str | None = None
+        self.installed = False
+
+    def __call__(self, event: str, args) -> None:
+        if self.nodeid is None or event not in PROCESS_EVENTS:
+            return
+        what = _program(args[1]) if event == "subprocess.Popen" else event
+        if event == "subprocess.Popen" and what in QUICK_TOOLS:
+            return
+        self.refuse(what)
+
+    def refuse(self, what: str) -> None:
+        nodeid, self.nodeid = self.nodeid, None  # pytest.fail's own work must not trip the guard
+        try:
+            pytest.fail(f"{nodeid} starts a process ({what}) but is not marked slow: add @pytest.mark.slow",
+                        pytrace=False)
+        finally:
+            self.nodeid = nodeid
+
+
+PROCESS_GUARD = ProcessGuard()
+
+
 @contextmanager
 def no_process(nodeid: str):
-    """subprocess.Popen refuses to start anything but QUICK_TOOLS while the block runs."""
-    real = subprocess.Popen._execute_child
+    """No process may start but QUICK_TOOLS while the block runs."""
+    if not PROCESS_GUARD.installed:
+        sys.addaudithook(PROCESS_GUARD)
+        PROCESS_GUARD.installed = True
+    # multiprocessing's spawn and forkserver start methods raise no audit event: both start
+    # their interpreter through spawnv_passfds
+    real_spawn = multiprocessing.util.spawnv_passfds
 
-    def refuse(self, args, *rest, **kw):
-        if _program(args) not in QUICK_TOOLS:
-            pytest.fail(f"{nodeid} starts a process ({_program(args)}) but is not marked slow: "
-                        "add @pytest.mark.slow", pytrace=False)
-        return real(self, args, *rest, **kw)
+    def refuse_spawn(path, args, passfds):
+        PROCESS_GUARD.refuse("multiprocessing")
+        return real_spawn(path, args, passfds)
 
-    subprocess.Popen._execute_child = refuse
+    PROCESS_GUARD.nodeid, multiprocessing.util.spawnv_passfds = nodeid, refuse_spawn
     try:
         yield
     finally:
-        subprocess.Popen._execute_child = real
+        PROCESS_GUARD.nodeid, multiprocessing.util.spawnv_passfds = None, real_spawn
 
 
 @contextmanager

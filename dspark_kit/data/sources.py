@@ -43,15 +43,14 @@ def preset_row(preset: str, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _jsonl_rows(path: Path, skipped: Counter) -> Iterator[Any]:
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                skipped[f"invalid JSON line ({e.msg})"] += 1
-                yield None  # keeps idx aligned with the line number of valid rows' neighbours
+    from dspark_kit.jsonl import BadLine, read_jsonl
+
+    for row in read_jsonl(path):
+        if isinstance(row, BadLine):
+            skipped[row.reason] += 1
+            yield None  # keeps idx aligned with the line number of valid rows' neighbours
+        else:
+            yield row
 
 
 def _file_rows(path: Path, skipped: Counter) -> Iterable[Any]:

@@ -17,6 +17,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from dspark_kit.specdec.acceptance import Acceptance, acceptance
+
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
@@ -148,21 +150,6 @@ def parse_spec_counters(text: str, model_name: str | None = None) -> SpecCounter
     return c
 
 
-def spec_metrics(drafts: float, draft_tokens: float, accepted: float,
-                 accepted_per_pos: dict[int, float] | list[float]) -> dict[str, Any]:
-    """Acceptance figures from counts (docs/CONCEPTS.md#acceptance-figures); rates are fractions in [0, 1]."""
-    per_pos = (accepted_per_pos if isinstance(accepted_per_pos, list)
-               else [accepted_per_pos[k] for k in sorted(accepted_per_pos)])
-    return {
-        "num_drafts": int(drafts),
-        "num_draft_tokens": int(draft_tokens),
-        "num_accepted_tokens": int(accepted),
-        "acceptance_length": 1.0 + accepted / drafts if drafts else None,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-        "per_position_acceptance_rates": [a / drafts for a in per_pos] if drafts else [],
-    }
-
-
 def spec_decode_delta(before: str, after: str, model_name: str | None = None) -> dict[str, Any] | None:
     """Acceptance over the window between two scrapes; None when the server has no drafts.
 
@@ -191,7 +178,7 @@ def spec_decode_delta(before: str, after: str, model_name: str | None = None) ->
     if d["num_drafts"] <= 0:
         return None
     per_pos = [d[f"accepted_per_pos[{p}]"] for p in positions]
-    return spec_metrics(d["num_drafts"], d["num_draft_tokens"], d["num_accepted_tokens"], per_pos)
+    return acceptance(d["num_drafts"], d["num_draft_tokens"], d["num_accepted_tokens"], per_pos).as_dict()
 
 
 # ---- the server's own throughput and latency ---------------------------------
@@ -262,14 +249,15 @@ def import_vllm_bench(path: str | Path, raw: Any = None) -> dict[str, Any]:
     if raw.get("spec_decode_num_drafts") is not None:
         drafts = raw["spec_decode_num_drafts"]
         rate_pct = raw.get("spec_decode_acceptance_rate")  # vLLM stores a percentage
-        spec = {
-            "num_drafts": int(drafts),
-            "num_draft_tokens": int(raw.get("spec_decode_draft_tokens") or 0),
-            "num_accepted_tokens": int(raw.get("spec_decode_accepted_tokens") or 0),
-            "acceptance_length": raw.get("spec_decode_acceptance_length"),
-            "acceptance_rate": rate_pct / 100.0 if rate_pct is not None else None,
-            "per_position_acceptance_rates": list(raw.get("spec_decode_per_position_acceptance_rates") or []),
-        }
+        draft_tokens = int(raw.get("spec_decode_draft_tokens") or 0)
+        spec = Acceptance(  # vLLM's own figures: it saves per-position rates, not their counts
+            num_drafts=int(drafts), num_draft_tokens=draft_tokens,
+            num_accepted_tokens=int(raw.get("spec_decode_accepted_tokens") or 0), accepted_per_pos=[],
+            acceptance_length=raw.get("spec_decode_acceptance_length"),
+            acceptance_rate=rate_pct / 100.0 if rate_pct is not None else None,
+            mean_verified_per_step=draft_tokens / drafts if drafts else None,
+            per_position_acceptance=list(raw.get("spec_decode_per_position_acceptance_rates") or []),
+        ).as_dict()
     result: dict[str, Any] = {
         "schema": "dspark-kit.bench/1",
         "source": "vllm-bench-serve",

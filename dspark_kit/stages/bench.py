@@ -24,6 +24,7 @@ from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.engines import ServerPlan
 from dspark_kit.engines.chat_client import ChatClient, RequestFailed
 from dspark_kit.engines.prom import MetricsError, server_delta, spec_decode_delta
+from dspark_kit.jsonl import BadLine, read_jsonl
 from dspark_kit.resolved import Resolved
 
 SCHEMA = "dspark-kit.bench/1"
@@ -59,12 +60,11 @@ def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -
     if not path.is_file():
         raise BenchError(f"--prompts {dataset}: file not found (pass a regen .jsonl or 'builtin')")
     prompts = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
+    for row in read_jsonl(path):
         try:
-            prompts.append(_first_turn(normalize(json.loads(line))))
-        except (json.JSONDecodeError, ConversationError):
+            if not isinstance(row, BadLine):
+                prompts.append(_first_turn(normalize(row)))
+        except ConversationError:
             continue  # unusable rows are skipped, as in prepare
     if not prompts:
         raise BenchError(f"--prompts {dataset}: no usable chat rows (need conversations/messages/prompt)")
@@ -285,7 +285,7 @@ def served_k(spec_decode: dict | None, res: Resolved) -> dict[str, Any]:
     """The K the server really ran: vLLM (and our engine) export one per-position acceptance
     series per drafted slot, so their count is K; without spec metrics, what the resolver
     decided for the recipe's engine."""
-    rates = (spec_decode or {}).get("per_position_acceptance_rates") or []
+    rates = (spec_decode or {}).get("per_position_acceptance") or []
     if rates:
         return {"num_speculative_tokens": len(rates),
                 "num_speculative_tokens_source": "server /metrics (per-position series)"}

@@ -54,23 +54,18 @@ def build_prompts(tokenizer, chats: list[list[dict]], num_prompts: int, thinking
 
 
 def aggregate(results, k: int) -> dict:
-    """vLLM-style acceptance figures summed over a run's requests."""
-    drafts = sum(r.num_drafts for r in results)
-    draft_tokens = sum(r.num_draft_tokens for r in results)
-    accepted = sum(r.num_accepted_tokens for r in results)
+    """vLLM-style acceptance figures summed over a run's requests (specdec.acceptance, as served
+    eval and bench compute them), with eval's own throughput figures."""
+    from dspark_kit.specdec.acceptance import acceptance
+
     per_pos = [sum(r.accepted_per_pos[i] for r in results if i < len(r.accepted_per_pos)) for i in range(k)]
+    figures = acceptance(sum(r.num_drafts for r in results), sum(r.num_draft_tokens for r in results),
+                         sum(r.num_accepted_tokens for r in results), per_pos)
     tokens = sum(len(r.token_ids) for r in results)
     forwards = sum(getattr(r, "verifier_forwards", 0) for r in results)
     return {
         "num_requests": len(results),
-        "num_drafts": drafts,
-        "num_draft_tokens": draft_tokens,
-        "num_accepted_tokens": accepted,
-        "accepted_per_pos": per_pos,
-        "acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
-        "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
-        "mean_verified_per_step": round(draft_tokens / drafts, 4) if drafts else None,  # draft tokens verified
-        "per_position_acceptance": [round(a / drafts, 4) for a in per_pos] if drafts else [],
+        **figures.as_dict(ndigits=4),
         "output_tokens": tokens,
         "verifier_forwards": forwards,
         "tokens_per_verifier_forward": round(tokens / forwards, 4) if forwards else None,

@@ -17,7 +17,6 @@ counts how many of them training rows start a reply from.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,21 +89,16 @@ def _chats(rows) -> Iterator[tuple[str, list[dict]]]:
 
 
 def _file_rows(path: Path) -> list[dict]:
+    from dspark_kit.jsonl import BadLine, read_jsonl
+
     if not path.is_file():
         raise EvalError(f"--prompts {path}: file not found (jsonl rows with conversations/messages/prompt)")
-    try:
-        text = path.read_text()
+    try:  # strict: a file that is not UTF-8 text is refused, never read as prompts of replacement characters
+        rows = list(read_jsonl(path, errors="strict"))
     except (OSError, UnicodeDecodeError) as e:
         raise EvalError(f"--prompts {path}: unreadable ({type(e).__name__}); pass a UTF-8 jsonl of chats "
                         "or text lines") from None
-    rows = []
-    for line in text.splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                rows.append({"prompt": line})  # a plain text line is a prompt
-    return rows
+    return [{"prompt": r.text} if isinstance(r, BadLine) else r for r in rows]  # a plain text line is a prompt
 
 
 def load_eval_prompts(res: Resolved, tokenizer, prompts_file: Path | None = None, from_data: bool = False,

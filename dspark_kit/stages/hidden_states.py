@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_kit.progress import note
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.rundir import hidden_state_file, hidden_states_dir
 from dspark_kit.specdec.verifier import LayerTap, load_verifier
 from dspark_kit.stages.storage_plan import human, offline_bytes, written_bytes
@@ -133,15 +133,15 @@ def generate_offline(
     out_dtype: str = "bfloat16",
     trust_remote_code: bool = False,
     max_batch_tokens: int = 4096,
-    log=note,
+    reporter: Reporter = STANDALONE,
+    log=None,
 ) -> HiddenStatesSummary:
     """One forward per group of equal-length rows (`length_groups`): a short row's forward is
     mostly per-call overhead, and same-length rows batch without padding or masks. Rows are read
     per group, never the whole dataset; files are named by row index, so the order is free."""
     from datasets import load_from_disk
 
-    from dspark_kit.progress import progress_bar
-
+    log = log or reporter.note
     t0 = time.time()
     out = hidden_states_dir(prepared_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,7 @@ def generate_offline(
     writer.start()
     generated = skipped = corrupt = 0
     try:
-        with progress_bar("hidden-states", total=len(lengths), unit="row") as bar:
+        with reporter.bar("hidden-states", total=len(lengths), unit="row") as bar:
             for group in length_groups(lengths, max_batch_tokens):
                 ids = torch.as_tensor(data[group]["input_ids"], dtype=torch.long)
                 todo = []

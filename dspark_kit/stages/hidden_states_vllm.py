@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from dspark_kit.engines import openai_base_url
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import hidden_state_file, hidden_state_rows
 
@@ -117,12 +118,13 @@ def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
     return get_indices_to_process(n, None, sorted(have), world_size, rank)
 
 
-def run_offline_vllm(res: Resolved, plan: StagePlan) -> dict:
+def run_offline_vllm(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     """speculators generate-offline-data (this node's, from the stage plan) against the extraction
     server; a row that fails stops it (--fail-on-error) and the error names the row, never a file
     silently left out."""
     from dspark_kit.engines.servers import hidden_state_server
-    from dspark_kit.stages.train import failed_row, log_since, run_training
+    from dspark_kit.logs import log_since
+    from dspark_kit.stages.train import failed_row, run_training
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank
@@ -132,7 +134,7 @@ def run_offline_vllm(res: Resolved, plan: StagePlan) -> dict:
     job = next(p.launch for p in plan.processes if p.role == "generate-offline-data" and p.node == rank)
     argv = job.argv
     with hidden_state_server(res, server.server if server else None) as endpoint:
-        code, gone = run_training(job, log, watch=endpoint.gone)
+        code, gone = run_training(job, log, watch=endpoint.gone, reporter=reporter)
     if gone:
         raise RuntimeError(f"{gone}; rerun to resume (written files are kept)")
     if code != 0:

@@ -146,7 +146,7 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
         t0 = time.time()
         try:
             with display.stage(name, res.run.stage_log(name)):
-                summary = execute(stage, res)
+                summary = execute(stage, res, display.reporter)
         except BaseException:
             state[name]["status"] = "failed"
             save_state(workdir, state)

@@ -10,6 +10,7 @@ preflight runs before, between and after the stages.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,17 +90,11 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _regen_rows(path: Path, limit: int = 2000) -> list[dict]:
-    rows = []
-    if path.is_file():
-        with path.open() as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-                if len(rows) >= limit:
-                    break
-    return rows
+    from dspark_kit.jsonl import BadLine, read_jsonl
+
+    if not path.is_file():
+        return []
+    return list(itertools.islice((r for r in read_jsonl(path) if not isinstance(r, BadLine)), limit))
 
 
 # ---- the checks: each returns findings for one pitfall ---------------------

@@ -50,7 +50,8 @@ from dspark_kit.data.conversations import (
 )
 from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.data.speculators_dataset import DatasetWriter
-from dspark_kit.progress import note, progress_bar
+from dspark_kit.jsonl import BadLine
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.stages.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
 
 _TOKENIZER = None
@@ -96,7 +97,7 @@ class PrepareSummary:
             self.warnings.append("verifier.thinking is true but no reply carries reasoning: regenerate in "
                                  "thinking mode (with vLLM: --reasoning-parser qwen3 keeps it) or set thinking false")
 
-    def log(self) -> None:
+    def log(self, note) -> None:
         note(f"prepare: {self.conversations_used} of {self.conversations_in} conversations used -> "
              f"{self.rows_out} rows")
         for reason, n in self.rejected.most_common():
@@ -111,13 +112,6 @@ class PrepareSummary:
 REASONING_WITH_THINKING_OFF = ("reply carries reasoning but verifier.thinking is false "
                                "(the verifier never writes it in that mode; regenerate or set verifier.thinking)")
 NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
-
-
-class InvalidLine:
-    """A jsonl line that did not parse; rejected with its reason like any unusable row."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
 
 
 def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False) -> list[str]:
@@ -203,7 +197,7 @@ def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
     out: list[dict] = []
     planned: list[tuple[int, list[str]]] = []  # (index in out, texts)
     for raw in raw_rows:
-        if isinstance(raw, InvalidLine):
+        if isinstance(raw, BadLine):  # a jsonl line that did not parse: rejected with its reason
             out.append({"error": raw.reason})
             continue
         try:
@@ -245,17 +239,6 @@ def _chunks(rows: Iterable, size: int) -> Iterator[list]:
         yield buf
 
 
-def read_jsonl(path: Path) -> Iterator[dict | InvalidLine]:
-    """Rows of a jsonl file; an unparsable line is yielded as InvalidLine (rejected with its reason)."""
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield InvalidLine(f"invalid JSON line ({e.msg})")
-
-
 def prepare(
     rows: Iterable,
     tokenizer_path: str,
@@ -270,6 +253,7 @@ def prepare(
     meta: dict | None = None,
     keep_truncated: bool = False,
     pre_rejected: Counter | None = None,
+    reporter: Reporter = STANDALONE,
 ) -> PrepareSummary:
     """Tokenize `rows` and write the speculators dataset atomically to `out_dir`.
 
@@ -284,7 +268,7 @@ def prepare(
     try:
         writer = DatasetWriter(work)
         chunks = ((c, thinking, seq_length, keep_truncated) for c in _chunks(rows, 64))
-        with progress_bar("prepare", total=total, unit="conv") as bar:
+        with reporter.bar("prepare", total=total, unit="conv") as bar:
             if num_workers > 1:
                 pool = ProcessPoolExecutor(num_workers, initializer=_init_worker, initargs=(tokenizer_path, trust_remote_code))
                 results = pool.map(_work, chunks)
@@ -321,7 +305,7 @@ def prepare(
         for reason, n in (pre_rejected or {}).items():
             summary.reject(reason, n)
         summary.check_thinking(thinking)
-        summary.log()
+        summary.log(reporter.note)
         if summary.rows_out == 0:
             raise ValueError(
                 f"prepare: no trainable rows out of {summary.conversations_in} conversations "

@@ -19,7 +19,7 @@ def prepare_input_rows(res: Resolved):
     recipe's data source as is."""
     from collections import Counter
 
-    from dspark_kit.stages.prepare import read_jsonl
+    from dspark_kit.jsonl import read_jsonl
 
     recipe, f = res.recipe, res.run.regen_jsonl
     if recipe.regen.enabled:

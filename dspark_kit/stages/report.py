@@ -17,6 +17,7 @@ from typing import Any
 from dspark_kit import atomic
 from dspark_kit.engines.prom import MetricsError, import_vllm_bench, read_json
 from dspark_kit.rundir import RunDir
+from dspark_kit.specdec.acceptance import per_position
 
 NA = "–"
 TRAIN_LOSS_TAG = "train/loss"
@@ -61,7 +62,7 @@ def _server_latency(r: dict[str, Any]) -> str:
 def bench_markdown(results: list[dict[str, Any]]) -> str:
     """One row per metric, one column per result."""
     specs = [r.get("spec_decode") or {} for r in results]
-    n_pos = max((len(s.get("per_position_acceptance_rates") or []) for s in specs), default=0)
+    n_pos = max((len(per_position(s)) for s in specs), default=0)
 
     def row(name: str, values: list[str]) -> list[str]:
         return [name, *values]
@@ -74,7 +75,7 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
         row("acceptance rate (%)", [rate_pct(s) for s in specs]),
     ]
     for k in range(n_pos):
-        vals = [(s.get("per_position_acceptance_rates") or []) for s in specs]
+        vals = [per_position(s) for s in specs]
         rows.append(row(f"pos{k} rate", [_fmt(v[k], 4) if k < len(v) else NA for v in vals]))
     if any(r.get("in_process") for r in results):  # the run's served-acceptance gate
         gate = [r.get("in_process") or {} for r in results]
@@ -106,7 +107,7 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
 def per_position_png(results: list[dict[str, Any]], path: Path) -> Path | None:
     from dspark_kit.stages.plots import grouped_bars
 
-    series = {str(r.get("label")): list((r.get("spec_decode") or {}).get("per_position_acceptance_rates") or [])
+    series = {str(r.get("label")): per_position(r.get("spec_decode") or {})
               for r in results}
     series = {k: v for k, v in series.items() if v}
     if not series:
@@ -236,7 +237,7 @@ def eval_markdown(files: list[Path]) -> str | None:
     if not rows:
         return None
     body = [[n, _fmt(d.get("acceptance_length")),
-             ", ".join(_fmt(x) for x in d.get("per_position_acceptance") or []) or NA] for n, d in rows]
+             ", ".join(_fmt(x) for x in per_position(d)) or NA] for n, d in rows]
     return _table(["eval", "acceptance length", "per-position acceptance"], body)
 
 

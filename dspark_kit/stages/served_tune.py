@@ -60,7 +60,7 @@ async def measure(url: str, model: str, prompts: list[list[int]], concurrency: i
     s = summarize(records, duration)
     spec = spec_decode_delta(before, after) if before is not None and after is not None else None
     return {"acceptance_length": round(spec["acceptance_length"], 4) if spec else None,
-            "per_position_acceptance": [round(x, 4) for x in spec["per_position_acceptance_rates"]] if spec else [],
+            "per_position_acceptance": [round(x, 4) for x in spec["per_position_acceptance"]] if spec else [],
             "output_throughput": round(s["output_throughput"], 3) if s["completed"] else None,
             "ttft_ms": round(s["mean_ttft_ms"], 2) if s["mean_ttft_ms"] is not None else None,
             "tpot_ms": round(s["mean_tpot_ms"], 2) if s["mean_tpot_ms"] is not None else None,
@@ -79,10 +79,11 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
                      concurrency: int, max_tokens: int, max_model_len: int, log, save) -> float | None:
     """Start one server, measure every prompt set on it (saving each point), stop it.
     Returns the seconds the server took to become healthy (None: it did not)."""
-    from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError, log_tail
+    from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
     from dspark_kit.engines.ports import PortBusy
     from dspark_kit.engines.prom import MetricsError
     from dspark_kit.engines.servers import server_plan, start_checks
+    from dspark_kit.logs import quoted_tail
 
     recipe = point_recipe(res.recipe, res.checkpoint, server.k, server.window, max_model_len)
     point_res = Resolved(recipe, res.run, engine=res.engine)
@@ -105,20 +106,20 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
             srv.wait_healthy(recipe.serve.startup_timeout)
         except ServerStartError as e:
             for n, prompts in prompt_sets.items():
-                save(_failed(server, n, len(prompts), str(e).splitlines()[0][:300]) | {"log_tail": log_tail(log_path, 15)})
+                save(_failed(server, n, len(prompts), str(e).splitlines()[0][:300]) | {"log_tail": quoted_tail(log_path, 15)})
             return None
         started = time.monotonic() - t0
         for n, prompts in prompt_sets.items():
             if not srv.alive():
-                save(_failed(server, n, len(prompts), "server died during the sweep") | {"log_tail": log_tail(log_path, 15)})
+                save(_failed(server, n, len(prompts), "server died during the sweep") | {"log_tail": quoted_tail(log_path, 15)})
                 continue
             try:
                 point = asyncio.run(measure(plan.base_url, point_res.served_name, prompts, concurrency, max_tokens))
             except MetricsError as e:  # the counters went down: the server restarted under us
-                save(_failed(server, n, len(prompts), str(e)) | {"log_tail": log_tail(log_path, 15)})
+                save(_failed(server, n, len(prompts), str(e)) | {"log_tail": quoted_tail(log_path, 15)})
                 continue
             if point.get("failed") and not srv.alive():
-                point["log_tail"] = log_tail(log_path, 15)
+                point["log_tail"] = quoted_tail(log_path, 15)
             save({"k": server.k, "window": server.window, "context_length": n, "repeat": server.repeat,
                   "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1), **point})
             log(f"tune --served: {server.label}, context {n or 'short'}: AL {point['acceptance_length']}, "

@@ -1,7 +1,8 @@
 """The eight stages, each with the same small interface: `plan(res)` returns the stage's typed
 plan (stages/plan.py: every process it starts, the paths, the decided values), which `--dry-run`
-prints; `run(res, plan)` executes exactly that plan and returns a summary dict with one key
-figure; `execute` does both and records the plan in the run folder. `res` is the command's one
+prints; `run(res, plan, reporter)` executes exactly that plan (showing progress and notes through
+`reporter`: `run`'s stage line, or a stage command's console) and returns a summary dict with one
+key figure; `execute` does both and records the plan in the run folder. `res` is the command's one
 `Resolved` (recipe, run folder and every derived value). `REGISTRY` is the one list the
 pipeline, `run --dry-run` and every stage command use."""
 
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dspark_kit.progress import note
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.plan import Process, StagePlan
 
@@ -20,16 +21,16 @@ from dspark_kit.stages.plan import Process, StagePlan
 class Stage:
     name: str
     sections: tuple[str, ...]  # recipe sections whose change invalidates the stage
-    run: Callable[[Resolved, StagePlan], dict]  # execute the plan; a summary dict
+    run: Callable[[Resolved, StagePlan, Reporter], dict]  # execute the plan; a summary dict
     plan: Callable[[Resolved], StagePlan]  # what it will do (dry run, and the plan a run executes)
     key: str  # summary field shown in the final table
 
 
-def execute(stage: Stage, res: Resolved) -> dict:
+def execute(stage: Stage, res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     """Plan the stage, record the plan in the run folder, run exactly that plan."""
     plan = stage.plan(res)
     plan.record(res.run.plan_file(stage.name))
-    return stage.run(res, plan)
+    return stage.run(res, plan, reporter)
 
 
 def _plan(res: Resolved, stage: str, lines: list[str], processes: list[Process] | None = None,
@@ -37,12 +38,12 @@ def _plan(res: Resolved, stage: str, lines: list[str], processes: list[Process] 
     return StagePlan(stage, lines, processes or [], inputs or {}, outputs or {}, decisions=res.summary())
 
 
-def stage_regen(res: Resolved, plan: StagePlan) -> dict:
-    from dspark_kit.progress import progress_bar
+def stage_regen(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.regen import failure_verdict, run_regen
 
+    note = reporter.note
     chat = plan.process("chat server")
-    with progress_bar("regen", total=res.recipe.data.limit, unit="row") as bar:
+    with reporter.bar("regen", total=res.recipe.data.limit, unit="row") as bar:
         s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
                       engine_log=res.run.server_log("chat"), server_plan=chat.server if chat else None)
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
@@ -75,7 +76,7 @@ def plan_prepare(res: Resolved) -> StagePlan:
                  inputs={"rows": src, "verifier": res.recipe.verifier.path}, outputs={"prepared": str(out)})
 
 
-def stage_prepare(res: Resolved, plan: StagePlan) -> dict:
+def stage_prepare(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.prepare import prepare
     from dspark_kit.stages.prepare_input import prepare_input_rows
 
@@ -87,7 +88,7 @@ def stage_prepare(res: Resolved, plan: StagePlan) -> dict:
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
         keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable,
-        meta={"verifier": recipe.verifier.path, "source": source},
+        meta={"verifier": recipe.verifier.path, "source": source}, reporter=reporter,
     )
     return s.as_dict()
 
@@ -116,20 +117,20 @@ def plan_hidden_states(res: Resolved) -> StagePlan:
     return _plan(res, "hidden-states", lines, processes, inputs, outputs)
 
 
-def stage_hidden_states(res: Resolved, plan: StagePlan) -> dict:
+def stage_hidden_states(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     recipe = res.recipe
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
     if recipe.hidden_states.backend != "local":
         from dspark_kit.stages.hidden_states_vllm import run_offline_vllm
 
-        return run_offline_vllm(res, plan)
+        return run_offline_vllm(res, plan, reporter)
     from dspark_kit.stages.hidden_states import generate_offline
 
     s = generate_offline(
         res.run.prepared, res.verifier_path, res.exported_layer_ids, device=res.train_device.value,
         dtype=res.hidden_states_dtype.value, out_dtype=res.hidden_states_out_dtype.value,
-        trust_remote_code=recipe.verifier.trust_remote_code,
+        trust_remote_code=recipe.verifier.trust_remote_code, reporter=reporter,
     )
     return s.as_dict()
 
@@ -187,7 +188,7 @@ def plan_train(res: Resolved) -> StagePlan:
     return _plan(res, "train", lines, processes, inputs, {"checkpoints": str(res.run.checkpoints)})
 
 
-def stage_train(res: Resolved, plan: StagePlan) -> dict:
+def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     from contextlib import ExitStack
 
     from dspark_kit.stages.manifest import update_manifest
@@ -200,9 +201,9 @@ def stage_train(res: Resolved, plan: StagePlan) -> dict:
     )
 
     recipe, run = res.recipe, res.run
-    enforce(res, "train")
+    enforce(res, "train", log=reporter.note)
     for d in set_aside_incomplete_checkpoints(run.checkpoints):
-        note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
+        reporter.note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
     trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
     with ExitStack() as stack:
@@ -220,7 +221,7 @@ def stage_train(res: Resolved, plan: StagePlan) -> dict:
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        code, gone = run_training(trainer, log, watch=endpoint.gone if endpoint else None)
+        code, gone = run_training(trainer, log, watch=endpoint.gone if endpoint else None, reporter=reporter)
     res.checkpoints_changed()
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")
@@ -263,7 +264,7 @@ def plan_eval(res: Resolved) -> StagePlan:
                  outputs=outputs)
 
 
-def run_eval(res: Resolved, plan: StagePlan) -> dict:
+def run_eval(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     if res.eval_mode.value == "served":
         from dspark_kit.stages.served_tune import served_eval
 
@@ -282,7 +283,7 @@ def plan_serve(res: Resolved) -> StagePlan:
     return _plan(res, "serve", lines, procs, outputs={"command": str(res.run.serve_command)})
 
 
-def run_serve(res: Resolved, plan: StagePlan) -> dict:
+def run_serve(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.serve import stage_serve_check
 
     spec = plan.process("spec server")
@@ -295,7 +296,7 @@ def plan_bench(res: Resolved) -> StagePlan:
                  outputs={"bench": str(res.run.bench)})
 
 
-def run_bench(res: Resolved, plan: StagePlan) -> dict:
+def run_bench(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.bench import stage_bench
 
     spec = plan.process("spec server")
@@ -307,7 +308,7 @@ def plan_report(res: Resolved) -> StagePlan:
                  outputs={"report": str(res.run.report_md)})
 
 
-def run_report(res: Resolved, plan: StagePlan) -> dict:
+def run_report(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     from dspark_kit.stages.report import stage_report
 
     return stage_report(res.recipe, res.run.root)
@@ -329,6 +330,6 @@ REGISTRY: dict[str, Stage] = {
 STAGES = list(REGISTRY)  # pipeline order
 
 
-def run_stage(name: str, res: Resolved) -> dict:
+def run_stage(name: str, res: Resolved, reporter: Reporter = STANDALONE) -> dict:
     """One stage by name, as `run` and the stage commands do it (plan, record, execute)."""
-    return execute(REGISTRY[name], res)
+    return execute(REGISTRY[name], res, reporter)

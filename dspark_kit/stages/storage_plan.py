@@ -177,7 +177,8 @@ def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
     """(conversations read, tokens and rows prepare would write for them) for up to SAMPLE
     conversations, with the verifier's tokenizer when this machine has it."""
     from dspark_kit.data.conversations import normalize
-    from dspark_kit.stages.prepare import InvalidLine, tokenize_conversation
+    from dspark_kit.jsonl import BadLine
+    from dspark_kit.stages.prepare import tokenize_conversation
 
     if not Path(res.verifier_path).is_dir():
         return None
@@ -189,7 +190,7 @@ def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
         n = tokens = out_rows = 0
         for raw in itertools.islice(rows, SAMPLE):
             n += 1
-            if isinstance(raw, InvalidLine):
+            if isinstance(raw, BadLine):
                 continue
             try:
                 for ids, mask in tokenize_conversation(tok, normalize(raw), thinking, keep)[0]:

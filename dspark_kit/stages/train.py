@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dspark_kit.devices import train_flags
 from dspark_kit.engines import openai_base_url
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import device_env
 from dspark_kit.rundir import RunDir
@@ -195,43 +196,25 @@ class TrainProgress:
 STOP_GRACE_S = 30.0  # SIGTERM lets speculators save an "interrupted" checkpoint; then SIGKILL
 
 
-def _stop(proc) -> None:
-    """SIGTERM, STOP_GRACE_S to save, then SIGKILL; then SIGKILL whatever it started that is left:
-    torchrun starts its workers in their own sessions and only kills them after its own 30 s."""
-    import subprocess
-
-    import psutil
-
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        family = []
-    proc.terminate()
-    try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    for child in family:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-
-
 def _watch(proc, watch: Callable[[], str | None], stopped: list[str], poll_s: float = 1.0) -> None:
     """Stop the trainer once `watch` reports the server it needs is gone (else it would retry for
     minutes); the reason goes into `stopped`."""
+    from dspark_kit import processes
+
     while proc.poll() is None:
         if (reason := watch()) is not None:
             stopped.append(reason)
-            _stop(proc)
+            processes.stop(proc, STOP_GRACE_S)
             return
         time.sleep(poll_s)
 
 
 def run_training(plan: LaunchPlan, log_path: Path,
-                 watch: Callable[[], str | None] | None = None) -> tuple[int, str | None]:
-    """Run the plan with its output in `log_path` (and on the console when stages stream: outside
-    `run`, or `run -v`); returns (exit code, why the server it needs is gone, or None).
+                 watch: Callable[[], str | None] | None = None,
+                 reporter: Reporter = STANDALONE) -> tuple[int, str | None]:
+    """Run the plan with its output in `log_path` (and on the console when `reporter` echoes child
+    output: a stage command, `run -v`; else its epochs move `reporter`'s bar); returns (exit code,
+    why the server it needs is gone, or None).
 
     `watch`: polled every second while training runs; when it returns a reason (the
     hidden-state server this command started has exited), the trainer is stopped and that
@@ -243,26 +226,23 @@ def run_training(plan: LaunchPlan, log_path: Path,
     import subprocess
     import threading
 
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    from dspark_kit.engines.lifecycle import die_with_parent_preexec, install_signal_handlers
-    from dspark_kit.progress import echo_child_output, progress_bar
+    from dspark_kit import processes
     from dspark_kit.redact import redact_text
 
-    env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
-    echo = echo_child_output()
-    install_signal_handlers()  # SIGTERM to the kit unwinds through the except below
-    with log_path.open("a") as log, subprocess.Popen(
-        plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - SIGKILL of the kit ends training too
-    ) as proc, (contextlib.nullcontext() if echo else progress_bar("train", None, "epoch")) as bar:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    echo = reporter.echo_children
+    with log_path.open("a") as log, (contextlib.nullcontext() if echo else reporter.bar("train", None, "epoch")) as bar:
+        # the supervisor's process group: a stop (Ctrl-C, SIGTERM to the kit, a dead server) reaches every rank
+        proc = processes.start(plan.argv, {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         progress = TrainProgress(bar)
         stopped: list[str] = []
         watcher = None
-        if watch is not None:
-            watcher = threading.Thread(target=_watch, args=(proc, watch, stopped), daemon=True, name="server-watch")
-            watcher.start()
         try:
+            if watch is not None:
+                watcher = threading.Thread(target=_watch, args=(proc, watch, stopped), daemon=True, name="server-watch")
+                watcher.start()
             for line in proc.stdout:
                 line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
                 log.write(line)
@@ -270,13 +250,14 @@ def run_training(plan: LaunchPlan, log_path: Path,
                     sys.stderr.write(line)
                 else:
                     progress.feed(line)
-        except BaseException:  # Ctrl-C / SIGTERM to the kit: stop the trainer (torchrun forwards it)
-            _stop(proc)
-            raise
-        code = proc.wait()
+            code = proc.wait()
+        finally:  # Ctrl-C / SIGTERM to the kit included: the trainer (and anything it left) never outlives this call
+            processes.stop(proc, STOP_GRACE_S)
+            proc.stdout.close()
+            if watcher is not None:
+                watcher.join()  # it returns once the trainer has exited, with or without a reason
         if watcher is None:
             return code, None
-        watcher.join()  # it returns once the trainer has exited, with or without a reason
         if stopped:
             return code, stopped[0]
         return code, watch() if code != 0 else None
@@ -291,6 +272,7 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
     `since`: the log's size before this run (train.log is appended to across runs).
     """
     from dspark_kit.compat.train_entry import REFUSAL_PREFIX
+    from dspark_kit.logs import log_since
 
     text = log_since(log_path, since)
     for line in text.splitlines():
@@ -305,16 +287,6 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
 
 # speculators' data-generation circuit breaker (tripped at once by --max-consecutive-generation-failures 1)
 _BREAKER = re.compile(r"circuit breaker tripped.*?file index (\d+) \(attempt [^)]*\): (.*)")
-
-
-def log_since(path: Path, since: int) -> str:
-    """What this run appended to a log that held `since` bytes before it ("" when unreadable)."""
-    try:
-        with Path(path).open("rb") as f:
-            f.seek(since)
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def failed_row(text: str, pattern: re.Pattern) -> tuple[int, str] | None:

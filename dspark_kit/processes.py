@@ -1,0 +1,152 @@
+"""The one supervisor for the processes the kit starts (servers, trainers), and its one stop policy.
+
+`start` runs a command in its own process group (so a stop reaches every worker it forks) and
+ties it to the kit; `stop` is the only way the kit ends one:
+
+    SIGTERM to the whole group, and to every descendant that left it (torchrun starts its workers
+    in sessions of their own); `grace_s` for all of them to exit (a trainer saves an
+    "interrupted" checkpoint, a server drains); then SIGKILL to whatever is left, the same way.
+
+Every supervised process dies with the kit process that started it:
+- SIGTERM / SIGHUP / SIGINT to the kit: a handler signals every live group (SIGTERM), then
+  raises SystemExit / KeyboardInterrupt so the callers' `finally: stop(...)` blocks run;
+- SIGKILL of the kit (no handler runs): the child gets SIGTERM from the kernel (Linux prctl
+  PR_SET_PDEATHSIG, set between fork and exec); the local engine also polls its parent pid
+  (PARENT_PID_ENV) and exits when it changes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+
+PARENT_PID_ENV = "DSPARK_KIT_PARENT_PID"  # the local engine exits when its parent is gone
+KILL_WAIT_S = 10.0  # after SIGKILL: only a process stuck in the kernel (D state) takes this long
+
+# Signals are process-wide, so the processes a handler must reach are too: these registries are
+# what the handler and atexit read; no caller's behaviour depends on them.
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # started and not yet stopped
+_HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+_installed = False
+_PRCTL = None  # libc's prctl, looked up in the parent: the child must not import or load anything
+
+
+def _signal_live(sig: int = signal.SIGTERM) -> None:
+    for proc in list(_LIVE):
+        if proc.poll() is None:
+            _killpg(proc.pid, sig)
+
+
+def _on_signal(signum, frame) -> None:
+    _signal_live(signal.SIGTERM)  # at once: stop() in the callers' finally blocks then waits for them
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+def install_signal_handlers() -> None:
+    """Stop supervised processes when the kit is terminated (main thread; keeps handlers others set)."""
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return
+    _installed = True
+    for sig in _HANDLED:
+        current = signal.getsignal(sig)
+        if current in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(sig, _on_signal)
+    atexit.register(_signal_live, signal.SIGTERM)
+
+
+def _libc_prctl():
+    global _PRCTL
+    if _PRCTL is None:
+        try:
+            import ctypes
+
+            _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else False
+        except (OSError, AttributeError):
+            _PRCTL = False
+    return _PRCTL
+
+
+def die_with_parent_preexec():
+    """A preexec_fn that ties a child to this process (PDEATHSIG), or None off Linux / off the main
+    thread (PDEATHSIG fires when the forking *thread* exits)."""
+    prctl = _libc_prctl() if threading.current_thread() is threading.main_thread() else None
+    return functools.partial(_die_with_parent, prctl, os.getpid(), int(signal.SIGTERM)) if prctl else None
+
+
+def _die_with_parent(prctl, parent_pid: int, sig: int) -> None:
+    """preexec_fn: the kernel sends `sig` to this child when the thread that forked it dies."""
+    prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def start(argv: list[str], env: dict[str, str], **popen_kw) -> subprocess.Popen:
+    """`argv` in its own process group, tied to the kit, stdin closed; `popen_kw`: its output."""
+    install_signal_handlers()
+    proc = subprocess.Popen(
+        argv,
+        env={**env, PARENT_PID_ENV: str(os.getpid())},
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # own process group: stop() signals the whole tree
+        preexec_fn=die_with_parent_preexec(),  # noqa: PLW1509 - only calls prctl (looked up beforehand)
+        **popen_kw,
+    )
+    _LIVE.add(proc)
+    return proc
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal_family(proc: subprocess.Popen, family: list, sig: int) -> None:
+    import psutil
+
+    _killpg(proc.pid, sig)
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running():  # psutil checks the pid was not reused since the snapshot
+                p.send_signal(sig)
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> int | None:
+    """The stop policy (module docstring): SIGTERM to the group and every descendant, `grace_s` for
+    them to exit, then SIGKILL; returns the leader's exit code (None: not even SIGKILL ended it)."""
+    import psutil
+
+    # the descendants before any exits: a worker whose parent is gone is reparented, out of reach
+    family = _descendants(proc.pid)
+    _signal_family(proc, family, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    _, family = psutil.wait_procs(family, timeout=max(0.0, deadline - time.monotonic()))
+    # SIGKILL whatever is left, and sweep the group: the leader may be gone while forked children linger
+    family += _descendants(proc.pid)
+    _signal_family(proc, family, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_WAIT_S)
+    psutil.wait_procs(family, timeout=KILL_WAIT_S)
+    _LIVE.discard(proc)
+    return proc.returncode
