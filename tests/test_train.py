@@ -194,7 +194,7 @@ def test_train_failure_names_the_stage_once(tmp_path, monkeypatch):
 
     from dspark_kit.stages.plan import StagePlan
 
-    def refused(res, plan):  # what stage_train raises when the trainer exits with a fix probe's refusal
+    def refused(res, plan, reporter):  # what stage_train raises when the trainer exits with a fix probe's refusal
         raise RuntimeError(training_failure(3, log))
 
     def planned(res):  # no verifier to look at: the plan is not what this test is about
