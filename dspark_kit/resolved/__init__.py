@@ -419,10 +419,11 @@ class Resolved:
     SUMMARY = ("k", "window", "adaptive_verification", "train_device", "serve_device", "eval_device", "hidden_states_dtype",
                "hidden_states_out_dtype", "serve_dtype", "eval_dtype")
 
-    def summary(self) -> dict:
-        """The decided values and their sources, for dry runs, bench and the manifest."""
+    def summary(self, names: tuple[str, ...] | None = None) -> dict:
+        """The decided values and their sources, for dry runs, bench and the manifest (`names`: only
+        those, e.g. the ones a stage's plan runs with)."""
         out: dict = {"engine": self.engine}
-        for name in self.SUMMARY:
+        for name in self.SUMMARY if names is None else names:
             try:
                 d = getattr(self, name)
                 out[name] = {"value": d.value, "source": d.source}

@@ -23,6 +23,15 @@ if TYPE_CHECKING:
 
 CHOSEN = "<chosen at start>"
 
+# the decided values each stage runs with (Resolved.SUMMARY names), recorded in its plan
+SERVED = ("k", "window", "adaptive_verification", "serve_device", "serve_dtype")
+DECIDED: dict[str, tuple[str, ...]] = {
+    "regen": ("serve_device", "serve_dtype"), "prepare": (),
+    "hidden-states": ("train_device", "hidden_states_dtype", "hidden_states_out_dtype"),
+    "train": ("train_device", "hidden_states_out_dtype"), "eval": ("k", "window", "eval_device", "eval_dtype"),
+    "serve": SERVED, "bench": SERVED, "report": (),
+}
+
 
 @dataclass
 class Process:

@@ -350,7 +350,7 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     from urllib.parse import urlparse
 
     from dspark_kit.engines.servers import regen_server_plan, server_plan
-    from dspark_kit.stages.plan import Process, StagePlan
+    from dspark_kit.stages.plan import DECIDED, Process, StagePlan
 
     recipe = res.recipe
     outfile = Path(outfile or res.run.regen_jsonl)
@@ -376,6 +376,6 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     lines += [f"endpoint {e}" for e in endpoints]
     return StagePlan("regen", lines, processes, inputs={"data.source": recipe.data.source},
                      outputs={"regen": str(outfile), "errors": str(outfile.with_name(outfile.name + ".errors.jsonl"))},
-                     decisions=res.summary(),
+                     decisions=res.summary(DECIDED["regen"]),
                      details={"endpoints": endpoints, "machines": machines,
                               "concurrency_per_endpoint": recipe.regen.concurrency})

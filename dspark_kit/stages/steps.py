@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.plan import Process, StagePlan
+from dspark_kit.stages.plan import DECIDED, Process, StagePlan
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def execute(stage: Stage, res: Resolved, reporter: Reporter = STANDALONE) -> dic
 
 def _plan(res: Resolved, stage: str, lines: list[str], processes: list[Process] | None = None,
           inputs: dict | None = None, outputs: dict | None = None) -> StagePlan:
-    return StagePlan(stage, lines, processes or [], inputs or {}, outputs or {}, decisions=res.summary())
+    return StagePlan(stage, lines, processes or [], inputs or {}, outputs or {}, decisions=res.summary(DECIDED[stage]))
 
 
 def stage_regen(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
