@@ -105,8 +105,8 @@ def main() -> None:
     from dspark_kit.specdec.checkpoints import resolve_checkpoint
     from dspark_kit.specdec.decoder import ReferenceDecoder, SpecGenerator
     from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
-    from dspark_kit.stages.evaluate import EvalSession, build_prompts
-    from dspark_kit.stages.heldout import load_eval_prompts
+    from dspark_kit.stages.evaluation.evaluate import EvalSession, build_prompts
+    from dspark_kit.stages.evaluation.heldout import load_eval_prompts
 
     torch.set_num_threads(1)  # the local engine's default, and the least disturbed on a shared box
     recipe = load_recipe(RECIPE, ["train.device=cpu"])

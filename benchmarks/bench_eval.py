@@ -56,7 +56,7 @@ def bench_al(recipe, wd: Path, prompts: Path, n: int, max_tokens: int, out: Path
     from dspark_kit.engines.ports import free_port
     from dspark_kit.engines.servers import running_server
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.bench import run_bench
+    from dspark_kit.stages.serving.bench import run_bench
 
     resolved = Resolved(recipe, wd, window="off")  # as the eval it is compared with (a tuned window would differ)
     with running_server(resolved, "spec", port=free_port()) as url:
@@ -83,7 +83,7 @@ def main() -> None:
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
     from dspark_kit.specdec.checkpoints import resolve_checkpoint
-    from dspark_kit.stages.evaluate import run_eval, tune_window
+    from dspark_kit.stages.evaluation.evaluate import run_eval, tune_window
 
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster than two on a shared box
     base = load_recipe(RECIPE, ["train.device=cpu"])

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_hidden_states.py [--conversations 400] [--json out.json]
 
-Ours: dspark_kit.stages.hidden_states.generate_offline (load verifier, one forward per
+Ours: dspark_kit.stages.hidden.hidden_states.generate_offline (load verifier, one forward per
 group of equal-length rows, pick the exported layers in vLLM's convention, bf16,
 validate-or-skip, a safetensors file per row). Baseline: load the same model with
 transformers and run `model.model(ids, output_hidden_states=True)` row by row (the
@@ -34,8 +34,8 @@ def main() -> None:
     from dspark_kit.data.tiny_corpus import conversations
     from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.stages.hidden_states import generate_offline
-    from dspark_kit.stages.prepare import prepare
+    from dspark_kit.stages.data.prepare import prepare
+    from dspark_kit.stages.hidden.hidden_states import generate_offline
 
     torch.set_num_threads(torch.get_num_threads())
     vp = str(ensure_tiny_verifier())

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_train.py [--repeats 3] [--json out.json]
 
-Ours: the train stage's plan (dspark_kit.stages.steps) + dspark_kit.stages.train.run_training, i.e.
+Ours: the train stage's plan (dspark_kit.stages.steps) + dspark_kit.stages.training.train.run_training, i.e.
 `python -m dspark_kit.compat.train_entry --dspark-device cpu FLAGS` with patch probes and
 the log tee. Baseline: benchmarks/plain_speculators_train.py FLAGS -- speculators'
 own train main with only the CPU device patches applied (plain speculators cannot
@@ -26,7 +26,7 @@ GOAL = 1.02
 
 
 def val_accept_len(checkpoints: Path) -> float | None:
-    from dspark_kit.stages.train import read_val_metrics
+    from dspark_kit.stages.training.train import read_val_metrics
 
     m = read_val_metrics(checkpoints) or {}
     return m.get("accept_len_epoch") or next((v for k, v in m.items() if "accept" in k), None)
@@ -55,7 +55,7 @@ def main() -> None:
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.steps import REGISTRY, run_stage
-    from dspark_kit.stages.train import run_training
+    from dspark_kit.stages.training.train import run_training
 
     # regen off: the launch path is what is measured, on the data source as is
     recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml", ["train.device=cpu", "regen.enabled=false", *args.sets])

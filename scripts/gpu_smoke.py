@@ -173,7 +173,7 @@ def probe_env(env: dict[str, str]) -> dict:
 EVAL_CUDA = """
 import json, sys
 from pathlib import Path
-from dspark_kit.stages.evaluate import run_eval
+from dspark_kit.stages.evaluation.evaluate import run_eval
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 wd, recipe, sets = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dspark_kit.recipe import recipe_from_dict
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.bench import BenchError, load_prompts, run_bench
+from dspark_kit.stages.serving.bench import BenchError, load_prompts, run_bench
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENS_PER_REPLY = 6
@@ -206,7 +206,7 @@ def test_builtin_prompts_are_evals_held_out_prompts(tmp_path):
     """The served engine measures the same acceptance as eval only on the same prompts: bench's
     builtin dataset is eval's default (held-out) prompt set for the tiny recipe, in eval's order."""
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.stages.heldout import load_eval_prompts, until_last_user
+    from dspark_kit.stages.evaluation.heldout import load_eval_prompts, until_last_user
 
     recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml", [f"workdir={tmp_path / 'run'}"])
     res = Resolved(recipe, planning=True)

@@ -108,7 +108,7 @@ def test_slow_units_show_a_rate_per_minute_counted_from_the_first_unit():
 
 
 def test_the_train_line_follows_the_trainers_records():
-    from dspark_kit.stages.train import TrainProgress
+    from dspark_kit.stages.training.train import TrainProgress
 
     class Bar:
         def __init__(self):

@@ -20,7 +20,7 @@ from chat_templates import QWEN3_TEMPLATE
 from dspark_kit.data.conversations import ConversationError, normalize, to_sharegpt
 from dspark_kit.jsonl import read_jsonl
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.prepare import (
+from dspark_kit.stages.data.prepare import (
     REASONING_WITH_THINKING_OFF,
     prepare,
     tokenize_conversation,
@@ -261,7 +261,7 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
 
     from dspark_kit.data.tiny_corpus import thinking_reply
     from dspark_kit.engines.servers import regen_server_plan
-    from dspark_kit.stages.regen import run_regen
+    from dspark_kit.stages.data.regen import run_regen
     from dspark_kit.stages.steps import run_stage
 
     rng = random.Random(5)

@@ -16,7 +16,7 @@ from dspark_kit.cli import app
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.decoder import SpecResult
-from dspark_kit.stages.evaluate import (
+from dspark_kit.stages.evaluation.evaluate import (
     EvalError,
     aggregate,
     candidate_windows,

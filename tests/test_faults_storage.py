@@ -16,7 +16,7 @@ LAYERS = [1, 2, 3, 4]
 def prepared(tmp_path_factory, tiny_verifier):
     """A small prepared dataset (12 rows); tests copy it before touching it."""
     from dspark_kit.data.tiny_corpus import conversations
-    from dspark_kit.stages.prepare import prepare
+    from dspark_kit.stages.data.prepare import prepare
 
     d = tmp_path_factory.mktemp("faults") / "prepared"
     rows = [{"messages": m} for m in conversations(12, seed=3, max_turns=1)]
@@ -32,7 +32,7 @@ def work(prepared, tmp_path):
 
 
 def _generate(work, tiny_verifier):
-    from dspark_kit.stages.hidden_states import generate_offline
+    from dspark_kit.stages.hidden.hidden_states import generate_offline
 
     return generate_offline(work, str(tiny_verifier), LAYERS, log=lambda _m: None)
 
@@ -44,7 +44,7 @@ def _row_ids(work) -> list[list[int]]:
 
 
 def _all_named_files_valid(work) -> int:
-    from dspark_kit.stages.hidden_states import is_valid_file
+    from dspark_kit.stages.hidden.hidden_states import is_valid_file
 
     ids = _row_ids(work)
     files = sorted((work / "hidden_states").glob("hs_*.safetensors"))
@@ -110,7 +110,7 @@ def test_a_file_for_another_row_is_not_taken_as_valid(work, tiny_verifier):
 def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_verifier, monkeypatch, where, kind):
     from dspark_kit.data.speculators_dataset import DatasetWriter
     from dspark_kit.data.tiny_corpus import conversations
-    from dspark_kit.stages import prepare as P
+    from dspark_kit.stages.data import prepare as P
 
     rows = [{"messages": m} for m in conversations(200, seed=4, max_turns=1)]  # 4 chunks of 64
     out = tmp_path / "prepared"
@@ -137,7 +137,7 @@ def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_ve
 
 def test_interrupted_prepare_keeps_the_previous_complete_output(prepared, tmp_path, tiny_verifier, monkeypatch):
     from dspark_kit.data.speculators_dataset import DatasetWriter
-    from dspark_kit.stages import prepare as P
+    from dspark_kit.stages.data import prepare as P
 
     out = tmp_path / "prepared"
     shutil.copytree(prepared, out)

@@ -3,8 +3,8 @@ import torch
 from safetensors.torch import load_file
 
 from dspark_kit.data.tiny_corpus import conversations
-from dspark_kit.stages.hidden_states import generate_offline
-from dspark_kit.stages.prepare import prepare
+from dspark_kit.stages.data.prepare import prepare
+from dspark_kit.stages.hidden.hidden_states import generate_offline
 
 pytestmark = pytest.mark.slow  # runs the tiny verifier
 
@@ -48,7 +48,7 @@ def test_speculators_dataset_reads_what_we_wrote(tmp_path, tiny_verifier):
 
 
 def test_length_groups_cover_every_row_once_with_one_length_each():
-    from dspark_kit.stages.hidden_states import length_groups
+    from dspark_kit.stages.hidden.hidden_states import length_groups
 
     lengths = [5, 3, 5, 5, 9, 3, 5, 2000]
     groups = length_groups(lengths, max_tokens=12)

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.hidden_states_vllm import dry_run_lines
+from dspark_kit.stages.hidden.hidden_states_vllm import dry_run_lines
 from dspark_kit.stages.steps import run_stage
 
 
@@ -70,7 +70,7 @@ def test_missing_rows_on_one_node_need_no_speculators_import(tmp_path, tiny_reci
     """The check after generate-offline-data: importing speculators for it cost 10 s and more."""
     import sys
 
-    from dspark_kit.stages.hidden_states_vllm import missing_rows
+    from dspark_kit.stages.hidden.hidden_states_vllm import missing_rows
 
     monkeypatch.setitem(sys.modules, "speculators.data_generation.offline", None)  # importing it fails
     assert missing_rows(_shard_dir(tmp_path, tiny_recipe, 7, [0, 2, 3, 6]), 1, 0) == [1, 4, 5]
@@ -81,7 +81,7 @@ def test_missing_rows_on_one_node_need_no_speculators_import(tmp_path, tiny_reci
 def test_missing_rows_follow_speculators_own_shards(tmp_path, tiny_recipe, world, rank):
     from speculators.data_generation.offline import get_indices_to_process
 
-    from dspark_kit.stages.hidden_states_vllm import missing_rows
+    from dspark_kit.stages.hidden.hidden_states_vllm import missing_rows
 
     have = [0, 2, 3, 9]
     res = _shard_dir(tmp_path, tiny_recipe, 11, have)

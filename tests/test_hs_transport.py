@@ -11,7 +11,7 @@ from dspark_kit.hs_transport import mooncake_for, transport_problems
 from dspark_kit.recipe import recipe_from_dict
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.preflight import _context, check_transport
-from dspark_kit.stages.train import build_train_args
+from dspark_kit.stages.training.train import build_train_args
 
 VERIFIER = "/models/Qwen3-0.6B"
 
@@ -59,7 +59,7 @@ def test_trainer_flags_parse_with_speculators_own_resolver(tmp_path):
 
 
 def test_dry_run_prints_one_line_per_node(vllm_cpu_stub, tmp_path):
-    from dspark_kit.stages.hidden_states_vllm import dry_run_lines
+    from dspark_kit.stages.hidden.hidden_states_vllm import dry_run_lines
 
     r = recipe(device="cuda", nnodes=3)
     lines = [line for line in dry_run_lines(Resolved(r, tmp_path, planning=True)) if line.startswith("# node ")]

@@ -170,7 +170,7 @@ def test_a_crashing_probe_makes_train_refuse_instead_of_patching(mp, capsys):
 
 def test_training_failure_names_the_refusal_of_this_run_only(tmp_path):
     from dspark_kit.compat.train_entry import REFUSAL_PREFIX
-    from dspark_kit.stages.train import training_failure
+    from dspark_kit.stages.training.train import training_failure
 
     log = tmp_path / "train.log"
     log.write_text(f"{REFUSAL_PREFIX}speculators fix old: probe failed: from an earlier run\n")

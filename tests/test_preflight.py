@@ -264,7 +264,7 @@ def test_cli_exit_codes_and_json(recipe, run, tmp_path):
 
 def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
     """`train` refuses a planted pitfall before anything expensive starts."""
-    import dspark_kit.stages.train as train_mod
+    import dspark_kit.stages.training.train as train_mod
     from dspark_kit.stages.preflight import PreflightError
     from dspark_kit.stages.steps import run_stage
 

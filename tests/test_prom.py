@@ -160,7 +160,7 @@ def test_in_process_and_served_figures_are_one_type_with_one_name_each():
     from types import SimpleNamespace
 
     from dspark_kit.engines.prom import spec_decode_delta
-    from dspark_kit.stages.evaluate import aggregate
+    from dspark_kit.stages.evaluation.evaluate import aggregate
 
     req = SimpleNamespace(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=9, accepted_per_pos=[6, 3, 0],
                           token_ids=[1] * 19)

@@ -142,7 +142,7 @@ def test_seed_recipe_two_nodes_loopback_dry_run_fails():
 
 
 def test_hidden_states_dry_run_says_what_each_node_needs(tmp_path):
-    from dspark_kit.stages.hidden_states_vllm import dry_run_lines
+    from dspark_kit.stages.hidden.hidden_states_vllm import dry_run_lines
 
     per_node = dry_run_lines(Resolved(_recipe("train.nnodes=2", "hidden_states.mode=offline"), tmp_path, planning=True))
     text = "\n".join(per_node)

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dspark_kit.stages.report import build_report, compare, read_scalars, val_by_epoch
+from dspark_kit.stages.reporting.report import build_report, compare, read_scalars, val_by_epoch
 
 # per-epoch validation values (the reference Ascend run's numbers, docs/CONCEPTS.md#long-context) and per-position accuracies
 VAL = {
@@ -155,7 +155,7 @@ def test_compare_labels_and_missing_spec(tmp_path):
 
 def test_report_plots_acceptance_vs_context_with_and_without_window(tmp_path):
     """window tune's measurements (and eval.json runs) become one line per window setting."""
-    from dspark_kit.stages.report import context_series
+    from dspark_kit.stages.reporting.report import context_series
 
     (tmp_path / "eval").mkdir()
     meas = [{"window": w, "k": 4, "context_length": c, "acceptance_length": al}
@@ -175,7 +175,7 @@ def test_report_plots_acceptance_vs_context_with_and_without_window(tmp_path):
 
 
 def test_report_reads_older_window_tune_files(tmp_path):
-    from dspark_kit.stages.report import context_series
+    from dspark_kit.stages.reporting.report import context_series
 
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "window_tune.json").write_text(json.dumps(
@@ -212,7 +212,7 @@ def test_report_says_where_an_unfinished_training_stopped(tmp_path, status, whol
     import json
 
     from dspark_kit.rundir import RunDir
-    from dspark_kit.stages.report import training_stopped_line
+    from dspark_kit.stages.reporting.report import training_stopped_line
 
     run = RunDir.at(tmp_path)
     run.manifest.write_text(json.dumps({"recipe": {"train": {"epochs": 8, "max_steps": None}}}))
@@ -233,7 +233,7 @@ def test_report_says_where_an_unfinished_training_stopped(tmp_path, status, whol
 
 def test_report_reads_bench_files_from_before_the_figure_was_renamed(tmp_path):
     """bench json wrote per_position_acceptance_rates before issue 28; the report still shows it."""
-    from dspark_kit.stages.report import bench_markdown
+    from dspark_kit.stages.reporting.report import bench_markdown
 
     counts = {"num_drafts": 10, "num_accepted_tokens": 5}
     old = {"label": "old", "spec_decode": {**counts, "acceptance_length": 1.5, "per_position_acceptance_rates": [0.4, 0.1]}}

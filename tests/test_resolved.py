@@ -73,7 +73,7 @@ def test_k_explicit_wins_and_tune_beats_the_checkpoint(tmp_path):
 def test_bench_records_the_k_the_server_got(tmp_path):
     """Bench records the K the server got, read back from its metrics, not the recipe's."""
     from dspark_kit.engines.vllm import plan_vllm
-    from dspark_kit.stages.bench import served_k
+    from dspark_kit.stages.serving.bench import served_k
 
     recipe, verifier = seed_like(tmp_path, engine="vllm", num_speculative_tokens=7)
     recipe.train.device = "cuda"  # planned for the GPU box (here it would be vLLM's CPU build: no spec)
@@ -190,7 +190,7 @@ def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
     """Reproduced: layer ids [1,12,23,34,46] only warned in preflight (no verifier config here) but
     failed serve. Both now use Resolved.checkpoint_findings with verifier.num_hidden_layers."""
     from dspark_kit.stages.preflight import run_preflight
-    from dspark_kit.stages.serve import ServeError, plan_server
+    from dspark_kit.stages.serving.serve import ServeError, plan_server
 
     recipe, _ = seed_like(tmp_path)
     recipe.verifier.path = "/mnt/cephfs/models/Qwen3-30B-A3B"  # not on this machine
@@ -205,7 +205,7 @@ def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
 def test_the_users_hccl_env_survives_serving_and_training(tmp_path, monkeypatch):
     """Reproduced: a user's HCCL_SOCKET_IFNAME=eth0 became lo when serving but stayed eth0 in training."""
     from dspark_kit.engines.vllm import plan_vllm
-    from dspark_kit.stages.train import launch_plan
+    from dspark_kit.stages.training.train import launch_plan
 
     monkeypatch.setenv("HCCL_SOCKET_IFNAME", "eth0")
     recipe, _ = seed_like(tmp_path, devices="0,1")
@@ -258,7 +258,7 @@ def test_hidden_states_and_local_engine_agree_on_device_and_dtype(tmp_path, monk
 
     from dspark_kit import devices
     from dspark_kit.cli import app
-    from dspark_kit.stages import hidden_states
+    from dspark_kit.stages.hidden import hidden_states
 
     monkeypatch.setattr(devices, "cuda_available", lambda: True)  # this machine "has" a GPU
     monkeypatch.setattr(devices, "npu_available", lambda: False)

@@ -101,7 +101,7 @@ def test_vllm_plans_bind_the_recipe_host(tiny_recipe, tiny_verifier, vllm_cpu_st
 @pytest.mark.slow
 def test_trust_remote_code_only_when_the_recipe_says_so(tiny_recipe, tiny_verifier, tmp_path, trust):
     from dspark_kit.engines.vllm import plan_vllm
-    from dspark_kit.stages.train import build_train_args
+    from dspark_kit.stages.training.train import build_train_args
 
     tiny_recipe.verifier.trust_remote_code = trust
     tiny_recipe.train.device = "cuda"  # plan the GPU box's vllm serve (here engine vllm is the CPU build)

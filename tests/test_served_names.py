@@ -20,7 +20,7 @@ from dspark_kit.engines.local_server import Engine, create_app, parse_args
 from dspark_kit.engines.servers import server_plan
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.hidden_states_vllm import offline_command
+from dspark_kit.stages.hidden.hidden_states_vllm import offline_command
 from dspark_kit.stages.steps import plan_train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ def test_without_a_served_name_every_server_answers_to_the_verifier_path(tmp_pat
 
 def test_hidden_states_dry_run_pairs_the_server_with_generate_offline_data(tmp_path):
     """backend vllm, offline: the printed server and generate-offline-data agree on the model."""
-    from dspark_kit.stages.hidden_states_vllm import dry_run_lines
+    from dspark_kit.stages.hidden.hidden_states_vllm import dry_run_lines
 
     res = seed_resolved(tmp_path, "hidden_states.mode=offline")
     lines = dry_run_lines(res)

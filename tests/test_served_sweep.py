@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dspark_kit.stages import served_sweep as sweep
-from dspark_kit.stages.served_sweep import ServerPoint
+from dspark_kit.stages.evaluation import served_sweep as sweep
+from dspark_kit.stages.evaluation.served_sweep import ServerPoint
 
 
 def test_plan_windows_per_engine():
@@ -167,7 +167,7 @@ def test_serve_dry_run_uses_the_served_recommendation(tmp_path):
 
 def test_dry_run_drops_contexts_past_the_verifiers_positions(tmp_path, monkeypatch):
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.served_tune import run_served_tune
+    from dspark_kit.stages.evaluation.served_tune import run_served_tune
 
     monkeypatch.setattr(Resolved, "verifier_config", property(lambda self: {"max_position_embeddings": 1024}))
     res = _resolved(tmp_path / "run")

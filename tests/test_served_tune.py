@@ -43,7 +43,7 @@ def run(trained_run, tmp_path_factory) -> Path:
 
 
 def _sweep(wd: Path, **kw) -> dict:
-    from dspark_kit.stages.served_tune import prompt_sets, run_served_tune
+    from dspark_kit.stages.evaluation.served_tune import prompt_sets, run_served_tune
 
     res = Resolved(_recipe(wd), wd)
     sets, _ = prompt_sets(res, [CTX], N, wd / "prompts.jsonl")
@@ -110,8 +110,8 @@ def test_rerun_resumes_and_writes_every_point(swept, run):
 def test_served_acceptance_equals_in_process_eval(swept, run):
     """The consistency check: every served point's AL is in-process eval's on the same ids (within
     0.05; greedy makes them equal), and the window changes long-context AL the same way."""
-    from dspark_kit.stages.evaluate import EvalSession, build_prompts, tune_window
-    from dspark_kit.stages.heldout import load_eval_prompts
+    from dspark_kit.stages.evaluation.evaluate import EvalSession, build_prompts, tune_window
+    from dspark_kit.stages.evaluation.heldout import load_eval_prompts
 
     _, served = swept
     res = Resolved(_recipe(run), run)
@@ -161,7 +161,7 @@ def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, 
     """`run`'s eval stage, made to find the verifier too large for the eval device: it serves the
     resolved K and window and measures the same prompts; its AL is in-process eval's."""
     from dspark_kit.resolved import Decision
-    from dspark_kit.stages.evaluate import EvalSession, build_prompts
+    from dspark_kit.stages.evaluation.evaluate import EvalSession, build_prompts
     from dspark_kit.stages.steps import run_stage
 
     monkeypatch.setattr(Resolved, "eval_fit", property(lambda self: Decision(False, "as if 64 GiB were too small")))
@@ -173,7 +173,7 @@ def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, 
     assert out["acceptance_length"] == summary["acceptance_length"] and out["tokens_per_verifier_forward"] is None
     assert "Served eval" in (res.run.eval / "eval.md").read_text()
     monkeypatch.undo()
-    from dspark_kit.stages.heldout import load_eval_prompts
+    from dspark_kit.stages.evaluation.heldout import load_eval_prompts
 
     session = EvalSession(res, sweep=True)
     chats = load_eval_prompts(res, session.tokenizer, limit=16).chats

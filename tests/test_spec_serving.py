@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_metrics_deltas_equal_the_engines_own_count(own_trained_run, tiny_recipe):
     trained_run = own_trained_run  # bench writes bench/ into it
-    from dspark_kit.stages.bench import run_bench
+    from dspark_kit.stages.serving.bench import run_bench
 
     res = Resolved(tiny_recipe, trained_run)
     with running_server(res, "spec", port=free_port()) as url:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from dspark_kit.cli import app
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages import storage_plan as sp
+from dspark_kit.stages.hidden import storage_plan as sp
 from dspark_kit.stages.preflight import run_preflight
 
 SEED = REPO / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dspark_kit.recipe import load_recipe
-from dspark_kit.stages.train import build_train_args, launch_plan, node_plans
+from dspark_kit.stages.training.train import build_train_args, launch_plan, node_plans
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = "/mnt/cephfs/models/Qwen3-30B-A3B/Qwen/Qwen3-30B-A3B"
@@ -114,7 +114,7 @@ def test_logger_none_is_left_to_speculators_default(tiny_recipe, tmp_path):
 
 
 def test_half_written_epochs_are_set_aside_for_resume(tmp_path):
-    from dspark_kit.stages.train import set_aside_incomplete_checkpoints
+    from dspark_kit.stages.training.train import set_aside_incomplete_checkpoints
 
     ck = tmp_path / "checkpoints"
     for epoch, whole in ((0, True), (1, False)):
@@ -187,7 +187,7 @@ def test_train_failure_names_the_stage_once(tmp_path, monkeypatch):
     from dspark_kit.cli import app
     from dspark_kit.compat.train_entry import REFUSAL_PREFIX
     from dspark_kit.stages import steps
-    from dspark_kit.stages.train import training_failure
+    from dspark_kit.stages.training.train import training_failure
 
     log = tmp_path / "train.log"
     log.write_text(f"{REFUSAL_PREFIX}speculators fix x: probe failed: Boom: no\n")
@@ -222,7 +222,7 @@ def test_a_trainer_stopped_by_the_watch_is_a_failure_even_when_it_exits_0(tmp_pa
     "interrupted" checkpoint and exits 0, which must not read as a finished training."""
     import sys
 
-    from dspark_kit.stages.train import LaunchPlan, run_training
+    from dspark_kit.stages.training.train import LaunchPlan, run_training
 
     log, started = tmp_path / "train.log", tmp_path / "started"
     reason = "the hidden-state server http://x exited with code -9"
@@ -239,7 +239,7 @@ def test_a_trainer_stopped_by_the_watch_is_a_failure_even_when_it_exits_0(tmp_pa
 def test_a_watch_that_never_fires_leaves_the_exit_code(tmp_path):
     import sys
 
-    from dspark_kit.stages.train import LaunchPlan, run_training
+    from dspark_kit.stages.training.train import LaunchPlan, run_training
 
     plan = LaunchPlan([sys.executable, "-c", "raise SystemExit(3)"])
     assert run_training(plan, tmp_path / "t.log", watch=lambda: None) == (3, None)

@@ -55,8 +55,8 @@ def register(app: typer.Typer) -> None:
           dspark-kit bench --compare runs/x/bench/bench_ckpt0.json runs/x/bench/bench_ckpt1.json --out cmp.md
         """
         from dspark_kit.engines.prom import MetricsError
-        from dspark_kit.stages.bench import BenchError, run_bench
-        from dspark_kit.stages.report import compare as compare_results
+        from dspark_kit.stages.reporting.report import compare as compare_results
+        from dspark_kit.stages.serving.bench import BenchError, run_bench
 
         if compare:
             if not files or len(files) < 1:
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             emit_json(result)
             return
-        from dspark_kit.stages.report import bench_markdown
+        from dspark_kit.stages.reporting.report import bench_markdown
 
         typer.echo(bench_markdown([result]))
         typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)

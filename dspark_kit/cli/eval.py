@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         """
         from dspark_kit.specdec.checkpoints import CheckpointError
         from dspark_kit.specdec.draft_model import DraftLoadError
-        from dspark_kit.stages.evaluate import EvalError, run_eval
+        from dspark_kit.stages.evaluation.evaluate import EvalError, run_eval
 
         # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
         res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device)

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a complete recipe for your verifier; every derived value carries a comment saying where
         it came from (docs/CONCEPTS.md). Then: `dspark-kit preflight -r FILE` and `dspark-kit run FILE`."""
-        from dspark_kit.stages.init_recipe import InitError, InitOptions, write_new_recipe
+        from dspark_kit.stages.init.init_recipe import InitError, InitOptions, write_new_recipe
 
         opts = InitOptions(verifier=verifier, output=output, data=data, device=target_device, nodes=nodes,
                            num_devices=num_devices, thinking=thinking, mask_token_id=mask_token_id,

@@ -35,8 +35,8 @@ def register(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
+        from dspark_kit.stages.hidden.storage_plan import plan_storage
         from dspark_kit.stages.preflight import PITFALLS, has_errors, run_preflight
-        from dspark_kit.stages.storage_plan import plan_storage
 
         # planning: preflight checks what exists; it builds nothing and plans an explicit device as written
         res = resolve(load(recipe, set_), workdir, planning=True)

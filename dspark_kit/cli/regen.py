@@ -59,7 +59,7 @@ class _Progress:
 
 def _dry_run(res, endpoints: list[str] | None, json_out: bool, outfile: Path | None = None) -> None:
     """Where requests would go; with no endpoint, the engine command regen would start."""
-    from dspark_kit.stages.regen import regen_plan
+    from dspark_kit.stages.data.regen import regen_plan
 
     plan = regen_plan(res, endpoints, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
     if json_out:
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
         Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
         """
         from dspark_kit.data.sources import SourceError
-        from dspark_kit.stages.regen import OutputExists, failure_verdict, run_regen
+        from dspark_kit.stages.data.regen import OutputExists, failure_verdict, run_regen
 
         r = load(recipe, set_)
         res = resolve(r, workdir, planning=dry_run)
@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             _dry_run(res, endpoint, json_out, outfile)
             return
-        from dspark_kit.stages.regen import regen_plan
+        from dspark_kit.stages.data.regen import regen_plan
 
         total = limit or r.data.limit
         progress = _Progress(total, enabled=not json_out and console.is_terminal)

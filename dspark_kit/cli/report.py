@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         (per-epoch validation table, loss and accept_len curves), eval/*.json and
         bench/*.json. Stages that have not run are listed as "not run". Prints the path.
         """
-        from dspark_kit.stages.report import build_report
+        from dspark_kit.stages.reporting.report import build_report
 
         if run_dir is not None and workdir is not None and run_dir.resolve() != workdir.resolve():
             fail(f"run directory given twice: {run_dir} and -w {workdir}; pass one (positionally or with -w)")

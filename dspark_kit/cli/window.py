@@ -118,7 +118,7 @@ def tune_cmd(
     """
     from dspark_kit.specdec.checkpoints import CheckpointError
     from dspark_kit.specdec.draft_model import DraftLoadError
-    from dspark_kit.stages.evaluate import EvalError, tune_window
+    from dspark_kit.stages.evaluation.evaluate import EvalError, tune_window
 
     if served and eval_device:
         fail("--eval-device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
@@ -151,7 +151,7 @@ def tune_cmd(
             typer.echo(f"{k:>1}  {key:>6}  " + "  ".join(f"{row[c] if row[c] is not None else '-':>7}" for c in ctx))
     typer.echo(f"recommended_k: {result['recommended_k']}  recommended_window: {result['recommended_window']} "
                f"-> {result['file']}")
-    from dspark_kit.stages.evaluate import budget_markdown
+    from dspark_kit.stages.evaluation.evaluate import budget_markdown
 
     for line in budget_markdown(result.get("verify_budget")):
         typer.echo(line)
@@ -161,8 +161,8 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
                     concurrency, dry_run, json_out) -> None:
     from dspark_kit.resolved import ResolveError
     from dspark_kit.specdec.checkpoints import CheckpointError
-    from dspark_kit.stages.evaluate import EvalError, sweep_inputs
-    from dspark_kit.stages.served_tune import prompt_sets, run_served_tune
+    from dspark_kit.stages.evaluation.evaluate import EvalError, sweep_inputs
+    from dspark_kit.stages.evaluation.served_tune import prompt_sets, run_served_tune
 
     def say(m: str) -> None:
         console.print(m, highlight=False, soft_wrap=True)
@@ -195,7 +195,7 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
             typer.echo(f"note: {note}")
         typer.echo(f"-> {plan['file']}")
         return
-    from dspark_kit.stages.served_sweep import markdown
+    from dspark_kit.stages.evaluation.served_sweep import markdown
 
     typer.echo(markdown(result))
     typer.echo(f"-> {result['file']}")

@@ -6,7 +6,7 @@ always the real one, and patches are never forgotten on a worker.
 
 A crashed fix probe stops the process before speculators runs: one line
 `dspark-kit: refusing to train: speculators fix NAME: probe failed: ...` on
-stderr and exit code PROBE_FAILED_EXIT (dspark_kit.stages.train.training_failure
+stderr and exit code PROBE_FAILED_EXIT (dspark_kit.stages.training.train.training_failure
 turns that line into the train stage's error).
 """
 

@@ -164,7 +164,7 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
 
 def highlights(workdir: Path) -> list[str]:
     """Where the results are, with the figures that matter, for the end of a run."""
-    from dspark_kit.stages.train import read_val_metrics
+    from dspark_kit.stages.training.train import read_val_metrics
 
     run = RunDir.at(workdir)
     lines = []
@@ -177,7 +177,7 @@ def highlights(workdir: Path) -> list[str]:
         e = json.loads(ev.read_text())
         pos = ", ".join(f"{p:.3f}" for p in e.get("per_position_acceptance", []))
         lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
-    from dspark_kit.stages.served_gate import side_by_side
+    from dspark_kit.stages.evaluation.served_gate import side_by_side
 
     for b in sorted(run.bench.glob("bench_*.json")):
         result = json.loads(b.read_text())

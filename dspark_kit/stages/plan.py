@@ -19,7 +19,7 @@ from dspark_kit import atomic
 
 if TYPE_CHECKING:
     from dspark_kit.engines import ServerPlan
-    from dspark_kit.stages.train import LaunchPlan
+    from dspark_kit.stages.training.train import LaunchPlan
 
 CHOSEN = "<chosen at start>"
 

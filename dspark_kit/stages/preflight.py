@@ -338,8 +338,8 @@ def check_transport(ctx: _Context) -> list[Finding]:
 
 
 def check_storage(ctx: _Context) -> list[Finding]:
-    """Offline hidden states must fit where they go (the plan: stages/storage_plan.py)."""
-    from dspark_kit.stages.storage_plan import human, plan_storage
+    """Offline hidden states must fit where they go (the plan: stages/hidden/storage_plan.py)."""
+    from dspark_kit.stages.hidden.storage_plan import human, plan_storage
 
     if ctx.recipe.hidden_states.mode != "offline":
         return []

@@ -39,7 +39,7 @@ def _plan(res: Resolved, stage: str, lines: list[str], processes: list[Process] 
 
 
 def stage_regen(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.regen import failure_verdict, run_regen
+    from dspark_kit.stages.data.regen import failure_verdict, run_regen
 
     note = reporter.note
     chat = plan.process("chat server")
@@ -62,14 +62,14 @@ def plan_regen(res: Resolved) -> StagePlan:
         return _plan(res, "regen", ["# regen disabled (regen.enabled: false)"])
     import os
 
-    from dspark_kit.stages.regen import regen_plan
+    from dspark_kit.stages.data.regen import regen_plan
 
     # the key a run would take from the environment, so the dry run shows the same (masked) env
     return regen_plan(res, outfile=res.run.regen_jsonl, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
 
 
 def plan_prepare(res: Resolved) -> StagePlan:
-    from dspark_kit.stages.prepare_input import prepare_source
+    from dspark_kit.stages.data.prepare_input import prepare_source
 
     src, out = prepare_source(res), res.run.prepared
     return _plan(res, "prepare", [f"# in-process: tokenize {src} with {res.recipe.verifier.path}'s chat template -> {out}"],
@@ -77,8 +77,8 @@ def plan_prepare(res: Resolved) -> StagePlan:
 
 
 def stage_prepare(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.prepare import prepare
-    from dspark_kit.stages.prepare_input import prepare_input_rows
+    from dspark_kit.stages.data.prepare import prepare
+    from dspark_kit.stages.data.prepare_input import prepare_input_rows
 
     recipe = res.recipe
     rows, total, unusable, source = prepare_input_rows(res)
@@ -96,13 +96,13 @@ def stage_prepare(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALON
 def plan_hidden_states(res: Resolved) -> StagePlan:
     """The bytes offline files take (or would), what each node needs for hidden states, and the
     processes backend vllm starts."""
-    from dspark_kit.stages.storage_plan import plan_lines
+    from dspark_kit.stages.hidden.storage_plan import plan_lines
 
     hs, lines, processes = res.recipe.hidden_states, plan_lines(res), []
     outputs = {"hidden_states": str(res.run.hidden_states)} if hs.mode == "offline" else {}
     inputs = {"prepared": str(res.run.prepared), "verifier": res.verifier_path}
     if hs.backend == "local" and hs.mode == "offline":
-        from dspark_kit.stages.hidden_states_vllm import node_notes
+        from dspark_kit.stages.hidden.hidden_states_vllm import node_notes
 
         lines += [*node_notes(res), (f"# nothing to launch: hidden_states backend=local runs in-process on "
                                      f"{res.train_device.value} in {res.hidden_states_dtype.value} (once; every "
@@ -110,7 +110,7 @@ def plan_hidden_states(res: Resolved) -> StagePlan:
     elif hs.mode == "online" and hs.backend == "local":
         lines.append("# online, backend local: `dspark-kit train` starts the kit's own extraction server on each node")
     else:
-        from dspark_kit.stages.hidden_states_vllm import offline_processes
+        from dspark_kit.stages.hidden.hidden_states_vllm import offline_processes
 
         more, processes = offline_processes(res)
         lines += more
@@ -122,10 +122,10 @@ def stage_hidden_states(res: Resolved, plan: StagePlan, reporter: Reporter = STA
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
     if recipe.hidden_states.backend != "local":
-        from dspark_kit.stages.hidden_states_vllm import run_offline_vllm
+        from dspark_kit.stages.hidden.hidden_states_vllm import run_offline_vllm
 
         return run_offline_vllm(res, plan, reporter)
-    from dspark_kit.stages.hidden_states import generate_offline
+    from dspark_kit.stages.hidden.hidden_states import generate_offline
 
     s = generate_offline(
         res.run.prepared, res.verifier_path, res.exported_layer_ids, device=res.train_device.value,
@@ -141,7 +141,7 @@ def plan_train(res: Resolved) -> StagePlan:
     RuntimeError when unplannable)."""
     from dspark_kit.engines import shell_line
     from dspark_kit.rendezvous import rendezvous_for
-    from dspark_kit.stages.train import build_train_args, node_plans
+    from dspark_kit.stages.training.train import build_train_args, node_plans
 
     recipe, hs = res.recipe, res.recipe.hidden_states
     lines: list[str] = []
@@ -193,7 +193,7 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
 
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
-    from dspark_kit.stages.train import (
+    from dspark_kit.stages.training.train import (
         read_val_metrics,
         run_training,
         set_aside_incomplete_checkpoints,
@@ -232,7 +232,7 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
 
 
 def _spec_server(res: Resolved, what: str) -> tuple[list[str], list[Process]]:
-    from dspark_kit.stages.serve import ServeError, plan_server
+    from dspark_kit.stages.serving.serve import ServeError, plan_server
 
     try:
         sp = plan_server(res, "spec")
@@ -244,7 +244,7 @@ def _spec_server(res: Resolved, what: str) -> tuple[list[str], list[Process]]:
 
 def plan_eval(res: Resolved) -> StagePlan:
     """In-process when the verifier fits the eval device, else through the serving engine (Resolved.eval_mode)."""
-    from dspark_kit.stages.heldout import plan_line
+    from dspark_kit.stages.evaluation.heldout import plan_line
 
     mode, where = res.eval_mode, f"{plan_line(res)} -> {res.run.eval}"
     device = f"{res.eval_device.value} ({res.eval_dtype.value})"
@@ -266,11 +266,11 @@ def plan_eval(res: Resolved) -> StagePlan:
 
 def run_eval(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     if res.eval_mode.value == "served":
-        from dspark_kit.stages.served_tune import served_eval
+        from dspark_kit.stages.evaluation.served_tune import served_eval
 
         s = served_eval(res)
         return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
-    from dspark_kit.stages.evaluate import stage_eval
+    from dspark_kit.stages.evaluation.evaluate import stage_eval
 
     return stage_eval(res)
 
@@ -284,7 +284,7 @@ def plan_serve(res: Resolved) -> StagePlan:
 
 
 def run_serve(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.serve import stage_serve_check
+    from dspark_kit.stages.serving.serve import stage_serve_check
 
     spec = plan.process("spec server")
     return stage_serve_check(res, spec.server if spec else None)
@@ -297,7 +297,7 @@ def plan_bench(res: Resolved) -> StagePlan:
 
 
 def run_bench(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.bench import stage_bench
+    from dspark_kit.stages.serving.bench import stage_bench
 
     spec = plan.process("spec server")
     return stage_bench(res, spec.server if spec else None)
@@ -309,7 +309,7 @@ def plan_report(res: Resolved) -> StagePlan:
 
 
 def run_report(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.report import stage_report
+    from dspark_kit.stages.reporting.report import stage_report
 
     return stage_report(res.recipe, res.run.root)
 

@@ -66,7 +66,7 @@ def offline_processes(res: Resolved) -> tuple[list[str], list[Process]]:
     (train.nnodes): the dry run's lines, and the processes this node's run starts."""
     from dspark_kit.engines.servers import server_plan
     from dspark_kit.stages.plan import Process
-    from dspark_kit.stages.train import LaunchPlan
+    from dspark_kit.stages.training.train import LaunchPlan
 
     recipe = res.recipe
     hs, n = recipe.hidden_states, recipe.train.nnodes
@@ -124,7 +124,7 @@ def run_offline_vllm(res: Resolved, plan: StagePlan, reporter: Reporter = STANDA
     silently left out."""
     from dspark_kit.engines.servers import hidden_state_server
     from dspark_kit.logs import log_since
-    from dspark_kit.stages.train import failed_row, run_training
+    from dspark_kit.stages.training.train import failed_row, run_training
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank

@@ -105,7 +105,7 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
 
 
 def per_position_png(results: list[dict[str, Any]], path: Path) -> Path | None:
-    from dspark_kit.stages.plots import grouped_bars
+    from dspark_kit.stages.reporting.plots import grouped_bars
 
     series = {str(r.get("label")): per_position(r.get("spec_decode") or {})
               for r in results}
@@ -280,7 +280,7 @@ def context_series(run_dir: Path) -> dict[str, dict[int, float]]:
 
 def context_png(run_dir: Path, path: Path) -> Path | None:
     """Line plot of AL vs context length per window; None when no long context was measured."""
-    from dspark_kit.stages.plots import lines
+    from dspark_kit.stages.reporting.plots import lines
 
     series = context_series(run_dir)
     if not any(c > 0 for pts in series.values() for c in pts):
@@ -321,7 +321,7 @@ def training_stopped_line(run: RunDir) -> str | None:
 
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write `run_dir/report/report.md` (or `out`) with PNGs in run_dir/report; returns its path."""
-    from dspark_kit.stages.plots import lines
+    from dspark_kit.stages.reporting.plots import lines
 
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():

@@ -52,7 +52,7 @@ from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.data.speculators_dataset import DatasetWriter
 from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
-from dspark_kit.stages.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
+from dspark_kit.stages.data.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
 
 _TOKENIZER = None
 _REPLY_LEN = None

@@ -19,7 +19,7 @@ from typing import Any
 
 from dspark_kit import atomic
 from dspark_kit.recipe import RecipeError, load_recipe
-from dspark_kit.stages.commented_yaml import CommentedYaml
+from dspark_kit.stages.init.commented_yaml import CommentedYaml
 
 ENGINE_BY_DEVICE = {"cpu": "local", "cuda": "vllm", "npu": "vllm-ascend"}
 DEFAULT_ACCELERATORS = 4  # the reference run's four NPUs: train on 0,1, serve on 2,3 with TP 2

@@ -19,12 +19,12 @@ from dspark_kit import atomic
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.checkpoints import ks_outside_slots, slots_error
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
-from dspark_kit.stages.heldout import (
+from dspark_kit.stages.evaluation.heldout import (
     EvalError,
     load_eval_prompts,
     until_last_user,
 )
-from dspark_kit.stages.served_gate import checkpoint_identity
+from dspark_kit.stages.evaluation.served_gate import checkpoint_identity
 
 # ---- prompts ------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ def budget_markdown(budget: dict | None) -> list[str]:
 
 
 def write_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
-    from dspark_kit.stages.plots import grouped_bars, lines
+    from dspark_kit.stages.reporting.plots import grouped_bars, lines
 
     files = {"json": out_dir / "eval.json", "markdown": out_dir / "eval.md", "positions_png": out_dir / "eval_positions.png"}
     grouped_bars(files["positions_png"], {"acceptance": summary["per_position_acceptance"]},

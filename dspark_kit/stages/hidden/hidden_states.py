@@ -25,7 +25,7 @@ import torch
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.rundir import hidden_state_file, hidden_states_dir
 from dspark_kit.specdec.verifier import LayerTap, load_verifier
-from dspark_kit.stages.storage_plan import human, offline_bytes, written_bytes
+from dspark_kit.stages.hidden.storage_plan import human, offline_bytes, written_bytes
 
 
 @dataclass

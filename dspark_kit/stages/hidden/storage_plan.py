@@ -156,7 +156,7 @@ def _input(res: Resolved):
 
     recipe = res.recipe
     if recipe.regen.enabled and res.run.regen_jsonl.exists():
-        from dspark_kit.stages.prepare import read_jsonl
+        from dspark_kit.stages.data.prepare import read_jsonl
 
         f = res.run.regen_jsonl
         with f.open("rb") as fh:
@@ -178,7 +178,7 @@ def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
     conversations, with the verifier's tokenizer when this machine has it."""
     from dspark_kit.data.conversations import normalize
     from dspark_kit.jsonl import BadLine
-    from dspark_kit.stages.prepare import tokenize_conversation
+    from dspark_kit.stages.data.prepare import tokenize_conversation
 
     if not Path(res.verifier_path).is_dir():
         return None

@@ -53,7 +53,7 @@ def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -
     measures by default on the tiny data (same order, each up to its user turn as eval sends it);
     else a jsonl of chat rows (regen output, OpenAI messages), shuffled by `seed`."""
     if dataset == BUILTIN_DATASET:
-        from dspark_kit.stages.heldout import tiny_held_out, until_last_user
+        from dspark_kit.stages.evaluation.heldout import tiny_held_out, until_last_user
 
         return [until_last_user(c) for c in tiny_held_out(res, num_prompts).chats]
     path = Path(dataset)
@@ -300,7 +300,7 @@ def served_k(spec_decode: dict | None, res: Resolved) -> dict[str, Any]:
 
 def write_result(result: dict[str, Any], out_dir: Path) -> Path:
     """`bench_<label>.json` + `.md` in out_dir (temp file then rename)."""
-    from dspark_kit.stages.report import bench_markdown
+    from dspark_kit.stages.reporting.report import bench_markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"bench_{result['label']}.json"
@@ -314,7 +314,7 @@ def stage_bench(res: Resolved, server: ServerPlan | None = None) -> dict[str, An
     import re
 
     from dspark_kit.engines.servers import running_server
-    from dspark_kit.stages.served_gate import ServedGateError, enforce, side_by_side
+    from dspark_kit.stages.evaluation.served_gate import ServedGateError, enforce, side_by_side
 
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(res.recipe.serve.checkpoint).name) or "spec"
     with running_server(res, "spec", plan=server) as url:

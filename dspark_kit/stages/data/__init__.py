@@ -1,0 +1,1 @@
+"""Regen (on-policy replies from the verifier) and prepare (chat template, loss mask, speculators' Arrow rows)."""

@@ -1,0 +1,1 @@
+"""`dspark-kit init`: a commented recipe for your own verifier."""

@@ -1,0 +1,1 @@
+"""Report.md and its plots."""

@@ -1,0 +1,1 @@
+"""The spec server check and the serving benchmark."""

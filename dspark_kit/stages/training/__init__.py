@@ -1,0 +1,1 @@
+"""The speculators trainer's command line, launch, progress and failures."""
