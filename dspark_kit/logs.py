@@ -4,6 +4,7 @@ and what one run appended to a log that others append to."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 TAIL_BYTES = 64 * 1024  # the last lines of a log are in its end: never read a multi-GB server log whole
@@ -41,3 +42,16 @@ def log_since(path: Path, since: int) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def failed_row(text: str, pattern: re.Pattern) -> tuple[int, str] | None:
+    """(row, reason) from the last line `pattern` (groups: row, reason) matches: speculators' own
+    line naming the row that stopped it (the trainer's circuit breaker, generate-offline-data's
+    --fail-on-error). rich puts the logging call site (file.py:line) at the right edge: dropped."""
+    for line in reversed(text.splitlines()):
+        m = pattern.search(line)
+        if m:
+            reason = re.sub(r"\s{2,}\S+\.py:\d+$", "", m.group(2).strip())
+            return int(m.group(1)), reason if len(reason) <= 240 else reason[:237] + "..."
+    return None
+

@@ -150,3 +150,61 @@ def stop(proc: subprocess.Popen, grace_s: float) -> int | None:
     psutil.wait_procs(family, timeout=KILL_WAIT_S)
     _LIVE.discard(proc)
     return proc.returncode
+
+
+def _watch(proc: subprocess.Popen, watch, stopped: list[str], grace_s: float, poll_s: float = 1.0) -> None:
+    """Stop `proc` once `watch` reports what it needs is gone (else it would retry for minutes);
+    the reason goes into `stopped`."""
+    while proc.poll() is None:
+        if (reason := watch()) is not None:
+            stopped.append(reason)
+            stop(proc, grace_s)
+            return
+        time.sleep(poll_s)
+
+
+def run_logged(argv: list[str], env: dict[str, str], log_path, *, watch=None, echo: bool = False,
+               on_line=None, grace_s: float = 30.0) -> tuple[int, str | None]:
+    """Run a command to its end, its output appended to `log_path` (secrets redacted) and echoed to
+    stderr (`echo`) or fed line by line to `on_line`; returns (exit code, why it was stopped or None).
+
+    `watch`: polled every second; when it returns a reason (a server the command needs has exited)
+    the command is stopped and that reason returned whatever the exit code. After a failing exit
+    it is asked once more: the command may fail on the dead server before the watch's next look.
+    """
+    from pathlib import Path
+
+    from dspark_kit.redact import redact_text
+
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:
+        proc = start(argv, {**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     text=True)
+        assert proc.stdout is not None
+        stopped: list[str] = []
+        watcher = None
+        try:
+            if watch is not None:
+                watcher = threading.Thread(target=_watch, args=(proc, watch, stopped, grace_s), daemon=True,
+                                           name="watch")
+                watcher.start()
+            for line in proc.stdout:
+                line = redact_text(line)  # a command that echoes its argv: no key in the log or the terminal
+                log.write(line)
+                if echo:
+                    sys.stderr.write(line)
+                elif on_line is not None:
+                    on_line(line)
+            code = proc.wait()
+        finally:  # Ctrl-C / SIGTERM to the kit included: the command (and anything it left) never outlives this
+            stop(proc, grace_s)
+            proc.stdout.close()
+            if watcher is not None:
+                watcher.join()  # it returns once the command has exited, with or without a reason
+    if watcher is None:
+        return code, None
+    if stopped:
+        return code, stopped[0]
+    return code, watch() if code != 0 else None
+

@@ -122,9 +122,11 @@ def run_offline_vllm(res: Resolved, plan: StagePlan, reporter: Reporter = STANDA
     """speculators generate-offline-data (this node's, from the stage plan) against the extraction
     server; a row that fails stops it (--fail-on-error) and the error names the row, never a file
     silently left out."""
+    import os
+
+    from dspark_kit import processes
     from dspark_kit.engines.servers import hidden_state_server
-    from dspark_kit.logs import log_since
-    from dspark_kit.stages.training.train import failed_row, run_training
+    from dspark_kit.logs import failed_row, log_since
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank
@@ -134,7 +136,8 @@ def run_offline_vllm(res: Resolved, plan: StagePlan, reporter: Reporter = STANDA
     job = next(p.launch for p in plan.processes if p.role == "generate-offline-data" and p.node == rank)
     argv = job.argv
     with hidden_state_server(res, server.server if server else None) as endpoint:
-        code, gone = run_training(job, log, watch=endpoint.gone, reporter=reporter)
+        code, gone = processes.run_logged(job.argv, {**os.environ, **job.env}, log, watch=endpoint.gone,
+                                          echo=reporter.echo_children)
     if gone:
         raise RuntimeError(f"{gone}; rerun to resume (written files are kept)")
     if code != 0:

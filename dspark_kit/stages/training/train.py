@@ -15,7 +15,6 @@ import json
 import os
 import re
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,71 +195,23 @@ class TrainProgress:
 STOP_GRACE_S = 30.0  # SIGTERM lets speculators save an "interrupted" checkpoint; then SIGKILL
 
 
-def _watch(proc, watch: Callable[[], str | None], stopped: list[str], poll_s: float = 1.0) -> None:
-    """Stop the trainer once `watch` reports the server it needs is gone (else it would retry for
-    minutes); the reason goes into `stopped`."""
-    from dspark_kit import processes
-
-    while proc.poll() is None:
-        if (reason := watch()) is not None:
-            stopped.append(reason)
-            processes.stop(proc, STOP_GRACE_S)
-            return
-        time.sleep(poll_s)
-
-
 def run_training(plan: LaunchPlan, log_path: Path,
                  watch: Callable[[], str | None] | None = None,
                  reporter: Reporter = STANDALONE) -> tuple[int, str | None]:
     """Run the plan with its output in `log_path` (and on the console when `reporter` echoes child
     output: a stage command, `run -v`; else its epochs move `reporter`'s bar); returns (exit code,
-    why the server it needs is gone, or None).
+    why the server it needs is gone, or None): processes.run_logged, with the trainer's progress.
 
-    `watch`: polled every second while training runs; when it returns a reason (the
-    hidden-state server this command started has exited), the trainer is stopped and that
-    reason is returned whatever the exit code: speculators answers SIGTERM by saving an
-    "interrupted" checkpoint and often exits 0, and an unfinished training must never read as
-    a finished one. After a failing exit it is asked once more: the trainer may fail on the
-    dead server before the watch's next look.
+    speculators answers SIGTERM by saving an "interrupted" checkpoint and often exits 0: a
+    returned reason means the training is unfinished whatever the exit code.
     """
-    import subprocess
-    import threading
-
     from dspark_kit import processes
-    from dspark_kit.redact import redact_text
 
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     echo = reporter.echo_children
-    with log_path.open("a") as log, (contextlib.nullcontext() if echo else reporter.bar("train", None, "epoch")) as bar:
-        # the supervisor's process group: a stop (Ctrl-C, SIGTERM to the kit, a dead server) reaches every rank
-        proc = processes.start(plan.argv, {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
+    with contextlib.nullcontext() if echo else reporter.bar("train", None, "epoch") as bar:
         progress = TrainProgress(bar)
-        stopped: list[str] = []
-        watcher = None
-        try:
-            if watch is not None:
-                watcher = threading.Thread(target=_watch, args=(proc, watch, stopped), daemon=True, name="server-watch")
-                watcher.start()
-            for line in proc.stdout:
-                line = redact_text(line)  # the trainer echoes its argv: no key in the log or the terminal
-                log.write(line)
-                if echo:
-                    sys.stderr.write(line)
-                else:
-                    progress.feed(line)
-            code = proc.wait()
-        finally:  # Ctrl-C / SIGTERM to the kit included: the trainer (and anything it left) never outlives this call
-            processes.stop(proc, STOP_GRACE_S)
-            proc.stdout.close()
-            if watcher is not None:
-                watcher.join()  # it returns once the trainer has exited, with or without a reason
-        if watcher is None:
-            return code, None
-        if stopped:
-            return code, stopped[0]
-        return code, watch() if code != 0 else None
+        return processes.run_logged(plan.argv, {**os.environ, **plan.env}, log_path, watch=watch, echo=echo,
+                                    on_line=None if echo else progress.feed, grace_s=STOP_GRACE_S)
 
 
 def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | None = None) -> str:
@@ -272,7 +223,7 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
     `since`: the log's size before this run (train.log is appended to across runs).
     """
     from dspark_kit.compat.train_entry import REFUSAL_PREFIX
-    from dspark_kit.logs import log_since
+    from dspark_kit.logs import failed_row, log_since
 
     text = log_since(log_path, since)
     for line in text.splitlines():
@@ -287,18 +238,6 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
 
 # speculators' data-generation circuit breaker (tripped at once by --max-consecutive-generation-failures 1)
 _BREAKER = re.compile(r"circuit breaker tripped.*?file index (\d+) \(attempt [^)]*\): (.*)")
-
-
-def failed_row(text: str, pattern: re.Pattern) -> tuple[int, str] | None:
-    """(row, reason) from the last line `pattern` (groups: row, reason) matches: speculators' own
-    line naming the row that stopped it (the trainer's circuit breaker, generate-offline-data's
-    --fail-on-error). rich puts the logging call site (file.py:line) at the right edge: dropped."""
-    for line in reversed(text.splitlines()):
-        m = pattern.search(line)
-        if m:
-            reason = re.sub(r"\s{2,}\S+\.py:\d+$", "", m.group(2).strip())
-            return int(m.group(1)), reason if len(reason) <= 240 else reason[:237] + "..."
-    return None
 
 
 def read_val_metrics(checkpoints: Path) -> dict | None:
