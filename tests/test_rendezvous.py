@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,9 +72,58 @@ def test_two_nodes_interface_from_the_route_to_the_master():
     r = resolve_rendezvous(_recipe("train.nnodes=2", "train.master_addr=10.0.0.1"), "npu", facts)
     assert not r.errors and r.socket_ifname == "eth0" and "routes to 10.0.0.1" in r.ifname_source
     assert r.socket_env == {"HCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
-    assert r.backend == "c10d" and r.torchrun_args(0) == r.torchrun_args(1)
-    assert "--rdzv-endpoint=10.0.0.1:29500" in r.torchrun_args(1)
+    assert r.backend == "c10d" and "--rdzv-endpoint=10.0.0.1:29500" in r.torchrun_args(1)
     assert "--rdzv-id=qwen3-30b-a3b-ultrachat-ascend" in r.torchrun_args(1)
+
+
+def test_c10d_node_0_hosts_the_store_and_this_node_gives_its_own_address():
+    """torchrun's own is_host guess matches the endpoint against the hostname: wrong in containers and
+    namespaces (nobody hosts, every node times out). The rank-0 worker's MASTER_ADDR is the rank-0
+    node's --local-addr, else its hostname (which may resolve to loopback elsewhere)."""
+    facts = HostFacts(interfaces=HOST.interfaces, master_ips=("10.0.0.1",), route_ip="10.0.0.7")
+    r = resolve_rendezvous(_recipe("train.nnodes=2", "train.master_addr=10.0.0.1", "train.node_rank=1",
+                                   "train.rdzv_timeout=300"), "npu", facts)
+    node0, node1 = r.torchrun_args(0), r.torchrun_args(1)
+    assert "--rdzv-conf=join_timeout=300,read_timeout=60,is_host=true" in node0
+    assert "--rdzv-conf=join_timeout=300,read_timeout=60,is_host=false" in node1
+    assert "--local-addr=10.0.0.7" in node1 and not any(a.startswith("--local-addr") for a in node0)  # this node's only
+    assert [a for a in node0 if "is_host" not in a] == [a for a in node1 if "is_host" not in a and "local-addr" not in a]
+    assert not r.warnings and "node 0 hosts the store" in r.summary() and "address 10.0.0.7" in r.summary()
+    # the same machine claiming node 0 while another machine has master_addr: said before it fails
+    r0 = resolve_rendezvous(_recipe("train.nnodes=2", "train.master_addr=10.0.0.1"), "npu", facts)
+    assert any("train.node_rank 0 but this machine does not have train.master_addr 10.0.0.1" in w for w in r0.warnings)
+    owner = HostFacts(interfaces={**HOST.interfaces, "eth1": ("10.0.0.1",)}, master_ips=("10.0.0.1",), route_ip="10.0.0.1")
+    r1 = resolve_rendezvous(_recipe("train.nnodes=2", "train.master_addr=10.0.0.1", "train.node_rank=1"), "npu", owner)
+    assert any("train.node_rank 1 but this machine has train.master_addr" in w for w in r1.warnings)
+    same = resolve_rendezvous(_recipe("train.nnodes=2", "train.nodes_same_host=true"), "cpu",
+                              HostFacts(interfaces=HOST.interfaces, master_ips=("127.0.0.1",), route_ip="127.0.0.1"))
+    assert same.local_addr is None and "is_host=false" in "".join(same.torchrun_args(1))
+
+
+def test_a_node_waits_for_the_store_at_most_the_rdzv_timeout_then_names_the_master():
+    import time
+
+    from dspark_kit.rendezvous import RendezvousError, store_failure, wait_for_store
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        facts = HostFacts(interfaces=HOST.interfaces, master_ips=("127.0.0.1",), route_ip="127.0.0.1")
+        sets = ("train.nnodes=2", "train.nodes_same_host=true", f"train.master_port={port}", "train.rdzv_timeout=2")
+        r1 = resolve_rendezvous(_recipe(*sets, "train.node_rank=1"), "cpu", facts)
+        assert wait_for_store(r1) < 1.0  # answered at once
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError) as e:  # nothing listens there now
+        wait_for_store(r1, poll_s=0.2)
+    assert 1.5 < time.monotonic() - t0 < 4.0
+    assert f"train.master_addr 127.0.0.1:{port} within train.rdzv_timeout 2s" in str(e.value)
+    assert "\n" not in str(e.value) and "--set train.node_rank=0" in str(e.value)
+    r0 = resolve_rendezvous(_recipe(*sets), "cpu", facts)
+    assert wait_for_store(r0) == 0.0  # node 0 hosts it: nothing to wait for
+    lost = store_failure("...\ntorch.distributed.DistNetworkError: The client socket has timed out", r1)
+    assert lost and lost.startswith(f"lost the rendezvous master at 127.0.0.1:{port} (train.master_addr)")
+    assert store_failure("Connection reset by peer", r1) is None
 
 
 def test_two_nodes_without_a_route_the_recipe_must_name_the_interface():

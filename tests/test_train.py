@@ -81,9 +81,10 @@ def test_multinode_prints_one_command_per_node(ascend):
     assert [p.argv[p.argv.index("--nnodes=2") + 1] for p in plans] == ["--node_rank=0", "--node_rank=1"]
     assert all("--master_addr=10.0.0.1" in p.argv for p in plans)
     assert all(p.env["HCCL_SOCKET_IFNAME"] == p.env["GLOO_SOCKET_IFNAME"] == "eth0" for p in plans)
-    ascend.train.rdzv_backend = "auto"  # across nodes: c10d, the same command on every node
+    ascend.train.rdzv_backend = "auto"  # across nodes: c10d; only node 0 hosts the store
     plans = node_plans(ascend, [], "npu")
-    assert plans[0].argv == plans[1].argv and "--rdzv-endpoint=10.0.0.1:29500" in plans[0].argv
+    assert "--rdzv-endpoint=10.0.0.1:29500" in plans[0].argv and "--rdzv-endpoint=10.0.0.1:29500" in plans[1].argv
+    assert [a.rsplit("is_host=", 1)[-1] for p in plans for a in p.argv if "is_host=" in a] == ["true", "false"]
 
 
 def test_multinode_loopback_master_stops_the_plan(ascend):

@@ -154,7 +154,7 @@ class TrainCfg(_Section):
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     nproc: int = Field(1, ge=1)
     nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0, description="this node (static rendezvous); dry runs print every node")
+    node_rank: int = Field(0, ge=0, description="this node (node 0 hosts the rendezvous); dry runs print every node")
     master_addr: str = Field("127.0.0.1", description="node 0's address every node can reach (rendezvous endpoint)")
     master_port: int = Field(29500, ge=1, le=65535)
     rdzv_backend: Literal["auto", "c10d", "static"] = Field(

@@ -176,10 +176,12 @@ def plan_train(res: Resolved) -> StagePlan:
         lines.append(trainers[0].shell_line())
     else:
         lines += [f"# {rdzv.summary()}", *(f"# warning: {w}" for w in rdzv.warnings)]
-        if rdzv.backend == "c10d":
-            lines.append("# c10d assigns node ranks at rendezvous: every node runs the same command; "
-                         "`dspark-kit train` on each node resolves that node's own interface")
-        lines += [line for i, t in enumerate(trainers) for line in (f"# node {i}", t.shell_line())]
+        lines.append("# on node K run `dspark-kit train --set train.node_rank=K` (or its line below): it resolves "
+                     "that node's own interface" + (" and address (--local-addr); node 0 hosts the c10d store"
+                                                    if rdzv.backend == "c10d" else ""))
+        here = "" if rdzv.same_host else " (this machine)"
+        lines += [line for i, t in enumerate(trainers)
+                  for line in (f"# node {i}{here if i == rdzv.this_rank else ''}", t.shell_line())]
     inputs = {"prepared": str(res.run.prepared), "verifier": res.verifier_path}
     if hs.mode == "offline":
         inputs["hidden_states"] = str(res.run.hidden_states)
@@ -191,6 +193,8 @@ def plan_train(res: Resolved) -> StagePlan:
 def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     from contextlib import ExitStack
 
+    from dspark_kit.logs import log_since
+    from dspark_kit.rendezvous import rendezvous_for, store_failure, wait_for_store
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
     from dspark_kit.stages.training.train import (
@@ -206,6 +210,9 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
         reporter.note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     t0 = time.time()
     trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
+    rdzv = rendezvous_for(recipe, res.train_device.value) if recipe.train.nnodes > 1 else None
+    if rdzv is not None:
+        wait_for_store(rdzv)  # node K > 0: node 0's store answers within rdzv_timeout, else one line
     with ExitStack() as stack:
         endpoint = None  # offline, or the recipe's endpoint: nothing to watch
         master, server = plan.process("mooncake master"), plan.process("hidden-state server")
@@ -226,7 +233,8 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")
     if code != 0:
-        raise RuntimeError(training_failure(code, log, since, endpoint.url if endpoint else None))
+        lost = store_failure(log_since(log, since), rdzv) if rdzv is not None else None
+        raise RuntimeError(lost or training_failure(code, log, since, endpoint.url if endpoint else None))
     metrics = read_val_metrics(run.checkpoints) or {}
     return {"seconds": round(time.time() - t0, 1), **metrics}
 

@@ -291,7 +291,7 @@ def _train(w: CommentedYaml, d: _Decided) -> None:
     w.key("seed", 42)
     if opts.nodes > 1:
         addr, addr_from = _master_addr(opts)
-        w.key("nnodes", opts.nodes, "--nodes: run the same command on every node (docs/MULTINODE.md)",
+        w.key("nnodes", opts.nodes, "--nodes: one recipe; node K runs train with --set train.node_rank=K (docs/MULTINODE.md)",
               show="--nodes")
         w.key("master_addr", addr, addr_from, show=addr_from.split(":")[0])
         w.key("master_port", 29500)

@@ -1,0 +1,143 @@
+"""Two real network hosts on one machine (tests/netns.py): multi-node training without nodes_same_host.
+
+Host A (node 0, 10.77.0.1) and host B (node 1, 10.77.0.2) are network namespaces joined by a
+veth pair, each with its own interface name. Each node's command is the line `dspark-kit train
+--dry-run --set train.node_rank=N` prints there for "this machine": the plan names that node's
+own interface and address. Both hosts share the file system, so one work dir serves both (it
+stands for the shared storage a cluster mounts). Needs root: without it every test here fails
+with one line saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import netns
+from tests.test_multinode import KIT, TINY, _env, _free_port, _stop, prepared  # noqa: F401 - prepared: fixture
+
+pytestmark = pytest.mark.slow
+# 16 rows (14 train, 2 val), 4 epochs: about 40 s a run on 2 loaded cores
+SETS = ["train.device=cpu", "train.logger=none", "data.limit=16", "regen.enabled=false", "train.epochs=4"]
+# Same seed, same world size (2 ranks), same data order and the same gloo allreduce of two
+# CPU tensors: nothing differs but where the ranks run, so val acceptance should agree
+# exactly; 1e-6 allows only float printing, not a different training.
+TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Two namespaces + veth pair for this module; a bed left by a killed run is removed first."""
+    if (why := netns.unavailable()) is not None:
+        pytest.fail(why, pytrace=False)
+    bed = netns.up()
+    try:
+        yield bed
+    finally:
+        netns.down(bed)
+        assert not [n for n, _ in netns._ours() if n in (bed.a.ns, bed.b.ns)]
+
+
+def _args(*sets: str) -> list[str]:
+    return [a for s in (*SETS, *sets) for a in ("--set", s)]
+
+
+def _kit(host: netns.Host | None, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [*KIT, *argv]
+    return subprocess.run(host.cmd(cmd) if host else cmd, capture_output=True, text=True, timeout=timeout,
+                          env=_env(), check=False)
+
+
+def _this_node_line(host: netns.Host, rank: int, workdir: Path, *sets: str) -> tuple[str, dict, list[str]]:
+    """(the plan, env, argv) of the line `train --dry-run --set train.node_rank=rank` prints on `host`."""
+    proc = _kit(host, "train", "-r", str(TINY), *_args(*sets, f"train.node_rank={rank}"),
+                "--workdir", str(workdir), "--dry-run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    line = lines[lines.index(f"# node {rank} (this machine)") + 1]
+    words = shlex.split(line)
+    n = next(i for i, w in enumerate(words) if "=" not in w or w.startswith("-"))
+    return proc.stdout, dict(w.split("=", 1) for w in words[:n]), words[n:]
+
+
+def _last_val(workdir: Path) -> dict:
+    ck = workdir / "checkpoints"
+    last = max((p for p in ck.glob("[0-9]*") if p.is_dir()), key=lambda p: int(p.name))
+    return json.loads((last / "val_metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory, prepared) -> dict:  # noqa: F811 - the imported fixture
+    """The same recipe on one node with two ranks (world size 2, as across the two hosts)."""
+    wd = tmp_path_factory.mktemp("one-node")
+    shutil.copytree(prepared, wd / "prepared")
+    t0 = time.time()
+    proc = _kit(None, "train", "-r", str(TINY), *_args("train.nproc=2"), "--workdir", str(wd), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"one node, 2 ranks: {time.time() - t0:.1f}s")
+    return _last_val(wd)
+
+
+@pytest.mark.parametrize("backend", ["auto", "static"])
+def test_two_hosts_train_from_their_printed_lines_like_one_node(hosts, prepared, one_node, tmp_path,  # noqa: F811
+                                                                backend):
+    """auto = c10d: node 0 hosts the store (is_host) although the hostname resolves to 127.0.0.1."""
+    wd = tmp_path / "run"
+    shutil.copytree(prepared, wd / "prepared")
+    sets = ("train.nnodes=2", "train.nproc=1", f"train.master_addr={hosts.a.addr}",
+            f"train.master_port={_free_port()}", f"train.rdzv_backend={backend}", "train.rdzv_timeout=120")
+    nodes = []
+    try:
+        for rank, host in enumerate((hosts.a, hosts.b)):
+            plan, env, argv = _this_node_line(host, rank, wd, *sets)
+            # this node's own interface (the one routing to the master) and, for c10d, its own address
+            assert f"interface {host.ifname} (routes to {hosts.a.addr} via {host.addr})" in plan, plan
+            assert env["GLOO_SOCKET_IFNAME"] == host.ifname
+            if backend == "auto":
+                assert f"--local-addr={host.addr}" in argv
+                assert any(a.startswith("--rdzv-conf=") and a.endswith(f"is_host={str(rank == 0).lower()}")
+                           for a in argv), argv
+            else:
+                assert f"--node_rank={rank}" in argv and "--rdzv-backend=static" in argv
+            log = wd / f"node{rank}.log"
+            nodes.append((subprocess.Popen(host.cmd(argv), env={**_env(), **env}, stdout=log.open("w"),
+                                           stderr=subprocess.STDOUT, cwd=wd, start_new_session=True), log))
+        t0 = time.time()
+        codes = [p.wait(timeout=600) for p, _ in nodes]
+        took = time.time() - t0
+    finally:
+        _stop(nodes)
+    logs = [log.read_text() for _, log in nodes]
+    assert codes == [0, 0], "\n----\n".join(text[-3000:] for text in logs)
+    two = _last_val(wd)
+    print(f"two hosts ({backend}): {took:.1f}s; val accept_len {two['accept_len_epoch']:.6f} "
+          f"vs one node {one_node['accept_len_epoch']:.6f}")
+    assert two["accept_len_epoch"] == pytest.approx(one_node["accept_len_epoch"], abs=TOLERANCE)
+    assert two["loss_epoch"] == pytest.approx(one_node["loss_epoch"], rel=1e-5)
+
+
+def test_a_node_that_cannot_reach_the_master_fails_within_the_rdzv_timeout(hosts, prepared, tmp_path):  # noqa: F811
+    """Node 1 alone on host B: node 0 never starts, so nothing answers at host A's address."""
+    wd = tmp_path / "run"
+    shutil.copytree(prepared, wd / "prepared")
+    timeout = 8
+    t0 = time.time()
+    proc = _kit(hosts.b, "train", "-r", str(TINY), "--workdir", str(wd),
+                *_args("train.nnodes=2", "train.nproc=1", f"train.master_addr={hosts.a.addr}",
+                       f"train.master_port={_free_port()}", "train.node_rank=1", f"train.rdzv_timeout={timeout}"),
+                timeout=300)
+    took = time.time() - t0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-3000:]
+    assert f"train.master_addr {hosts.a.addr}:" in errors[0] and f"train.rdzv_timeout {timeout}s" in errors[0]
+    assert "--set train.node_rank=0" in errors[0], errors[0]  # the fix
+    assert not (wd / "logs" / "train.log").exists()  # torchrun never started: the kit waited, then said why
+    # the wait is rdzv_timeout; the rest is the kit's own start (python, torch, the plan) on 2 loaded cores
+    assert took < timeout + 60, took
+    print(f"unreachable master: failed after {took:.1f}s (rdzv_timeout {timeout}s): {errors[0]}")
