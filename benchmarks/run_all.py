@@ -144,7 +144,7 @@ def main() -> None:
         scale = ["--prepare", "200,2000,20000", "--regen", "200,2000,20000", "--hidden", "10,100,1000"] if q else []
         rows += run_script(["bench_scale.py", *scale, "--plot", str(args.out.parent / SCALE_PLOT)],
                            tmp / "scale.json", "scale", 1200)
-        peers = ["--rows", "8", "--prepare-rows", "100"] if q else []
+        peers = ["--rows", "48", "--hidden-rows", "8", "--prepare-rows", "100"] if q else []
         rows += run_script(["bench_peers.py", *peers], tmp / "peers.json", "peers", 1500)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
