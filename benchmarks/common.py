@@ -63,8 +63,28 @@ def best_of(fn: Callable[[], object], repeats: int = 3) -> tuple[float, object]:
     return min(times), result
 
 
+def paired_runs(baseline: Callable[[], object], subject: Callable[[], object], pairs: int = 3) -> tuple[list, list]:
+    """Run baseline and subject interleaved (B S, S B, B S ...): each side's results, pair by pair."""
+    b_r, s_r = [], []
+    for i in range(max(1, pairs)):
+        if i % 2:  # alternate which side goes first: A B, B A, A B ...
+            s_r.append(subject())
+            b_r.append(baseline())
+        else:
+            b_r.append(baseline())
+            s_r.append(subject())
+    return b_r, s_r
+
+
+def ratio_summary(b_t: list[float], s_t: list[float]) -> dict:
+    """paired_ratios' answer for per-pair figures already measured (b_t[i] and s_t[i] one pair)."""
+    ratios = [b / s for b, s in zip(b_t, s_t, strict=True)]
+    return {"ratio": statistics.median(ratios), "lo": min(ratios), "hi": max(ratios), "pairs": len(ratios),
+            "baseline_s": statistics.median(b_t), "subject_s": statistics.median(s_t)}
+
+
 def paired_ratios(baseline: Callable[[], float], subject: Callable[[], float], pairs: int = 3) -> dict:
-    """Interleave baseline and subject (B S B S ...) and take the ratio within each pair.
+    """Interleave baseline and subject (B S, S B, B S ...) and take the ratio within each pair.
 
     Each callable returns its own elapsed seconds. Load that lands on one pair lands on
     both of its sides, so the median per-pair ratio means the same on a quiet or a busy
@@ -72,17 +92,7 @@ def paired_ratios(baseline: Callable[[], float], subject: Callable[[], float], p
     Returns {"ratio": median baseline/subject time (>1 = subject faster), "lo", "hi",
     "pairs", "baseline_s", "subject_s"} (times: medians).
     """
-    b_t, s_t = [], []
-    for i in range(max(1, pairs)):
-        if i % 2:  # alternate which side goes first: A B, B A, A B ...
-            s_t.append(subject())
-            b_t.append(baseline())
-        else:
-            b_t.append(baseline())
-            s_t.append(subject())
-    ratios = [b / s for b, s in zip(b_t, s_t, strict=True)]
-    return {"ratio": statistics.median(ratios), "lo": min(ratios), "hi": max(ratios), "pairs": len(ratios),
-            "baseline_s": statistics.median(b_t), "subject_s": statistics.median(s_t)}
+    return ratio_summary(*paired_runs(baseline, subject, pairs))
 
 
 def spread(r: dict) -> str:
