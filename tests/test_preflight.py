@@ -483,3 +483,21 @@ def test_preflight_refuses_a_cpu_recipe_whose_verifier_does_not_fit_memory(tmp_p
     monkeypatch.setattr(devices, "device_memory_bytes", lambda d: 64 * 2**30)  # it fits: no finding
     assert not [f for f in run_preflight(Resolved(r, tmp_path / "run", planning=True), probes=False, storage=False)
                 if f.code == "verifier-memory"]
+
+
+def test_regen_prompts_longer_than_the_room_max_tokens_leaves(recipe, run):
+    """Issue 29: regen.max_tokens plus the longest prompt must fit serve.max_model_len. Measured with the
+    verifier's template on the data source's rows: a budget-breaking share is an error naming the fix,
+    a few rows a warning, enough room nothing."""
+    def room(max_model_len: int, max_tokens: int, budget: float = 0.05):
+        recipe.serve.max_model_len, recipe.regen.max_tokens = max_model_len, max_tokens
+        recipe.regen.max_failed_fraction = budget
+        return [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.code == "prompt-room"]
+
+    assert room(512, 64) == []  # the shipped tiny recipe's lengths
+    [tight] = room(96, 64)
+    assert tight.level == "error" and "regen.max_tokens 64 that passes serve.max_model_len 96" in tight.message
+    needed = int(tight.message.split("raise serve.max_model_len to ")[1].split()[0])
+    assert needed > 96 and room(needed, 64) == []  # the fix it names is enough
+    [few] = room(needed - 1, 64, budget=1.0)  # only the longest prompts pass it, within a generous budget
+    assert few.level == "warning"

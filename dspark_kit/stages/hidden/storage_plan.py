@@ -151,26 +151,27 @@ def _tokens(res: Resolved) -> tuple[int | None, int | None, str]:
 
 def _input(res: Resolved):
     """(conversations prepare will read or None, what they are, their rows or None when they
-    cannot be read here)."""
+    cannot be read here). The rows are prepare's own (stages/data/prepare_input.py); before regen
+    has run, the data source's replies stand in for the ones regen will write."""
     from dspark_kit.data.sources import PRESETS, iter_source, source_size
+    from dspark_kit.stages.data.prepare_input import prepare_input_rows
 
-    recipe = res.recipe
-    if recipe.regen.enabled and res.run.regen_jsonl.exists():
-        from dspark_kit.stages.data.prepare import read_jsonl
-
-        f = res.run.regen_jsonl
-        with f.open("rb") as fh:
-            n = sum(1 for line in fh if line.strip())
-        return n, str(f), read_jsonl(f)
-    data = recipe.data
-    n = source_size(data) or data.limit
-    what = f"data.source {data.source}" + (" (replies before regen)" if recipe.regen.enabled else "")
-    if data.source in PRESETS:  # a hub dataset: not fetched for a plan
-        return n, what, None
+    recipe, data = res.recipe, res.recipe.data
+    before_regen = recipe.regen.enabled and not res.run.regen_jsonl.exists()
+    if before_regen or data.source in PRESETS:
+        n = source_size(data) or data.limit
+        what = f"data.source {data.source}" + (" (replies before regen)" if before_regen else "")
+        if data.source in PRESETS:  # a hub dataset: not fetched for a plan
+            return n, what, None
+        try:
+            return n, what, ({"messages": m} for _, m in iter_source(data))
+        except (OSError, ValueError):
+            return n, what, None
     try:
-        return n, what, ({"messages": m} for _, m in iter_source(data))
+        rows, total, _, source = prepare_input_rows(res)
     except (OSError, ValueError):
-        return n, what, None
+        return source_size(data) or data.limit, f"data.source {data.source}", None
+    return total or data.limit, source if recipe.regen.enabled else f"data.source {source}", rows
 
 
 def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
