@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_RECIPE, set_args
 
-from dspark_kit.stages.plan import CHOSEN, comparable
+from dspark_kit.stages.plan import comparable
 
 pytestmark = pytest.mark.slow
 
@@ -46,36 +46,22 @@ def test_prepare_hidden_states_and_train_ran_the_plans_their_dry_run_printed(tra
     assert planned["prepare"]["outputs"]["prepared"] == str(trained_run / "prepared")
 
 
-def test_regen_and_report_ran_the_plans_their_dry_run_printed(tmp_path):
-    """regen starts the local engine's chat server on serve.port 0: the plan says the port was taken at
-    start, and the trainer-free comparison sets exactly that aside."""
-    wd = tmp_path / "run"
-    cmd = kit_run(wd, "regen,report", ["data.limit=3", "regen.max_tokens=8"])
-    planned = dry_run_plans(cmd)
-    assert not wd.exists()  # the dry run wrote nothing
-    [chat] = planned["regen"]["processes"]
-    assert chat["role"] == "chat server" and chat["port_chosen_at_start"] and "serve.port 0" in chat["port_source"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_recorded_equals_dry_run(wd, planned, ["regen", "report"])
-    recorded = json.loads((wd / "plans" / "regen.json").read_text())
-    assert comparable(recorded)["processes"][0]["port"] == CHOSEN
-
-
-def test_a_configured_port_is_the_port_the_run_listens_on(tmp_path):
-    """serve.port honoured: the dry run, the recorded plan and the running server agree on it."""
+def test_regen_and_report_ran_the_plans_their_dry_run_printed_on_the_configured_port(tmp_path):
+    """regen starts the local engine's chat server on serve.port: the dry run, the recorded plan and the
+    server the rows came from agree on it (tests/test_served_gate.py covers ports taken at start)."""
     from dspark_kit.engines.ports import free_port
 
     port = free_port()
     wd = tmp_path / "run"
-    cmd = kit_run(wd, "regen", ["data.limit=2", "regen.max_tokens=4", f"serve.port={port}"])
+    cmd = kit_run(wd, "regen,report", ["data.limit=3", "regen.max_tokens=8", f"serve.port={port}"])
     planned = dry_run_plans(cmd)
-    assert planned["regen"]["processes"][0]["port"] == port and not planned["regen"]["processes"][0][
-        "port_chosen_at_start"]
+    assert not wd.exists()  # the dry run wrote nothing
+    [chat] = planned["regen"]["processes"]
+    assert (chat["role"], chat["port"], chat["port_chosen_at_start"], chat["port_source"]) == (
+        "chat server", port, False, "serve.port")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_recorded_equals_dry_run(wd, planned, ["regen", "report"])
     recorded = json.loads((wd / "plans" / "regen.json").read_text())
-    assert recorded["processes"][0] == planned["regen"]["processes"][0]  # no port set aside: all equal
-    assert f"--port {port}" in " ".join(recorded["processes"][0]["argv"])
+    assert recorded["processes"][0] == chat  # nothing set aside: equal as printed
     assert f":{port}" in (wd / "regen.jsonl").read_text()  # every row says the endpoint it came from
-

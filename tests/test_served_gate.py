@@ -70,7 +70,8 @@ def test_run_prints_served_beside_in_process_and_a_planted_mismatch_fails(own_tr
     from test_plan_recorded import assert_recorded_equals_dry_run
 
     planned = {p["stage"]: p for p in json.loads(dry.stdout)["plans"]}
-    assert [p["role"] for p in planned["bench"]["processes"]] == ["spec server"]
+    [spec] = planned["bench"]["processes"]
+    assert spec["role"] == "spec server" and spec["port_chosen_at_start"]  # the tiny recipe's serve.port 0
     assert_recorded_equals_dry_run(wd, planned, ["eval", "serve", "bench"])
     assert "acceptance length served" in proc.stderr and "vs in-process" in proc.stderr, proc.stderr[-2000:]
     [result] = [json.loads(p.read_text()) for p in (wd / "bench").glob("bench_*.json")]

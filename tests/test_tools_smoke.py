@@ -20,3 +20,23 @@ def test_tool_answers_help(tool: Path):
                           check=False, cwd=tool.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage:" in proc.stdout.lower(), proc.stdout[:500]
+
+
+# a tiny-size run of the benchmarks that take seconds at that size: they measure, so they must run
+TINY_RUNS = {
+    "bench_train.py": ["--repeats", "1", "--set", "train.epochs=1", "--set", "data.limit=8",
+                       "--set", "train.max_anchors=8"],
+    "bench_prepare.py": ["--conversations", "40"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY_RUNS))
+def test_benchmark_runs_at_a_tiny_size(name: str, tmp_path: Path, tiny_verifier):
+    import json
+
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *TINY_RUNS[name], "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False, cwd=REPO / "benchmarks")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows = json.loads(out.read_text())
+    assert rows and all(r.get("value") is not None for r in rows), rows
