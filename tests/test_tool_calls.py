@@ -29,7 +29,7 @@ from dspark_kit.stages.data.prepare import (
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-CALL = '{"city": "Paris"}'
+CALL = '{"city":"Paris"}'  # as a dataset may hold it: rendered as the object (vLLM's way, below)
 
 
 def openai_row(reasoning: bool) -> dict:
@@ -77,8 +77,19 @@ def spans(tok, ids, mask) -> list[str]:
     return out + ([tok.decode(run)] if run else [])
 
 
+def as_vllm_renders(msgs: list[dict]) -> list[dict]:
+    """vLLM parses a call's JSON-text arguments into an object before it applies the template
+    (vllm/renderers/chat_utils.py, _postprocess_messages); the template writes it back (`tojson`)."""
+    out = json.loads(json.dumps(msgs))
+    for m in out:
+        for c in m.get("tool_calls") or ():
+            if isinstance(c["function"]["arguments"], str):
+                c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    return out
+
+
 def template_ids(tok, msgs, **kw) -> list[int]:
-    text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, **kw)
+    text = tok.apply_chat_template(as_vllm_renders(msgs), tools=TOOLS, tokenize=False, **kw)
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -131,7 +142,10 @@ def test_sharegpt_function_call_rows_equal_openai_rows(qwen3):
      "turn 1: a tool call needs a function name"),
     ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
                                                        "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}]},
-     "turn 1: tool call arguments must be an object or JSON text"),
+     "turn 1: tool call arguments must be a JSON object"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
+                                                       "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]}]},
+     "turn 1: tool call arguments is not valid JSON"),
 ])
 def test_malformed_tool_rows_name_their_reason(row, reason):
     with pytest.raises(ConversationError, match=reason):
@@ -170,12 +184,13 @@ def test_a_template_that_drops_calls_refuses_the_row(tiny_verifier):
 
 def _speculators_rows(monkeypatch, tok, rows: list[dict], max_length: int = 4096) -> list[tuple[list, list]]:
     """speculators 0.9.0's prepare-data boundary rows for `rows`; its render endpoint (vLLM's
-    /v1/chat/completions/render: apply the chat template with the request's tools, tokenize without
-    added special tokens) answered in process from the same tokenizer."""
+    /v1/chat/completions/render: parse call arguments, apply the chat template with the request's
+    tools, tokenize without added special tokens) answered in process from the same tokenizer."""
     from speculators.data_generation import preprocessing
 
     def render(endpoint, messages, *, add_generation_prompt, tools=None, truncate_prompt_tokens=None, **_):
-        text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = tok.apply_chat_template(as_vllm_renders(messages), tools=tools, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt)
         return tok(text, add_special_tokens=False)["input_ids"][:truncate_prompt_tokens]
 
     monkeypatch.setattr(preprocessing, "render_conversation", render)

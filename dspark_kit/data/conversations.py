@@ -7,7 +7,7 @@ the reply carried any, `finish_reason` when the row recorded one, and
 block through the end-of-turn token, as the server generated them).
 
 Tool calling: an assistant turn keeps its `tool_calls` (OpenAI's `[{id, type, function: {name,
-arguments}}]`), a `tool` turn its `tool_call_id` / `name`, and the row's `tools` (the schema
+arguments}}]`, arguments parsed into an object as vLLM does before rendering), a `tool` turn its `tool_call_id` / `name`, and the row's `tools` (the schema
 list, or its JSON text) is read by `row_tools`; the chat template renders all three.
 
 Readers accept the regen schema / ShareGPT (`conversations: [{from, value}]`, with
@@ -91,9 +91,12 @@ def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
         f = c.get("function", c) if isinstance(c, dict) else None
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
             raise ConversationError(f"turn {i}: a tool call needs a function name")
-        args = f.get("arguments", f.get("parameters", {}))
-        if not isinstance(args, str | dict):
-            raise ConversationError(f"turn {i}: tool call arguments must be an object or JSON text")
+        # parsed, as vLLM parses them before it renders history (and speculators' prepare-data
+        # renders through vLLM): the template writes the object back (`tojson`), so the context is
+        # the one the served verifier sees whatever spacing the text had
+        args = _json(f.get("arguments", f.get("parameters")) or {}, f"turn {i}: tool call arguments")
+        if not isinstance(args, dict):
+            raise ConversationError(f"turn {i}: tool call arguments must be a JSON object")
         call: dict[str, Any] = {"type": "function", "function": {"name": f["name"], "arguments": args}}
         if isinstance(c.get("id"), str):
             call["id"] = c["id"]
