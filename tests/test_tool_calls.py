@@ -44,8 +44,9 @@ def openai_row(reasoning: bool) -> dict:
 
 
 def sharegpt_row() -> dict:
-    """LLaMA-Factory's ShareGPT tool shape: tools and calls as JSON text, results as `observation`."""
-    return {"tools": json.dumps(TOOLS), "system": "ignored by the reader", "conversations": [
+    """LLaMA-Factory's ShareGPT tool shape: tools (bare function schemas) and calls as JSON text,
+    results as `observation`."""
+    return {"tools": json.dumps([t["function"] for t in TOOLS]), "system": "ignored by the reader", "conversations": [
         {"from": "system", "value": "Be brief."},
         {"from": "human", "value": "Weather in Paris?"},
         {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": json.loads(CALL)})},
@@ -135,9 +136,22 @@ def test_sharegpt_function_call_rows_equal_openai_rows(qwen3):
     assert spans(qwen3, *rows[0]) == [CALL_TEXT]
 
 
+def test_tools_render_as_vllm_hands_them_to_the_template():
+    """vLLM's request model: type + function {name, description, parameters; strict and
+    defer_loading when set}, other keys dropped, absent ones null; a bare schema is wrapped."""
+    bare = {"parameters": {"type": "object"}, "name": "f", "x-vendor": 1, "strict": True}
+    assert row_tools({"tools": [bare, {"type": "function", "function": {"name": "g"}}]}) == [
+        {"type": "function", "function": {"name": "f", "description": None, "parameters": {"type": "object"},
+                                          "strict": True}},
+        {"type": "function", "function": {"name": "g", "description": None, "parameters": None}}]
+    assert list(row_tools({"tools": [bare]})[0]["function"]) == ["name", "description", "parameters", "strict"]
+
+
 @pytest.mark.parametrize(("row", "reason"), [
     ({"tools": "[{not json", "messages": [{"role": "user", "content": "q"}]}, "tools is not valid JSON"),
     ({"tools": {"name": "x"}, "messages": [{"role": "user", "content": "q"}]}, "tools must be a list"),
+    ({"tools": [{"type": "retrieval"}], "messages": [{"role": "user", "content": "q"}]}, "only function tools"),
+    ({"tools": [{"description": "no name"}], "messages": [{"role": "user", "content": "q"}]}, "needs a function name"),
     ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": '{"arguments": {}}'}]},
      "turn 1: a tool call needs a function name"),
     ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",

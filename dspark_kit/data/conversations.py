@@ -104,12 +104,33 @@ def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
     return out
 
 
-def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The row's tool schemas (`tools`: a list, or its JSON text as ShareGPT sets keep it), or None."""
-    tools = _json(row.get("tools"), "tools") if row.get("tools") else None
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+def _served_tool(t: Any) -> dict[str, Any]:
+    """A tool schema as vLLM hands it to the template: its request model keeps `type` and `function`
+    {name, description, parameters (both null when absent), strict and defer_loading when set}, drops
+    other keys, in that order (entrypoints/openai/chat_completion/protocol.py ChatCompletionToolsParam
+    and FunctionDefinition). The served verifier sees that text; a ShareGPT set's bare function
+    schema is wrapped the same way (vLLM accepts no other shape)."""
+    if not isinstance(t, dict):
         raise ConversationError("tools must be a list of tool schemas (objects)")
-    return tools or None
+    if t.get("type", "function") != "function":
+        raise ConversationError(f"tools: only function tools render (got type {t.get('type')!r})")
+    f = t.get("function", t)
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+        raise ConversationError("tools: a tool schema needs a function name")
+    if not isinstance(f.get("description"), str | None) or not isinstance(f.get("parameters"), dict | None):
+        raise ConversationError(f"tools: {f['name']}: description must be text and parameters an object")
+    fn = {"name": f["name"], "description": f.get("description"), "parameters": f.get("parameters")}
+    fn.update({k: f[k] for k in ("strict", "defer_loading") if f.get(k) is not None})
+    return {"type": "function", "function": fn}
+
+
+def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The row's tool schemas (`tools`: a list, or its JSON text as ShareGPT sets keep it) as vLLM
+    renders them (_served_tool), or None."""
+    tools = _json(row.get("tools"), "tools") if row.get("tools") else None
+    if tools is not None and not isinstance(tools, list):
+        raise ConversationError("tools must be a list of tool schemas (objects)")
+    return [_served_tool(t) for t in tools] or None if tools else None
 
 
 def row_format(row: Any) -> str | None:
