@@ -143,6 +143,8 @@ def register(app: typer.Typer) -> None:
                 console.print(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
             if summary["skipped_rows"]:
                 console.print(f"  unusable source rows: {summary['skipped_rows']}", highlight=False)
+            for reason, n in summary["tool_chains_cut"].items():
+                console.print(f"  {n} rows end early: {reason}", highlight=False)
         if summary["all_endpoints_dead"]:
             raise typer.Exit(1)
         verdict = failure_verdict(summary, r.regen.max_failed_fraction)

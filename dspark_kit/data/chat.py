@@ -18,18 +18,22 @@ import functools
 _DICT_ATTRIBUTES = frozenset(dir(dict))  # all a plain dict instance has
 
 
-def render(tokenizer, messages: list[dict], thinking: bool, add_generation_prompt: bool = False) -> str:
+def render(tokenizer, messages: list[dict], thinking: bool, add_generation_prompt: bool = False,
+           tools: list[dict] | None = None) -> str:
+    """`tools`: the conversation's tool schemas (OpenAI's `tools`), rendered where the template puts
+    them (Qwen3: the system prompt); every render of a tool-calling conversation must get them."""
     template = _compiled_template(tokenizer) if messages else None
     if template is None:  # no template of its own, or transformers' internals moved: the public call
         return tokenizer.apply_chat_template(
             messages,
+            tools=tools,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             enable_thinking=thinking,
         )
     # the arguments apply_chat_template passes: special tokens first, our kwargs over them
     kwargs = {**tokenizer.special_tokens_map, "enable_thinking": thinking}
-    return template.render(messages=messages, tools=None, documents=None,
+    return template.render(messages=messages, tools=tools, documents=None,
                            add_generation_prompt=add_generation_prompt, **kwargs)
 
 

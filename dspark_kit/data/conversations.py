@@ -6,8 +6,14 @@ the reply carried any, `finish_reason` when the row recorded one, and
 `token_ids` when the row kept the verifier's own tokens of the reply (think
 block through the end-of-turn token, as the server generated them).
 
-Readers accept the regen schema / ShareGPT (`conversations: [{from, value}]`),
-OpenAI `messages: [{role, content}]` and `prompt`/`response` pairs; reasoning as
+Tool calling: an assistant turn keeps its `tool_calls` (OpenAI's `[{id, type, function: {name,
+arguments}}]`, arguments parsed into an object as vLLM does before rendering), a `tool` turn its `tool_call_id` / `name`, and the row's `tools` (the schema
+list, or its JSON text) is read by `row_tools`; the chat template renders all three.
+
+Readers accept the regen schema / ShareGPT (`conversations: [{from, value}]`, with
+`function_call` turns (a JSON `{name, arguments}` or a list of them: the assistant's calls) and
+`observation` turns (a tool's result)), OpenAI `messages: [{role, content}]` and
+`prompt`/`response` pairs (`row_format` names which); reasoning as
 `reasoning_content`, `reasoning` (vLLM's newer name) or inline
 `<think>...</think>` at the start of the content (split the way Qwen3's template
 splits it). Writers (`to_sharegpt`, used by regen) store reasoning explicitly in
@@ -20,13 +26,16 @@ A reply the model did not finish (`finish_reason: length`, or `<think>` without
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 ROLE_ALIASES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
     "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
-    "system": "system", "tool": "tool",
+    "system": "system", "tool": "tool", "observation": "tool", "function": "tool",
+    "function_call": "assistant",
 }
+FORMATS = {"messages": "OpenAI messages", "conversations": "ShareGPT", "prompt": "prompt/response"}
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 UNCLOSED = "unclosed"  # marker key on a message whose reasoning never closed
 
@@ -63,17 +72,93 @@ def _text(value: Any, what: str, i: int) -> str | None:
     return value
 
 
+def _json(value: Any, what: str) -> Any:
+    """A field given as JSON text (ShareGPT keeps `tools` and calls as strings) or as is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ConversationError(f"{what} is not valid JSON ({e.msg})") from None
+
+
+def _tool_calls(value: Any, i: int) -> list[dict[str, Any]]:
+    """OpenAI's `tool_calls` shape from OpenAI's own or a ShareGPT `function_call` value."""
+    calls = _json(value, f"turn {i}: tool call")
+    calls = calls if isinstance(calls, list) else [calls]
+    out = []
+    for c in calls:
+        f = c.get("function", c) if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise ConversationError(f"turn {i}: a tool call needs a function name")
+        # parsed, as vLLM parses them before it renders history (and speculators' prepare-data
+        # renders through vLLM): the template writes the object back (`tojson`), so the context is
+        # the one the served verifier sees whatever spacing the text had
+        args = _json(f.get("arguments", f.get("parameters")) or {}, f"turn {i}: tool call arguments")
+        if not isinstance(args, dict):
+            raise ConversationError(f"turn {i}: tool call arguments must be a JSON object")
+        call: dict[str, Any] = {"type": "function", "function": {"name": f["name"], "arguments": args}}
+        if isinstance(c.get("id"), str):
+            call["id"] = c["id"]
+        out.append(call)
+    return out
+
+
+def _served_tool(t: Any) -> dict[str, Any]:
+    """A tool schema as vLLM hands it to the template: its request model keeps `type` and `function`
+    {name, description, parameters (both null when absent), strict and defer_loading when set}, drops
+    other keys, in that order (entrypoints/openai/chat_completion/protocol.py ChatCompletionToolsParam
+    and FunctionDefinition). The served verifier sees that text; a ShareGPT set's bare function
+    schema is wrapped the same way (vLLM accepts no other shape)."""
+    if not isinstance(t, dict):
+        raise ConversationError("tools must be a list of tool schemas (objects)")
+    if t.get("type", "function") != "function":
+        raise ConversationError(f"tools: only function tools render (got type {t.get('type')!r})")
+    f = t.get("function", t)
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+        raise ConversationError("tools: a tool schema needs a function name")
+    if not isinstance(f.get("description"), str | None) or not isinstance(f.get("parameters"), dict | None):
+        raise ConversationError(f"tools: {f['name']}: description must be text and parameters an object")
+    fn = {"name": f["name"], "description": f.get("description"), "parameters": f.get("parameters")}
+    fn.update({k: f[k] for k in ("strict", "defer_loading") if f.get(k) is not None})
+    return {"type": "function", "function": fn}
+
+
+def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The row's tool schemas (`tools`: a list, or its JSON text as ShareGPT sets keep it) as vLLM
+    renders them (_served_tool), or None."""
+    tools = _json(row.get("tools"), "tools") if row.get("tools") else None
+    if tools is not None and not isinstance(tools, list):
+        raise ConversationError("tools must be a list of tool schemas (objects)")
+    return [_served_tool(t) for t in tools] or None if tools else None
+
+
+def row_format(row: Any) -> str | None:
+    """Which of the formats the reader accepts a row is in (FORMATS' names), or None."""
+    if isinstance(row, dict):
+        return next((name for key, name in FORMATS.items() if key in row), None)
+    return None
+
+
 def _turn(t: Any, i: int) -> dict[str, Any]:
     if not isinstance(t, dict):
         raise ConversationError(f"turn {i}: expected an object, got {type(t).__name__}")
     role = t.get("role", t.get("from"))
     if not isinstance(role, str) or role.lower() not in ROLE_ALIASES:
         raise ConversationError(f"turn {i}: unknown role {role!r}")
+    if role.lower() == "function_call":  # ShareGPT: the turn's value is the call itself
+        return {"role": "assistant", "content": "", "tool_calls": _tool_calls(t.get("value", t.get("content")), i)}
     role = ROLE_ALIASES[role.lower()]
     content = _text(t.get("content", t.get("value")), "content", i) or ""
     msg: dict[str, Any] = {"role": role, "content": content}
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if isinstance(t.get(key), str):
+                msg[key] = t[key]
     if role != "assistant":
         return msg
+    if t.get("tool_calls"):
+        msg["tool_calls"] = _tool_calls(t["tool_calls"], i)
     reasoning = _text(t.get("reasoning_content"), "reasoning_content", i)
     if reasoning is None:
         reasoning = _text(t.get("reasoning"), "reasoning", i)
@@ -143,9 +228,12 @@ def has_reasoning(messages: list[dict[str, Any]]) -> bool:
     return any((m.get("reasoning_content") or "").strip() for m in messages if m["role"] == "assistant")
 
 
+TEMPLATE_KEYS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name")
+
+
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the chat template gets: role, content and reasoning_content only."""
-    keys = ("role", "content", "reasoning_content")
+    """What the chat template gets: role, content, reasoning_content and the tool fields only."""
+    keys = TEMPLATE_KEYS
     return [{k: m[k] for k in keys if k in m} for m in messages]
 
 
@@ -156,7 +244,8 @@ def to_sharegpt(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         turn = {"from": back.get(m["role"], m["role"]), "value": m["content"]}
         if m.get("reasoning_content") is not None:
             turn["reasoning_content"] = m["reasoning_content"]
-        if m.get("token_ids") is not None:
-            turn["token_ids"] = m["token_ids"]
+        for key in ("tool_calls", "tool_call_id", "name", "token_ids"):
+            if m.get(key) is not None:
+                turn[key] = m[key]
         out.append(turn)
     return out

@@ -4,6 +4,11 @@
 position in the source, so it is stable across runs and `regen --resume` can
 skip finished rows by idx. A row that cannot be normalised is counted under its
 reason in `skipped` and the run goes on: one bad row must not stop 200k.
+`formats` counts the rows read per format (conversations.FORMATS: OpenAI messages,
+with `tools` / `tool_calls` / `tool` turns; ShareGPT, with `function_call` /
+`observation` turns; prompt/response), so a run can say what it read.
+`iter_rows` gives the rows themselves (a preset's mapped onto a readable schema), for a
+reader that keeps what `messages` alone drops (the row's `tools`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dspark_kit.data.conversations import ConversationError, normalize
+from dspark_kit.data.conversations import ConversationError, normalize, row_format, row_tools
 from dspark_kit.recipe import DataCfg
 
 TINY_CHAT = "builtin:tiny-chat"
@@ -111,13 +116,14 @@ def source_size(cfg: DataCfg) -> int | None:
     return min(n, cfg.limit) if n is not None and cfg.limit else n
 
 
-def iter_source(
+def iter_rows(
     cfg: DataCfg,
     skipped: Counter | None = None,
     limit: int | None = None,
     seed: int = 0,
-) -> Iterator[tuple[int, list[dict[str, str]]]]:
-    """(idx, messages) for each usable row, at most `limit` (or data.limit) rows read."""
+) -> Iterator[tuple[int, Any]]:
+    """(idx, row) for each row read, at most `limit` (or data.limit); rows the file reader could not
+    parse are counted in `skipped`, a preset row that does not map is counted there too."""
     skipped = skipped if skipped is not None else Counter()
     limit = limit or cfg.limit
     preset, rows = source_rows(cfg, seed, skipped)
@@ -127,6 +133,35 @@ def iter_source(
         if row is None:  # already counted by the reader
             continue
         try:
-            yield idx, normalize(preset_row(preset, row) if preset else row)
+            yield idx, preset_row(preset, row) if preset else row
         except ConversationError as e:
             skipped[str(e)] += 1
+
+
+def iter_chats(
+    cfg: DataCfg,
+    skipped: Counter | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    formats: Counter | None = None,
+) -> Iterator[tuple[int, list[dict[str, Any]], list[dict[str, Any]] | None]]:
+    """(idx, messages, tools or None) for each usable row, at most `limit` (or data.limit) rows read."""
+    skipped = skipped if skipped is not None else Counter()
+    for idx, row in iter_rows(cfg, skipped, limit, seed):
+        if formats is not None:
+            formats[row_format(row) or "unknown"] += 1
+        try:
+            yield idx, normalize(row), row_tools(row)
+        except ConversationError as e:
+            skipped[str(e)] += 1
+
+
+def iter_source(
+    cfg: DataCfg,
+    skipped: Counter | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    formats: Counter | None = None,
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(idx, messages) for each usable row (iter_chats without the tool schemas)."""
+    return ((idx, msgs) for idx, msgs, _ in iter_chats(cfg, skipped, limit, seed, formats))

@@ -219,12 +219,34 @@ class ChatClient:
             return None
 
 
+def _add_tool_calls(calls: dict[int, dict[str, Any]], value: Any, streamed: bool) -> None:
+    """OpenAI's `tool_calls` into calls (position -> call): whole calls, or a stream's pieces (each
+    names its call's `index`; the id and name come once, the arguments' text in pieces)."""
+    if not isinstance(value, list):
+        raise MalformedResponse("tool_calls is not a list")
+    for k, c in enumerate(value):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict):
+            raise MalformedResponse("a tool call has no function")
+        name, args = f.get("name"), f.get("arguments")
+        if not isinstance(name, str | None) or not isinstance(args, str | None):
+            raise MalformedResponse("a tool call's name and arguments must be text")
+        pos = c.get("index", k) if streamed else len(calls)
+        call = calls.setdefault(pos, {"type": "function", "function": {"name": "", "arguments": ""}})
+        if isinstance(c.get("id"), str):
+            call["id"] = c["id"]
+        call["function"]["name"] += name or ""
+        call["function"]["arguments"] += args or ""
+
+
 def parse_chat_response(data: Any) -> dict[str, Any]:
-    """text, reasoning (None when the server gave none), finish_reason, usage and the generated
+    """text, reasoning (None when the server gave none), tool_calls (OpenAI's shape, arguments as
+    the JSON text the model wrote; None when it made none), finish_reason, usage and the generated
     token_ids (None unless the server returned them) of a chat completion: one response body, or the list of chunks of a streamed one (`delta`s).
     Raises MalformedResponse when the body is not one."""
     chunks = data if isinstance(data, list) else [data]
     text = reasoning = finish = token_ids = None
+    calls: dict[int, dict[str, Any]] = {}
     usage: dict = {}
     seen = False
     for chunk in chunks:
@@ -249,6 +271,8 @@ def parse_chat_response(data: Any) -> dict[str, Any]:
         for key, value in (("content", content), ("reasoning", r)):
             if value is not None and not isinstance(value, str):
                 raise MalformedResponse(f"{key} is not text")
+        if msg.get("tool_calls"):
+            _add_tool_calls(calls, msg["tool_calls"], isinstance(data, list))
         text = text if content is None else (text or "") + content
         reasoning = reasoning if r is None else (reasoning or "") + r
         finish = choice.get("finish_reason") or finish
@@ -259,15 +283,17 @@ def parse_chat_response(data: Any) -> dict[str, Any]:
             token_ids = (token_ids or []) + ids
     if not seen:
         raise MalformedResponse("no choices")
-    if text is None and reasoning is None:
+    if text is None and reasoning is None and not calls:
         raise MalformedResponse("no content")
+    if any(not c["function"]["name"] for c in calls.values()):
+        raise MalformedResponse("a tool call has no function name")
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         try:
             int(usage.get(key) or 0)
         except (TypeError, ValueError):
             raise MalformedResponse(f"usage.{key} is not a number") from None
     return {"text": text or "", "reasoning": reasoning, "finish_reason": finish, "usage": usage,
-            "token_ids": token_ids}
+            "token_ids": token_ids, "tool_calls": [calls[k] for k in sorted(calls)] or None}
 
 
 async def chat_with_retries(ep: Endpoint, client: ChatClient, body: dict[str, Any], opts: ClientOptions,

@@ -16,6 +16,12 @@ renders history differently (Qwen3 drops reasoning of turns before the last
 user turn), one row per assistant turn -- the rule speculators applies with a
 vLLM renderer.
 
+Tool-calling rows: every render gets the row's `tools` (the template puts the schema where the
+model saw it: Qwen3's system prompt), assistant `tool_calls` and `tool` turns go to the template
+as they are, so turn j's span is its text and calls through the end-of-turn token; tool results
+and the schema are context, never trained. A template that renders the schema, a call or a result
+as nothing (no tool branches) rejects the row with that reason rather than training an empty reply.
+
 Decided against speculators' own prepare-data: the template's whitespace after
 the end-of-turn token (Qwen's `\\n` after `<|im_end|>`) is NOT in the loss. The
 verifier stops at `<|im_end|>` and never generates it; training on it teaches a
@@ -45,6 +51,8 @@ from dspark_kit.data.conversations import (
     ConversationError,
     has_reasoning,
     normalize,
+    row_format,
+    row_tools,
     template_messages,
     truncation,
 )
@@ -70,6 +78,9 @@ class PrepareSummary:
     retokenized_differs: int = 0  # of those, replies whose re-tokenized text differs: trained as generated
     rejected: Counter = field(default_factory=Counter)  # full reason -> conversations
     with_reasoning: int = 0  # used conversations whose replies carry reasoning
+    with_tools: int = 0  # used conversations with tool schemas or tool calls
+    tool_calls: int = 0  # tool calls in used conversations' replies (trained with the reply's text)
+    formats: Counter = field(default_factory=Counter)  # the reader's name of each input row's format
     no_trainable_tokens: int = 0  # turn rows cut away entirely by seq_length
     truncated: int = 0  # rows cut at seq_length
     tokens: int = 0
@@ -80,6 +91,7 @@ class PrepareSummary:
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["rejected"] = dict(self.rejected.most_common())
+        d["formats"] = dict(self.formats.most_common())
         d["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else None
         return d
 
@@ -100,6 +112,11 @@ class PrepareSummary:
     def log(self, note) -> None:
         note(f"prepare: {self.conversations_used} of {self.conversations_in} conversations used -> "
              f"{self.rows_out} rows")
+        if self.formats:
+            note("  read as " + ", ".join(f"{name} ({n} rows)" for name, n in self.formats.most_common()))
+        if self.with_tools:
+            note(f"  {self.with_tools} conversations use tools; {self.tool_calls} tool calls trained "
+                 "(tool results and schemas are context only)")
         for reason, n in self.rejected.most_common():
             note(f"  skipped {n}: {reason}")
         if self.turns_with_ids:
@@ -112,11 +129,35 @@ class PrepareSummary:
 REASONING_WITH_THINKING_OFF = ("reply carries reasoning but verifier.thinking is false "
                                "(the verifier never writes it in that mode; regenerate or set verifier.thinking)")
 NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
+TEMPLATE_DROPS_TOOLS = ("the chat template does not render the row's `tools` (verifier.tokenizer's template has "
+                        "no tools branch: use the model's own template, or drop the row's tools)")
+TEMPLATE_DROPS_CALLS = ("the chat template does not render an assistant's `tool_calls` (it would train an "
+                        "empty reply: use the model's own template)")
+TEMPLATE_DROPS_RESULTS = "the chat template does not render a `tool` turn's result"
 
 
-def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False) -> list[str]:
+def _check_tool_render(tok, msgs: list[dict], tools: list[dict] | None, thinking: bool, texts: list[str],
+                       turns: list[int]) -> None:
+    """A template without tool branches renders a call as an empty reply and drops the schema
+    silently: refuse the row instead (its reason names which part went missing). Each check renders
+    again without the part: a template that renders it changes the text."""
+    if tools and render(tok, msgs[: turns[0]], thinking, add_generation_prompt=True) == texts[0]:
+        raise ConversationError(TEMPLATE_DROPS_TOOLS)
+    for k, j in enumerate(turns):
+        if msgs[j].get("tool_calls"):
+            bare = {key: v for key, v in msgs[j].items() if key != "tool_calls"}
+            if render(tok, [*msgs[:j], bare], thinking, tools=tools) == texts[2 * k + 1]:
+                raise ConversationError(f"turn {j}: {TEMPLATE_DROPS_CALLS}")
+    if any(m["role"] == "tool" and m["content"] not in texts[-1] for m in msgs[: turns[-1] + 1]):
+        raise ConversationError(TEMPLATE_DROPS_RESULTS)
+
+
+def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False,
+                       tools: list[dict] | None = None) -> list[str]:
     """The renders the loss mask needs: per assistant turn j, the prompt (msgs[:j] + generation
-    prompt, exactly what the verifier saw) then the text up to and including turn j.
+    prompt, exactly what the verifier saw) then the text up to and including turn j. Every render
+    gets the row's `tools`; turn j's span is then its text and tool calls, and tool results and
+    the schema stay context (they are never an assistant turn's span).
 
     Raises ConversationError (the reason) for a truncated reply (unless keep_truncated),
     reasoning with thinking off, or a template that does not render turn j right after its
@@ -132,11 +173,14 @@ def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bo
     msgs = template_messages(msgs)
     texts = []
     for j in turns:
-        prompt, upto = render(tok, msgs[:j], thinking, add_generation_prompt=True), render(tok, msgs[: j + 1], thinking)
+        prompt = render(tok, msgs[:j], thinking, add_generation_prompt=True, tools=tools)
+        upto = render(tok, msgs[: j + 1], thinking, tools=tools)
         if not upto.startswith(prompt):
             raise ConversationError(f"turn {j}: the template does not render the reply right after its "
                                     "generation prompt (thinking mode and data disagree?)")
         texts += [prompt, upto]
+    if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in msgs):
+        _check_tool_render(tok, msgs, tools, thinking, texts, turns)
     return texts
 
 
@@ -156,17 +200,18 @@ def generated_ids(msgs: list[dict]) -> list[list[int] | None]:
     return [m.get("token_ids") for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
 
 
-def turn_rows(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False) -> TurnRows:
+def turn_rows(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False,
+              tools: list[dict] | None = None) -> TurnRows:
     """Rows of (input_ids, loss_mask) for one conversation (prepare_rows.rows_from_ids)."""
-    texts = conversation_texts(tok, msgs, thinking, keep_truncated)
+    texts = conversation_texts(tok, msgs, thinking, keep_truncated, tools)
     return rows_from_ids(_encode_batch(tok, texts), reply_length_fn(tok), _suffix_encoder(tok, texts),
                          generated_ids(msgs))
 
 
-def tokenize_conversation(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False
-                          ) -> tuple[list[tuple[list[int], list[int]]], bool]:
+def tokenize_conversation(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False,
+                          tools: list[dict] | None = None) -> tuple[list[tuple[list[int], list[int]]], bool]:
     """Rows of (input_ids, loss_mask) for one conversation, and whether it fanned out per turn."""
-    t = turn_rows(tok, msgs, thinking, keep_truncated)
+    t = turn_rows(tok, msgs, thinking, keep_truncated, tools)
     return t.rows, t.fanned
 
 
@@ -200,16 +245,19 @@ def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
         if isinstance(raw, BadLine):  # a jsonl line that did not parse: rejected with its reason
             out.append({"error": raw.reason})
             continue
+        fmt = {"format": row_format(raw)}
         try:
-            msgs = normalize(raw)
-            planned.append((len(out), conversation_texts(_TOKENIZER, msgs, thinking, keep_truncated)))
+            msgs, tools = normalize(raw), row_tools(raw)
+            planned.append((len(out), conversation_texts(_TOKENIZER, msgs, thinking, keep_truncated, tools)))
             generated = generated_ids(msgs)
-            out.append({"reasoning": has_reasoning(msgs), "generated": generated,
-                        "with_ids": sum(g is not None for g in generated)})
+            calls = sum(len(m.get("tool_calls", ())) for m in msgs)
+            out.append({**fmt, "reasoning": has_reasoning(msgs), "generated": generated,
+                        "with_ids": sum(g is not None for g in generated),
+                        "tools": bool(tools or calls), "tool_calls": calls})
         except ConversationError as e:
-            out.append({"error": str(e)})
+            out.append({**fmt, "error": str(e)})
         except Exception as e:  # noqa: BLE001 - a template that cannot render this row is a rejected row
-            out.append({"error": f"template failed: {type(e).__name__}: {e}"})
+            out.append({**fmt, "error": f"template failed: {type(e).__name__}: {e}"})
     try:
         ids = _encode_batch(_TOKENIZER, [t for _, texts in planned for t in texts])
     except Exception:  # noqa: BLE001 - one bad text must not sink the chunk: encode row by row
@@ -221,9 +269,9 @@ def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
             t = rows_from_ids(row_ids, _REPLY_LEN, _suffix_encoder(_TOKENIZER, texts), out[i].pop("generated"))
             out[i] = {**out[i], **_row_result(t, seq_length)}
         except ConversationError as e:
-            out[i] = {"error": str(e)}
+            out[i] = {"format": out[i]["format"], "error": str(e)}
         except Exception as e:  # noqa: BLE001 - a row the tokenizer cannot take is a rejected row
-            out[i] = {"error": f"tokenizer failed: {type(e).__name__}: {e}"}
+            out[i] = {"format": out[i]["format"], "error": f"tokenizer failed: {type(e).__name__}: {e}"}
         pos += len(texts)
     return out
 
@@ -278,6 +326,8 @@ def prepare(
             for chunk in results:
                 out_rows = []
                 for res in chunk:
+                    if res.get("format"):
+                        summary.formats[res["format"]] += 1
                     if "error" in res:
                         summary.reject(res["error"])
                         continue
@@ -289,6 +339,8 @@ def prepare(
                     summary.conversations_in += 1
                     summary.conversations_used += 1
                     summary.with_reasoning += res["reasoning"]
+                    summary.with_tools += res["tools"]
+                    summary.tool_calls += res["tool_calls"]
                     summary.turns_with_ids += res["with_ids"]
                     summary.retokenized_differs += res["differs"]
                     for r in kept:

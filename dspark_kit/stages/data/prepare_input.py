@@ -27,9 +27,11 @@ def prepare_input_rows(res: Resolved):
             raise ValueError(f"{f} not found: run regen first (dspark-kit regen -w {res.run.root}), "
                              "or set regen.enabled=false to prepare data.source as is")
         return read_jsonl(f), sum(1 for line in f.open() if line.strip()), Counter(), str(f)
-    from dspark_kit.data.sources import iter_source, source_size
+    from dspark_kit.data.sources import iter_rows, source_size
 
     skipped: Counter = Counter()  # fills as the rows are read: prepare adds it in at the end
-    rows = ({"id": f"{recipe.data.source}#{i}", "messages": msgs}  # streamed: a 200k-row source is never held
-            for i, msgs in iter_source(recipe.data, skipped=skipped))
+    # the rows as read (prepare normalizes them, keeps their `tools` and names their format); streamed:
+    # a 200k-row source is never held
+    rows = ({**row, "id": f"{recipe.data.source}#{i}"} if isinstance(row, dict) else row
+            for i, row in iter_rows(recipe.data, skipped=skipped))
     return rows, source_size(recipe.data), skipped, recipe.data.source

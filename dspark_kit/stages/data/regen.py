@@ -10,6 +10,9 @@ History sent back holds role and content only: the Qwen3 template drops the
 reasoning of turns before the last user turn anyway. Each reply also keeps the
 verifier's own token ids (`return_token_ids`, as speculators' regenerate-responses
 does): prepare trains exactly those tokens rather than a re-tokenization of the text.
+Tool-calling rows: the request carries the row's `tools`; the verifier's calls are kept and the
+dataset's results spliced in under them (`regenerate` says how, and when a row ends early); the
+row keeps its `tools` so prepare renders the schema the verifier saw.
 
 `concurrency` workers per endpoint pull rows from one queue (faster servers
 take more); the requests, their retries and endpoint health are
@@ -83,19 +86,35 @@ def _error_idx(entry: dict[str, Any]) -> int:
 # ---- one request, one conversation ------------------------------------------
 
 
+TOOL_RESULT_MISSING = "the verifier called a tool the dataset has no result for (row cut after the call)"
+TOOL_RESULT_OTHER = "the verifier called another tool than the dataset's result answers (row cut after the call)"
+
+
+def _sent(m: dict[str, Any]) -> dict[str, Any]:
+    """A history message as the server gets it: role, content and the tool fields."""
+    return {k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id", "name") if k in m}
+
+
 async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts: RegenOptions,
-                     peers: list[Endpoint] | None = None) -> dict[str, Any]:
-    """The output row for one conversation."""
+                     peers: list[Endpoint] | None = None, tools: list[dict] | None = None) -> dict[str, Any]:
+    """The output row for one conversation.
+
+    Tool calling: the request carries the row's `tools`; a reply's `tool_calls` are kept as the
+    verifier made them, and each call gets the dataset's next tool result of that turn (spliced in
+    under the new call's id; a tool turn is never invented), then the verifier goes on, until it
+    answers in text. A call the dataset has no result for (or one for another tool, when the
+    result names its tool) ends the row after that call: `metadata.tool_chain` says why."""
     history: list[dict[str, Any]] = []
     finish: list[str | None] = []
     usage = Counter()
 
-    async def reply() -> None:
-        sent = [{"role": m["role"], "content": m["content"]} for m in history]
-        body = {"model": ep.model, "messages": sent, "max_tokens": opts.max_tokens,
+    async def reply() -> dict[str, Any]:
+        body = {"model": ep.model, "messages": [_sent(m) for m in history], "max_tokens": opts.max_tokens,
                 "temperature": opts.temperature, "top_p": opts.top_p,
                 "chat_template_kwargs": {"enable_thinking": opts.thinking},
                 "return_token_ids": True}  # the verifier's own tokens: prepare trains exactly these
+        if tools:
+            body["tools"] = tools
         if opts.seed is not None:
             body["seed"] = opts.seed + idx * 1000 + len(finish)
         out = await chat_with_retries(ep, client, body, opts, peers)
@@ -109,23 +128,54 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
             reasoning, msg["content"] = canonical_reasoning(reasoning, out["text"])
         if reasoning is not None:
             msg["reasoning_content"] = reasoning
+        if out.get("tool_calls"):
+            msg["tool_calls"] = out["tool_calls"]
         if out["token_ids"] is not None:
             msg["token_ids"] = out["token_ids"]
         history.append(msg)
         finish.append(out["finish_reason"])
         for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
             usage[k] += int(out["usage"].get(k) or 0)
+        return msg
 
+    async def turn(results: list[dict[str, Any]]) -> str | None:
+        """The verifier's replies to one dataset turn, its calls answered by the turn's `results`;
+        why the row ends here, or None."""
+        while calls := (await reply()).get("tool_calls"):
+            if len(calls) > len(results):
+                return TOOL_RESULT_MISSING
+            for call in calls:
+                result = results.pop(0)
+                if result.get("name") not in (None, call["function"]["name"]):
+                    return TOOL_RESULT_OTHER
+                spliced = {"role": "tool", "content": result["content"], "name": call["function"]["name"]}
+                history.append({**spliced, **({"tool_call_id": call["id"]} if "id" in call else {})})
+        return None
+
+    wants_reply, results, cut, unused = False, [], None, 0
     for m in messages:
-        if m["role"] != "assistant":
+        if m["role"] == "assistant":
+            wants_reply = wants_reply or bool(history)  # one new reply (or call chain) where the original had one
+        elif m["role"] == "tool":
+            results.append(m)
+        else:
+            if wants_reply and (cut := await turn(results)):
+                break
+            unused += len(results) if wants_reply else 0
+            wants_reply, results = False, []
             history.append({"role": m["role"], "content": m["content"]})
-        elif history and history[-1]["role"] != "assistant":
-            await reply()  # one new reply where the original had one
-    if history[-1]["role"] == "user":
-        await reply()  # the source ends on a question: answer it too
-    return {"id": f"regen-{idx}", "conversations": to_sharegpt(history),
-            "metadata": {"idx": idx, "finish_reasons": finish, "usage": dict(usage),
-                         "endpoint": ep.url, "model": ep.model, "thinking": opts.thinking}}
+    else:
+        if wants_reply or history[-1]["role"] == "user":  # the source may end on a question: answer it too
+            cut = await turn(results)
+            unused += len(results) if not cut else 0
+    meta = {"idx": idx, "finish_reasons": finish, "usage": dict(usage),
+            "endpoint": ep.url, "model": ep.model, "thinking": opts.thinking}
+    if cut:
+        meta["tool_chain"] = cut
+    if unused:  # the verifier answered without the calls the dataset's results were for
+        meta["tool_results_unused"] = unused
+    row = {"id": f"regen-{idx}", "conversations": to_sharegpt(history), "metadata": meta}
+    return {**row, "tools": tools} if tools else row
 
 
 # ---- the run -----------------------------------------------------------------
@@ -146,6 +196,7 @@ class _Run:
     retrying: set = field(default_factory=set)  # idx the errors file names (earlier runs' failures)
     succeeded: set = field(default_factory=set)  # of those, idx written this run (not every row: 200k idx add up)
     fail_reasons: Counter = field(default_factory=Counter)
+    tool_chains_cut: Counter = field(default_factory=Counter)  # reason -> rows written up to a call without its result
     stopping: bool = False  # a worker raised: the others are being cancelled
 
     def live(self) -> list[Endpoint]:
@@ -165,9 +216,9 @@ class _Run:
             if item is None:
                 self.queue.task_done()
                 return
-            idx, messages = item
+            idx, messages, tools = item
             try:
-                row = await regenerate(ep, client, idx, messages, self.opts, self.endpoints)
+                row = await regenerate(ep, client, idx, messages, self.opts, self.endpoints, tools)
             except EndpointDown:
                 await self.queue.put(item)  # a live endpoint takes it while this one backs off
                 self.queue.task_done()
@@ -186,6 +237,8 @@ class _Run:
             else:
                 self.sink.write(row)
                 self.written += 1
+                if row["metadata"].get("tool_chain"):
+                    self.tool_chains_cut[row["metadata"]["tool_chain"]] += 1
                 if idx in self.retrying:
                     self.succeeded.add(idx)
                 ep.rows += 1
@@ -197,7 +250,7 @@ class _Run:
 
 async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptions,
                      done: set[int], on_row=None) -> dict[str, Any]:
-    """Regenerate `rows` ((idx, messages) iterable) over `endpoints` into outfile."""
+    """Regenerate `rows` ((idx, messages) or (idx, messages, tools) iterable) over `endpoints` into outfile."""
     eps = [Endpoint(normalize_endpoint(u), model=opts.model) for u in endpoints]
     errors_file = outfile.with_name(outfile.name + ".errors.jsonl")
     run = _Run(opts, eps, JsonlSink(outfile, opts.fsync_every), JsonlSink(errors_file, 1), on_row,
@@ -213,12 +266,12 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
         async def feed() -> None:
             nonlocal skipped_done, queued
             try:
-                for idx, messages in rows:
+                for idx, messages, *tools in rows:
                     if idx in done:
                         skipped_done += 1
                         continue
                     queued += 1
-                    await run.queue.put((idx, messages))
+                    await run.queue.put((idx, messages, tools[0] if tools else None))
                 await run.queue.join()  # requeued rows included
             finally:  # also when reading the source fails: workers must not wait forever
                 run.fed_all.set()
@@ -238,7 +291,7 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
             raise feeder.exception()
         feeder.cancel()
         # rows the source still holds when every endpoint is gone: never sent anywhere
-        unread = sum(1 for idx, _ in rows if idx not in done) if not run.live() else 0
+        unread = sum(1 for idx, *_ in rows if idx not in done) if not run.live() else 0
     finally:
         run.sink.close()
         run.errors.close()
@@ -250,6 +303,7 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
         "not_attempted": queued - run.written - run.failed + unread,
         "source_rows": skipped_done + queued + unread,
         "failed_reasons": dict(run.fail_reasons.most_common()), "skipped_already_done": skipped_done,
+        "tool_chains_cut": dict(run.tool_chains_cut.most_common()),
         "completion_tokens": run.completion_tokens,
         "endpoints": [{"url": e.url, "model": e.model, "rows": e.rows, "errors": e.errors,
                        "dead": e.dead_reason} for e in eps],
@@ -288,7 +342,7 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     The source is read (and a bad one reported) before the output is touched; resume=False on
     an output that holds rows needs overwrite=True.
     """
-    from dspark_kit.data.sources import iter_source
+    from dspark_kit.data.sources import iter_chats
 
     recipe = res.recipe
     cfg = recipe.regen
@@ -303,7 +357,7 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     outfile = Path(outfile)
     errors_file = outfile.with_name(outfile.name + ".errors.jsonl")
     skipped: Counter = Counter()
-    source = iter_source(data, skipped=skipped, limit=limit)
+    source = iter_chats(data, skipped=skipped, limit=limit)
     first = next(source, None)  # a missing file / unknown preset fails here: before any output is touched
     rows = itertools.chain([first] if first else [], source)
     if not resume and not overwrite and outfile.exists() and outfile.stat().st_size:

@@ -153,7 +153,7 @@ def _input(res: Resolved):
     """(conversations prepare will read or None, what they are, their rows or None when they
     cannot be read here). The rows are prepare's own (stages/data/prepare_input.py); before regen
     has run, the data source's replies stand in for the ones regen will write."""
-    from dspark_kit.data.sources import PRESETS, iter_source, source_size
+    from dspark_kit.data.sources import PRESETS, iter_rows, source_size
     from dspark_kit.stages.data.prepare_input import prepare_input_rows
 
     recipe, data = res.recipe, res.recipe.data
@@ -164,7 +164,7 @@ def _input(res: Resolved):
         if data.source in PRESETS:  # a hub dataset: not fetched for a plan
             return n, what, None
         try:
-            return n, what, ({"messages": m} for _, m in iter_source(data))
+            return n, what, (row for _, row in iter_rows(data))  # as read: prepare keeps a row's `tools`
         except (OSError, ValueError):
             return n, what, None
     try:
@@ -177,7 +177,7 @@ def _input(res: Resolved):
 def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
     """(conversations read, tokens and rows prepare would write for them) for up to SAMPLE
     conversations, with the verifier's tokenizer when this machine has it."""
-    from dspark_kit.data.conversations import normalize
+    from dspark_kit.data.conversations import normalize, row_tools
     from dspark_kit.jsonl import BadLine
     from dspark_kit.stages.data.prepare import tokenize_conversation
 
@@ -194,7 +194,7 @@ def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
             if isinstance(raw, BadLine):
                 continue
             try:
-                for ids, mask in tokenize_conversation(tok, normalize(raw), thinking, keep)[0]:
+                for ids, mask in tokenize_conversation(tok, normalize(raw), thinking, keep, row_tools(raw))[0]:
                     if any(mask[:seq]):
                         tokens, out_rows = tokens + min(len(ids), seq), out_rows + 1
             except Exception:  # noqa: BLE001, S112 - a row prepare rejects (unusable, or the template fails on it)

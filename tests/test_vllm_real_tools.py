@@ -1,0 +1,76 @@
+"""prepare on tool-calling rows against speculators 0.9.0's prepare-data through the REAL vLLM's render
+endpoint (its CPU build, the tiny verifier with Qwen3's whole template): the same input_ids, masks
+that differ only by the `\\n` after each `<|im_end|>` (prepare.py says why).
+
+speculators' render path needs `vllm serve --enable-scale-out` (the render endpoint) and, for a
+request with `tools` (it sends tool_choice auto), `--enable-auto-tool-choice --tool-call-parser`;
+its seq_length must stay below the server's max_model_len (a render truncated to max_model_len asks
+for 0 new tokens and is refused).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from chat_templates import QWEN3_TEMPLATE
+from plan_helpers import plan_vllm
+from test_tool_calls import _without_newline_after_im_end, openai_row
+
+from dspark_kit.data.conversations import normalize, row_tools
+from dspark_kit.engines.lifecycle import ManagedServer
+from dspark_kit.engines.ports import free_port
+from dspark_kit.recipe import load_recipe
+from dspark_kit.stages.data.prepare import turn_rows
+
+pytestmark = [pytest.mark.vllm_real, pytest.mark.slow, pytest.mark.usefixtures("vllm_cpu_build")]
+MAX_MODEL_LEN = 512  # the tiny verifier's
+SEQ_LENGTH = 500
+
+
+@pytest.fixture(scope="module")
+def render_server(tmp_path_factory, tiny_verifier, vllm_cpu_build):
+    from conftest import TINY_RECIPE
+
+    folder = tmp_path_factory.mktemp("vllm-tools")
+    template = folder / "qwen3.jinja"
+    template.write_text(QWEN3_TEMPLATE)
+    recipe = load_recipe(TINY_RECIPE, ["serve.engine=vllm", "train.device=cpu", f"serve.max_model_len={MAX_MODEL_LEN}"])
+    recipe.serve.extra_args = ["--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                               "--chat-template", str(template)]
+    with ManagedServer(plan_vllm(recipe, "chat", engine="vllm", port=free_port()), folder / "server.log") as server:
+        server.wait_healthy(600.0)  # 2 busy cores: ~45 s idle, minutes under load
+        yield server.base_url.removesuffix("/v1")
+
+
+def row(reasoning: bool) -> dict:
+    """The tool chat of test_tool_calls, its schema short and no system turn: the tiny vocabulary
+    spends many tokens and both turns must fit the server's 512."""
+    r = openai_row(reasoning)
+    r["tools"] = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]  # vLLM adds description: null
+    del r["messages"][0]
+    return r
+
+
+@pytest.mark.parametrize("reasoning", [False, True])
+def test_speculators_prepare_data_through_vllm_makes_the_same_rows(render_server, tiny_verifier, reasoning):
+    from speculators.data_generation.preprocessing import _preprocess_batch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_verifier)
+    tok.chat_template = QWEN3_TEMPLATE
+    r = row(reasoning)
+    out = _preprocess_batch({"conversations": [r["messages"]], "tools": [json.dumps(r["tools"])]}, False,
+                            render_server, SEQ_LENGTH)
+    theirs = [(i.tolist(), m.tolist()) for i, m in zip(out["input_ids"], out["loss_mask"], strict=True)]
+    ours = turn_rows(tok, normalize(r), True, tools=row_tools(r))  # speculators renders in the default: thinking
+    assert len(theirs) == 2 and all(len(ids) < SEQ_LENGTH for ids, _ in theirs)
+    if reasoning:  # one row holds both turns: it is speculators' second, and its first is a prefix
+        (ids, mask), = ours.rows
+        assert ids == theirs[1][0] and ids[: len(theirs[0][0])] == theirs[0][0]
+        union = [max(a, b) for a, b in zip(theirs[0][1] + [0] * (len(ids) - len(theirs[0][1])), theirs[1][1])]
+        assert mask == _without_newline_after_im_end(tok, ids, union)
+    else:
+        assert [ids for ids, _ in ours.rows] == [ids for ids, _ in theirs]
+        for (ids, mask), (_, their_mask) in zip(ours.rows, theirs, strict=True):
+            assert mask == _without_newline_after_im_end(tok, ids, their_mask) != their_mask
