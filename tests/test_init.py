@@ -119,7 +119,8 @@ def test_init_on_a_qwen3_30b_a3b_shaped_verifier(tmp_path, tokenizer_dir, tokeni
 def test_init_with_data_sets_seq_length_from_the_token_lengths(tmp_path, tokenizer_dir, tokenizer):
     from dspark_kit.data.chat import encode, render
 
-    chats = [[{"role": "user", "content": "Describe the cat. " * (1 + i)},
+    # short prompts, long replies: the lengths vary, and every prompt leaves regen room in a 300 context
+    chats = [[{"role": "user", "content": "Describe the cat. " * (1 + i % 3)},
               {"role": "assistant", "content": "The cat is calm. " * (3 * i + 1)}] for i in range(60)]
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
@@ -139,9 +140,17 @@ def test_init_with_data_sets_seq_length_from_the_token_lengths(tmp_path, tokeniz
 
     # capped by the verifier's context
     short = verifier_dir(tmp_path / "short", tokenizer_dir, {**QWEN3_30B_A3B, "max_position_embeddings": 300})
-    assert init("--verifier", str(short), "--target-device", "cuda", "--data", str(data), "-o", str(out),
-                "--overwrite").exit_code == 0
+    r = init("--verifier", str(short), "--target-device", "cuda", "--data", str(data), "-o", str(out), "--overwrite")
+    assert r.exit_code == 0, r.output
     assert yaml.safe_load(out.read_text())["data"]["seq_length"] == 300
+    # prompts longer than that context leave regen no room: init refuses the recipe, naming it
+    long_prompts = tmp_path / "long.jsonl"
+    long_prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": "Describe the cat. " * 80},
+                                                            {"role": "assistant", "content": "Calm."}]}) + "\n"
+                                    for _ in range(8)))
+    r = init("--verifier", str(short), "--target-device", "cuda", "--data", str(long_prompts), "-o", str(out),
+             "--overwrite")
+    assert r.exit_code == 2 and "(prompt-room)" in r.output and "raise serve.max_model_len to" in r.output
 
 
 def test_init_cpu_profile_is_the_tiny_recipe(tmp_path, tokenizer_dir):
