@@ -1,7 +1,8 @@
 """Faults on the way from an extraction server to training: a row whose hidden states never
 arrive, or arrive for other tokens, is an error naming the row (offline and online), never a
 silent skip; a server that dies during online training stops it with one line naming the server,
-and a rerun resumes from the last whole epoch."""
+and a rerun resumes (from the interrupted save, else the last whole epoch); an external server
+stopping is seen through its /health."""
 
 from __future__ import annotations
 
