@@ -49,6 +49,11 @@ class Mooncake:
         """mooncake_master's HTTP port (/health): next to its RPC port."""
         return self.port + 1
 
+    def master_ports(self) -> dict[str, int]:
+        """The ports mooncake_master listens on, by the recipe key that sets them."""
+        return {"hidden_states.mooncake.master_port": self.port,
+                "hidden_states.mooncake.master_port + 1 (its HTTP port)": self.admin_port}
+
     @property
     def local_hostname(self) -> str:
         """The address this node's clients join the store as: loopback on one machine, else this

@@ -163,6 +163,15 @@ def _watch(proc: subprocess.Popen, watch, stopped: list[str], grace_s: float, po
         time.sleep(poll_s)
 
 
+def _drain(stream, log) -> None:
+    """What a stopping command still prints, into its log (redacted) until it closes its output."""
+    from dspark_kit.redact import redact_text
+
+    with contextlib.suppress(OSError, ValueError):  # closed under us: the command is gone anyway
+        for line in stream:
+            log.write(redact_text(line))
+
+
 def run_logged(argv: list[str], env: dict[str, str], log_path, *, watch=None, echo: bool = False,
                on_line=None, grace_s: float = 30.0) -> tuple[int, str | None]:
     """Run a command to its end, its output appended to `log_path` (secrets redacted) and echoed to
@@ -198,7 +207,12 @@ def run_logged(argv: list[str], env: dict[str, str], log_path, *, watch=None, ec
                     on_line(line)
             code = proc.wait()
         finally:  # Ctrl-C / SIGTERM to the kit included: the command (and anything it left) never outlives this
+            # keep reading while it stops: a command that logs as it saves (speculators' `interrupted`
+            # checkpoint) would block on a full pipe and be killed at the grace's end, unsaved
+            drain = threading.Thread(target=_drain, args=(proc.stdout, log), daemon=True, name="drain")
+            drain.start()
             stop(proc, grace_s)
+            drain.join(timeout=KILL_WAIT_S)
             proc.stdout.close()
             if watcher is not None:
                 watcher.join()  # it returns once the command has exited, with or without a reason

@@ -157,3 +157,79 @@ def test_real_speculators_checkpoint_validates(tmp_path: Path):
     assert trained_slots(json.loads((ck / "config.json").read_text())) == 8
     wrong = validate_checkpoint(ck, recipe(mask_token_id=6), N_LAYERS, str(verifier), K)
     assert [f.code for f in wrong] == ["mask-mismatch"]
+
+
+# adopt_interrupted: speculators' `interrupted` save made a mid-epoch save it resumes from
+
+
+def _save(root: Path, name: str, scheduler_steps: int | None, state: dict | None = None) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"w")
+    if scheduler_steps is not None:
+        torch.save({"last_epoch": scheduler_steps, "_step_count": scheduler_steps + 1}, d / "scheduler_state_dict.pt")
+    if state is not None:
+        (d / "training_state.json").write_text(json.dumps(state))
+    return d
+
+
+def _state(d: Path) -> dict:
+    return json.loads((d / "training_state.json").read_text())
+
+
+def test_interrupted_in_the_first_epoch_becomes_epoch_0_mid_way(tmp_path):
+    from dspark_kit.specdec.checkpoints import adopt_interrupted, complete_epochs, mid_epoch
+
+    _save(tmp_path, "interrupted", 3)
+    note = adopt_interrupted(tmp_path)
+    assert note.startswith("interrupted resumed from: renamed 0 (epoch 0, 3 steps into it, global step 3)")
+    assert _state(tmp_path / "0") == {"epoch": 0, "local_step": 3, "global_step": 3}
+    assert os.readlink(tmp_path / "epoch0_step3") == "0" and not (tmp_path / "interrupted").exists()
+    assert mid_epoch(tmp_path / "0") and complete_epochs(tmp_path) == []  # not a whole epoch: not `latest`
+
+
+def test_interrupted_after_whole_epochs_continues_the_next_one(tmp_path):
+    from dspark_kit.specdec.checkpoints import (
+        adopt_interrupted,
+        complete_epochs,
+        resolve_checkpoint,
+    )
+
+    for e in (0, 1):
+        _save(tmp_path, str(e), 6 * (e + 1), {"epoch": e, "local_step": 0, "global_step": 6 * (e + 1)})
+    (tmp_path / "checkpoint_best").symlink_to("0")
+    _save(tmp_path, "interrupted", 16)
+    assert "renamed 2 (epoch 2, 4 steps into it, global step 16)" in adopt_interrupted(tmp_path)
+    assert _state(tmp_path / "2") == {"epoch": 2, "local_step": 4, "global_step": 16}
+    assert complete_epochs(tmp_path) == [0, 1]
+    assert resolve_checkpoint(tmp_path, "latest") == (tmp_path / "1").resolve()
+    assert resolve_checkpoint(tmp_path, "checkpoint_best") == (tmp_path / "0").resolve()
+
+
+def test_interrupted_later_than_a_mid_epoch_save_replaces_it(tmp_path):
+    from dspark_kit.specdec.checkpoints import adopt_interrupted
+
+    _save(tmp_path, "0", 6, {"epoch": 0, "local_step": 0, "global_step": 6})
+    _save(tmp_path, "1", 8, {"epoch": 1, "local_step": 2, "global_step": 8})  # speculators' checkpoint_freq < 1
+    _save(tmp_path, "interrupted", 11)
+    assert "renamed 1 (epoch 1, 5 steps into it, global step 11)" in adopt_interrupted(tmp_path)
+    assert _state(tmp_path / "1") == {"epoch": 1, "local_step": 5, "global_step": 11}
+    assert _state(tmp_path / "superseded-1") == {"epoch": 1, "local_step": 2, "global_step": 8}
+
+
+@pytest.mark.parametrize("steps,why", [
+    (6, "no later than 0 (step 6 <= 6)"),  # stopped at the epoch's end (during validation)
+    (4, "no later than 0 (step 4 <= 6)"),  # left from an earlier run
+    (None, "no scheduler step count"),  # train.scheduler none: the step it stopped at is unknown
+])
+def test_interrupted_that_cannot_be_resumed_is_kept_aside_and_says_why(tmp_path, steps, why):
+    from dspark_kit.specdec.checkpoints import adopt_interrupted, complete_epochs
+
+    _save(tmp_path, "0", 6, {"epoch": 0, "local_step": 0, "global_step": 6})
+    _save(tmp_path, "interrupted", steps)
+    note = adopt_interrupted(tmp_path)
+    assert note.startswith("interrupted not resumed from (kept as unused-interrupted): ") and why in note
+    assert note.endswith("resuming from the last whole epoch") and "\n" not in note
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "unused-interrupted"]
+    assert complete_epochs(tmp_path) == [0] and adopt_interrupted(tmp_path) is None

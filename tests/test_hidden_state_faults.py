@@ -1,7 +1,8 @@
 """Faults on the way from an extraction server to training: a row whose hidden states never
 arrive, or arrive for other tokens, is an error naming the row (offline and online), never a
 silent skip; a server that dies during online training stops it with one line naming the server,
-and a rerun resumes from the last whole epoch."""
+and a rerun resumes (from the interrupted save, else the last whole epoch); an external server
+stopping is seen through its /health."""
 
 from __future__ import annotations
 
@@ -136,3 +137,45 @@ def test_server_death_stops_training_and_rerun_resumes(prepared, tmp_path):
     assert "Resuming training on epoch" in log or "Resuming mid-epoch" in log
     assert (wd / "checkpoints" / "1" / "training_state.json").exists()
     assert (wd / "checkpoints" / "0" / "model.safetensors").stat().st_mtime_ns == epoch0  # resumed, not redone
+
+
+def _cli(wd: Path, *sets: str) -> list[str]:
+    return [sys.executable, "-m", "dspark_kit", "train", "-r", str(TINY), "-w", str(wd),
+            *[a for s in ["regen.enabled=false", f"data.limit={ROWS}", *sets] for a in ("--set", s)]]
+
+
+def test_external_server_stopping_stops_training_within_the_bound(prepared, tmp_path, tiny_verifier):
+    """hidden_states.endpoint is a server the kit did not start: it is watched through /health, and
+    one gone mid-training stops it within EXTERNAL_GONE_AFTER_S + the trainer's stop grace, in one line."""
+    from dspark_kit.engines.servers import EXTERNAL_GONE_AFTER_S
+    from dspark_kit.stages.training.train import STOP_GRACE_S
+
+    wd = run_dir(prepared, tmp_path)
+    fake = FakeHiddenStateServer(str(tiny_verifier), tmp_path / "storage", layers=4, hidden=128, faults={})
+    cmd = _cli(wd, "train.epochs=2", "hidden_states.mode=online", f"hidden_states.endpoint={fake.url}",
+               f"hidden_states.storage_path={fake.storage}")
+    with fake:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while len(fake.requests) < 3 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)  # training has asked the server: stop it in use
+            assert len(fake.requests) >= 3, "training never asked the server"
+    # leaving `with fake` shut it down: connections are refused from here on
+            stopped = time.monotonic()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.monotonic() - stopped
+    last = next((x for x in reversed(err.splitlines()) if "error: train:" in x), err.strip()[-500:])
+    print(f"\n[faults] external server stopped: training stopped {took:.0f}s later: {last}")
+    bound = EXTERNAL_GONE_AFTER_S + STOP_GRACE_S + 15  # + the watch's poll and probe, the kit's exit
+    assert proc.returncode != 0 and took < bound, (took, err[-2000:])
+    assert f"the hidden-state server {fake.url} (hidden_states.endpoint) has not answered" in last, err[-2000:]
+    assert not (wd / "checkpoints" / "1").exists()
+

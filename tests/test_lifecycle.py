@@ -116,3 +116,79 @@ def test_env_is_passed(tmp_path):
     s.proc.wait(120)
     s.stop()
     assert "marker=1" in (tmp_path / "x.log").read_text()
+
+
+def test_holds_port_names_the_listener():
+    """The identity check's question, answered for this process: a socket it listens on is its
+    own; a free port, and one only connected to, are not."""
+    import socket
+
+    from dspark_kit.engines.lifecycle import holds_port
+
+    with socket.socket() as listener, socket.socket() as other:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        other.connect(("127.0.0.1", port))  # a connection on the port is not a listener
+        assert holds_port(os.getpid(), port) is True
+        assert holds_port(os.getpid(), free_port()) is False
+
+
+# Answers 200 to any GET, as any stray HTTP server would; prints when it listens.
+IMPOSTOR = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a): pass
+srv = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print("listening", flush=True)
+srv.serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_impostor_on_the_port_the_kit_picked_is_refused(tmp_path):
+    """serve.hidden_states_port 0: the kit takes a free port when it plans the server; a stranger
+    binds it before the server does. Its 200 is refused in one line, and the kit's server stops."""
+    import subprocess
+    from pathlib import Path
+
+    from dspark_kit.engines.servers import managed_server, server_plan
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
+
+    tiny = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
+    res = Resolved(load_recipe(tiny, ["serve.hidden_states_port=0"]), tmp_path / "run")
+    plan = server_plan(res, "hidden-states")
+    assert plan.port_decision.chosen_at_start
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(plan.port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert impostor.stdout.readline().strip() == "listening"
+        t0 = time.monotonic()
+        with pytest.raises(ServerStartError) as e, managed_server(res, "hidden-states", plan=plan):
+            pytest.fail("the kit used the impostor")
+        msg = str(e.value)
+        print(f"\n[identity] refused after {time.monotonic() - t0:.1f}s: {msg}")
+        assert "\n" not in msg and f"127.0.0.1:{plan.port}/health answered, but not from the server" in msg
+        assert "another process took the port" in msg
+        assert impostor.poll() is None  # not ours: left running
+    finally:
+        impostor.kill()
+        impostor.wait()
+
+
+# A launcher whose forked worker listens (vLLM's API server can be a child of `vllm serve`).
+LAUNCHER = r"""
+import subprocess, sys
+sys.exit(subprocess.call([sys.executable, "-c", sys.argv[2], sys.argv[1]]))
+"""
+
+
+@pytest.mark.slow
+def test_a_descendant_listening_is_the_kits_server(tmp_path):
+    port = free_port()
+    plan = ServerPlan(argv=[sys.executable, "-c", LAUNCHER, str(port), HEALTH_SERVER], host="127.0.0.1", port=port)
+    with ManagedServer(plan, tmp_path / "server.log") as s:
+        s.wait_healthy(120)  # a hang, not a busy machine
+        assert s.alive()

@@ -91,3 +91,25 @@ def test_the_dry_run_and_serve_agree_on_a_configured_port(tmp_path):
     r = CliRunner().invoke(app, ["serve", "--role", "chat", "-r", str(recipe), "--dry-run"])
     assert r.exit_code == 0, r.output
     assert "--port 8123" in r.stdout
+
+
+def test_mooncake_master_ports_are_checked_before_it_starts(tmp_path):
+    """Both ports mooncake_master listens on (RPC, and HTTP next to it) are refused in one line
+    naming the recipe key when something holds one, before anything starts."""
+    from dspark_kit.engines.servers import start_checks
+    from dspark_kit.stages.steps import plan_train
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        rpc = held.getsockname()[1] - 1  # the HTTP port (rpc + 1) is the one held
+        recipe = load_recipe(TINY, ["hidden_states.mode=online", "hidden_states.transport=mooncake",
+                                    f"hidden_states.mooncake.master_port={rpc}"])
+        master = plan_train(Resolved(recipe, tmp_path, planning=True)).process("mooncake master").server
+        assert master.other_ports == {"hidden_states.mooncake.master_port": rpc,
+                                      "hidden_states.mooncake.master_port + 1 (its HTTP port)": rpc + 1}
+        with pytest.raises(PortBusy) as e:
+            start_checks(master)
+    msg = str(e.value)
+    assert msg.startswith(f"hidden_states.mooncake.master_port + 1 (its HTTP port) {rpc + 1} is in use")
+    assert "set hidden_states.mooncake.master_port to a free port" in msg and "\n" not in msg

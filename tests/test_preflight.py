@@ -501,3 +501,76 @@ def test_regen_prompts_longer_than_the_room_max_tokens_leaves(recipe, run):
     assert needed > 96 and room(needed, 64) == []  # the fix it names is enough
     [few] = room(needed - 1, 64, budget=1.0)  # only the longest prompts pass it, within a generous budget
     assert few.level == "warning"
+
+
+class _ModelsServer:
+    """An external server's /v1/models listing `ids` (an OpenAI-compatible server the kit did not start)."""
+
+    def __init__(self, ids: list[str]):
+        import threading
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        body = json.dumps({"object": "list", "data": [{"id": i, "object": "model"} for i in ids]}).encode()
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200 if self.path == "/v1/models" else 404)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = HTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _endpoint_findings(tmp_path, *sets):
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.stages.preflight import _Context, check_endpoints
+
+    tiny = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
+    res = Resolved(load_recipe(tiny, list(sets)), tmp_path / "run", planning=True)
+    return res, check_endpoints(_Context(res))
+
+
+def test_external_hidden_state_server_must_list_the_verifier_path_first(tmp_path):
+    """A user's own server started with only --served-model-name X: the trainer would refuse it
+    late; preflight says so first, with the names to start it with."""
+    srv = _ModelsServer(["my-model"])
+    try:
+        res, found = _endpoint_findings(tmp_path, "hidden_states.mode=online", f"hidden_states.endpoint={srv.url}")
+        assert [(f.level, f.pitfall) for f in found] == [("error", 3)]
+        assert "lists ['my-model'] first" in found[0].message
+        assert f"--served-model-name {res.verifier_path}" in found[0].message
+        srv.close()
+        srv = _ModelsServer([res.verifier_path, "my-model"])
+        _, found = _endpoint_findings(tmp_path, "hidden_states.mode=online", f"hidden_states.endpoint={srv.url}")
+        assert found == []
+    finally:
+        srv.close()
+
+
+def test_unreachable_external_endpoints_are_warnings(tmp_path):
+    from dspark_kit.engines.ports import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens
+    _, found = _endpoint_findings(tmp_path, "hidden_states.mode=online", f"hidden_states.endpoint={url}",
+                                  f"regen.endpoints=[{url}]")
+    assert [(f.level, f.pitfall) for f in found] == [("warning", 3), ("warning", 3)]
+    assert all("cannot check its model names" in f.message for f in found)
+
+
+def test_regen_endpoint_serving_another_model_is_a_warning(tmp_path):
+    srv = _ModelsServer(["someone-elses-model"])
+    try:
+        _, found = _endpoint_findings(tmp_path, f"regen.endpoints=[{srv.url}]")
+    finally:
+        srv.close()
+    assert [(f.level, f.pitfall) for f in found] == [("warning", 3)]
+    assert "serves someone-elses-model first (what regen asks for)" in found[0].message

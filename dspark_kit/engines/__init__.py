@@ -54,6 +54,8 @@ class ServerPlan:
     notes: list[str] = field(default_factory=list)  # warnings to show the user
     decisions: list[str] = field(default_factory=list)  # what was decided and why (informational)
     port_decision: Port | None = None  # where `port` came from (engines/ports.py); None: given by the caller
+    # more ports the process listens on, checked free before it starts: {recipe key (and what): port}
+    other_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:

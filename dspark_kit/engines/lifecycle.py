@@ -4,6 +4,12 @@ The server runs under the kit's one process supervisor (dspark_kit.processes: it
 group, tied to the kit, one stop policy), so `stop()` also ends the workers a server may fork
 (vLLM spawns engine cores); its output goes to a log file whose tail is quoted in every startup
 error, because "server did not become healthy" is useless without the reason the server printed.
+
+A 200 on the port proves nothing by itself: another process may take a port between the kit
+choosing it and the server binding it. So health counts only when the listening socket belongs to
+the started process or one of its descendants (`holds_port`). That works for every engine alike
+(vLLM, whose /health and /v1/models the kit cannot add a token to without changing the ids the
+trainer compares; the local engine; mooncake_master) and needs no cooperation from the server.
 """
 
 from __future__ import annotations
@@ -25,6 +31,28 @@ class ServerStartError(RuntimeError):
     """The server died or never became healthy; the message quotes its log."""
 
 
+def holds_port(pid: int, port: int) -> bool | None:
+    """Whether `pid` or a descendant listens on TCP `port` (read from each process's own network
+    namespace); None when the OS will not say (psutil cannot read the sockets here)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    unknown = False
+    for p in family:
+        try:
+            conns = p.net_connections(kind="inet")
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            unknown = True
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return None if unknown else False
 
 
 class ManagedServer:
@@ -70,6 +98,7 @@ class ManagedServer:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
+                        self._check_identity(url)
                         return
             except (urllib.error.URLError, OSError):
                 pass
@@ -81,6 +110,16 @@ class ManagedServer:
                     + quoted_tail(self.log_path)
                 )
             time.sleep(poll_s)
+
+    def _check_identity(self, url: str) -> None:
+        """Refuse a 200 from a process the kit did not start (module docstring)."""
+        if holds_port(self.proc.pid, self.plan.port) is False:
+            self.stop()
+            key = self.plan.port_decision.key if self.plan.port_decision else "its port"
+            raise ServerStartError(
+                f"{url} answered, but not from the server this command started (pid {self.proc.pid} holds "
+                f"no socket on port {self.plan.port}): another process took the port; stop it, or set {key} "
+                "to another port (0: a free one), then rerun")
 
     def stop(self) -> int | None:
         """The supervisor's stop policy (SIGTERM to the group, grace_s, SIGKILL); returns the exit code."""

@@ -73,3 +73,12 @@ def ensure_free(port: Port, host: str) -> None:
     why = port_in_use(host, port.number)
     if why:
         raise PortBusy(busy_message(port, host, why))
+
+
+def ensure_others_free(ports: dict[str, int]) -> None:
+    """Refuse ports a server listens on besides its own (mooncake_master's RPC and HTTP ports, on
+    every interface) when something holds one, before it starts: it would die or join a stranger."""
+    for key, number in ports.items():
+        if port_in_use("0.0.0.0", number):
+            raise PortBusy(f"{key} {number} is in use: stop what listens there (an earlier run's server?) "
+                           f"or set {key.split()[0]} to a free port")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -9,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_kit.engines import Role, ServerPlan
-from dspark_kit.engines.ports import Port, decide_port, ensure_free
+from dspark_kit.engines.ports import Port, decide_port, ensure_free, ensure_others_free
 from dspark_kit.resolved import Resolved
 
 if TYPE_CHECKING:
@@ -48,9 +51,10 @@ def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:
 
 
 def start_checks(plan: ServerPlan) -> None:
-    """What a server plan needs before it starts: its configured port free (before the model loads)."""
+    """What a server plan needs before it starts: its configured ports free (before the model loads)."""
     if plan.port_decision is not None:
         ensure_free(plan.port_decision, plan.host)
+    ensure_others_free(plan.other_ports)
 
 
 @contextmanager
@@ -89,26 +93,67 @@ def started(plan: ServerPlan, log: Path, timeout: float) -> Iterator[ManagedServ
         yield srv
 
 
+# An external server (hidden_states.endpoint) is watched through its /health: one that has not
+# answered for this long is gone. Long enough to ride out a busy server's slow answer, short
+# enough that training stops soon after (the trainer then gets train.py's STOP_GRACE_S to save).
+EXTERNAL_GONE_AFTER_S = 15.0
+PROBE_TIMEOUT_S = 3.0
+
+
+def health_url(endpoint: str) -> str:
+    """/health of the server behind an OpenAI base URL (with or without /v1)."""
+    from dspark_kit.engines import openai_base_url
+
+    return openai_base_url(endpoint).removesuffix("/v1") + "/health"
+
+
+def probe_health(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when `endpoint`'s /health answers 200, else why not (one phrase)."""
+    try:
+        with urllib.request.urlopen(health_url(endpoint), timeout=timeout) as r:
+            return None if r.status == 200 else f"HTTP {r.status}"
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}"
+    except (urllib.error.URLError, OSError) as e:
+        return str(getattr(e, "reason", e))
+
+
 @dataclass
 class HiddenStateEndpoint:
     """Where hidden states come from: hidden_states.endpoint, or a server this command started."""
 
     url: str
-    server: ManagedServer | None = None  # None: the recipe's endpoint, not ours to watch
+    server: ManagedServer | None = None  # None: the recipe's endpoint, watched through its /health
+    silent_since: float | None = None  # external: when /health last stopped answering
 
     def gone(self) -> str | None:
-        """One line when the server this command started has exited (None while it runs)."""
-        if self.server is None or self.server.alive():
+        """One line when the server is gone (None while it serves): the one this command started
+        has exited, or the external one has not answered /health for EXTERNAL_GONE_AFTER_S."""
+        if self.server is None:
+            return self._external_gone()
+        if self.server.alive():
             return None
         return (f"the hidden-state server {self.url} exited with code {self.server.proc.returncode} "
                 f"({self.server.plan.argv[0]} ...; log {self.server.log_path})")
+
+    def _external_gone(self) -> str | None:
+        why = probe_health(self.url)
+        now = time.monotonic()
+        if why is None:
+            self.silent_since = None
+            return None
+        self.silent_since = self.silent_since or now
+        if now - self.silent_since < EXTERNAL_GONE_AFTER_S:
+            return None
+        return (f"the hidden-state server {self.url} (hidden_states.endpoint) has not answered "
+                f"{health_url(self.url)} for {now - self.silent_since:.0f}s ({why})")
 
 
 @contextmanager
 def hidden_state_server(res: Resolved, plan: ServerPlan | None = None) -> Iterator[HiddenStateEndpoint]:
     """hidden_states.endpoint when given, else a started extraction server (`plan`: the stage plan's)."""
     if res.recipe.hidden_states.endpoint:
-        yield HiddenStateEndpoint(res.recipe.hidden_states.endpoint)
+        yield HiddenStateEndpoint(res.recipe.hidden_states.endpoint)  # not ours: watched, never stopped
         return
     with managed_server(res, "hidden-states", plan=plan) as srv:
         yield HiddenStateEndpoint(srv.base_url, srv)

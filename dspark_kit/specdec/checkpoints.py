@@ -27,12 +27,32 @@ def is_complete(path: Path) -> bool:
     return (path / CONFIG).is_file() and (path / WEIGHTS).is_file()
 
 
+TRAINING_STATE = "training_state.json"  # speculators writes it last into an epoch dir: epoch, local_step, global_step
+INTERRUPTED = "interrupted"  # speculators' save on SIGINT/SIGTERM
+
+
+def training_state(path: Path) -> dict | None:
+    try:
+        state = json.loads((Path(path) / TRAINING_STATE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def mid_epoch(path: Path) -> bool:
+    """A save from inside an epoch (speculators' checkpoint_freq < 1, or an adopted `interrupted`):
+    its training state counts the epoch's steps done so far; an epoch's end records 0."""
+    state = training_state(path) or {}
+    return isinstance(state.get("local_step"), int) and state["local_step"] > 0
+
+
 def complete_epochs(save_path: Path) -> list[int]:
-    """Epoch directories that hold both config.json and model.safetensors."""
+    """Whole epochs: epoch directories that hold config.json and model.safetensors and were not
+    saved mid-epoch (what `latest` and the report count)."""
     if not save_path.is_dir():
         return []
     return sorted(int(p.name) for p in save_path.iterdir()
-                  if p.name.isdigit() and p.is_dir() and not p.is_symlink() and is_complete(p))
+                  if p.name.isdigit() and p.is_dir() and not p.is_symlink() and is_complete(p) and not mid_epoch(p))
 
 
 def _available(save_path: Path) -> str:
@@ -224,3 +244,78 @@ def set_aside_incomplete_checkpoints(checkpoints: Path) -> list[Path]:
             d.rename(target)
             moved.append(target)
     return moved
+
+
+def _aside(d: Path, prefix: str) -> Path:
+    """`d` renamed `<prefix>-<name>` (numbered when taken): kept for a look, ignored by speculators'
+    epoch scan, `latest` and the report (not a number, not `interrupted`)."""
+    target, n = d.with_name(f"{prefix}-{d.name}"), 1
+    while target.exists():
+        target, n = d.with_name(f"{prefix}-{d.name}-{n}"), n + 1
+    d.rename(target)
+    return target
+
+
+def _scheduler_steps(path: Path) -> int | None:
+    """Optimizer steps a save had taken: its LR scheduler's step count (torch's LRScheduler
+    `last_epoch`, one per training step; saved unrounded, unlike the optimizer's bf16 state)."""
+    f = path / "scheduler_state_dict.pt"
+    if not f.is_file():
+        return None
+    import torch
+
+    try:
+        state = torch.load(f, weights_only=True)
+    except Exception:  # noqa: BLE001 - any unreadable file: not adoptable
+        return None
+    first = state[0] if isinstance(state, list) and state else state
+    steps = first.get("last_epoch") if isinstance(first, dict) else None
+    return steps if isinstance(steps, int) else None
+
+
+def adopt_interrupted(checkpoints: Path) -> str | None:
+    """Make speculators resume from the `interrupted` save a SIGINT/SIGTERM left; one line saying
+    what was done, or why the run resumes from the last whole epoch instead (None: none there).
+
+    speculators 0.9.0 saves `interrupted` (model, optimizer, scheduler) without the
+    training_state.json it writes into numbered saves, and its resume scan skips that name with a
+    warning. Its own mid-epoch saves (checkpoint_freq < 1) are numbered dirs whose state records the
+    steps done in that epoch, and it resumes those exactly (fast-skipping the done batches). So the
+    kit numbers `interrupted` as the epoch it stopped in and writes the state speculators would
+    have: the steps come from the scheduler's step count minus the last numbered save's.
+    """
+    src = Path(checkpoints) / INTERRUPTED
+    if not src.is_dir() or src.is_symlink():
+        return None
+    numbered = sorted((p for p in Path(checkpoints).iterdir()
+                       if p.name.isdigit() and p.is_dir() and not p.is_symlink()), key=lambda p: int(p.name))
+    last = numbered[-1] if numbered else None
+    state = training_state(last) if last is not None else {"epoch": -1, "local_step": 0, "global_step": 0}
+    steps = _scheduler_steps(src) if is_complete(src) else None
+    why = None
+    if steps is None:
+        why = ("it records no scheduler step count (speculators' --scheduler-type none, or a save cut off), so the step "
+               "it stopped at is unknown")
+    elif state is None or not all(isinstance(state.get(k), int) for k in ("epoch", "local_step", "global_step")):
+        why = f"{last.name}/{TRAINING_STATE} is unreadable, so the epoch it stopped in is unknown"
+    elif steps <= state["global_step"]:
+        why = (f"it is no later than {last.name} (step {steps} <= {state['global_step']}): it stopped at an "
+               "epoch's end or is left from an earlier run")
+    if why:
+        kept = _aside(src, "unused")
+        return f"{src.name} not resumed from (kept as {kept.name}): {why}; resuming from the last whole epoch"
+    mid = state["local_step"] > 0  # the last save is itself inside its epoch: the same epoch continues
+    epoch = state["epoch"] if mid else state["epoch"] + 1
+    local = (state["local_step"] if mid else 0) + steps - state["global_step"]
+    target = Path(checkpoints) / str(epoch)
+    if target.exists():  # an older save of the same epoch (a mid-epoch one): the interrupted one is later
+        _aside(target, "superseded")
+    src.rename(target)
+    tmp = target / f".{TRAINING_STATE}.tmp"
+    tmp.write_text(json.dumps({"epoch": epoch, "local_step": local, "global_step": steps}))
+    tmp.rename(target / TRAINING_STATE)
+    link = Path(checkpoints) / f"epoch{epoch}_step{local}"  # as speculators names its mid-epoch saves
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to(str(epoch))
+    return (f"{INTERRUPTED} resumed from: renamed {epoch} (epoch {epoch}, {local} steps into it, global step "
+            f"{steps}), a mid-epoch save speculators continues from")

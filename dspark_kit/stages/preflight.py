@@ -454,50 +454,11 @@ def check_lengths(ctx: _Context) -> list[Finding]:
     return out
 
 
-ROOM_ROWS = 200  # rows of a local data source preflight renders to find regen's longest prompt
-
-
 def check_prompt_room(ctx: _Context) -> list[Finding]:
-    """regen.max_tokens plus the longest prompt regen will send fits serve.max_model_len, measured on
-    the first ROOM_ROWS rows of a local or builtin data.source with the verifier's own chat template
-    (a hub dataset is not fetched here). A row past it is a 400: an error once those rows exceed
-    regen's failure budget (regen.max_failed_fraction), else a warning."""
-    r = ctx.recipe
-    limit, source = r.serve.max_model_len, r.data.source
-    if limit is None or not r.regen.enabled or r.regen.max_tokens >= limit:  # check_lengths said it
-        return []
-    if not (source.startswith("builtin:") or Path(source).is_file()) or not Path(ctx.verifier_path).is_dir():
-        return []
-    if not has_tokenizer_files(Path(ctx.verifier_path)):
-        return []
-    from transformers import AutoTokenizer
+    """regen.max_tokens plus the longest prompt regen will send fits serve.max_model_len (preflight_requests)."""
+    from dspark_kit.stages.preflight_requests import prompt_room
 
-    from dspark_kit.data.chat import render
-    from dspark_kit.data.sources import SourceError, iter_source
-
-    try:
-        tok = AutoTokenizer.from_pretrained(ctx.verifier_path, trust_remote_code=r.verifier.trust_remote_code)
-        rows = [msgs for _, msgs in iter_source(r.data, limit=ROOM_ROWS)]
-    except (OSError, ValueError, TypeError, SourceError):
-        return []  # check_mask / the data checks name what does not load
-    lengths = []
-    for msgs in rows:  # regen's longest request of a row: the history before its last assistant turn
-        last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=len(msgs))
-        try:
-            text = render(tok, msgs[:last], r.verifier.thinking, add_generation_prompt=True)
-        except Exception:  # noqa: BLE001, S112 - a template that refuses a row: prepare reports it, not this check
-            continue
-        lengths.append(len(tok(text, add_special_tokens=False)["input_ids"]))
-    over = [n for n in lengths if n + r.regen.max_tokens > limit]
-    if not over:
-        return []
-    share = len(over) / len(lengths)
-    level = "error" if share > r.regen.max_failed_fraction else "warning"
-    return [Finding(level, "prompt-room", (
-        f"{len(over)} of the first {len(lengths)} rows of data.source have a prompt of up to {max(over)} tokens: "
-        f"with regen.max_tokens {r.regen.max_tokens} that passes serve.max_model_len {limit}, and the server refuses "
-        f"each (a 400; {share:.0%} of rows against regen.max_failed_fraction {r.regen.max_failed_fraction}); raise "
-        f"serve.max_model_len to {max(over) + r.regen.max_tokens} or lower regen.max_tokens"))]
+    return prompt_room(ctx.res)
 
 
 def check_engine(ctx: _Context) -> list[Finding]:
@@ -536,9 +497,16 @@ def check_ports(ctx: _Context) -> list[Finding]:
     return out
 
 
+def check_endpoints(ctx: _Context) -> list[Finding]:
+    """External servers' /v1/models against the names the trainer and regen will send (preflight_endpoints)."""
+    from dspark_kit.stages.preflight_endpoints import endpoint_findings
+
+    return endpoint_findings(ctx.res)
+
+
 CHECKS = [check_verifier, check_memory, check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask,
           check_windows, check_checkpoint, check_engine, check_parallel, check_lengths, check_prompt_room, check_ports,
-          check_multinode, check_transport, check_storage]  # fmt: skip
+          check_multinode, check_transport, check_storage, check_endpoints]  # fmt: skip
 
 
 def _context(res: Resolved, checkpoints: bool = True) -> _Context:

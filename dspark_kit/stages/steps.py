@@ -156,7 +156,8 @@ def plan_train(res: Resolved) -> StagePlan:
             from dspark_kit.engines import ServerPlan
 
             mc = res.mooncake
-            master = ServerPlan(argv=mc.master_argv(), host="127.0.0.1", port=mc.admin_port)
+            master = ServerPlan(argv=mc.master_argv(), host="127.0.0.1", port=mc.admin_port,
+                                other_ports=mc.master_ports())
             if mc.start_on_node == recipe.train.node_rank:
                 processes.append(Process("mooncake master", master))
             lines += [*mc.node_lines(), "# mooncake master (node 0)", shell_line(master.argv, {})]
@@ -195,6 +196,7 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
 
     from dspark_kit.logs import log_since
     from dspark_kit.rendezvous import rendezvous_for, store_failure, wait_for_store
+    from dspark_kit.specdec.checkpoints import adopt_interrupted
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
     from dspark_kit.stages.training.train import (
@@ -208,22 +210,25 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
     enforce(res, "train", log=reporter.note)
     for d in set_aside_incomplete_checkpoints(run.checkpoints):
         reporter.note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
+    if (adopted := adopt_interrupted(run.checkpoints)) is not None:
+        reporter.note(f"train: {adopted}")
     t0 = time.time()
     trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
     rdzv = rendezvous_for(recipe, res.train_device.value) if recipe.train.nnodes > 1 else None
     if rdzv is not None:
         wait_for_store(rdzv)  # node K > 0: node 0's store answers within rdzv_timeout, else one line
     with ExitStack() as stack:
-        endpoint = None  # offline, or the recipe's endpoint: nothing to watch
+        endpoint = None  # offline: nothing to watch
         master, server = plan.process("mooncake master"), plan.process("hidden-state server")
         if master is not None:  # before the server that joins it (transport mooncake)
             from dspark_kit.engines.servers import started
 
             stack.enter_context(started(master.server, run.mooncake_log, recipe.serve.startup_timeout))
-        if server is not None:
+        if server is not None or (recipe.hidden_states.mode == "online" and recipe.hidden_states.endpoint):
             from dspark_kit.engines.servers import hidden_state_server
 
-            endpoint = stack.enter_context(hidden_state_server(res, server.server))
+            # the one started here, or the recipe's endpoint: both watched while training uses them
+            endpoint = stack.enter_context(hidden_state_server(res, server.server if server else None))
         update_manifest(run.root, recipe, "train", resolved=res, argv=trainer.argv, env=trainer.env)
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
@@ -231,7 +236,8 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
         code, gone = run_training(trainer, log, watch=endpoint.gone if endpoint else None, reporter=reporter)
     res.checkpoints_changed()
     if gone:
-        raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume from the last whole epoch")
+        raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume (from the checkpoint "
+                           "speculators saves when stopped, else the last whole epoch)")
     if code != 0:
         lost = store_failure(log_since(log, since), rdzv) if rdzv is not None else None
         raise RuntimeError(lost or training_failure(code, log, since, endpoint.url if endpoint else None))

@@ -316,7 +316,8 @@ def training_stopped_line(run: RunDir) -> str | None:
         return None
     how = "interrupted or failed" if status else "fewer whole epochs than train.epochs"
     return (f"**Training stopped after epoch {done} of {planned}** ({how}): `dspark-kit run --replay {run.root}` "
-            "resumes it from the last whole epoch (finished stages are skipped).")
+            "resumes it where it stopped (speculators' `interrupted` save, else the last whole epoch; finished "
+            "stages are skipped).")
 
 
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
