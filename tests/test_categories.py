@@ -124,3 +124,23 @@ def test_tiny_category_prompts_group_the_held_out_set(tmp_path):
     for s in sets:
         assert len(s.chats) == 3 and all(task_kind(c[0]["content"]) == s.name[5:] for c in s.chats)
         assert all(held[i][:1] == c for i, c in zip(s.ids, s.chats, strict=True))  # held-out rows, prompt only
+
+
+def test_eval_table_and_report_plot_per_category(tmp_path):
+    from dspark_kit.stages.evaluation.evaluate import category_markdown
+    from dspark_kit.stages.pipeline import highlights
+    from dspark_kit.stages.reporting.report import build_report
+
+    rows = [{"category": "tiny/count", "count": 3, "acceptance_length": 3.25, "per_position_acceptance": [0.9, 0.8]},
+            {"category": "gsm8k", "count": 2, "acceptance_length": 1.5, "per_position_acceptance": [0.4]}]
+    md = "\n".join(category_markdown(rows))
+    assert "| tiny/count | 3 | 3.250 | 0.900 | 0.800 |" in md and "| gsm8k | 2 | 1.500 | 0.400 | – |" in md
+    (tmp_path / "eval").mkdir()
+    ev = {"acceptance_length": 2.0, "per_position_acceptance": [0.6, 0.4], "categories": rows, "runs": []}
+    (tmp_path / "eval" / "eval.json").write_text(json.dumps(ev))
+    report = build_report(tmp_path).read_text()
+    assert "| eval [tiny/count] | 3.250 | 0.900, 0.800 |" in report
+    assert (tmp_path / "report" / "eval_categories.png").stat().st_size > 1000
+    assert "eval_categories.png" in report
+    tail = highlights(tmp_path)
+    assert tail[-len(rows):] == md.splitlines()[-len(rows):]  # the run ends with the table

@@ -177,10 +177,6 @@ def highlights(workdir: Path) -> list[str]:
         e = json.loads(ev.read_text())
         pos = ", ".join(f"{p:.3f}" for p in e.get("per_position_acceptance", []))
         lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
-        if e.get("categories"):
-            from dspark_kit.stages.evaluation.evaluate import category_markdown
-
-            lines += ["eval: acceptance per category (held-out prompts)", *category_markdown(e["categories"])[3:]]
     from dspark_kit.stages.evaluation.served_gate import side_by_side
 
     for b in sorted(run.bench.glob("bench_*.json")):
@@ -193,4 +189,9 @@ def highlights(workdir: Path) -> list[str]:
     rep = run.report_md
     if rep.exists():
         lines.append(f"report: {rep}")
+    categories = json.loads(ev.read_text()).get("categories") if ev.exists() else None
+    if categories:  # last: the figure to compare drafts by
+        from dspark_kit.stages.evaluation.evaluate import category_markdown
+
+        lines += ["eval: acceptance per category", *category_markdown(categories)[3:]]
     return lines

@@ -252,7 +252,8 @@ def _eval_rows(obj: Any, name: str) -> list[tuple[str, dict]]:
             ctx, category = obj.get("context_length"), obj.get("category")
             if category is not None:
                 return [(f"{name} [{category}]", obj)]
-            return [(f"{name} @ {ctx}" if ctx is not None else name, obj)]
+            per_category = [r for c in obj.get("categories") or [] for r in _eval_rows(c, name)]
+            return [(f"{name} @ {ctx}" if ctx is not None else name, obj), *per_category]
         return [r for k, v in obj.items() for r in _eval_rows(v, name)]
     if isinstance(obj, list):
         return [r for v in obj for r in _eval_rows(v, name)]
