@@ -72,9 +72,11 @@ def category_bars(path: Path, results: dict[str, list[dict]], *, title: str = "A
     left.set_xticks(range(len(names)), names, rotation=30, ha="right")
     left.set(title=title, ylabel="acceptance length")
     left.grid(axis="y", alpha=0.3)
+    k = max((len(r.get("per_position_acceptance") or []) for rows in results.values() for r in rows), default=0)
+    right.set_xticks(range(k), [f"pos{i}" for i in range(k)])
     right.set(title="Per-position acceptance", xlabel="draft position", ylabel="accepted / drafts")
     right.grid(alpha=0.3)
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: one entry per line
     if any(results):
         left.legend(fontsize=8)
     return _save(fig, path)
