@@ -158,6 +158,15 @@ def test_cli_eval_json_and_errors(workdir):
     assert (workdir / "cli_eval" / "eval.md").is_file()
     bad = runner.invoke(app, [*base, "--checkpoint", "7"])
     assert bad.exit_code == 2 and "checkpoint" in bad.output
+    # --categories: the flag wins over eval.categories ([tiny] in the recipe); a misspelt name is one line
+    gsm = workdir / "gsm8k_test.jsonl"
+    gsm.write_text(json.dumps({"question": "Count from 3 to 9.", "answer": "#### 3, 4, 5, 6, 7, 8, 9"}) + "\n")
+    res = runner.invoke(app, [*base, "--json", "--out", str(workdir / "cli_cat"), "--categories", f"gsm8k={gsm}"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["categories"]
+    assert row["category"] == "gsm8k" and row["count"] == 1 and row["acceptance_length"] >= 1.0
+    bad = runner.invoke(app, [*base, "--categories", "gsm9k"])
+    assert bad.exit_code != 0 and "--categories: category 'gsm9k': unknown" in bad.output
 
 
 @pytest.mark.slow
