@@ -286,3 +286,45 @@ def test_against_local_engine(tmp_path, tiny_verifier):
     assert r["metrics_available"] is True
     assert r["spec_decode"] is None  # role chat has no draft
     assert r["streamed"] is True and 0 < r["mean_ttft_ms"] < r["mean_e2el_ms"] and r["mean_tpot_ms"] > 0
+
+
+class CategoryStub(StubServer):
+    """Accepts less on GSM8K-style prompts (one accepted token fewer at the last position), so each
+    category's /metrics window has figures of its own."""
+
+    def _count(self) -> None:
+        super()._count()
+        last = self.bodies[-1]["messages"][-1]["content"] if self.bodies else ""
+        if not last.startswith("Natalia"):  # counters only go up: the other prompts get one more
+            self.acc.inc(1)
+            self.per_pos[-1].inc(1)
+
+
+def test_categories_each_get_their_window_and_compare_side_by_side(serve, tmp_path):
+    from dspark_kit.stages.reporting.report import compare
+
+    gsm = tmp_path / "gsm8k.jsonl"
+    gsm.write_text(json.dumps({"question": "Natalia sold 48 clips. How many?", "answer": "#### 72"}) + "\n")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"prompt": f"hello {i}"}) + "\n" for i in range(5)))
+    _, url = serve(CategoryStub("stream"))
+    files = []
+    for label in ("a", "b"):
+        r = run_bench(Resolved(_recipe(tmp_path)), url, label=label, num_prompts=2,
+                      categories=f"gsm8k={gsm},chat={chat}")
+        files.append(tmp_path / "run" / "bench" / f"bench_{label}.json")
+    cats = {c["category"]: c for c in r["categories"]}
+    assert list(cats) == ["gsm8k", "chat"] and cats["gsm8k"]["count"] == 1 and cats["chat"]["count"] == 2
+    # one request of 4 drafts accepting 3, 2, 1; two requests accepting 3, 2, 2 each
+    assert cats["gsm8k"]["acceptance_length"] == pytest.approx(1 + 6 / 4)
+    assert cats["gsm8k"]["per_position_acceptance"] == pytest.approx([3 / 4, 2 / 4, 1 / 4])
+    assert cats["chat"]["acceptance_length"] == pytest.approx(1 + 14 / 8)
+    assert cats["chat"]["per_position_acceptance"] == pytest.approx([6 / 8, 4 / 8, 4 / 8])
+    md, written = compare(files, tmp_path / "cmp.md")
+    table = md.split("**Acceptance per category**")[1]
+    assert "| category | a | b |" in table
+    assert "| gsm8k | 2.500 (0.75, 0.50, 0.25) | 2.500 (0.75, 0.50, 0.25) |" in table
+    assert "| chat | 2.750 (0.75, 0.50, 0.50) |" in table
+    assert any(p.name == "cmp_categories.png" and p.stat().st_size > 1000 for p in written)
+    with pytest.raises(BenchError, match="category 'nope': unknown"):
+        run_bench(Resolved(_recipe(tmp_path)), url, label="c", categories="nope")

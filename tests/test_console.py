@@ -197,6 +197,10 @@ def test_a_piped_run_is_short_and_plain_and_ends_with_the_table(tmp_path, tiny_v
         assert f"> {stage}" in lines and any(ln.startswith(f"- {stage} in ") for ln in lines), stage
     table = next(i for i, ln in enumerate(lines) if "dspark-kit run" in ln)
     assert all(not ln.startswith(("> ", "- ")) for ln in lines[table:])  # the table and where things are, last
+    tail = proc.stderr.splitlines()  # the run ends with acceptance per task template (eval.categories [tiny])
+    heading = tail.index("eval: acceptance per category")
+    assert tail[heading + 1].startswith("| category | prompts | acceptance length | pos0 |")
+    assert len(tail) - heading - 3 >= 4 and all(ln.startswith("| tiny/") for ln in tail[heading + 3:])
     logs = wd / "logs"
     assert "global_step" in (logs / "train.log").read_text()  # in full, in the run folder
     assert (logs / "stage-prepare.log").stat().st_size > 0 and (logs / "spec-server.log").is_file()

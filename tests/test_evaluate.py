@@ -108,6 +108,18 @@ def test_run_eval_outputs_and_context_sweep(workdir):
     long_runs = [x for x in s["runs"] if x["context_length"] == 160]
     assert sorted(x["window"] or 0 for x in long_runs) == [0, 32]
     assert all(150 <= x["mean_prompt_tokens"] <= 200 for x in long_runs)
+    # the recipe's eval.categories [tiny]: one row per task template, each of its own prompts
+    from dspark_kit.data.tiny_corpus import TASK_KINDS
+
+    cats = s["categories"]
+    assert [c["category"] for c in cats] == [f"tiny/{k}" for k in TASK_KINDS]
+    for c in cats:
+        assert c["count"] == r.eval.num_prompts == c["num_requests"] and c["num_drafts"] > 0
+        assert c["acceptance_length"] == pytest.approx(1 + sum(c["per_position_acceptance"]), abs=1e-3)
+    assert len({c["acceptance_length"] for c in cats}) > 1  # the templates differ, and so does acceptance
+    md = (workdir / "eval" / "eval.md").read_text()
+    assert "## Acceptance per category" in md and f"| tiny/count | {r.eval.num_prompts} |" in md
+    assert (workdir / "eval" / "eval_categories.png").stat().st_size > 1000
     files = {k: Path(v) for k, v in s["files"].items()}
     assert {"json", "markdown", "positions_png", "context_png"} <= files.keys()
     assert all(f.is_file() and f.stat().st_size > 0 for f in files.values())
@@ -146,6 +158,15 @@ def test_cli_eval_json_and_errors(workdir):
     assert (workdir / "cli_eval" / "eval.md").is_file()
     bad = runner.invoke(app, [*base, "--checkpoint", "7"])
     assert bad.exit_code == 2 and "checkpoint" in bad.output
+    # --categories: the flag wins over eval.categories ([tiny] in the recipe); a misspelt name is one line
+    gsm = workdir / "gsm8k_test.jsonl"
+    gsm.write_text(json.dumps({"question": "Count from 3 to 9.", "answer": "#### 3, 4, 5, 6, 7, 8, 9"}) + "\n")
+    res = runner.invoke(app, [*base, "--json", "--out", str(workdir / "cli_cat"), "--categories", f"gsm8k={gsm}"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["categories"]
+    assert row["category"] == "gsm8k" and row["count"] == 1 and row["acceptance_length"] >= 1.0
+    bad = runner.invoke(app, [*base, "--categories", "gsm9k"])
+    assert bad.exit_code != 0 and "--categories: category 'gsm9k': unknown" in bad.output
 
 
 @pytest.mark.slow
@@ -174,7 +195,7 @@ def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path, tiny_
     prompts = write_eval_prompts(tmp_path / "prompts.jsonl", 8)
     untrained = save_draft(fresh_draft(tiny_verifier), tmp_path / "untrained")
     r = recipe(workdir, "serve.num_speculative_tokens=4")
-    kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": 4, "max_new_tokens": 24}
+    kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": 4, "max_new_tokens": 24, "categories": []}
     trained_al = run_eval(Resolved(r, workdir, window="off"), out_dir=tmp_path / "t", **kw)["acceptance_length"]
     untrained = Resolved(r, workdir, checkpoint=untrained, window="off")
     untrained_al = run_eval(untrained, out_dir=tmp_path / "u", **kw)["acceptance_length"]

@@ -37,6 +37,9 @@ def register(app: typer.Typer) -> None:
         dataset: Annotated[str, option(
             "prompts", help="'builtin' (the tiny corpus's held-out prompts, eval's default on tiny data, in eval's order) "
             "or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
+        categories: Annotated[str | None, option(
+            "categories", help="Also benchmark these prompt sets one after another, acceptance per category from "
+            "/metrics deltas (default: bench.categories).")] = None,
         label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
         out: Annotated[Path | None, option(
             "out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,
@@ -79,7 +82,7 @@ def register(app: typer.Typer) -> None:
         out_dir = out or res.run.bench
         try:
             result = run_bench(res, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
-                               max_tokens=max_tokens, dataset=dataset)
+                               max_tokens=max_tokens, dataset=dataset, categories=categories)
         except (BenchError, MetricsError) as e:
             fail(str(e))
         if json_out:

@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
         eval_device: Annotated[str | None, option(
             "eval_device", help="auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft. Default: where "
                                 "training runs (train.device); float32 on cpu, verifier.dtype on accelerators.")] = None,
+        categories: Annotated[str | None, option("categories", help="Default: eval.categories.")] = None,
         out: Annotated[Path | None, option("out", help="Output dir (default <workdir>/eval).")] = None,
         json_out: JsonOpt = False,
     ) -> None:
@@ -72,18 +73,26 @@ def register(app: typer.Typer) -> None:
         before loading (measure it served: `dspark-kit tune --served`). Example:
 
           dspark-kit eval -r recipes/tiny-cpu.yaml --context-lengths 512,1024
+
+        With --categories (eval.categories) it also measures named prompt sets one by one and
+        writes a table of acceptance per category, e.g. --categories gsm8k,humaneval=he.jsonl,tiny.
         """
+        from dspark_kit.data.categories import CategoryError, parse_categories
         from dspark_kit.specdec.checkpoints import CheckpointError
         from dspark_kit.specdec.draft_model import DraftLoadError
         from dspark_kit.stages.evaluation.evaluate import EvalError, run_eval
 
         # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
         res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device)
+        try:  # a misspelt name fails before the models load
+            chosen = parse_categories(categories if categories is not None else res.recipe.eval.categories)
+        except CategoryError as e:
+            fail(f"{'--categories' if categories is not None else 'eval.categories'}: {e}")
         try:
             summary = run_eval(
                 res, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,
                 max_new_tokens=max_new_tokens, context_lengths=parse_int_list(context_lengths, "--context-lengths"),
-                out_dir=out, log=lambda m: console.print(m, highlight=False),
+                out_dir=out, categories=chosen, log=lambda m: console.print(m, highlight=False),
             )
         except (EvalError, CheckpointError, DraftLoadError) as e:
             fail(str(e))

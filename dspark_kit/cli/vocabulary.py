@@ -51,6 +51,9 @@ VOCABULARY: dict[str, Flag] = {
     "prompts": Flag(("--prompts",), "Prompts to send: a chat jsonl (conversations/messages/prompt; the first "
                                     "user turn is sent) or plain text lines.",
                     aliases=("--dataset",), dests=("prompts", "dataset")),
+    "categories": Flag(("--categories",), "Named prompt sets, one acceptance figure each, comma-separated: "
+                                          "mt-bench, gsm8k, humaneval, alpaca, summarization, qa, tiny, NAME=FILE; "
+                                          "none: off.", dests=("categories",)),
     "num_prompts": Flag(("--num-prompts",), "How many prompts to send.", dests=("num_prompts",)),
     "concurrency": Flag(("--concurrency",), "Requests in flight.", dests=("concurrency",)),
     "endpoint": Flag(("--endpoint", "-e"), "A running OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 "

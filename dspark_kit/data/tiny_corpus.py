@@ -41,6 +41,10 @@ def _pick(rng: random.Random, group: str) -> str:
     return rng.choice(vocabulary()[group])
 
 
+# the task templates in _task's order: each one names an eval category of the tiny corpus
+TASK_KINDS = ("describe", "story", "count", "poem", "sentence", "title")
+
+
 def _task(rng: random.Random) -> tuple[str, str, str]:
     """(prompt, reply, one-line reasoning) for one randomly chosen task.
 
@@ -76,6 +80,19 @@ def _task(rng: random.Random) -> tuple[str, str, str]:
     return (f"Give me a title for a book about the {a} {n}.",
             f"\"The {a} {n}\" is a good title for a book about a {a} {n}.",
             f"A title about the {n}.")
+
+
+_OPENINGS = (("Describe the ", "describe"), ("Tell a story ", "story"), ("Count from ", "count"),
+             ("Write a poem ", "poem"), ("Make a sentence ", "sentence"), ("Give me a title ", "title"))
+
+
+def task_kind(prompt: str) -> str:
+    """Which of TASK_KINDS a tiny-corpus prompt is (its template's opening words say it)."""
+    for opening, kind in _OPENINGS:
+        if prompt.startswith(opening):
+            return kind
+    raise ValueError(f"not a tiny-corpus prompt: {prompt[:40]!r}")
+
 
 
 def conversation(rng: random.Random, max_turns: int = 2) -> list[dict[str, str]]:

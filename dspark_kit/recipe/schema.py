@@ -230,6 +230,13 @@ class ServeCfg(_Section):
         return v
 
 
+def _categories_help(count: str) -> str:
+    return (f"named prompt sets measured one by one, {count} prompts each, one acceptance figure each: mt-bench, "
+            "gsm8k, humaneval, alpaca, summarization, qa (Spec-Bench's, from the hub with `datasets`), NAME=FILE (a "
+            "local file with the hub set's columns, or a chat jsonl of your own), tiny (the tiny corpus, one category "
+            "per task template); [] measures the one prompt set")
+
+
 class BenchCfg(_Section):
     num_prompts: int = Field(10, ge=1)
     min_served_fraction: float | None = Field(
@@ -238,6 +245,7 @@ class BenchCfg(_Section):
     concurrency: int = Field(10, ge=1)
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0)
+    categories: list[str] = Field(default_factory=list, description=_categories_help("bench.num_prompts"))
 
 
 class EvalCfg(_Section):
@@ -245,6 +253,7 @@ class EvalCfg(_Section):
     max_new_tokens: int = Field(64, ge=1)
     context_lengths: list[int] = Field(default_factory=list)
     confidence_threshold: float | None = Field(None, ge=0, le=1)
+    categories: list[str] = Field(default_factory=list, description=_categories_help("eval.num_prompts"))
 
 
 class Recipe(_Section):

@@ -189,4 +189,9 @@ def highlights(workdir: Path) -> list[str]:
     rep = run.report_md
     if rep.exists():
         lines.append(f"report: {rep}")
+    categories = json.loads(ev.read_text()).get("categories") if ev.exists() else None
+    if categories:  # last: the figure to compare drafts by
+        from dspark_kit.stages.evaluation.evaluate import category_markdown
+
+        lines += ["eval: acceptance per category", *category_markdown(categories)[3:]]
     return lines

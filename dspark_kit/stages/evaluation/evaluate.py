@@ -144,9 +144,10 @@ def verify_budget(session: EvalSession, prompts: list[list[int]], max_new_tokens
 def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool = False,
              num_prompts: int | None = None, max_new_tokens: int | None = None,
              context_lengths: list[int] | None = None, out_dir: Path | None = None,
-             log=lambda _msg: None) -> dict:
+             categories: list[str] | None = None, log=lambda _msg: None) -> dict:
     """Measure acceptance on held-out prompts (stages.heldout); write eval.json (with the prompts'
-    source and ids), eval.md and plots under out_dir (default <workdir>/eval)."""
+    source and ids), eval.md and plots under out_dir (default <workdir>/eval). `categories`
+    (default eval.categories): named prompt sets measured one by one, num_prompts each."""
     recipe = res.recipe
     num_prompts = num_prompts or recipe.eval.num_prompts
     max_new = max_new_tokens or recipe.eval.max_new_tokens
@@ -172,6 +173,8 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
                 log(f"eval: context {length} window {w}")
                 runs.append({"context_length": length, **session.measure(prompts, max_new, w, thr)})
     budget = verify_budget(session, short, max_new, window, session.k, fixed=headline if thr is None else None)
+    per_category = measure_categories(session, res, recipe.eval.categories if categories is None else categories,
+                                      num_prompts, max_new, window, thr, log)
     summary = {
         "checkpoint": str(session.checkpoint),
         "verifier": session.verifier_path,
@@ -190,9 +193,29 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
                                     "tokens_per_verifier_forward", "wall_s", "num_drafts")},
         "runs": runs,
         "verify_budget": budget,
+        "categories": per_category,
     }
     summary["files"] = write_outputs(summary, Path(out_dir) if out_dir else res.run.eval)
     return summary
+
+
+def measure_categories(session: EvalSession, res: Resolved, specs: list[str], num_prompts: int, max_new: int,
+                       window: int | None, thr: float | None, log=lambda _msg: None) -> list[dict]:
+    """Acceptance per named prompt set (data.categories), each aggregated as the headline is."""
+    from dspark_kit.data.categories import CategoryError, parse_categories
+    from dspark_kit.stages.evaluation.heldout import category_prompts
+
+    try:
+        sets = category_prompts(res, parse_categories(specs), num_prompts, session.tokenizer,
+                                where="eval.categories / --categories")
+    except CategoryError as e:
+        raise EvalError(str(e)) from None
+    out = []
+    for found in sets:
+        log(f"eval: category {found.name}: {len(found.chats)} prompts")
+        prompts = build_prompts(session.tokenizer, found.chats, len(found.chats), res.recipe.verifier.thinking)
+        out.append({**found.record(), **session.measure(prompts, max_new, window, thr)})
+    return out
 
 
 def stage_eval(res: Resolved) -> dict:
@@ -219,8 +242,26 @@ def markdown(summary: dict) -> str:
         per = ", ".join(f"{x:.3f}" for x in r["per_position_acceptance"])
         lines.append(f"| {r['context_length'] or 'short'} | {r['mean_prompt_tokens']} | {r['window'] or 'off'} | "
                      f"{r['acceptance_length']} | {per} | {r['tokens_per_verifier_forward']} | {r['wall_s']} |")
+    lines += category_markdown(summary.get("categories"))
     lines += budget_markdown(summary.get("verify_budget"))
     return "\n".join(lines) + "\n"
+
+
+def category_markdown(rows: list[dict] | None) -> list[str]:
+    """Acceptance length and per-position acceptance, one row per category."""
+    if not rows:
+        return []
+    k = max(len(r.get("per_position_acceptance") or []) for r in rows)
+    out = ["", "## Acceptance per category", "",
+           "| category | prompts | acceptance length | " + " | ".join(f"pos{i}" for i in range(k)) + " |",
+           "|---|---|---|" + "---|" * k]
+    for r in rows:
+        per = list(r.get("per_position_acceptance") or [])
+        cells = [f"{x:.3f}" for x in per] + ["–"] * (k - len(per))
+        al = r.get("acceptance_length")
+        out.append(f"| {r['category']} | {r.get('count', '–')} | {'–' if al is None else f'{al:.3f}'} | "
+                   + " | ".join(cells) + " |")
+    return out
 
 
 def budget_markdown(budget: dict | None) -> list[str]:
@@ -242,11 +283,14 @@ def budget_markdown(budget: dict | None) -> list[str]:
 
 
 def write_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
-    from dspark_kit.stages.reporting.plots import grouped_bars, lines
+    from dspark_kit.stages.reporting.plots import category_bars, grouped_bars, lines
 
     files = {"json": out_dir / "eval.json", "markdown": out_dir / "eval.md", "positions_png": out_dir / "eval_positions.png"}
     grouped_bars(files["positions_png"], {"acceptance": summary["per_position_acceptance"]},
                  title="Per-position acceptance (short prompts)", xlabel="draft position", ylabel="accepted / drafts")
+    if summary.get("categories"):
+        files["categories_png"] = out_dir / "eval_categories.png"
+        category_bars(files["categories_png"], {"": summary["categories"]})
     long_runs = [r for r in summary["runs"] if r["context_length"]]
     if long_runs:
         series = {}

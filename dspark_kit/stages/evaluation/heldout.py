@@ -197,3 +197,29 @@ def plan_line(res: Resolved) -> str:
         return "prompts: the tiny corpus's held-out set"
     return (f"prompts: speculators' validation split of DIR/prepared (train.train_data_ratio "
             f"{res.recipe.train.train_data_ratio})")
+
+
+def category_prompts(res: Resolved, specs: list[str], per_category: int, tokenizer=None,
+                     where: str = "--categories") -> list:
+    """Each category's prompts (data.categories.CategoryPrompts), at most `per_category` each, in
+    the order asked; `tiny` stands for one category per task template of the tiny corpus's held-out
+    set (the prompts eval and bench measure by default on the tiny data, grouped by template)."""
+    from dspark_kit.data.categories import TINY, CategoryPrompts, load_category
+    from dspark_kit.data.tiny_corpus import TASK_KINDS, task_kind
+
+    out = []
+    for spec in specs:
+        if spec != TINY:
+            out.append(load_category(spec, per_category, where))
+            continue
+        # six templates drawn at random: twice the share of each keeps every kind filled
+        found = tiny_held_out(res, 2 * len(TASK_KINDS) * per_category, tokenizer)
+        by_kind: dict[str, CategoryPrompts] = {
+            k: CategoryPrompts(f"tiny/{k}", found.source, [], []) for k in TASK_KINDS}
+        for i, chat in zip(found.ids, found.chats, strict=True):
+            group = by_kind[task_kind(chat[0]["content"])]
+            if len(group.chats) < per_category:
+                group.chats.append(until_last_user(chat))
+                group.ids.append(i)
+        out += [g for g in by_kind.values() if g.chats]
+    return out

@@ -51,3 +51,32 @@ def lines(path: Path, series: dict[str, tuple[list[float], list[float]]], *, tit
     if len(series) > 1:
         ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def category_bars(path: Path, results: dict[str, list[dict]], *, title: str = "Acceptance per category") -> Path:
+    """Left: acceptance length per category, one colour per result (checkpoint); right: per-position
+    acceptance, one line per category (and result). `results`: label -> rows with category,
+    acceptance_length and per_position_acceptance (eval.json / bench json "categories")."""
+    names = list(dict.fromkeys(r["category"] for rows in results.values() for r in rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(9.0, 3.0 + 1.1 * len(names)), 3.8))
+    width = 0.8 / max(1, len(results))
+    for i, (label, rows) in enumerate(results.items()):
+        by_name = {r["category"]: r for r in rows}
+        xs = [k + (i - (len(results) - 1) / 2) * width for k in range(len(names))]
+        left.bar(xs, [(by_name.get(n) or {}).get("acceptance_length") or 0.0 for n in names], width=width,
+                 label=label or None)
+        for r in rows:
+            per = r.get("per_position_acceptance") or []
+            right.plot(range(len(per)), per, marker="o", lw=1.2,
+                       label=f"{label}: {r['category']}" if label else r["category"])
+    left.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    left.set(title=title, ylabel="acceptance length")
+    left.grid(axis="y", alpha=0.3)
+    k = max((len(r.get("per_position_acceptance") or []) for rows in results.values() for r in rows), default=0)
+    right.set_xticks(range(k), [f"pos{i}" for i in range(k)])
+    right.set(title="Per-position acceptance", xlabel="draft position", ylabel="accepted / drafts")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: one entry per line
+    if any(results):
+        left.legend(fontsize=8)
+    return _save(fig, path)

@@ -94,7 +94,11 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
         row("requests ok / failed", [f"{r.get('completed', NA)} / {r.get('failed', NA)}" for r in results]),
         row("concurrency", [_fmt(r.get("concurrency")) for r in results]),
     ]
-    table = _table(["metric", *[str(r.get("label", f"run{i}")) for i, r in enumerate(results)]], rows)
+    labels = [str(r.get("label", f"run{i}")) for i, r in enumerate(results)]
+    table = _table(["metric", *labels], rows)
+    per_category = category_table(dict(zip(labels, (r.get("categories") or [] for r in results), strict=True)))
+    if per_category:
+        table += "\n\n**Acceptance per category** (acceptance length; per-position acceptance)\n\n" + per_category
     notes = []
     if any(not r.get("spec_decode") for r in results):
         notes.append(f"{NA} in acceptance rows: the server reported no speculative drafts "
@@ -102,6 +106,29 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
     if any(r.get("streamed") is False for r in results):
         notes.append("A server that did not stream: TTFT = full latency, TPOT = latency / output tokens.")
     return table + "".join(f"\n\n{n}" for n in notes)
+
+
+def category_table(results: dict[str, list[dict]]) -> str | None:
+    """One row per category, one column per result (checkpoint): `AL (pos0, pos1, ...)`; None
+    when no result measured categories."""
+    names = list(dict.fromkeys(r["category"] for rows in results.values() for r in rows))
+    if not names:
+        return None
+
+    def cell(row: dict | None) -> str:
+        if not row or row.get("acceptance_length") is None:
+            return NA
+        return f"{_fmt(row['acceptance_length'])} ({', '.join(_fmt(x, 2) for x in per_position(row))})"
+
+    by = {label: {r["category"]: r for r in rows} for label, rows in results.items()}
+    return _table(["category", *results], [[n, *[cell(by[label].get(n)) for label in results]] for n in names])
+
+
+def category_png(results: dict[str, list[dict]], path: Path, title: str) -> Path | None:
+    from dspark_kit.stages.reporting.plots import category_bars
+
+    results = {k: v for k, v in results.items() if v}
+    return category_bars(path, results, title=title) if results else None
 
 
 def per_position_png(results: list[dict[str, Any]], path: Path) -> Path | None:
@@ -131,9 +158,12 @@ def compare(paths: list[str | Path], out: str | Path | None = None) -> tuple[str
     md_path = out if out.suffix == ".md" else out / "compare.md"
     md_path.parent.mkdir(parents=True, exist_ok=True)
     png = per_position_png(results, md_path.with_suffix(".png"))
+    cats = category_png({str(r["label"]): r.get("categories") or [] for r in results},
+                        md_path.with_name(md_path.stem + "_categories.png"), "Acceptance length per category")
     body = md + (f"\n\n![per-position acceptance]({png.name})" if png else "")
+    body += f"\n\n![acceptance per category]({cats.name})" if cats else ""
     atomic.write_text(md_path, body + "\n")
-    return md, [md_path, *([png] if png else [])]
+    return md, [md_path, *(p for p in (png, cats) if p)]
 
 
 # ---- training logs -----------------------------------------------------------
@@ -219,8 +249,11 @@ def _eval_rows(obj: Any, name: str) -> list[tuple[str, dict]]:
     """Every dict that carries a single acceptance_length, named by file (+ context length)."""
     if isinstance(obj, dict):
         if "acceptance_length" in obj and not isinstance(obj["acceptance_length"], (dict, list)):
-            ctx = obj.get("context_length")
-            return [(f"{name} @ {ctx}" if ctx is not None else name, obj)]
+            ctx, category = obj.get("context_length"), obj.get("category")
+            if category is not None:
+                return [(f"{name} [{category}]", obj)]
+            per_category = [r for c in obj.get("categories") or [] for r in _eval_rows(c, name)]
+            return [(f"{name} @ {ctx}" if ctx is not None else name, obj), *per_category]
         return [r for k, v in obj.items() for r in _eval_rows(v, name)]
     if isinstance(obj, list):
         return [r for v in obj for r in _eval_rows(v, name)]
@@ -366,6 +399,13 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if tune:
         parts.append(tune)
 
+    ev = _read_json_or_empty(run.eval_json)
+    png = category_png({"": ev.get("categories") or []}, rep / "eval_categories.png",
+                       "Offline acceptance length per category")
+    if png:
+        parts.append("### Acceptance per category")
+        parts.append(f"![acceptance per category]({link(png)})")
+
     png = context_png(run_dir, rep / "context_window.png")
     if png:
         parts.append("### Acceptance vs context length, with and without the draft window")
@@ -384,6 +424,10 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         png = per_position_png(results, rep / "bench_per_position.png")
         if png:
             parts.append(f"![per-position acceptance]({link(png)})")
+        png = category_png({str(r.get("label")): r.get("categories") or [] for r in results},
+                           rep / "bench_categories.png", "Served acceptance length per category")
+        if png:
+            parts.append(f"![served acceptance per category]({link(png)})")
     else:
         parts.append("not run (no `bench/*.json`; run `dspark-kit bench`)")
     parts += [f"skipped: {b}" for b in bad]

@@ -240,11 +240,14 @@ def summarize(records: list[RequestRecord], duration_s: float) -> dict[str, Any]
 def run_bench(res: Resolved, base_url: str | None = None, label: str | None = None,
               out_dir: str | Path | None = None, *, num_prompts: int | None = None,
               concurrency: int | None = None, max_tokens: int | None = None,
-              dataset: str = BUILTIN_DATASET, model: str | None = None, write: bool = True) -> dict[str, Any]:
+              dataset: str = BUILTIN_DATASET, model: str | None = None, write: bool = True,
+              categories: str | list[str] | None = None) -> dict[str, Any]:
     """Benchmark a running server; writes `<out_dir>/bench_<label>.json` + `.md` (unless `write` is
     False: the caller adds to the result and writes it once), returns the result.
 
-    `res` names the model to ask for (served_name) and the K to record without spec metrics."""
+    `res` names the model to ask for (served_name) and the K to record without spec metrics.
+    `categories` (default bench.categories): prompt sets benchmarked one after another after the
+    main load, each with its own /metrics window, so each gets its own acceptance figures."""
     recipe = res.recipe
     b = recipe.bench
     base_url = (base_url or f"http://{recipe.serve.host}:{recipe.serve.port}").rstrip("/")
@@ -255,13 +258,18 @@ def run_bench(res: Resolved, base_url: str | None = None, label: str | None = No
     conc = concurrency or b.concurrency
     max_tok = max_tokens or b.max_tokens
     prompts = load_prompts(dataset, n, res)
+    sets = _category_sets(res, b.categories if categories is None else categories, n,
+                          "--categories" if categories is not None else "bench.categories")
 
-    try:
-        load = asyncio.run(run_load(base_url, model, prompts, concurrency=conc, max_tokens=max_tok,
-                                    temperature=b.temperature, thinking=recipe.verifier.thinking,
-                                    preferred_model="" if model else res.served_name))
-    except MetricsError as e:
-        raise BenchError(str(e)) from None
+    def send(msgs: list[list[dict[str, str]]], name: str | None) -> dict[str, Any]:
+        try:
+            return asyncio.run(run_load(base_url, name, msgs, concurrency=conc, max_tokens=max_tok,
+                                        temperature=b.temperature, thinking=recipe.verifier.thinking,
+                                        preferred_model="" if name else res.served_name))
+        except MetricsError as e:
+            raise BenchError(str(e)) from None
+
+    load = send(prompts, model)
     result: dict[str, Any] = {
         "schema": SCHEMA, "source": "dspark-kit", "label": label, "base_url": base_url,
         "model": load["model"], "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -276,9 +284,30 @@ def run_bench(res: Resolved, base_url: str | None = None, label: str | None = No
     if result["completed"] == 0:
         raise BenchError(f"bench: all {len(prompts)} requests failed ({'; '.join(result['errors'])}); "
                          "check the server log and the model name")
+    if sets:
+        result["categories"] = [category_row(found, send(found.chats, load["model"])) for found in sets]
     if write:
         write_result(result, Path(out_dir) if out_dir else res.run.bench)
     return result
+
+
+def _category_sets(res: Resolved, specs: str | list[str], n: int, where: str) -> list:
+    from dspark_kit.data.categories import CategoryError, parse_categories
+    from dspark_kit.stages.evaluation.heldout import category_prompts
+
+    try:
+        return category_prompts(res, parse_categories(specs), n, where=where)
+    except CategoryError as e:
+        raise BenchError(str(e)) from None
+
+
+def category_row(found, load: dict[str, Any]) -> dict[str, Any]:
+    """One category's figures: its /metrics window's acceptance (None without drafts) and latency."""
+    spec = load["spec_decode"] or {}
+    s = summarize(load["records"], load["duration_s"])
+    return {**found.record(), "acceptance_length": spec.get("acceptance_length"),
+            "per_position_acceptance": spec.get("per_position_acceptance") or [], "spec_decode": load["spec_decode"],
+            **{k: s[k] for k in ("completed", "failed", "output_throughput", "mean_tpot_ms", "mean_ttft_ms")}}
 
 
 def served_k(spec_decode: dict | None, res: Resolved) -> dict[str, Any]:
