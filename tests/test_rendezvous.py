@@ -173,7 +173,12 @@ def test_seed_recipe_two_nodes_prints_commands_differing_only_in_node_rank():
     # (online mode: the plan also shows the extraction server each node's trainer starts)
     lines = [ln for ln in out.splitlines() if "torch.distributed.run" in ln and not ln.startswith("#")]
     assert len(lines) == 2 and "# node 0" in out and "# node 1" in out
-    words = [[w for w in shlex.split(ln) if not w.startswith("--node_rank=")] for ln in lines]
+    # the lines differ in the node rank, which node hosts the c10d store (is_host), and this machine's
+    # own address (--local-addr, on its line only): nothing else
+    hosts = [("is_host=true" in ln, "is_host=false" in ln) for ln in lines]
+    assert hosts == [(True, False), (False, True)], hosts
+    words = [[w.replace("is_host=true", "is_host=*").replace("is_host=false", "is_host=*") for w in shlex.split(ln)
+              if not w.startswith(("--node_rank=", "--local-addr="))] for ln in lines]
     assert words[0] == words[1]
     for w in ("HCCL_SOCKET_IFNAME=eth0", "GLOO_SOCKET_IFNAME=eth0", "--rdzv-endpoint=10.0.0.1:29500", "--nnodes=2"):
         assert w in words[0], w
