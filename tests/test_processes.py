@@ -156,6 +156,15 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+def _reap(proc, family) -> None:
+    """Whatever a failed assertion left running."""
+    for p in family:
+        if not _gone(p):
+            p.kill()
+    if proc.poll() is None:
+        proc.kill()
+
+
 @pytest.mark.slow
 def test_stop_kills_a_child_that_ignores_sigterm_after_the_grace_and_its_whole_family():
     from dspark_kit.processes import stop
@@ -168,11 +177,7 @@ def test_stop_kills_a_child_that_ignores_sigterm_after_the_grace_and_its_whole_f
         assert 1.5 <= took < 15, took  # it waited out the grace first, then did not linger
         assert all(_gone(p) for p in family), "a grandchild outlived stop()"
     finally:
-        for p in family:
-            if not _gone(p):
-                p.kill()
-        if proc.poll() is None:
-            proc.kill()
+        _reap(proc, family)
 
 
 @pytest.mark.slow
@@ -186,8 +191,4 @@ def test_stop_sends_sigterm_first_and_a_willing_child_exits_within_the_grace():
         assert time.monotonic() - t0 < 15
         assert all(_gone(p) for p in family)  # the grandchildren got SIGTERM too, the escaped one included
     finally:
-        for p in family:
-            if not _gone(p):
-                p.kill()
-        if proc.poll() is None:
-            proc.kill()
+        _reap(proc, family)

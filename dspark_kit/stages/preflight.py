@@ -481,7 +481,7 @@ def check_ports(ctx: _Context) -> list[Finding]:
     """A configured port the kit's servers will listen on that something holds now. A warning: the
     run itself refuses it before any model loads (engines/ports.py), and preflight may run on
     another machine than the servers."""
-    from dspark_kit.engines.ports import PORT_KEYS, Port, busy_message, port_in_use
+    from dspark_kit.engines.ports import busy_message, decide_port, port_in_use
 
     r = ctx.recipe
     hs = r.hidden_states
@@ -489,11 +489,10 @@ def check_ports(ctx: _Context) -> list[Finding]:
     if hs.mode == "online" or hs.backend != "local":
         roles += [] if hs.endpoint else ["hidden-states"]
     out = []
-    for key in dict.fromkeys(PORT_KEYS[role] for role in roles):
-        number = getattr(r.serve, key.split(".")[1])
-        why = port_in_use(r.serve.host, number) if number else None
+    for port in (decide_port(ctx.res, role) for role in roles):  # spec: serve.port; hidden-states: its own key
+        why = None if port.chosen_at_start else port_in_use(r.serve.host, port.number)
         if why:
-            out.append(Finding("warning", "port", busy_message(Port(number, key, False), r.serve.host, why)))
+            out.append(Finding("warning", "port", busy_message(port, r.serve.host, why)))
     return out
 
 

@@ -80,7 +80,6 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
     """Start one server, measure every prompt set on it (saving each point), stop it.
     Returns the seconds the server took to become healthy (None: it did not)."""
     from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
-    from dspark_kit.engines.ports import PortBusy
     from dspark_kit.engines.prom import MetricsError
     from dspark_kit.engines.servers import server_plan, start_checks
     from dspark_kit.logs import quoted_tail
@@ -92,9 +91,7 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
     log_path = res.run.server_log(f"served-tune-{tag}")
     try:
         plan = server_plan(point_res, role)  # serve.port (0: a free one), as every server the kit starts
-        start_checks(plan)
-    except PortBusy:
-        raise
+        start_checks(plan)  # a taken serve.port (PortBusy) stops the sweep: it is no point's fault
     except ValueError as e:  # the engine cannot serve this point at all (one line, from the plan)
         for n, prompts in prompt_sets.items():
             save(_failed(server, n, len(prompts), f"not planned: {e}"))
