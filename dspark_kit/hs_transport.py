@@ -36,7 +36,8 @@ class Mooncake:
 
     host: str
     port: int
-    start_on_node: int | None  # the node whose `train` starts mooncake_master (None: it runs already)
+    start_on_node: int | None  # the node whose `train` (or `serve --role hidden-states`) starts mooncake_master
+    # (None: it runs already, e.g. beside an external hidden_states.endpoint)
     nnodes: int
     cfg: MooncakeCfg
 
@@ -57,14 +58,19 @@ class Mooncake:
     @property
     def local_hostname(self) -> str:
         """The address this node's clients join the store as: loopback on one machine, else this
-        host's address (each node's `dspark-kit train` decides its own; override: MOONCAKE_LOCAL_HOSTNAME)."""
+        host's address on the route to the master (the rendezvous's rule for --local-addr; the
+        hostname's address is wrong in containers, pods and on hosts with several NICs). Each
+        host's command decides its own; override: MOONCAKE_LOCAL_HOSTNAME."""
         import os
+
+        from dspark_kit.rendezvous import route_ip
 
         if os.environ.get(LOCAL_HOSTNAME_ENV):
             return os.environ[LOCAL_HOSTNAME_ENV]
         if self.host in LOOPBACK:
             return "127.0.0.1"
-        return socket.gethostbyname(socket.gethostname())
+        routed, _ = route_ip(self.host, self.port)
+        return routed or socket.gethostbyname(socket.gethostname())
 
     def store_config(self) -> dict:
         """hs_connectors' MooncakeStoreConfig fields, for this node."""
@@ -125,7 +131,10 @@ def mooncake_for(recipe: Recipe) -> Mooncake | None:
         return None
     c = hs.mooncake
     host = c.master_host or t.master_addr
-    return Mooncake(host, c.master_port, 0 if c.start_master else None, t.nnodes, c)
+    # the command that starts the extraction server starts the master (node 0's train, or
+    # `serve --role hidden-states`); with an external hidden_states.endpoint both run elsewhere
+    starts = c.start_master and not hs.endpoint
+    return Mooncake(host, c.master_port, 0 if starts else None, t.nnodes, c)
 
 
 def transport_problems(recipe: Recipe, mooncake: Mooncake | None) -> list[str]:

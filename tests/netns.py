@@ -93,6 +93,23 @@ def remove(ns: str) -> None:
     _ip("netns", "del", ns, check=False)
 
 
+def power_off(host: Host) -> int:
+    """The host dies: every process in it is killed and its link goes down, so a peer's packets
+    meet silence (no reset), as when a machine loses power. Returns how many processes it killed."""
+    pids = _ip("netns", "pids", host.ns, check=False).stdout.split()
+    _ip("-n", host.ns, "link", "set", host.ifname, "down")
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    return len(pids)
+
+
+def power_on(host: Host) -> None:
+    _ip("-n", host.ns, "link", "set", host.ifname, "up", check=False)
+
+
 def clean_leftovers() -> list[str]:
     """Remove the test beds whose creating process is gone; returns their names."""
     gone = [n for n, pid in _ours() if not _alive(pid)]

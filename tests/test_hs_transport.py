@@ -94,3 +94,42 @@ def test_file_transport_is_unchanged(vllm_cpu_stub):
     assert mooncake_for(r) is None
     argv = plan_vllm(r, "hidden-states", engine="vllm", installed_versions={}).argv
     assert kv(argv)["kv_connector"] == "CpuHiddenStatesConnector" and "mooncake" not in shlex.join(argv)
+
+
+def test_a_host_joins_as_its_address_on_the_route_to_the_master(monkeypatch):
+    """Not the hostname's address (127.0.1.1 in many containers): the rendezvous's route rule."""
+    from dspark_kit.hs_transport import LOCAL_HOSTNAME_ENV
+    from dspark_kit.rendezvous import route_ip
+
+    monkeypatch.delenv(LOCAL_HOSTNAME_ENV, raising=False)
+    mc = mooncake_for(recipe(master_host="192.0.2.7"))  # TEST-NET-1: a route lookup, no packet
+    routed, _ = route_ip("192.0.2.7", mc.port)
+    assert routed and mc.local_hostname == routed and mc.env() == {LOCAL_HOSTNAME_ENV: routed}
+    monkeypatch.setenv(LOCAL_HOSTNAME_ENV, "10.1.2.3")
+    assert mc.local_hostname == "10.1.2.3"
+
+
+def test_an_external_endpoint_means_the_master_runs_elsewhere(vllm_cpu_stub, tmp_path):
+    """train with hidden_states.endpoint starts neither the server nor the master; it checks the master."""
+    from dspark_kit.stages.steps import plan_train
+
+    r = recipe(master_port=50111)
+    assert mooncake_for(r).start_on_node == 0
+    r.hidden_states.endpoint = "http://10.0.0.9:8100"
+    assert mooncake_for(r).start_on_node is None
+    roles = [p.role for p in plan_train(Resolved(r, tmp_path, planning=True)).processes]
+    assert roles == ["trainer"]
+
+
+def test_serve_hidden_states_starts_the_master_first(vllm_cpu_stub, tmp_path):
+    from dspark_kit.stages.serving.serve import plan_server
+
+    sp = plan_server(Resolved(recipe(master_port=50111), tmp_path, planning=True), "hidden-states")
+    assert sp.mooncake_master is not None and "--rpc_port=50111" in sp.mooncake_master.argv
+    assert sp.mooncake_master.port == 50112  # healthy when its HTTP port answers
+    assert kv(sp.plan.argv)["kv_connector_extra_config"]["mooncake"]["master_server_address"] == "127.0.0.1:50111"
+    assert plan_server(Resolved(recipe(start_master=False), tmp_path, planning=True),
+                       "hidden-states").mooncake_master is None
+    no_mc = recipe()
+    no_mc.hidden_states.transport = "file"
+    assert plan_server(Resolved(no_mc, tmp_path, planning=True), "hidden-states").mooncake_master is None

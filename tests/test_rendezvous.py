@@ -228,3 +228,27 @@ def test_regen_dry_run_shows_servers_on_machines_into_one_output(tmp_path):
         ("10.0.0.5", "8000"), ("10.0.0.5", "8001"), ("10.0.0.6", "8000")]
     assert "# 10.0.0.5: more than one server on a machine" in res.stdout
     assert not (tmp_path / "regen.jsonl").exists()
+
+
+def test_node_k_watches_the_store_and_names_the_master_after_rdzv_timeout_of_silence():
+    """A master host that powers off answers nothing (tests/test_two_hosts.py): the watch says so."""
+    import time
+
+    from dspark_kit.rendezvous import MasterWatch
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        facts = HostFacts(interfaces=HOST.interfaces, master_ips=("127.0.0.1",), route_ip="127.0.0.1")
+        sets = ("train.nnodes=2", "train.nodes_same_host=true", f"train.master_port={port}", "train.rdzv_timeout=1")
+        watch = MasterWatch(resolve_rendezvous(_recipe(*sets, "train.node_rank=1"), "cpu", facts))
+        assert watch.active and watch.gone() is None and watch.silent_since is None
+    assert not MasterWatch(resolve_rendezvous(_recipe(*sets), "cpu", facts)).active  # node 0 hosts it
+    assert not MasterWatch(resolve_rendezvous(_recipe(*sets, "train.node_rank=1", "train.rdzv_backend=static"),
+                                              "cpu", facts)).active
+    assert watch.gone() is None and watch.silent_since is not None  # silent, not yet for rdzv_timeout
+    time.sleep(1.1)
+    lost = watch.gone()
+    assert lost and lost.startswith(f"lost the rendezvous master at 127.0.0.1:{port} (train.master_addr) (silent for")
+    assert "train.rdzv_timeout 1s" in lost and "restart node 0" in lost and "\n" not in lost

@@ -31,19 +31,6 @@ SETS = ["train.device=cpu", "train.logger=none", "data.limit=16", "regen.enabled
 TOLERANCE = 1e-6
 
 
-@pytest.fixture(scope="module")
-def hosts():
-    """Two namespaces + veth pair for this module; a bed left by a killed run is removed first."""
-    if (why := netns.unavailable()) is not None:
-        pytest.fail(why, pytrace=False)
-    bed = netns.up()
-    try:
-        yield bed
-    finally:
-        netns.down(bed)
-        assert not [n for n, _ in netns._ours() if n in (bed.a.ns, bed.b.ns)]
-
-
 def _args(*sets: str) -> list[str]:
     return [a for s in (*SETS, *sets) for a in ("--set", s)]
 
@@ -141,3 +128,88 @@ def test_a_node_that_cannot_reach_the_master_fails_within_the_rdzv_timeout(hosts
     # the wait is rdzv_timeout; the rest is the kit's own start (python, torch, the plan) on 2 loaded cores
     assert took < timeout + 60, took
     print(f"unreachable master: failed after {took:.1f}s (rdzv_timeout {timeout}s): {errors[0]}")
+
+
+def _start_nodes(hosts, wd: Path, *sets: str) -> list[tuple[subprocess.Popen, Path]]:
+    """`dspark-kit train --set train.node_rank=N` on host A (node 0) and host B (node 1)."""
+    nodes = []
+    for rank, host in enumerate((hosts.a, hosts.b)):
+        log = wd / f"node{rank}.err"
+        cmd = [*KIT, "train", "-r", str(TINY), *_args(*sets, f"train.node_rank={rank}"), "--workdir", str(wd)]
+        nodes.append((subprocess.Popen(host.cmd(cmd), env=_env(), stdout=subprocess.DEVNULL, stderr=log.open("w"),
+                                       cwd=wd, start_new_session=True), log))
+    return nodes
+
+
+def _wait_for_epoch0(wd: Path, nodes) -> None:
+    epoch0 = wd / "checkpoints" / "0" / "training_state.json"
+    deadline = time.time() + 600  # a hang, not a busy machine
+    while not epoch0.exists():  # one whole epoch trained together: the job is mid-run
+        assert time.time() < deadline, "the two nodes never finished epoch 0"
+        assert all(p.poll() is None for p, _ in nodes), [log.read_text()[-2000:] for _, log in nodes]
+        time.sleep(0.2)
+
+
+def _cross_host_sets(hosts, *sets: str) -> tuple[str, ...]:
+    return ("train.nnodes=2", "train.nproc=1", f"train.master_addr={hosts.a.addr}",
+            f"train.master_port={_free_port()}", *sets)
+
+
+def test_killing_node_1s_worker_restarts_both_hosts_from_the_last_whole_epoch(hosts, prepared, tmp_path):  # noqa: F811
+    import psutil
+
+    wd = tmp_path / "run"
+    shutil.copytree(prepared, wd / "prepared")
+    nodes = _start_nodes(hosts, wd, *_cross_host_sets(hosts, "train.epochs=6", "train.max_restarts=1",
+                                                      "train.rdzv_timeout=120"))
+    t0 = time.time()
+    try:
+        _wait_for_epoch0(wd, nodes)
+        agent = next(p for p in psutil.Process(nodes[1][0].pid).children(recursive=True)
+                     if "torch.distributed.run" in p.cmdline())
+        workers = agent.children(recursive=True)
+        assert workers
+        for w in workers:  # node 1's worker dies; both hosts' agents restart everyone
+            w.kill()
+        codes = [p.wait(timeout=600) for p, _ in nodes]
+    finally:
+        _stop(nodes)
+    log = (wd / "logs" / "train.log").read_text()  # both nodes' trainers append to the shared run's log
+    assert codes == [0, 0], "\n----\n".join(p.read_text()[-3000:] for _, p in nodes) + log[-3000:]
+    assert log.count("rank 1 of 2") == 2, log[-3000:]  # one group of two ranks, formed twice
+    assert "Resuming training on epoch" in log, log[-3000:]  # from the last whole epoch, not epoch 0
+    assert all((wd / "checkpoints" / str(e) / "training_state.json").exists() for e in range(6))
+    print(f"two hosts, node 1's worker killed after epoch 0: restarted and finished in {time.time() - t0:.1f}s")
+
+
+def test_losing_host_a_stops_node_1_within_the_rdzv_timeout_naming_the_master(hosts, prepared, tmp_path):  # noqa: F811
+    """Host A (node 0, the c10d store) powers off mid-run: node 1 gets silence, not resets, and
+    torchrun alone would wait far longer (measured: still running 300 s later)."""
+    from dspark_kit.rendezvous import MasterWatch
+    from dspark_kit.stages.training.train import STOP_GRACE_S
+
+    wd = tmp_path / "run"
+    shutil.copytree(prepared, wd / "prepared")
+    timeout = 10
+    sets = _cross_host_sets(hosts, "train.epochs=50", f"train.rdzv_timeout={timeout}")
+    nodes = _start_nodes(hosts, wd, *sets)
+    try:
+        _wait_for_epoch0(wd, nodes)
+        netns.power_off(hosts.a)
+        t_off = time.time()
+        try:
+            code = nodes[1][0].wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"node 1 still running 300 s after host A died:\n{nodes[1][1].read_text()[-3000:]}")
+        waited = time.time() - t_off
+    finally:
+        _stop(nodes)
+        netns.power_on(hosts.a)
+    err = nodes[1][1].read_text()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    print(f"two hosts, host A powered off: node 1 stopped {waited:.1f}s later: {errors}")
+    assert code != 0 and len(errors) == 1, err[-3000:]
+    assert f"lost the rendezvous master at {hosts.a.addr}:" in errors[0], errors[0]
+    # silence for rdzv_timeout (the kit's watch), the trainer's grace to save (it hangs in gloo), exit
+    bound = timeout + MasterWatch.probe_timeout_s + STOP_GRACE_S + 15
+    assert waited < bound, (waited, bound)

@@ -92,14 +92,34 @@ def register(app: typer.Typer) -> None:
                            "env": redact_env(plan.env), "base_url": plan.base_url, "health_path": plan.health_path,
                            "notes": sp.warnings, "decisions": sp.decisions, "checkpoint": str(sp.resolved.checkpoint) if role == "spec" else None,
                            "resolved": sp.resolved.summary() if role == "spec" else None,
-                           "findings": [f.as_dict() for f in sp.findings], "shell_line": plan.shell_line()})
+                           "findings": [f.as_dict() for f in sp.findings], "shell_line": plan.shell_line(),
+                           "mooncake_master": sp.mooncake_master.argv if sp.mooncake_master else None})
             else:
+                if sp.mooncake_master is not None:
+                    typer.echo(f"# mooncake master (started first; the server joins its store)\n"
+                               f"{sp.mooncake_master.shell_line()}")
                 typer.echo(plan.shell_line())
             return
-        _run(plan, r, res.run, role, json_out)
+        _run(plan, r, res.run, role, json_out, master=sp.mooncake_master)
 
 
-def _run(plan, recipe, run, role: str, json_out: bool) -> None:
+def _run(plan, recipe, run, role: str, json_out: bool, master=None) -> None:
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        if master is not None:  # mooncake_master first: the server joins its store at start
+            from dspark_kit.engines.servers import started
+
+            try:
+                stack.enter_context(started(master, run.mooncake_log, recipe.serve.startup_timeout))
+            except Exception as e:  # noqa: BLE001 - busy port, exited, never healthy: one line
+                fail(f"serve --role {role}: mooncake_master did not start ({type(e).__name__}: {e}); "
+                     f"see {run.mooncake_log}", 1)
+            typer.echo(f"mooncake_master started (log: {run.mooncake_log})", err=True)
+        _serve(plan, recipe, run, role, json_out)
+
+
+def _serve(plan, recipe, run, role: str, json_out: bool) -> None:
     from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
     from dspark_kit.engines.ports import PortBusy
     from dspark_kit.engines.servers import start_checks

@@ -81,6 +81,11 @@ def running_server(res: Resolved, role: Role, port: int | None = None,
         yield srv.base_url
 
 
+def mooncake_master_plan(mc) -> ServerPlan:
+    """mooncake_master for `mc` (hs_transport.Mooncake): healthy when its HTTP port answers /health."""
+    return ServerPlan(argv=mc.master_argv(), host="127.0.0.1", port=mc.admin_port, other_ports=mc.master_ports())
+
+
 @contextmanager
 def started(plan: ServerPlan, log: Path, timeout: float) -> Iterator[ManagedServer]:
     """A healthy server from `plan` (e.g. mooncake_master, /health on its admin port); stopped afterwards."""

@@ -103,7 +103,8 @@ class MooncakeCfg(_Section):
     master_host: str | None = Field(
         None, description="mooncake_master's address every node reaches; default train.master_addr (node 0)")
     master_port: int = Field(50051, ge=1, le=65535)
-    start_master: bool = Field(True, description="node 0's `dspark-kit train` starts mooncake_master (else: running)")
+    start_master: bool = Field(True, description="the command that starts the extraction server (node 0's `dspark-kit "
+                               "train`, or `serve --role hidden-states`) starts mooncake_master (else: running)")
     metadata_server: str = "P2PHANDSHAKE"
     protocol: Literal["tcp", "rdma"] = "tcp"
     device: str = Field("", description="RDMA device(s), e.g. mlx5_0; empty lets Mooncake choose")

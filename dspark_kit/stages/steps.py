@@ -153,11 +153,10 @@ def plan_train(res: Resolved) -> StagePlan:
         server = server_plan(res, "hidden-states")
         endpoint = server.base_url
         if res.mooncake is not None:
-            from dspark_kit.engines import ServerPlan
+            from dspark_kit.engines.servers import mooncake_master_plan
 
             mc = res.mooncake
-            master = ServerPlan(argv=mc.master_argv(), host="127.0.0.1", port=mc.admin_port,
-                                other_ports=mc.master_ports())
+            master = mooncake_master_plan(mc)
             if mc.start_on_node == recipe.train.node_rank:
                 processes.append(Process("mooncake master", master))
             lines += [*mc.node_lines(), "# mooncake master (node 0)", shell_line(master.argv, {})]
@@ -195,7 +194,7 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
     from contextlib import ExitStack
 
     from dspark_kit.logs import log_since
-    from dspark_kit.rendezvous import rendezvous_for, store_failure, wait_for_store
+    from dspark_kit.rendezvous import MasterWatch, rendezvous_for, store_failure, wait_for_store
     from dspark_kit.specdec.checkpoints import adopt_interrupted
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight import enforce
@@ -233,8 +232,13 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        code, gone = run_training(trainer, log, watch=endpoint.gone if endpoint else None, reporter=reporter)
+        master = MasterWatch(rdzv) if rdzv is not None else None
+        watches = [w for w in (endpoint.gone if endpoint else None, master.gone if master and master.active else None)
+                   if w is not None]
+        code, gone = run_training(trainer, log, watch=_first_reason(watches) if watches else None, reporter=reporter)
     res.checkpoints_changed()
+    if gone and master is not None and master.silent_since is not None:
+        raise RuntimeError(gone)  # names the lost master and the fix
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume (from the checkpoint "
                            "speculators saves when stopped, else the last whole epoch)")
@@ -243,6 +247,11 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
         raise RuntimeError(lost or training_failure(code, log, since, endpoint.url if endpoint else None))
     metrics = read_val_metrics(run.checkpoints) or {}
     return {"seconds": round(time.time() - t0, 1), **metrics}
+
+
+def _first_reason(watches):
+    """One watch from several: the first reason any of them gives."""
+    return lambda: next((why for w in watches if (why := w()) is not None), None)
 
 
 def _spec_server(res: Resolved, what: str) -> tuple[list[str], list[Process]]:

@@ -29,6 +29,7 @@ class ServePlan:
     resolved: Resolved
     findings: list = field(default_factory=list)  # checkpoint findings (spec)
     warnings: list[str] = field(default_factory=list)  # checkpoint + preflight warnings, plan notes
+    mooncake_master: ServerPlan | None = None  # role hidden-states, transport mooncake: started first
 
     @property
     def decisions(self) -> list[str]:
@@ -76,7 +77,13 @@ def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: s
     # each warning once: a window risk is both a plan note and a preflight finding
     warnings += [f"preflight warning ({label(f)}): {f.message}" for f in preflight
                  if f.level == "warning" and f.message not in plan.notes]
-    return ServePlan(plan, res, findings, warnings + plan.notes)
+    master = None
+    mc = res.mooncake
+    if role == "hidden-states" and mc is not None and mc.start_on_node == res.recipe.train.node_rank:
+        from dspark_kit.engines.servers import mooncake_master_plan
+
+        master = mooncake_master_plan(mc)  # the store the server joins: this host runs its master
+    return ServePlan(plan, res, findings, warnings + plan.notes, master)
 
 
 async def smoke_reply(url: str) -> str:
