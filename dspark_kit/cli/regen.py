@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         set_: SetOpt = None,
         workdir: WorkdirOpt = None,
         outfile: Annotated[Path | None, option("out", help="Output jsonl, one row per conversation (default DIR/regen.jsonl, where prepare reads it).")] = None,
-        dataset: Annotated[str | None, option("data", help="Override data.source: builtin:tiny-chat, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
+        dataset: Annotated[str | None, option("data", help="Override data.source: builtin:tiny-chat, builtin:tiny-tools, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
         endpoint: Annotated[list[str] | None, option("endpoint", help="OpenAI base URL, e.g. http://10.0.0.5:8000/v1 (repeat for several servers; none = start a local engine).")] = None,
         model: Annotated[str | None, typer.Option(help="Model id to request (default: first id from GET /v1/models).")] = None,
         limit: Annotated[int | None, typer.Option(min=1, help="Read at most N source rows.")] = None,
@@ -98,7 +98,12 @@ def register(app: typer.Typer) -> None:
         Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
         """
         from dspark_kit.data.sources import SourceError
-        from dspark_kit.stages.data.regen import OutputExists, failure_verdict, run_regen
+        from dspark_kit.stages.data.regen import (
+            OutputExists,
+            failure_verdict,
+            run_regen,
+            tools_line,
+        )
 
         r = load(recipe, set_)
         res = resolve(r, workdir, planning=dry_run)
@@ -143,6 +148,8 @@ def register(app: typer.Typer) -> None:
                 console.print(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
             if summary["skipped_rows"]:
                 console.print(f"  unusable source rows: {summary['skipped_rows']}", highlight=False)
+            if line := tools_line(summary):
+                console.print(f"  {line}", highlight=False)
             for reason, n in summary["tool_chains_cut"].items():
                 console.print(f"  {n} rows end early: {reason}", highlight=False)
         if summary["all_endpoints_dead"]:

@@ -30,6 +30,11 @@ def openai_base_url(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
+def tool_call_flags(parser: str | None, role: str) -> list[str]:
+    """serve.tool_call_parser on the servers that answer chats (vLLM's flags; the local engine takes the same)."""
+    return ["--enable-auto-tool-choice", "--tool-call-parser", parser] if parser and role != "hidden-states" else []
+
+
 def shell_line(argv: list[str], env: dict[str, str]) -> str:
     """A command and its env as one copy-pasteable line (for --dry-run, logs and errors).
 

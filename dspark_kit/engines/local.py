@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from dspark_kit.engines import Role, ServerPlan
+from dspark_kit.engines import Role, ServerPlan, tool_call_flags
 from dspark_kit.resolved import Resolved
 
 
@@ -47,6 +47,14 @@ def plan_local(
             argv += ["--draft-window-size", str(window.value)]
         notes += [*k.notes, *window.notes]
         decisions += res.spec_decision_lines()
+    parser = recipe.serve.tool_call_parser
+    if parser and role != "hidden-states":
+        from dspark_kit.engines.local_tools import PARSERS
+
+        if parser not in PARSERS:
+            raise ValueError(f"serve.tool_call_parser {parser!r}: the local engine parses {', '.join(PARSERS)} "
+                             "(Qwen3's format); set one of those, or serve.engine vllm")
+        argv += tool_call_flags(parser, role)
     if recipe.serve.max_model_len is not None:  # vLLM's flag, enforced the same way (400)
         argv += ["--max-model-len", str(recipe.serve.max_model_len)]
     from dspark_kit.engines.local_server import check_extra_args

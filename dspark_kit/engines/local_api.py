@@ -77,6 +77,8 @@ class ChatRequest(OpenAIRequest):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None  # served with --enable-auto-tool-choice (local_tools.py)
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class CompletionRequest(OpenAIRequest):
@@ -89,7 +91,6 @@ class CompletionRequest(OpenAIRequest):
 _NOOP_FIELDS: dict[str, Any] = {
     "logprobs": lambda v: v in (None, False), "top_logprobs": lambda v: v in (None, 0),
     "prompt_logprobs": lambda v: v is None, "echo": lambda v: v in (None, False),
-    "tools": lambda v: not v, "tool_choice": lambda v: v in (None, "none"),
     "functions": lambda v: not v, "function_call": lambda v: v in (None, "none"),
     "parallel_tool_calls": lambda v: True if v is None else v in (True, False),
     "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
@@ -125,6 +126,8 @@ def check_messages(messages: list[dict[str, Any]]) -> None:
     """What vLLM refuses and the tokenizer would choke on, as 400s before any work."""
     for i, m in enumerate(messages):
         where = f"messages.{i}.content"
+        if m.get("content") is None and m.get("role") == "assistant" and m.get("tool_calls"):
+            continue  # a turn that only calls tools (OpenAI sends content null)
         if "content" not in m or m["content"] is None:
             raise ApiError(400, f"{where}: missing (every turn needs text content)", param=where)
         content = m["content"]

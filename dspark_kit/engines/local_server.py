@@ -42,6 +42,7 @@ from dspark_kit.engines.local_api import (
 )
 from dspark_kit.engines.local_engine import Engine, build_generator
 from dspark_kit.engines.local_stream import TextStream, stream_events
+from dspark_kit.engines.local_tools import PARSERS, refusal, split_tool_calls
 from dspark_kit.recipe import ROLES
 
 
@@ -98,10 +99,11 @@ def create_app(engine: Engine) -> FastAPI:
 
     def chat_ids(req: ChatRequest) -> list[int]:
         from dspark_kit.data.chat import encode, render
-        from dspark_kit.data.conversations import ConversationError, normalize
+        from dspark_kit.data.conversations import ConversationError, normalize, row_tools
 
         try:
             msgs = normalize({"messages": req.messages})
+            tools = row_tools({"tools": req.tools})
         except ConversationError as e:
             raise ApiError(400, f"messages: {e}", param="messages") from None
         thinking = bool(req.chat_template_kwargs.get("enable_thinking", True))
@@ -109,9 +111,9 @@ def create_app(engine: Engine) -> FastAPI:
             if req.add_generation_prompt:
                 raise ApiError(400, "continue_final_message and add_generation_prompt are exclusive")
             text = engine.tok.apply_chat_template(msgs, tokenize=False, continue_final_message=True,
-                                                  enable_thinking=thinking)
+                                                  enable_thinking=thinking, tools=tools)
         else:
-            text = render(engine.tok, msgs, thinking, add_generation_prompt=req.add_generation_prompt)
+            text = render(engine.tok, msgs, thinking, add_generation_prompt=req.add_generation_prompt, tools=tools)
         return encode(engine.tok, text)
 
     @app.post("/v1/chat/completions")
@@ -120,8 +122,14 @@ def create_app(engine: Engine) -> FastAPI:
         check_messages(req.messages)
         if not isinstance(req.chat_template_kwargs.get("enable_thinking", True), bool):
             raise ApiError(400, "chat_template_kwargs.enable_thinking: must be true or false")
-        engine.check_text_size(sum(len(m["content"]) if isinstance(m["content"], str) else
-                                   sum(len(p["text"]) for p in m["content"]) for m in req.messages), "messages")
+        calls_tools = bool(req.tools) and req.tool_choice != "none"
+        if why := refusal(req.tools, req.tool_choice, bool(getattr(args, "tool_call_parser", None))):
+            raise ApiError(400, why, param="tool_choice" if why.startswith("tool_choice") else "tools")
+        if calls_tools and req.stream:
+            raise ApiError(400, "stream: tool calls are answered whole on the local engine (set stream false)",
+                           param="stream")
+        engine.check_text_size(sum(len(c) if isinstance(c := m.get("content") or "", str) else
+                                   sum(len(p["text"]) for p in c) for m in req.messages), "messages")
         ids = await engine.tokenize(chat_ids, req)
         max_tokens = engine.default_max_tokens(ids, req)
         engine.check_prompt(ids, max_tokens)
@@ -132,7 +140,12 @@ def create_app(engine: Engine) -> FastAPI:
         message = {"role": "assistant", "content": out["text"]}
         if getattr(args, "reasoning_parser", None):
             message.update(split_reasoning_like_vllm(out["text"]))
-        choice = {"index": 0, "message": message, "finish_reason": out["finish_reason"], "logprobs": None}
+        finish = out["finish_reason"]
+        if calls_tools and message["content"]:
+            message["content"], calls = split_tool_calls(message["content"])
+            if calls:  # vLLM: finish_reason "tool_calls" when the reply made calls
+                message["tool_calls"], finish = calls, "tool_calls"
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                 "created": int(time.time()), "model": engine.served_name, "choices": [choice],
                 "usage": _usage(len(ids), len(out["token_ids"]))}
@@ -192,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model ids to answer to, listed in this order by /v1/models (default: --model), as vLLM")
     p.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
                    help="split <think>..</think> out of chat replies into message.reasoning_content (as vLLM)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="answer requests with tools: calls parsed out of the reply (needs --tool-call-parser), as vLLM")
+    p.add_argument("--tool-call-parser", choices=list(PARSERS), default=None,
+                   help="hermes: <tool_call>{json}</tool_call> blocks (Qwen3's format) -> message.tool_calls")
     p.add_argument("--api-key", default=os.environ.get("DSPARK_KIT_API_KEY"))
     p.add_argument("--max-model-len", type=int, default=None,
                    help="prompt + max_tokens limit (default: the model's max_position_embeddings), as vLLM")
@@ -229,6 +246,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.role == "hidden-states" and (not args.layer_ids or not args.storage_path):
         p.error("role hidden-states needs --layer-ids and --storage-path")
+    if args.enable_auto_tool_choice != bool(args.tool_call_parser):
+        p.error("--enable-auto-tool-choice and --tool-call-parser go together (as vLLM)")
     return args
 
 

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dspark_kit.engines import Role, ServerPlan
+from dspark_kit.engines import Role, ServerPlan, tool_call_flags
 from dspark_kit.recipe import ROLES, Recipe
 from dspark_kit.resolved import Resolved, device_env
 
@@ -163,6 +163,7 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
         argv += ["--compilation-config", compact_json(s.compilation_config)]
     if s.reasoning_parser and role != "hidden-states":
         argv += ["--reasoning-parser", s.reasoning_parser]
+    argv += tool_call_flags(res.recipe.serve.tool_call_parser, role)
 
     notes: list[str] = []
     decisions: list[str] = []
@@ -204,5 +205,6 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan
         env["PYTHONPATH"] = str(CPU_CONNECTOR_DIR)  # the connector module, and nothing of dspark_kit
     elif s.reasoning_parser:
         argv += ["--reasoning-parser", s.reasoning_parser]
+    argv += tool_call_flags(res.recipe.serve.tool_call_parser, role)
     argv += list(s.extra_args)
     return ServerPlan(argv=argv, host=host, port=port, env=env, notes=notes)

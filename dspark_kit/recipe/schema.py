@@ -70,7 +70,7 @@ class VerifierCfg(_Section):
 
 
 class DataCfg(_Section):
-    source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, ultrachat|magpie|gsm8k, or a jsonl/json/parquet "
+    source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, builtin:tiny-tools (tool calls), ultrachat|magpie|gsm8k, or a jsonl/json/parquet "
                                                           "path (relative: from the recipe file's folder)")
     split: str | None = None
     subset: str | None = None
@@ -187,6 +187,9 @@ class ServeCfg(_Section):
     enforce_eager: bool = False
     compilation_config: dict[str, Any] | None = None
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = Field(
+        None, description="chat/spec servers answer requests with tools: vLLM's --enable-auto-tool-choice "
+                          "--tool-call-parser X (Qwen3: hermes; the local engine: hermes); regen of tool-calling chats needs it")
     checkpoint: str = Field("checkpoint_best", description="checkpoint_best, latest, epoch number, or a path "
                                                            "(with a /; relative: from the recipe file's folder)")
     num_speculative_tokens: int | Literal["auto"] = Field(

@@ -39,7 +39,7 @@ def _plan(res: Resolved, stage: str, lines: list[str], processes: list[Process] 
 
 
 def stage_regen(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.data.regen import failure_verdict, run_regen
+    from dspark_kit.stages.data.regen import failure_verdict, run_regen, tools_line
 
     note = reporter.note
     chat = plan.process("chat server")
@@ -51,6 +51,8 @@ def stage_regen(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
          f"of {s['source_rows']} source rows")
     for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
         note(f"  {n}: {reason}")
+    if line := tools_line(s):
+        note(f"  {line}")
     verdict = failure_verdict(s, res.recipe.regen.max_failed_fraction)
     if verdict:
         raise RuntimeError(verdict)

@@ -130,6 +130,7 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
             msg["reasoning_content"] = reasoning
         if out.get("tool_calls"):
             msg["tool_calls"] = out["tool_calls"]
+            usage["tool_calls"] += len(out["tool_calls"])
         if out["token_ids"] is not None:
             msg["token_ids"] = out["token_ids"]
         history.append(msg)
@@ -168,8 +169,11 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
         if wants_reply or history[-1]["role"] == "user":  # the source may end on a question: answer it too
             cut = await turn(results)
             unused += len(results) if not cut else 0
+    calls_made = usage.pop("tool_calls", 0)
     meta = {"idx": idx, "finish_reasons": finish, "usage": dict(usage),
             "endpoint": ep.url, "model": ep.model, "thinking": opts.thinking}
+    if tools:
+        meta["tool_calls"] = calls_made  # the verifier's own calls in this row
     if cut:
         meta["tool_chain"] = cut
     if unused:  # the verifier answered without the calls the dataset's results were for
@@ -197,6 +201,7 @@ class _Run:
     succeeded: set = field(default_factory=set)  # of those, idx written this run (not every row: 200k idx add up)
     fail_reasons: Counter = field(default_factory=Counter)
     tool_chains_cut: Counter = field(default_factory=Counter)  # reason -> rows written up to a call without its result
+    tools: Counter = field(default_factory=Counter)  # rows with tools, the verifier's calls, rows answered without calls
     stopping: bool = False  # a worker raised: the others are being cancelled
 
     def live(self) -> list[Endpoint]:
@@ -237,8 +242,12 @@ class _Run:
             else:
                 self.sink.write(row)
                 self.written += 1
-                if row["metadata"].get("tool_chain"):
-                    self.tool_chains_cut[row["metadata"]["tool_chain"]] += 1
+                meta = row["metadata"]
+                if meta.get("tool_chain"):
+                    self.tool_chains_cut[meta["tool_chain"]] += 1
+                if "tool_calls" in meta:
+                    self.tools.update(rows=1, verifier_calls=meta["tool_calls"],
+                                      rows_results_unused=bool(meta.get("tool_results_unused")))
                 if idx in self.retrying:
                     self.succeeded.add(idx)
                 ep.rows += 1
@@ -304,11 +313,26 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
         "source_rows": skipped_done + queued + unread,
         "failed_reasons": dict(run.fail_reasons.most_common()), "skipped_already_done": skipped_done,
         "tool_chains_cut": dict(run.tool_chains_cut.most_common()),
+        "tools": {k: run.tools[k] for k in ("rows", "verifier_calls", "rows_results_unused")},
         "completion_tokens": run.completion_tokens,
         "endpoints": [{"url": e.url, "model": e.model, "rows": e.rows, "errors": e.errors,
                        "dead": e.dead_reason} for e in eps],
         "all_endpoints_dead": not run.live(),
     }
+
+
+def tools_line(summary: dict) -> str | None:
+    """What happened to the tool-calling rows (None when there were none): the verifier's own calls,
+    and rows where it answered in text where the dataset had called (its results then go unused)."""
+    t = summary.get("tools") or {}
+    if not t.get("rows"):
+        return None
+    line = f"tool rows: {t['rows']} written, {t['verifier_calls']} calls made by the verifier"
+    if t["rows_results_unused"]:
+        line += (f"; in {t['rows_results_unused']} rows it answered in text where the dataset called a tool "
+                 "(those results stay unused: the row is what the verifier does)")
+    cut = sum((summary.get("tool_chains_cut") or {}).values())
+    return line + (f"; {cut} rows cut after a call the dataset has no result for" if cut else "")
 
 
 def failure_verdict(summary: dict, budget: float) -> str | None:
