@@ -160,6 +160,7 @@ def test_dry_run_plan_and_refusals_before_any_server(run, tmp_path, monkeypatch)
 def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, run, monkeypatch):
     """`run`'s eval stage, made to find the verifier too large for the eval device: it serves the
     resolved K and window and measures the same prompts; its AL is in-process eval's."""
+    from dspark_kit.data.tiny_corpus import TASK_KINDS
     from dspark_kit.resolved import Decision
     from dspark_kit.stages.evaluation.evaluate import EvalSession, build_prompts
     from dspark_kit.stages.steps import run_stage
@@ -171,7 +172,12 @@ def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, 
     summary = json.loads(res.run.eval_json.read_text())
     assert summary["mode"] == "served" and summary["engine"] == "local"
     assert out["acceptance_length"] == summary["acceptance_length"] and out["tokens_per_verifier_forward"] is None
-    assert "Served eval" in (res.run.eval / "eval.md").read_text()
+    md = (res.run.eval / "eval.md").read_text()
+    assert "Served eval" in md and "## Acceptance per category" in md
+    # eval.categories (the tiny recipe's: one per task template) measured on the same server
+    cats = summary["categories"]
+    assert [c["category"] for c in cats] == [f"tiny/{k}" for k in TASK_KINDS], cats
+    assert all(c["completed"] == c["count"] > 0 and c["acceptance_length"] >= 1.0 for c in cats), cats
     monkeypatch.undo()
     from dspark_kit.stages.evaluation.heldout import load_eval_prompts
 

@@ -69,15 +69,17 @@ async def measure(url: str, model: str, prompts: list[list[int]], concurrency: i
             **({"error": "; ".join(s["errors"])[:300]} if s["failed"] else {})}
 
 
-def _failed(server: sweep.ServerPoint, n: int, count: int, error: str) -> dict:
-    return {"k": server.k, "window": server.window, "context_length": n, "repeat": server.repeat,
+def _failed(server: sweep.ServerPoint, n: int | str, count: int, error: str) -> dict:
+    where = {"context_length": n} if isinstance(n, int) else {"context_length": 0, "category": n}
+    return {"k": server.k, "window": server.window, **where, "repeat": server.repeat,
             "acceptance_length": None, "per_position_acceptance": [], "output_throughput": None, "ttft_ms": None,
             "tpot_ms": None, "completed": 0, "failed": count, "error": error}
 
 
-def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict[int, list[list[int]]],
+def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict[int | str, list[list[int]]],
                      concurrency: int, max_tokens: int, max_model_len: int, log, save) -> float | None:
-    """Start one server, measure every prompt set on it (saving each point), stop it.
+    """Start one server, measure every prompt set on it (saving each point), stop it. A set's key is
+    its context length, or a category name (served eval: short prompts, the point names it).
     Returns the seconds the server took to become healthy (None: it did not)."""
     from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
     from dspark_kit.engines.prom import MetricsError
@@ -117,9 +119,11 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
                 continue
             if point.get("failed") and not srv.alive():
                 point["log_tail"] = quoted_tail(log_path, 15)
-            save({"k": server.k, "window": server.window, "context_length": n, "repeat": server.repeat,
+            where = {"context_length": n} if isinstance(n, int) else {"context_length": 0, "category": n}
+            save({"k": server.k, "window": server.window, **where, "repeat": server.repeat,
                   "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1), **point})
-            log(f"tune --served: {server.label}, context {n or 'short'}: AL {point['acceptance_length']}, "
+            label = f"category {n}" if isinstance(n, str) else f"context {n or 'short'}"
+            log(f"tune --served: {server.label}, {label}: AL {point['acceptance_length']}, "
                 f"{point['output_throughput']} tok/s, {point['completed']} completed, {point['failed']} failed")
     return started
 
@@ -222,11 +226,15 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
     recipe = res.recipe
     n, new = recipe.eval.num_prompts, recipe.eval.max_new_tokens
     sets, found = prompt_sets(res, sorted(set(recipe.eval.context_lengths)), n)
+    categories = served_categories(res, n)
+    sets.update({c.name: ids for c, ids in categories})
     k, window = res.k.value, res.window.value
     longest = max(len(p) for ps in sets.values() for p in ps)
     points: list[dict] = []
     run_server_point(res, sweep.ServerPoint(k, window), sets, recipe.bench.concurrency, new,
                      max(recipe.serve.max_model_len or 0, longest + new + 1), log, points.append)
+    per_category = [{**c.record(), **_category_point(points, c.name)} for c, _ in categories]
+    points = [p for p in points if "category" not in p]
     done = [p for p in points if p.get("completed")]
     if not done or done[0]["context_length"] != 0:
         why = next((p.get("error") for p in points if p.get("error")), "no request completed")
@@ -243,6 +251,32 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
                "draft_window_size_source": res.window.source, "concurrency": recipe.bench.concurrency,
                "prompts": found.record(n), "acceptance_length": head["acceptance_length"],
                "per_position_acceptance": head["per_position_acceptance"], "tokens_per_verifier_forward": None,
-               "num_drafts": None, "runs": runs}
+               "num_drafts": None, "runs": runs, "categories": per_category}
     summary["files"] = write_outputs(summary, res.run.eval)
     return summary
+
+
+def served_categories(res: Resolved, num_prompts: int) -> list[tuple]:
+    """eval.categories for served eval: (CategoryPrompts, token ids) each, built as in-process eval builds them."""
+    from transformers import AutoTokenizer
+
+    from dspark_kit.data.categories import CategoryError, parse_categories
+    from dspark_kit.stages.evaluation.heldout import category_prompts
+
+    if not res.recipe.eval.categories:
+        return []
+    tok = AutoTokenizer.from_pretrained(res.verifier_path)
+    try:
+        found = category_prompts(res, parse_categories(res.recipe.eval.categories), num_prompts, tok,
+                                 where="eval.categories")
+    except CategoryError as e:
+        raise EvalError(str(e)) from None
+    thinking = res.recipe.verifier.thinking
+    return [(c, build_prompts(tok, c.chats, len(c.chats), thinking)) for c in found]
+
+
+def _category_point(points: list[dict], name: str) -> dict:
+    """A category's served figures (the fields in-process eval's category rows carry), or why it has none."""
+    p = next((p for p in points if p.get("category") == name), {})
+    keep = ("acceptance_length", "per_position_acceptance", "completed", "failed", "output_throughput", "error")
+    return {k: p[k] for k in keep if k in p}
