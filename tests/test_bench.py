@@ -328,3 +328,19 @@ def test_categories_each_get_their_window_and_compare_side_by_side(serve, tmp_pa
     assert any(p.name == "cmp_categories.png" and p.stat().st_size > 1000 for p in written)
     with pytest.raises(BenchError, match="category 'nope': unknown"):
         run_bench(Resolved(_recipe(tmp_path)), url, label="c", categories="nope")
+
+
+def test_mt_benchs_second_turn_follows_the_servers_reply_in_the_same_window(serve, tmp_path):
+    mt = tmp_path / "mt.jsonl"
+    mt.write_text("".join(json.dumps({"prompt": [f"Write about {i}.", "Now shorter."]}) + "\n" for i in range(2)))
+    stub = CategoryStub("stream")
+    _, url = serve(stub)
+    r = run_bench(Resolved(_recipe(tmp_path)), url, label="mt", num_prompts=2, categories=f"mt-bench={mt}")
+    (cat,) = r["categories"]
+    assert cat["count"] == 2 and cat["turns"] == 2 and cat["completed"] == 4  # two questions, two turns each
+    seconds = [b["messages"] for b in stub.bodies if len(b["messages"]) == 3]
+    assert len(seconds) == 2
+    for msgs in seconds:  # the streamed reply, reassembled, is the history the second turn carries
+        assert msgs[1] == {"role": "assistant", "content": "".join(f"w{i} " for i in range(TOKENS_PER_REPLY))}
+        assert msgs[2] == {"role": "user", "content": "Now shorter."} and msgs[0]["content"].startswith("Write about")
+    assert cat["spec_decode"]["num_drafts"] == 4 * DRAFTS  # both turns counted in the one window

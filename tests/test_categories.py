@@ -144,3 +144,16 @@ def test_eval_table_and_report_plot_per_category(tmp_path):
     assert "eval_categories.png" in report
     tail = highlights(tmp_path)
     assert tail[-len(rows):] == md.splitlines()[-len(rows):]  # the run ends with the table
+
+
+def test_mt_benchs_second_turn_is_asked_after_the_reply(tmp_path):
+    """Spec-Bench asks MT-Bench's second user turn after the model's own first reply: it is kept as a
+    follow-up (not merged into the first prompt); single-turn sets have none."""
+    file = _write(tmp_path / "mt.jsonl", [ROWS["mt-bench"], dict(ROWS["mt-bench"], prompt=["One turn only."])])
+    found = load_category(f"mt-bench={file}", 4)
+    assert found.chats == [[{"role": "user", "content": EXPECTED["mt-bench"]}],
+                           [{"role": "user", "content": "One turn only."}]]
+    assert found.follow_ups == [["Rewrite it."], []] and found.later_turns(1) == [] and found.later_turns(9) == []
+    assert found.record()["turns"] == 2
+    gsm = load_category(f"gsm8k={_write(tmp_path / 'g.jsonl', [ROWS['gsm8k']])}", 4)
+    assert gsm.follow_ups == [] and "turns" not in gsm.record()

@@ -161,10 +161,16 @@ def test_cli_eval_json_and_errors(workdir):
     # --categories: the flag wins over eval.categories ([tiny] in the recipe); a misspelt name is one line
     gsm = workdir / "gsm8k_test.jsonl"
     gsm.write_text(json.dumps({"question": "Count from 3 to 9.", "answer": "#### 3, 4, 5, 6, 7, 8, 9"}) + "\n")
-    res = runner.invoke(app, [*base, "--json", "--out", str(workdir / "cli_cat"), "--categories", f"gsm8k={gsm}"])
+    mt = workdir / "mt_bench.jsonl"  # MT-Bench: the second turn is asked after the verifier's own reply
+    mt.write_text(json.dumps({"prompt": ["describe the red fox.", "count from 2 to 5."]}) + "\n")
+    res = runner.invoke(app, [*base, "--json", "--out", str(workdir / "cli_cat"), "--categories",
+                              f"gsm8k={gsm},mt-bench={mt}"])
     assert res.exit_code == 0, res.output
-    (row,) = json.loads(res.stdout)["categories"]
+    row, two = json.loads(res.stdout)["categories"]
     assert row["category"] == "gsm8k" and row["count"] == 1 and row["acceptance_length"] >= 1.0
+    assert row["num_requests"] == 1 and "turns" not in row
+    assert two["category"] == "mt-bench" and two["count"] == 1 and two["turns"] == 2 and two["num_requests"] == 2
+    assert two["acceptance_length"] >= 1.0
     bad = runner.invoke(app, [*base, "--categories", "gsm9k"])
     assert bad.exit_code != 0 and "--categories: category 'gsm9k': unknown" in bad.output
 

@@ -4,13 +4,15 @@ The Spec-Bench categories: MT-Bench, GSM8K, HumanEval, Alpaca, summarization (CN
 QA (Natural Questions, open-domain). A category is written `NAME` (loaded with `datasets` from the
 hub) or `NAME=FILE` (a local jsonl/json/parquet/csv with the hub set's own columns, for machines
 without the hub). Any other `NAME=FILE` is a chat jsonl of its own (conversations/messages/prompt).
-Each row becomes one single-turn chat: the prompt the verifier answers from scratch.
+Each row becomes one chat the verifier answers from scratch. MT-Bench's second turn follows as
+Spec-Bench asks it: after the verifier's own reply to the first (`follow_ups`), so a category's
+figure counts both replies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,12 @@ class HubSet:
     config: str | None
     split: str
     columns: tuple[str, ...]  # the columns `prompt` reads: a local file must carry them
-    prompt: Callable[[dict[str, Any]], str]
+    prompt: Callable[[dict[str, Any]], str | list[str]]  # a list: the user's turns, in order
 
 
-def _mt_bench(row: dict) -> str:
-    turns = row["prompt"]  # HuggingFaceH4/mt_bench_prompts: both user turns; the first opens the chat
-    return turns[0] if isinstance(turns, list) else str(turns)
+def _mt_bench(row: dict) -> list[str]:
+    turns = row["prompt"]  # HuggingFaceH4/mt_bench_prompts: both user turns, the second after the reply
+    return [str(t) for t in turns] if isinstance(turns, list) else [str(turns)]
 
 
 def _alpaca(row: dict) -> str:
@@ -61,9 +63,16 @@ class CategoryPrompts:
     source: str
     chats: list[list[dict[str, str]]]
     ids: list[str]
+    # per chat, the user's later turns, each asked after the verifier's reply (MT-Bench's second turn)
+    follow_ups: list[list[str]] = field(default_factory=list)
+
+    def later_turns(self, i: int) -> list[str]:
+        return self.follow_ups[i] if i < len(self.follow_ups) else []
 
     def record(self) -> dict:
-        return {"category": self.name, "source": self.source, "count": len(self.chats), "ids": self.ids}
+        turns = 1 + max((len(f) for f in self.follow_ups), default=0)
+        return {"category": self.name, "source": self.source, "count": len(self.chats), "ids": self.ids,
+                **({"turns": turns} if turns > 1 else {})}
 
 
 def parse_categories(value: str | list[str] | None) -> list[str]:
@@ -100,17 +109,19 @@ def load_category(spec: str, limit: int, where: str = "--categories") -> Categor
     if missing:
         raise CategoryError(f"{where} {spec}: no column {', '.join(missing)} (a {name} file carries "
                             f"{hub.path}'s columns: {', '.join(hub.columns)})")
-    chats, ids = [], []
+    chats, ids, later = [], [], []
     for i, row in enumerate(rows):
         if len(chats) >= limit:
             break
-        text = hub.prompt(row)
-        if isinstance(text, str) and text.strip():
-            chats.append([{"role": "user", "content": text}])
+        turns = hub.prompt(row)
+        turns = [turns] if isinstance(turns, str) else list(turns or [])
+        if turns and all(isinstance(t, str) and t.strip() for t in turns):
+            chats.append([{"role": "user", "content": turns[0]}])
+            later.append(turns[1:])
             ids.append(f"{name}#{i}")
     if not chats:
         raise CategoryError(f"{where} {spec}: no usable row")
-    return CategoryPrompts(name, source, chats, ids)
+    return CategoryPrompts(name, source, chats, ids, later if any(later) else [])
 
 
 def _local_rows(file: Path, where: str, spec: str):

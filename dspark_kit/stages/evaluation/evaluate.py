@@ -104,13 +104,20 @@ class EvalSession:
                             f"({self.resolved.k.source}); set serve.num_speculative_tokens: auto")
         self.stop_ids = frozenset(t for t in [self.tokenizer.eos_token_id] if t is not None)
 
-    def measure(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
-                confidence_threshold: float | None = None, k: int | None = None) -> dict:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
+                 confidence_threshold: float | None = None, k: int | None = None) -> list:
+        """One SpecResult per prompt (the verifier's greedy reply and the draft's acceptance counters)."""
         from dspark_kit.specdec.decoder import SpecGenerator
 
+        gen = SpecGenerator(self.verifier, self.draft, k or self.k, window, confidence_threshold, LOCAL_KV_BLOCK_SIZE)
+        return [gen.generate(p, max_new_tokens, stop_ids=self.stop_ids) for p in prompts]
+
+    def measure(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
+                confidence_threshold: float | None = None, k: int | None = None) -> dict:
+        return self.figures(self.generate(prompts, max_new_tokens, window, confidence_threshold, k), prompts, window, k)
+
+    def figures(self, results: list, prompts: list[list[int]], window: int | None, k: int | None = None) -> dict:
         k = k or self.k
-        gen = SpecGenerator(self.verifier, self.draft, k, window, confidence_threshold, LOCAL_KV_BLOCK_SIZE)
-        results = [gen.generate(p, max_new_tokens, stop_ids=self.stop_ids) for p in prompts]
         out = aggregate(results, k)
         out["window"] = window
         out["num_speculative_tokens"] = k
@@ -211,10 +218,25 @@ def measure_categories(session: EvalSession, res: Resolved, specs: list[str], nu
     except CategoryError as e:
         raise EvalError(str(e)) from None
     out = []
+    thinking = res.recipe.verifier.thinking
     for found in sets:
         log(f"eval: category {found.name}: {len(found.chats)} prompts")
-        prompts = build_prompts(session.tokenizer, found.chats, len(found.chats), res.recipe.verifier.thinking)
-        out.append({**found.record(), **session.measure(prompts, max_new, window, thr)})
+        prompts = build_prompts(session.tokenizer, found.chats, len(found.chats), thinking)
+        results = session.generate(prompts, max_new, window, thr)
+        histories = [list(chat) for chat in found.chats]
+        replies = dict(enumerate(results))
+        for turn in range(max((len(f) for f in found.follow_ups), default=0)):
+            # the user's next turn after the verifier's own reply (greedy: the decoder's output is the verifier's)
+            asked = [i for i in replies if turn < len(found.later_turns(i))]
+            for i in asked:
+                reply = session.tokenizer.decode(replies[i].token_ids, skip_special_tokens=True)
+                histories[i] += [{"role": "assistant", "content": reply},
+                                 {"role": "user", "content": found.later_turns(i)[turn]}]
+            more = build_prompts(session.tokenizer, [histories[i] for i in asked], len(asked), thinking)
+            replies = dict(zip(asked, session.generate(more, max_new, window, thr), strict=True))
+            results += list(replies.values())
+            prompts += more
+        out.append({**found.record(), **session.figures(results, prompts, window)})
     return out
 
 

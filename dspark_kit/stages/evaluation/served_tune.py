@@ -233,7 +233,11 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
     points: list[dict] = []
     run_server_point(res, sweep.ServerPoint(k, window), sets, recipe.bench.concurrency, new,
                      max(recipe.serve.max_model_len or 0, longest + new + 1), log, points.append)
-    per_category = [{**c.record(), **_category_point(points, c.name)} for c, _ in categories]
+    # prompts go as token ids here: a later turn (MT-Bench's second) needs the reply's text, which
+    # `eval` in-process and `bench` have; served eval says it asked the first turn only
+    first_only = {"turns": 1, "note": "served eval asks the first turn only (eval in-process and bench ask both)"}
+    per_category = [{**c.record(), **(first_only if c.follow_ups else {}), **_category_point(points, c.name)}
+                    for c, _ in categories]
     points = [p for p in points if "category" not in p]
     done = [p for p in points if p.get("completed")]
     if not done or done[0]["context_length"] != 0:

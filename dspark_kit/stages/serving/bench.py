@@ -85,6 +85,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     streamed: bool = False
     itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
+    text: str = ""  # the reply's content (a later turn's history)
 
     @property
     def tpot_s(self) -> float | None:
@@ -104,6 +105,14 @@ def _delta_text(choice: dict) -> str:
     delta = choice.get("delta") or choice.get("message") or {}
     parts = [delta.get(k) for k in ("content", "reasoning_content", "reasoning")]
     return "".join(p for p in parts if isinstance(p, str))
+
+
+def _content(choice: dict) -> str:
+    """The reply text (not its reasoning) a chunk or a whole body carries."""
+    if isinstance(choice.get("text"), str):
+        return choice["text"]
+    part = (choice.get("delta") or choice.get("message") or {}).get("content")
+    return part if isinstance(part, str) else ""
 
 
 def _apply_usage(rec: RequestRecord, usage: dict | None) -> None:
@@ -126,6 +135,7 @@ async def chat_request(client: ChatClient, payload: dict, completion: bool = Fal
                 now = time.perf_counter()
                 if kind == "body":  # the server answered one JSON body
                     rec.latency_s = rec.ttft_s = now - start
+                    rec.text = "".join(_content(c) for c in event.get("choices") or [])
                     _apply_usage(rec, event.get("usage"))
                     rec.ok = True
                     return rec
@@ -133,6 +143,7 @@ async def chat_request(client: ChatClient, payload: dict, completion: bool = Fal
                 if "error" in event:
                     rec.error = str(event["error"])[:200]
                     return rec
+                rec.text += "".join(_content(c) for c in event.get("choices") or [])
                 if any(_delta_text(c) for c in event.get("choices") or []):
                     chunks += 1
                     if rec.ttft_s is None:
@@ -162,10 +173,13 @@ def _rejects_streaming(rec: RequestRecord) -> bool:
 
 async def run_load(base_url: str, model: str | None, prompts: list[list[dict[str, str]]], *,
                    concurrency: int, max_tokens: int, temperature: float, thinking: bool,
-                   timeout: float = 600.0, preferred_model: str = "") -> dict[str, Any]:
+                   timeout: float = 600.0, preferred_model: str = "",
+                   follow_ups: list[list[str]] | None = None) -> dict[str, Any]:
     """Send every prompt with at most `concurrency` in flight; returns records + metrics.
 
-    No `model`: `preferred_model` when the server lists it, else the server's first model."""
+    No `model`: `preferred_model` when the server lists it, else the server's first model.
+    `follow_ups[i]`: prompt i's later user turns, each sent after the server's reply to the one
+    before (MT-Bench's second turn), inside the same /metrics window; one record per request."""
     async with ChatClient(base_url, concurrency=concurrency + 4, timeout=timeout, streaming=True) as client:
         try:
             ids = await asyncio.wait_for(client.model_ids(), 10)
@@ -196,8 +210,17 @@ async def run_load(base_url: str, model: str | None, prompts: list[list[dict[str
                     use_stream[0] = False
                 return await chat_request(client, payload)
 
+        async def conversation(i: int, msgs: list[dict[str, str]]) -> list[RequestRecord]:
+            out = [await one(msgs)]
+            for turn in (follow_ups[i] if follow_ups and i < len(follow_ups) else []):
+                if not out[-1].ok:
+                    break  # no reply to continue from
+                msgs = [*msgs, {"role": "assistant", "content": out[-1].text}, {"role": "user", "content": turn}]
+                out.append(await one(msgs))
+            return out
+
         t0 = time.perf_counter()
-        records = await asyncio.gather(*(one(p) for p in prompts))
+        records = [r for rs in await asyncio.gather(*(conversation(i, p) for i, p in enumerate(prompts))) for r in rs]
         duration = time.perf_counter() - t0
         after = await client.get_text("/metrics")
     scraped = before is not None and after is not None
@@ -261,11 +284,11 @@ def run_bench(res: Resolved, base_url: str | None = None, label: str | None = No
     sets = _category_sets(res, b.categories if categories is None else categories, n,
                           "--categories" if categories is not None else "bench.categories")
 
-    def send(msgs: list[list[dict[str, str]]], name: str | None) -> dict[str, Any]:
+    def send(msgs: list[list[dict[str, str]]], name: str | None, follow_ups=None) -> dict[str, Any]:
         try:
             return asyncio.run(run_load(base_url, name, msgs, concurrency=conc, max_tokens=max_tok,
                                         temperature=b.temperature, thinking=recipe.verifier.thinking,
-                                        preferred_model="" if name else res.served_name))
+                                        preferred_model="" if name else res.served_name, follow_ups=follow_ups))
         except MetricsError as e:
             raise BenchError(str(e)) from None
 
@@ -285,7 +308,8 @@ def run_bench(res: Resolved, base_url: str | None = None, label: str | None = No
         raise BenchError(f"bench: all {len(prompts)} requests failed ({'; '.join(result['errors'])}); "
                          "check the server log and the model name")
     if sets:
-        result["categories"] = [category_row(found, send(found.chats, load["model"])) for found in sets]
+        result["categories"] = [category_row(found, send(found.chats, load["model"], found.follow_ups))
+                                for found in sets]
     if write:
         write_result(result, Path(out_dir) if out_dir else res.run.bench)
     return result
