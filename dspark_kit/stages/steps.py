@@ -234,12 +234,12 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
         run.logs.mkdir(parents=True, exist_ok=True)
         log = run.train_log
         since = log.stat().st_size if log.exists() else 0
-        master = MasterWatch(rdzv) if rdzv is not None else None
-        watches = [w for w in (endpoint.gone if endpoint else None, master.gone if master and master.active else None)
+        store = MasterWatch(rdzv) if rdzv is not None else None  # node 0's rendezvous store, from node K
+        watches = [w for w in (endpoint.gone if endpoint else None, store.gone if store and store.active else None)
                    if w is not None]
         code, gone = run_training(trainer, log, watch=_first_reason(watches) if watches else None, reporter=reporter)
     res.checkpoints_changed()
-    if gone and master is not None and master.silent_since is not None:
+    if gone and store is not None and store.silent_since is not None:
         raise RuntimeError(gone)  # names the lost master and the fix
     if gone:
         raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume (from the checkpoint "
