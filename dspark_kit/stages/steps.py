@@ -163,6 +163,7 @@ def plan_train(res: Resolved) -> StagePlan:
         processes.append(Process("hidden-state server", server))
         lines += ["# hidden-state server train starts (online mode)", server.shell_line()]
     device = res.train_device.value
+    res.hidden_states_out_dtype  # noqa: B018 - fp8 the trainer cannot read stops the plan here, in one line
     args = build_train_args(recipe, res.run.root, verifier_path=res.verifier_path, device=device,
                             num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=endpoint,
                             mooncake=res.mooncake)

@@ -117,6 +117,8 @@ def build_train_args(
         args += ["--max-steps", str(t.max_steps)]
     if recipe.verifier.trust_remote_code:
         args += ["--trust-remote-code"]
+    if recipe.hidden_states.dtype == "fp8":  # hs-connectors' reader for fp8 files: dequantizes to bf16
+        args += ["--hidden-states-backend", "fp8"]
     if recipe.hidden_states.mode == "online":
         if not hidden_states_endpoint:
             raise ValueError("hidden_states.mode online needs a hidden-state server endpoint "
