@@ -39,9 +39,11 @@ def test_fp8_is_a_recipe_value_and_the_trainer_reads_it_with_hs_connectors_fp8_b
 
     recipe = load_recipe(TINY_RECIPE, FP8)
     assert Resolved(recipe, tmp_path, planning=True).hidden_states_out_dtype.value == "fp8"
-    args = build_train_args(recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu")
+    args = build_train_args(recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu",
+                            hidden_states_dtype="fp8")
     assert args[args.index("--hidden-states-backend") + 1] == "fp8"
-    plain = build_train_args(load_recipe(TINY_RECIPE), tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu")
+    plain = build_train_args(load_recipe(TINY_RECIPE), tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu",
+                             hidden_states_dtype="bfloat16")
     assert "--hidden-states-backend" not in plain  # speculators' default: the file backend
     # what speculators train builds from that flag (train/cli.py: registry[...].from_train_args): the
     # dequantizing reader of the files in the prepared data's hidden_states folder
@@ -85,6 +87,8 @@ def test_fp8_without_the_connector_stops_plans_and_preflight_in_one_line(tmp_pat
         res.hidden_states_out_dtype  # noqa: B018
     assert "\n" not in str(e.value) and str(e.value).startswith("hidden_states.dtype: fp8")
     assert "hidden_states.dtype: bfloat16" in str(e.value) and "hs-connectors>=0.9.0" in str(e.value)
+    plan = sp.plan_storage(res)  # nothing sized in a dtype this machine cannot write; the line says why
+    assert plan.bytes is None and "unknown here: the file dtype; hidden_states.dtype: fp8" in plan.line()
     found = [f for f in run_preflight(res, probes=False) if f.code == "hidden-states-dtype"]
     assert len(found) == 1 and found[0].level == "error" and "0.8.0" in found[0].message
     r = CliRunner().invoke(app, ["train", "-r", str(TINY_RECIPE), "-w", str(tmp_path), "--set", FP8[0],

@@ -72,7 +72,7 @@ class StoragePlan:
     basis: str  # where the token count came from
     layers: int | None
     hidden: int | None
-    dtype: str
+    dtype: str | None  # None: this machine cannot write the recipe's (basis says why)
     dest: str
     free: int | None
     written: int  # already in dest
@@ -91,8 +91,9 @@ class StoragePlan:
     def line(self) -> str:
         where = f"{self.dest} ({human(self.free)} free)" if self.free is not None else self.dest
         if self.bytes is None:
-            unknown = "the verifier's hidden size (set verifier.hidden_size to plan)" if self.hidden is None \
-                else "the token count"
+            unknown = ("the file dtype" if self.dtype is None else
+                       "the verifier's hidden size (set verifier.hidden_size to plan)" if self.hidden is None
+                       else "the token count")
             size = f"unknown here: {unknown}; {self.basis}"
         else:
             extra = "ids, a float32 scale per token" if self.dtype == FP8 else "ids"
@@ -122,10 +123,10 @@ def plan_storage(res: Resolved) -> StoragePlan:
     tokens, rows, basis = _tokens(res)
     try:
         dtype = res.hidden_states_out_dtype.value
-    except RecipeError:  # fp8 this machine cannot write: still sized as asked (preflight names why)
-        dtype = hs.dtype
+    except RecipeError as e:  # fp8 this machine cannot write: nothing to size (preflight names it an error)
+        dtype, basis = None, str(e)
     total = (offline_bytes(tokens, rows, layers, hidden, dtype)
-             if None not in (tokens, rows, layers, hidden) else None)
+             if None not in (tokens, rows, layers, hidden, dtype) else None)
     dest = res.run.hidden_states
     return StoragePlan(hs.mode, total, tokens, rows, basis, layers, hidden, dtype, str(dest), free_bytes(dest),
                        written_bytes(dest))
