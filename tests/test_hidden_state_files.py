@@ -161,3 +161,34 @@ def test_non_fp8_files_are_unchanged_by_the_format(tmp_path):
         t = hsf.file_tensors(states, torch.arange(5), dtype)
         assert sorted(t) == ["hidden_states", "token_ids"] and hsf.dtype_of(t) == dtype
         assert torch.equal(hsf.readable(t)["hidden_states"], states.to(getattr(torch, dtype)))
+
+
+# ---- through an extraction server: generate-offline-data cannot validate fp8 ---------------------
+
+
+def test_offline_through_a_server_checks_fp8_files_itself(tmp_path):
+    """speculators' check_hidden_states takes torch.aminmax of the raw tensor, which torch has no
+    float8 kernel for: generate-offline-data runs without --validate-outputs for fp8 and the kit
+    checks the files it wrote, dequantized; a bad one is removed and named."""
+    from datasets import Dataset
+    from speculators.data_generation.offline import check_hidden_states
+
+    from dspark_kit.stages.hidden.hidden_states_vllm import check_written, offline_command
+
+    fp8_file = hsf.file_tensors(torch.randn(3, 4, 8), torch.tensor([5, 6, 7]), "fp8")
+    with pytest.raises(NotImplementedError, match="aminmax"):  # why the flag is off for fp8
+        check_hidden_states(fp8_file, [5, 6, 7])
+    sets = ["verifier.path=/models/absent", "serve.engine=vllm", "hidden_states.backend=vllm"]
+    bf16 = Resolved(load_recipe(TINY_RECIPE, sets), tmp_path, planning=True)
+    res = Resolved(load_recipe(TINY_RECIPE, [*sets, *FP8]), tmp_path, planning=True)
+    assert "--validate-outputs" in offline_command(bf16, "http://h:1")
+    assert "--validate-outputs" not in offline_command(res, "http://h:1")
+
+    Dataset.from_dict({"input_ids": [[5, 6, 7], [1, 2]]}).save_to_disk(str(res.run.prepared))
+    res.run.hidden_states.mkdir()
+    save_file(fp8_file, str(res.run.hidden_states / "hs_0.safetensors"))
+    save_file(hsf.file_tensors(torch.randn(2, 4, 8), torch.tensor([1, 9]), "fp8"), str(res.run.hidden_states / "hs_1.safetensors"))
+    check_written(res, [0], "http://h:1")  # the row's ids, finite once dequantized
+    with pytest.raises(RuntimeError, match="row 1 of .* not a valid fp8 file"):
+        check_written(res, [0, 1], "http://h:1")
+    assert not (res.run.hidden_states / "hs_1.safetensors").exists()  # a rerun writes it again
