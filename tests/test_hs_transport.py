@@ -40,7 +40,7 @@ def test_one_decision_for_server_and_trainer(vllm_cpu_stub, tmp_path):
                        installed_versions={}).argv)
     assert (gpu["kv_connector"], gpu["kv_connector_module_path"]) == (
         "MooncakeHiddenStatesConnector", "hs_connectors.mooncake_hidden_states_connector")
-    args = build_train_args(r, tmp_path, verifier_path=VERIFIER, num_hidden_layers=28, device="cpu",
+    args = build_train_args(r, tmp_path, verifier_path=VERIFIER, num_hidden_layers=28, device="cpu", hidden_states_dtype="bfloat16",
                             hidden_states_endpoint="http://127.0.0.1:9736", mooncake=mc)
     assert args[args.index("--hidden-states-backend") + 1] == "mooncake"
     assert args[args.index("--mooncake-master") + 1] == "127.0.0.1:50111"
@@ -51,7 +51,7 @@ def test_trainer_flags_parse_with_speculators_own_resolver(tmp_path):
     from speculators.train.config import TrainConfig
 
     r = recipe(master_port=50111)
-    args = build_train_args(r, tmp_path, verifier_path=VERIFIER, num_hidden_layers=28, device="cpu",
+    args = build_train_args(r, tmp_path, verifier_path=VERIFIER, num_hidden_layers=28, device="cpu", hidden_states_dtype="bfloat16",
                             hidden_states_endpoint="http://127.0.0.1:9736", mooncake=mooncake_for(r))
     cfg = TrainConfig.resolve(args)
     assert cfg.flatten()["hidden_states_backend"] == "mooncake"

@@ -105,7 +105,8 @@ def test_trust_remote_code_only_when_the_recipe_says_so(tiny_recipe, tiny_verifi
 
     tiny_recipe.verifier.trust_remote_code = trust
     tiny_recipe.train.device = "cuda"  # plan the GPU box's vllm serve (here engine vllm is the CPU build)
-    train = build_train_args(tiny_recipe, tmp_path, verifier_path=str(tiny_verifier), num_hidden_layers=4, device="cpu")
+    train = build_train_args(tiny_recipe, tmp_path, verifier_path=str(tiny_verifier), num_hidden_layers=4, device="cpu",
+                             hidden_states_dtype="bfloat16")
     assert ("--trust-remote-code" in train) is trust
     for role in ("chat", "hidden-states"):
         argv = plan_vllm(Resolved(tiny_recipe, engine="vllm", installed={}), role, port=8001).argv

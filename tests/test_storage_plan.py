@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from dspark_kit.cli import app
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
+from dspark_kit.specdec.hidden_state_files import header_bytes
 from dspark_kit.stages.hidden import storage_plan as sp
 from dspark_kit.stages.preflight import run_preflight
 
@@ -29,7 +30,7 @@ def test_plan_from_the_prepared_rows_is_tokens_x_layers_x_hidden_x_dtype(tmp_pat
     plan = sp.plan_storage(Resolved(load_recipe(TINY_RECIPE), tmp_path, planning=True))
     # tiny verifier: hidden 128, layers [1, 2, 3] + the last = 4, bf16; + int64 ids, headers
     assert (plan.layers, plan.hidden, plan.dtype) == (4, 128, "bfloat16")
-    assert plan.bytes == 1000 * (4 * 128 * 2 + 8) + 10 * sp.HEADER_BYTES
+    assert plan.bytes == 1000 * (4 * 128 * 2 + 8) + 10 * header_bytes("bfloat16")
     assert plan.fits and "prepare_meta.json" in plan.basis and "GiB free" in plan.line()
 
 
@@ -63,7 +64,7 @@ def test_seed_recipe_plans_what_offline_would_cost_and_says_why_it_trains_online
     assert "hidden_states.mode online writes no hidden states ahead" in line
     assert "would not fit" not in line  # online: whether offline files would fit is no question
     plan = sp.plan_storage(Resolved(load_recipe(SEED), tmp_path, planning=True))
-    assert plan.bytes == 20_000 * 8192 * (6 * 2048 * 2 + 8) + 20_000 * sp.HEADER_BYTES
+    assert plan.bytes == 20_000 * 8192 * (6 * 2048 * 2 + 8) + 20_000 * header_bytes("bfloat16")
     run = CliRunner().invoke(app, ["run", str(SEED), "-w", str(tmp_path), "--dry-run"])
     assert line in run.output
 

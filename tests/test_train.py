@@ -29,7 +29,7 @@ def ascend():
 
 
 def test_seed_training_flags_all_appear(ascend, tmp_path):
-    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu",
+    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu", hidden_states_dtype="bfloat16",
                             hidden_states_endpoint="http://localhost:9736")
     expect = {
         "--speculator-type": ["dspark"], "--block-size": ["8"], "--max-anchors": ["256"],
@@ -54,7 +54,7 @@ def test_args_parse_with_speculators_own_resolver(ascend, tmp_path):
 
     from speculators.train.config import TrainConfig
 
-    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="cpu",
+    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="cpu", hidden_states_dtype="bfloat16",
                             hidden_states_endpoint="http://h:1/v1")
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
@@ -99,18 +99,18 @@ def test_sliding_attention_passes_only_listed_layers(tiny_recipe, tmp_path):
     tiny_recipe.draft.attention = "sliding"
     tiny_recipe.draft.num_layers = 3
     tiny_recipe.draft.full_attention_indices = [0]
-    args = build_train_args(tiny_recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu")
+    args = build_train_args(tiny_recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu", hidden_states_dtype="bfloat16")
     assert _flag(args, "--full-attention-indices") == ["0"] and _flag(args, "--on-missing") == ["raise"]
 
 
 def test_online_without_endpoint_is_an_error(ascend, tmp_path):
     with pytest.raises(ValueError, match="hidden_states.mode online"):
-        build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu")
+        build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu", hidden_states_dtype="bfloat16")
 
 
 def test_logger_none_is_left_to_speculators_default(tiny_recipe, tmp_path):
     tiny_recipe.train.logger = "none"
-    args = build_train_args(tiny_recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu")
+    args = build_train_args(tiny_recipe, tmp_path, verifier_path="v", num_hidden_layers=4, device="cpu", hidden_states_dtype="bfloat16")
     assert "--logger" not in args
 
 
@@ -163,7 +163,7 @@ def test_online_flags_follow_the_installed_speculators(ascend, tmp_path, monkeyp
     from dspark_kit.compat import versions
 
     monkeypatch.setattr(versions, "_speculators_source", lambda command: source)
-    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu",
+    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="npu", hidden_states_dtype="bfloat16",
                             hidden_states_endpoint="http://localhost:9736")
     assert ("--on-generate" in args) == on_generate and ("--max-consecutive-generation-failures" in args) == breaker
     if on_generate:

@@ -135,3 +135,59 @@ def test_cli_serve_refuses_spec_on_cpu_in_one_line(vllm_cpu_stub, tmp_path):
     assert chat.exit_code == 0, chat.output
     words = shlex.split(chat.stdout.strip().splitlines()[-1])
     assert words[:3] == [str(vllm_cpu_stub), "-m", VLLM_CPU_ENTRYPOINT]
+
+
+def _site_packages_with(venv_python: Path, files: tuple[str, ...]) -> None:
+    pkg = venv_python.parent.parent / "lib" / "python3.11" / "site-packages" / "hs_connectors"
+    pkg.mkdir(parents=True)
+    for f in files:
+        (pkg / f).write_text("")
+
+
+def test_fp8_on_the_cpu_build_loads_the_kits_fp8_connector(vllm_cpu_stub):
+    """hidden_states.dtype fp8: hs-connectors' fp8 connector copies through pinned memory like
+    vLLM's (it only overrides the write step), so the CPU build gets the kit's subclass, which
+    combines the kit's host copy with hs-connectors' own fp8 write."""
+    import ast
+
+    from dspark_kit.engines.vllm import CPU_FP8_CONNECTOR
+
+    _site_packages_with(vllm_cpu_stub, ("fp8_hidden_states_connector.py",))
+    r = recipe()
+    r.hidden_states.dtype = "fp8"
+    plan = plan_vllm(r, "hidden-states", engine="vllm", num_hidden_layers=28, installed_versions={})
+    kv = kv_config(plan.argv)
+    assert (kv["kv_connector"], kv["kv_connector_module_path"]) == CPU_FP8_CONNECTOR
+    assert kv["kv_connector_extra_config"] == {"shared_storage_path": r.hidden_states.storage_path}
+    module = Path(plan.env["PYTHONPATH"]) / f"{CPU_FP8_CONNECTOR[1]}.py"
+    source = module.read_text()
+    assert f"class {CPU_FP8_CONNECTOR[0]}(CpuHiddenStatesConnector, FP8HiddenStatesConnector)" in source
+    tree = ast.parse(source)
+    tops = {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert tops <= {"__future__", "dspark_cpu_hs_connector", "hs_connectors"}, tops  # nothing of the kit
+
+
+def test_fp8_on_the_cpu_build_without_hs_connectors_there_is_one_line(vllm_cpu_stub):
+    r = recipe()
+    r.hidden_states.dtype = "fp8"
+    with pytest.raises(PlanError) as e:
+        plan_vllm(r, "hidden-states", engine="vllm", num_hidden_layers=28, installed_versions={})
+    msg = str(e.value)
+    assert "\n" not in msg and "hidden_states.dtype: fp8" in msg and "hs-connectors" in msg
+    assert "hidden_states.dtype: bfloat16" in msg
+    plan_vllm(r, "chat", engine="vllm", installed_versions={})  # other roles do not need it
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm-ascend"])
+def test_fp8_on_accelerators_is_hs_connectors_own_kv_config(vllm_cpu_stub, engine):
+    """The --kv-transfer-config hs-connectors' FP8Backend builds for `vllm serve` (transfer.py)."""
+    from argparse import Namespace
+
+    from hs_connectors import HiddenStatesBackend
+
+    r = recipe(device="cuda" if engine == "vllm" else "npu")
+    r.hidden_states.dtype = "fp8"
+    plan = plan_vllm(r, "hidden-states", engine=engine, num_hidden_layers=28, installed_versions={})
+    theirs = HiddenStatesBackend.registry["fp8"].build_kv_transfer_config(
+        Namespace(hidden_states_path=r.hidden_states.storage_path))
+    assert kv_config(plan.argv) == theirs and "PYTHONPATH" not in plan.env

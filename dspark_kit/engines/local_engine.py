@@ -200,10 +200,11 @@ class Engine:
         from safetensors.torch import save_file
 
         from dspark_kit.engines.verifier_generator import extract_hidden_states
+        from dspark_kit.specdec.hidden_state_files import file_tensors
 
         hs, next_token = extract_hidden_states(self.model, ids, self.args.layer_ids)
-        tensors = {"hidden_states": hs.to(getattr(torch, self.args.hidden_states_dtype)).cpu().contiguous(),
-                   "token_ids": torch.tensor(ids, dtype=torch.int64)}
+        tensors = {name: t.cpu() for name, t in file_tensors(hs, torch.tensor(ids, dtype=torch.int64),
+                                                             self.args.hidden_states_dtype).items()}
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = f"{path}.lock"
         fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)

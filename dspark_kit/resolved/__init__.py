@@ -531,7 +531,16 @@ class Resolved:
 
     @property
     def hidden_states_out_dtype(self) -> Decision[str]:
-        return Decision(self.recipe.hidden_states.dtype, "hidden_states.dtype")
+        """The hidden-state files' dtype; fp8 only where the installed hs-connectors has its fp8
+        connector (specdec/hidden_state_files.py), else one line naming the key and the fix."""
+        dtype = self.recipe.hidden_states.dtype
+        if dtype == "fp8":
+            from dspark_kit.specdec.hidden_state_files import fp8_unavailable
+
+            if why := fp8_unavailable():
+                raise RecipeError(f"hidden_states.dtype: fp8 needs hs-connectors' fp8 connector, but {why}: "
+                                  "pip install hs-connectors>=0.9.0 or set hidden_states.dtype: bfloat16")
+        return Decision(dtype, "hidden_states.dtype")
 
     @cached_property
     def serve_dtype(self) -> Decision[str]:

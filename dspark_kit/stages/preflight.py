@@ -337,6 +337,15 @@ def check_transport(ctx: _Context) -> list[Finding]:
     return [pitfall(11, "error", p) for p in transport_problems(ctx.recipe, ctx.res.mooncake)]
 
 
+def check_hidden_dtype(ctx: _Context) -> list[Finding]:
+    """hidden_states.dtype fp8 needs hs-connectors' fp8 connector here (Resolved.hidden_states_out_dtype)."""
+    try:
+        ctx.res.hidden_states_out_dtype  # noqa: B018 - the decision raises its own one line
+    except RecipeError as e:
+        return [Finding("error", "hidden-states-dtype", str(e))]
+    return []
+
+
 def check_storage(ctx: _Context) -> list[Finding]:
     """Offline hidden states must fit where they go (the plan: stages/hidden/storage_plan.py)."""
     from dspark_kit.stages.hidden.storage_plan import human, plan_storage
@@ -505,7 +514,7 @@ def check_endpoints(ctx: _Context) -> list[Finding]:
 
 CHECKS = [check_verifier, check_memory, check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask,
           check_windows, check_checkpoint, check_engine, check_parallel, check_lengths, check_prompt_room, check_ports,
-          check_multinode, check_transport, check_storage, check_endpoints]  # fmt: skip
+          check_multinode, check_transport, check_hidden_dtype, check_storage, check_endpoints]  # fmt: skip
 
 
 def _context(res: Resolved, checkpoints: bool = True) -> _Context:

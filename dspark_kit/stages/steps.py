@@ -166,6 +166,7 @@ def plan_train(res: Resolved) -> StagePlan:
         lines += ["# hidden-state server train starts (online mode)", server.shell_line()]
     device = res.train_device.value
     args = build_train_args(recipe, res.run.root, verifier_path=res.verifier_path, device=device,
+                            hidden_states_dtype=res.hidden_states_out_dtype.value,
                             num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=endpoint,
                             mooncake=res.mooncake)
     rdzv = rendezvous_for(recipe, device)

@@ -15,7 +15,9 @@ class's own; only that one method differs: the slots are copied out
 synchronously (the KV cache already lives in host memory) and the file is
 written before the step returns, under the same `.lock` protocol, so clients
 (speculators' trainer and generate-offline-data) read it exactly as they read
-the stock connector's files.
+the stock connector's files. The file itself is written by the class's own
+`_write_tensors` (the stock one, or hs-connectors' fp8 one in
+dspark_cpu_fp8_connector.py), into a temporary name that is then renamed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import fcntl
 import os
 
 import torch
-from safetensors.torch import save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector,
     PendingSave,
@@ -36,11 +37,16 @@ logger = init_logger(__name__)
 
 
 class _Done:
-    """Stands in for the CUDA copy event get_finished() polls: the copy is already done."""
+    """Stands in for the CUDA copy event get_finished() polls and _write_tensors waits on: the
+    copy is already done."""
 
     @staticmethod
     def query() -> bool:
         return True
+
+    @staticmethod
+    def synchronize() -> None:
+        pass
 
 
 class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
@@ -64,10 +70,10 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         tmp = pending.filename + ".tmp"
         try:  # a reader never sees a half-written file, even without the lock
-            save_file(tensors, tmp)
+            self._write_tensors(tensors, _Done(), tmp, None)  # the class's own write step (lock: ours, below)
             os.replace(tmp, pending.filename)
-        except OSError as e:  # disk full etc.: like the stock writer thread, log it and keep serving;
-            # the client finds no file and fails that row
+        except Exception as e:  # noqa: BLE001 - disk full etc.: like the stock writer thread, log it and
+            # keep serving; the client finds no file and fails that row
             logger.error("Hidden-states write failed for req_id=%s (%s): %r", pending.req_id, pending.filename, e)
         finally:
             if os.path.exists(tmp):

@@ -1,8 +1,9 @@
 """Stage 2, hidden states (offline, local backend): verifier forward -> hs_{i}.safetensors.
 
 Layer ids follow vLLM's convention (read by dspark_kit.specdec.verifier.LayerTap). Each
-file holds `hidden_states` [seq, len(ids), hidden] (bf16) and `token_ids`
-int64 [seq]; `i` is the row index in the prepared dataset, exactly what
+file holds `hidden_states` [seq, len(ids), hidden] in hidden_states.dtype and `token_ids`
+int64 [seq] (fp8: hs-connectors' fp8 files, with a scale per token:
+specdec/hidden_state_files.py); `i` is the row index in the prepared dataset, exactly what
 speculators' file dataloader reads.
 
 Rows of one length share a forward (no padding, so each file holds its own
@@ -24,6 +25,7 @@ import torch
 
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.rundir import hidden_state_file, hidden_states_dir
+from dspark_kit.specdec import hidden_state_files
 from dspark_kit.specdec.verifier import LayerTap, load_verifier
 from dspark_kit.stages.hidden.storage_plan import human, offline_bytes, written_bytes
 
@@ -44,13 +46,18 @@ class HiddenStatesSummary:
         return d
 
 
-def is_valid_file(path: Path, token_ids: list[int]) -> bool:
-    """A file that opens, has both keys, the right length and finite values."""
+def is_valid_file(path: Path, token_ids: list[int], dtype: str | None = None) -> bool:
+    """A file that opens, has both keys, the right length and finite values (fp8: once
+    dequantized, as the trainer reads it), in `dtype` when given (a run whose
+    hidden_states.dtype changed rewrites the files of the other dtype)."""
     from safetensors.torch import load_file
     from speculators.data_generation.offline import check_hidden_states
 
     try:
-        check_hidden_states(load_file(str(path)), token_ids)
+        tensors = load_file(str(path))
+        if dtype is not None and hidden_state_files.dtype_of(tensors) != dtype:
+            return False
+        check_hidden_states(hidden_state_files.readable(tensors), token_ids)
         return True
     except Exception:  # noqa: BLE001 - any unreadable file is simply regenerated
         return False
@@ -169,16 +176,19 @@ def generate_offline(
                 for b, i in enumerate(group):
                     path = hidden_state_file(out, i)
                     if path.exists():
-                        if is_valid_file(path, ids[b].tolist()):
+                        if is_valid_file(path, ids[b].tolist(), out_dtype):
                             skipped += 1
                             continue
                         corrupt += 1
                     todo.append((b, path))
                 if todo:
                     rows = ids[[b for b, _ in todo]]
-                    hs = tap.batch(rows.to(device), getattr(torch, out_dtype)).cpu()
+                    # fp8 quantizes each row from the verifier's own values (its scales are per token)
+                    stacked = None if out_dtype == hidden_state_files.FP8 else getattr(torch, out_dtype)
+                    hs = tap.batch(rows.to(device), stacked)
                     for k, (_b, path) in enumerate(todo):
-                        writer.put(path, {"hidden_states": hs[k], "token_ids": rows[k]})
+                        tensors = hidden_state_files.file_tensors(hs[k], rows[k], out_dtype)
+                        writer.put(path, {name: t.cpu() for name, t in tensors.items()})
                     generated += len(todo)
                 bar.advance(len(group))
     finally:

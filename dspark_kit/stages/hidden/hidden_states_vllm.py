@@ -16,9 +16,18 @@ from dspark_kit.engines import openai_base_url
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import hidden_state_file, hidden_state_rows
+from dspark_kit.specdec.hidden_state_files import FP8
 
 if TYPE_CHECKING:
     from dspark_kit.stages.plan import Process, StagePlan
+
+
+def speculators_validates(res: Resolved) -> bool:
+    """generate-offline-data --validate-outputs: not for fp8 files. Its check_hidden_states
+    (speculators/data_generation/offline.py:29) takes torch.aminmax of the raw tensor, which
+    torch has no float8_e4m3fn kernel for ("aminmax_cpu" not implemented), so every fp8 row
+    would fail; the kit checks those files itself, dequantized (`check_written`)."""
+    return res.hidden_states_out_dtype.value != FP8
 
 
 def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int = 0) -> list[str]:
@@ -32,7 +41,7 @@ def offline_command(res: Resolved, endpoint: str, world_size: int = 1, rank: int
         "--endpoint", openai_base_url(endpoint),
         "--preprocessed-data", str(res.run.prepared),
         "--concurrency", str(recipe.regen.concurrency),
-        "--validate-outputs",
+        *(["--validate-outputs"] if speculators_validates(res) else []),
         "--world-size", str(world_size),
         "--rank", str(rank),
         # a row that fails stops the run (the kit names it) instead of being skipped
@@ -118,6 +127,26 @@ def missing_rows(res: Resolved, world_size: int, rank: int) -> list[int]:
     return get_indices_to_process(n, None, sorted(have), world_size, rank)
 
 
+def check_written(res: Resolved, rows: list[int], url: str) -> None:
+    """What --validate-outputs checks, for the files of `rows` this run wrote without it (fp8):
+    each opens, holds the row's token ids and finite states once dequantized; a bad one is
+    removed (a rerun writes it again) and named."""
+    if not rows:
+        return
+    from datasets import load_from_disk
+
+    from dspark_kit.stages.hidden.hidden_states import is_valid_file
+
+    data = load_from_disk(str(res.run.prepared)).with_format(None)
+    dtype = res.hidden_states_out_dtype.value
+    for i in rows:
+        path = hidden_state_file(res.run.hidden_states, i)
+        if not is_valid_file(path, list(data[i]["input_ids"]), dtype):
+            path.unlink(missing_ok=True)
+            raise RuntimeError(f"row {i} of {res.run.prepared} from {url}: its hidden-state file is not a valid "
+                               f"{dtype} file for the row (removed; rerun to write it again)")
+
+
 def run_offline_vllm(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     """speculators generate-offline-data (this node's, from the stage plan) against the extraction
     server; a row that fails stops it (--fail-on-error) and the error names the row, never a file
@@ -130,6 +159,7 @@ def run_offline_vllm(res: Resolved, plan: StagePlan, reporter: Reporter = STANDA
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank
+    todo = [] if speculators_validates(res) else missing_rows(res, world, rank)
     log = res.run.offline_data_log
     since = log.stat().st_size if log.exists() else 0
     server = plan.process("hidden-state server")
@@ -151,5 +181,6 @@ def run_offline_vllm(res: Resolved, plan: StagePlan, reporter: Reporter = STANDA
     if missing:
         raise RuntimeError(f"no file for rows {missing[:10]}{' ...' if len(missing) > 10 else ''} "
                            f"of {res.run.prepared} after generate-offline-data; see {log}")
+    check_written(res, todo, endpoint.url)
     files = len(hidden_state_rows(res.run.hidden_states))
     return {"generated": files, "seconds": round(time.time() - t0, 1), "argv": argv}

@@ -1,8 +1,9 @@
 """What offline hidden states take on disk, next to the free space where they go.
 
 bytes = tokens x exported layers (the target layers + the last one) x hidden size x the file
-dtype's bytes, plus each token's id (int64) and each file's header: `offline_bytes`, the one
-formula (generate_offline checks the disk with it too). The tokens come from the prepared rows
+dtype's bytes, plus each token's id (int64), fp8's float32 scale per token, and each file's
+header: `offline_bytes`, the one formula (generate_offline checks the disk with it too), from
+the file format's own sizes (specdec/hidden_state_files.py). The tokens come from the prepared rows
 once prepare has run (prepare_meta.json: what it wrote), else from a sample of the rows prepare
 would read, tokenized as prepare does and scaled to the row count, else the bound rows x
 data.seq_length. Files go to DIR/prepared/hidden_states; backend vllm stages each one in
@@ -24,14 +25,14 @@ from pathlib import Path
 from dspark_kit.recipe import DTYPE_BYTES
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import hidden_state_row
+from dspark_kit.specdec.hidden_state_files import FP8, header_bytes, token_bytes
 
-HEADER_BYTES = 200  # a safetensors header per file (two tensors), rounded up
 SAMPLE = 200  # conversations tokenized for an estimate before prepare
 
 
 def offline_bytes(tokens: int, rows: int, layers: int, hidden: int, dtype: str) -> int:
     """Bytes of hs_{i}.safetensors files for `rows` rows holding `tokens` tokens in all."""
-    return tokens * (layers * hidden * DTYPE_BYTES[dtype] + 8) + rows * HEADER_BYTES
+    return tokens * token_bytes(layers, hidden, dtype) + rows * header_bytes(dtype)
 
 
 def free_bytes(path: Path) -> int | None:
@@ -71,7 +72,7 @@ class StoragePlan:
     basis: str  # where the token count came from
     layers: int | None
     hidden: int | None
-    dtype: str
+    dtype: str | None  # None: this machine cannot write the recipe's (basis says why)
     dest: str
     free: int | None
     written: int  # already in dest
@@ -90,12 +91,14 @@ class StoragePlan:
     def line(self) -> str:
         where = f"{self.dest} ({human(self.free)} free)" if self.free is not None else self.dest
         if self.bytes is None:
-            unknown = "the verifier's hidden size (set verifier.hidden_size to plan)" if self.hidden is None \
-                else "the token count"
+            unknown = ("the file dtype" if self.dtype is None else
+                       "the verifier's hidden size (set verifier.hidden_size to plan)" if self.hidden is None
+                       else "the token count")
             size = f"unknown here: {unknown}; {self.basis}"
         else:
+            extra = "ids, a float32 scale per token" if self.dtype == FP8 else "ids"
             size = (f"~{human(self.bytes)} = {self.tokens:,} tokens x {self.layers} layers x hidden {self.hidden} x "
-                    f"{self.dtype} ({DTYPE_BYTES[self.dtype]} B) + ids and headers; tokens from {self.basis}")
+                    f"{self.dtype} ({DTYPE_BYTES[self.dtype]} B) + {extra} and headers; tokens from {self.basis}")
         if self.mode == "online":  # nothing is written: whether offline would fit is no question here
             return (f"storage: hidden_states.mode online writes no hidden states ahead (each trainer asks the "
                     f"extraction server for a batch's states as it trains); offline would take {size}")
@@ -118,9 +121,12 @@ def plan_storage(res: Resolved) -> StoragePlan:
     except RecipeError:
         hidden = None
     tokens, rows, basis = _tokens(res)
-    dtype = res.hidden_states_out_dtype.value
+    try:
+        dtype = res.hidden_states_out_dtype.value
+    except RecipeError as e:  # fp8 this machine cannot write: nothing to size (preflight names it an error)
+        dtype, basis = None, str(e)
     total = (offline_bytes(tokens, rows, layers, hidden, dtype)
-             if None not in (tokens, rows, layers, hidden) else None)
+             if None not in (tokens, rows, layers, hidden, dtype) else None)
     dest = res.run.hidden_states
     return StoragePlan(hs.mode, total, tokens, rows, basis, layers, hidden, dtype, str(dest), free_bytes(dest),
                        written_bytes(dest))

@@ -71,11 +71,13 @@ def build_train_args(
     verifier_path: str,
     num_hidden_layers: int,
     device: str,
+    hidden_states_dtype: str,
     hidden_states_endpoint: str | None = None,
     mooncake=None,
 ) -> list[str]:
-    """speculators train flags for this recipe (without the launcher); `mooncake`
-    (hs_transport.Mooncake, online): hidden states come through that store, not files."""
+    """speculators train flags for this recipe (without the launcher); `hidden_states_dtype`
+    (Resolved.hidden_states_out_dtype): fp8 files are read through hs-connectors' fp8 backend;
+    `mooncake` (hs_transport.Mooncake, online): hidden states come through that store, not files."""
     d, t = recipe.draft, recipe.train
     paths = RunDir.at(workdir)
     args = [
@@ -117,6 +119,8 @@ def build_train_args(
         args += ["--max-steps", str(t.max_steps)]
     if recipe.verifier.trust_remote_code:
         args += ["--trust-remote-code"]
+    if hidden_states_dtype == "fp8":  # hs-connectors' reader for fp8 files: dequantizes to bf16
+        args += ["--hidden-states-backend", "fp8"]
     if recipe.hidden_states.mode == "online":
         if not hidden_states_endpoint:
             raise ValueError("hidden_states.mode online needs a hidden-state server endpoint "
