@@ -39,12 +39,12 @@ def test_sigterm_mid_epoch_then_rerun_resumes_from_the_interrupted_save(own_trai
             assert time.monotonic() - t0 < 600, "training never took two steps"
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)  # the kit alone, as `kill PID` would
-        proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     first_s = time.monotonic() - t0
-    assert (ckpt / "interrupted" / "model.safetensors").is_file(), sorted(p.name for p in ckpt.iterdir())
+    assert (ckpt / "interrupted" / "model.safetensors").is_file(), (sorted(p.name for p in ckpt.iterdir()), err[-2000:])
     assert not (ckpt / "0").exists()  # stopped inside epoch 0
     # the interrupted save is no checkpoint to serve or count: not latest, not best, not in the report
     assert complete_epochs(ckpt) == [] and not (ckpt / "checkpoint_best").exists()
