@@ -133,7 +133,7 @@ def prompt_sets(res: Resolved, context_lengths: list[int], num_prompts: int,
 
     tok = AutoTokenizer.from_pretrained(res.verifier_path)
     found = load_eval_prompts(res, tok, prompts_file, limit=max(num_prompts, 16))
-    thinking = res.recipe.verifier.thinking
+    thinking = res.recipe.measured_thinking
     return {n: build_prompts(tok, found.chats, num_prompts, thinking, n) for n in [0, *context_lengths]}, found
 
 
