@@ -231,3 +231,32 @@ def test_preflight_takes_a_mixtures_rows_and_names_a_mode_outside_it(tiny_recipe
     found = pitfall_4(tiny_recipe)
     assert any("carry reasoning" in m for m in found) and any("enable_thinking=[False, True]" in m for m in found)
     assert any("prepared data was rendered with thinking=" in m for m in found), found
+
+
+@pytest.mark.slow  # the tiny verifier's tokenizer, and prepare
+def test_eval_finds_validation_conversations_of_both_modes(tmp_path, tiny_verifier):
+    """A mixture's validation rows start from prompts in each row's own mode: eval must match each
+    conversation in the mode prepare rendered it in, not in the one mode it measures."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from dspark_kit.data.chat import render
+    from dspark_kit.data.tiny_corpus import conversations
+    from dspark_kit.stages.evaluation.heldout import load_eval_prompts, until_last_user
+    from dspark_kit.stages.steps import run_stage
+
+    src = tmp_path / "data.jsonl"
+    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(48, seed=3)))
+    recipe = Recipe.model_validate({"data": {"source": str(src), "seq_length": 256}, "verifier": {"thinking": HALF},
+                                    "regen": {"enabled": False}, "train": {"train_data_ratio": 0.5}})
+    res = Resolved(recipe, tmp_path / "run")
+    run_stage("prepare", res)
+    tok = AutoTokenizer.from_pretrained(tiny_verifier)
+    found = load_eval_prompts(res, tok, limit=64)
+    texts = [tok.decode(ids) for ids in load_from_disk(str(res.run.prepared))["input_ids"]]
+    train, val = texts[: len(texts) // 2], texts[len(texts) // 2:]
+    modes = [recipe.row_thinking(int(i.rsplit("#", 1)[1])) for i in found.ids]
+    assert set(modes) == {True, False}, modes  # measured in one mode, found in both
+    for chat, mode in zip(found.chats, modes, strict=True):
+        prompt = render(tok, until_last_user(chat), mode, add_generation_prompt=True)
+        assert any(prompt in t for t in val) and not any(prompt in t for t in train)

@@ -141,6 +141,12 @@ REASONING_WITH_THINKING_OFF = ("reply carries reasoning but the row's thinking m
                                "mode: regenerate or set verifier.thinking)")
 NO_MODE_TO_DRAW = ("no recorded thinking mode (metadata.thinking) and no metadata.idx to draw one from the "
                    "verifier.thinking mixture (regen records both)")
+NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
+TEMPLATE_DROPS_TOOLS = ("the chat template does not render the row's `tools` (verifier.tokenizer's template has "
+                        "no tools branch: use the model's own template, or drop the row's tools)")
+TEMPLATE_DROPS_CALLS = ("the chat template does not render an assistant's `tool_calls` (it would train an "
+                        "empty reply: use the model's own template)")
+TEMPLATE_DROPS_RESULTS = "the chat template does not render a `tool` turn's result"
 
 
 def row_thinking(row: object, thinking: bool | dict[bool, float], mixture_seed: int | None) -> bool:
@@ -157,12 +163,6 @@ def row_thinking(row: object, thinking: bool | dict[bool, float], mixture_seed: 
     if not isinstance(idx, int) or isinstance(idx, bool):
         raise ConversationError(NO_MODE_TO_DRAW)
     return choose(thinking, mixture_seed, THINKING, idx)
-NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
-TEMPLATE_DROPS_TOOLS = ("the chat template does not render the row's `tools` (verifier.tokenizer's template has "
-                        "no tools branch: use the model's own template, or drop the row's tools)")
-TEMPLATE_DROPS_CALLS = ("the chat template does not render an assistant's `tool_calls` (it would train an "
-                        "empty reply: use the model's own template)")
-TEMPLATE_DROPS_RESULTS = "the chat template does not render a `tool` turn's result"
 
 
 def _check_tool_render(tok, msgs: list[dict], tools: list[dict] | None, thinking: bool, texts: list[str],
@@ -262,7 +262,7 @@ def _row_result(t: TurnRows, seq_length: int) -> dict:
     return {"rows": kept, "fanned": t.fanned, "differs": t.differs}
 
 
-def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
+def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
     """Tokenize a chunk of raw rows; one result dict per input row.
 
     Renders every text of the chunk first, then encodes them in one batch (the prefixes of a

@@ -11,9 +11,10 @@ AL 3.475 there, 3.356 on held-out prompts), so eval and tune default to held-out
   start a reply after its eval prompt (the render up to its last user turn, token for token).
 
 Either way a prompt a training row also starts a reply from is dropped (the same prompt twice
-in the data), in any thinking mode the rows were rendered in (a verifier.thinking mixture has two);
-a validation conversation is found in the mode prepare rendered it in. `--prompts FILE` and `--from-data` take their rows as given; the record then
-counts how many of them training rows start a reply from.
+in the data), in any thinking mode the rows were rendered in (a verifier.thinking mixture has
+two); a validation conversation is found in the mode prepare rendered it in. `--prompts FILE`
+and `--from-data` take their rows as given; the record then counts how many of them training
+rows start a reply from.
 """
 
 from __future__ import annotations
