@@ -64,7 +64,8 @@ def register(app: typer.Typer) -> None:
         """Tokenize chats with the verifier's chat template; write DIR/prepared (speculators Arrow + token_freq.pt).
 
         Input: DIR/regen.jsonl when it exists, else the recipe's data.source. Loss mask = assistant
-        tokens only; thinking mode from verifier.thinking.
+        tokens only; thinking mode: the one regen recorded per row, else verifier.thinking (a mixture's
+        draw for the row).
         """
         res = resolve(load(recipe, set_), workdir, planning=dry_run)
         if dry_run:

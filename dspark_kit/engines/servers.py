@@ -45,8 +45,9 @@ def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_k
 
 def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:
     """The chat server regen starts when no endpoint is given: the recipe's engine on serve.port."""
-    # thinking on: the local engine hands reasoning back split out, as vLLM --reasoning-parser qwen3 does
-    extra = ["--reasoning-parser", "qwen3"] if res.engine == "local" and res.recipe.verifier.thinking else None
+    # thinking on (in some rows of a mixture): the local engine hands reasoning back split out, as vLLM
+    # --reasoning-parser qwen3 does
+    extra = ["--reasoning-parser", "qwen3"] if res.engine == "local" and res.recipe.may_think else None
     return server_plan(res, "chat", api_key=api_key, extra_args=extra)
 
 

@@ -10,9 +10,19 @@ in dspark_kit/resolved/. Reading files and `--set` overrides: recipe/load.py.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dspark_kit.recipe.mixture import (
+    THINKING,
+    choose,
+    most_likely,
+    parse_weights,
+    support,
+    temperature_key,
+    thinking_key,
+)
 
 TINY_VERIFIER = "builtin:tiny-qwen3"
 ENGINES = ("local", "vllm", "vllm-ascend")  # serve.engine values; the one list every module uses
@@ -60,9 +70,18 @@ class VerifierCfg(_Section):
     path: str = Field(TINY_VERIFIER, description="HF dir (relative: from the recipe file's folder) or hub id; "
                                                  "builtin:tiny-qwen3 = embedded tiny model")
     served_name: str | None = Field(None, description="model id clients ask for (default: path; a hidden-states server lists path first, then this)")
-    thinking: bool = Field(False, description="chat template thinking mode, same in regen/prepare/bench")
+    thinking: bool | dict[bool, float] = Field(
+        False, description="chat template thinking mode of regen and prepare, or weights per row, e.g. {true: 0.7, "
+                           "false: 0.3} (each row's mode drawn from its index and regen.seed, recorded in its metadata); "
+                           "eval and bench measure one mode: eval.thinking")
     trust_remote_code: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+
+    @field_validator("thinking", mode="before")
+    @classmethod
+    def _thinking_weights(cls, v: Any) -> Any:
+        return parse_weights(v, thinking_key, "{true: 0.7, false: 0.3}")
+
     num_hidden_layers: int | None = Field(
         None, ge=1, description="only for planning on a machine without the verifier (dry runs); checked when both exist")
     hidden_size: int | None = Field(
@@ -87,15 +106,23 @@ class RegenCfg(_Section):
     endpoints: list[str] = Field(default_factory=list, description="OpenAI base URLs; empty = start a server")
     concurrency: int = Field(64, ge=1)
     max_tokens: int = Field(8192, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
+    temperature: Annotated[float, Field(ge=0.0)] | dict[float, float] = Field(
+        0.0, description="sampling temperature, or weights per row, e.g. {0.0: 0.5, 0.7: 0.5} (drawn as "
+                         "verifier.thinking's, recorded in the row's metadata)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = 42
+    seed: int | None = Field(42, description="request seeds, and the seed of each row's draw from a mixture "
+                                             "(verifier.thinking, regen.temperature)")
     request_timeout: float = Field(600.0, gt=0)
     max_retries: int = Field(5, ge=0)
     unavailable_timeout: float = Field(300.0, ge=0, description="seconds an endpoint may refuse connections "
                                        "(server restarting) before regen gives up on it")
     max_failed_fraction: float = Field(0.05, ge=0, le=1, description="failed rows / rows sent above this fails "
                                        "regen (its rows are kept; --resume retries the failed ones)")
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _temperature_weights(cls, v: Any) -> Any:
+        return parse_weights(v, temperature_key, "{0.0: 0.5, 0.7: 0.5}")
 
 
 class MooncakeCfg(_Section):
@@ -257,6 +284,9 @@ class BenchCfg(_Section):
 
 class EvalCfg(_Section):
     num_prompts: int = Field(8, ge=1)
+    thinking: bool | None = Field(
+        None, description="the one thinking mode eval and bench measure in; null: verifier.thinking (a mixture: "
+                          "its heaviest mode, true on a tie)")
     max_new_tokens: int = Field(64, ge=1)
     context_lengths: list[int] = Field(default_factory=list)
     confidence_threshold: float | None = Field(None, ge=0, le=1)
@@ -317,6 +347,26 @@ class Recipe(_Section):
         if self.draft.attention == "full":
             return list(range(self.draft.num_layers))
         return list(self.draft.full_attention_indices or [])
+
+    @property
+    def measured_thinking(self) -> bool:
+        """The thinking mode eval, tune and bench render prompts in (one mode: a served bench is
+        compared with eval's figure): eval.thinking, else verifier.thinking's most likely mode."""
+        return self.eval.thinking if self.eval.thinking is not None else most_likely(self.verifier.thinking)
+
+    @property
+    def may_think(self) -> bool:
+        """Some row is generated in thinking mode (the regen server then splits reasoning out)."""
+        return True in support(self.verifier.thinking)
+
+    @property
+    def mixture_seed(self) -> int | None:
+        """The seed of each row's draw from a mixture (regen's requests are seeded from it too)."""
+        return self.regen.seed
+
+    def row_thinking(self, idx: int) -> bool:
+        """The thinking mode of source row `idx`: verifier.thinking, or its mixture's draw for the row."""
+        return choose(self.verifier.thinking, self.mixture_seed, THINKING, idx)
 
     @property
     def draft_has_sliding_layers(self) -> bool:

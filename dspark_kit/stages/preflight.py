@@ -20,6 +20,7 @@ from dspark_kit.findings import (
     Finding,
 )
 from dspark_kit.recipe import Recipe, RecipeError
+from dspark_kit.recipe.mixture import parse_weights, support, thinking_key
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir, hidden_state_file
 from dspark_kit.specdec import checkpoints as ckpt
@@ -166,27 +167,37 @@ def _reply_reasoning(rows: list[dict]) -> tuple[int, int]:
     return replies, thought
 
 
+def _recorded_thinking(value: object) -> object:
+    """A mode (or mixture) as prepare_meta.json records it, comparable with verifier.thinking."""
+    try:
+        return parse_weights(value, thinking_key, "")
+    except ValueError:
+        return value
+
+
 def check_thinking(ctx: _Context) -> list[Finding]:
     want, out = ctx.recipe.verifier.thinking, []
+    modes = support(want)  # [False], [True], or both for a mixture
+    shown = str(want).lower() if isinstance(want, bool) else f"the mixture {want}"
     data = ctx.run.regen_jsonl
     if not data.is_file() and not ctx.recipe.regen.enabled and ctx.recipe.data.source.endswith((".jsonl", ".ndjson")):
         data = Path(ctx.recipe.data.source).expanduser()  # prepare reads the raw data then
     replies, thought = _reply_reasoning(_regen_rows(data))
-    if replies and thought and not want:
+    if replies and thought and True not in modes:
         out.append(pitfall(4, "error", f"{thought}/{replies} replies in {data.name} carry reasoning "
                                        "but verifier.thinking is false; regen, prepare and bench must agree"))  # fmt: skip
-    if replies and want and not thought:
+    if replies and modes == [True] and not thought:
         out.append(pitfall(4, "error", f"verifier.thinking is true but none of {replies} replies in {data.name} "
                                        "carries reasoning (regen ran without thinking, or the data has none)"))  # fmt: skip
     recorded = {r["metadata"]["thinking"] for r in _regen_rows(ctx.run.regen_jsonl)
                 if isinstance(r.get("metadata"), dict) and "thinking" in r["metadata"]}  # fmt: skip
-    if recorded - {want}:
+    if recorded - set(modes):
         out.append(pitfall(4, "error", f"regen ran with enable_thinking={sorted(recorded)} but verifier.thinking "
-                                       f"is {want}; regenerate with the same mode"))  # fmt: skip
+                                       f"is {shown}; regenerate with the same mode"))  # fmt: skip
     meta = _read_json(ctx.run.prepare_meta) or {}
-    if "thinking" in meta and bool(meta["thinking"]) != want:
+    if "thinking" in meta and _recorded_thinking(meta["thinking"]) != want:
         out.append(pitfall(4, "error", f"prepared data was rendered with thinking={meta['thinking']} but "
-                                       f"verifier.thinking is {want}; re-run prepare"))  # fmt: skip
+                                       f"verifier.thinking is {shown}; re-run prepare"))  # fmt: skip
     return out
 
 

@@ -32,14 +32,14 @@ def prompt_room(res: Resolved) -> list[Finding]:
 
     try:
         tok = AutoTokenizer.from_pretrained(res.verifier_path, trust_remote_code=r.verifier.trust_remote_code)
-        rows = [msgs for _, msgs in iter_source(r.data, limit=ROOM_ROWS)]
+        rows = list(iter_source(r.data, limit=ROOM_ROWS))
     except (OSError, ValueError, TypeError, SourceError):
         return []  # check_mask / the data checks name what does not load
     lengths = []
-    for msgs in rows:  # regen's longest request of a row: the history before its last assistant turn
+    for idx, msgs in rows:  # regen's longest request of a row: the history before its last assistant turn
         last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=len(msgs))
         try:
-            text = render(tok, msgs[:last], r.verifier.thinking, add_generation_prompt=True)
+            text = render(tok, msgs[:last], r.row_thinking(idx), add_generation_prompt=True)
         except Exception:  # noqa: BLE001, S112 - a template that refuses a row: prepare reports it, not this check
             continue
         lengths.append(len(tok(text, add_special_tokens=False)["input_ids"]))

@@ -90,7 +90,7 @@ def stage_prepare(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALON
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
         keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable,
-        meta={"verifier": recipe.verifier.path, "source": source}, reporter=reporter,
+        meta={"verifier": recipe.verifier.path, "source": source}, reporter=reporter, mixture_seed=recipe.mixture_seed,
     )
     return s.as_dict()
 
@@ -344,12 +344,13 @@ REGISTRY: dict[str, Stage] = {
     s.name: s
     for s in [
         Stage("regen", ("verifier", "data", "regen"), stage_regen, plan_regen, "written"),
-        Stage("prepare", ("verifier", "data"), stage_prepare, plan_prepare, "rows_out"),
+        # regen: what prepare reads (regen.enabled) and the seed of a thinking mixture's draw
+        Stage("prepare", ("verifier", "data", "regen"), stage_prepare, plan_prepare, "rows_out"),
         Stage("hidden-states", ("verifier", "hidden_states"), stage_hidden_states, plan_hidden_states, "generated"),
         Stage("train", ("draft", "train", "hidden_states"), stage_train, plan_train, "accept_len_epoch"),
         Stage("eval", ("eval", "serve"), run_eval, plan_eval, "acceptance_length"),
         Stage("serve", ("serve",), run_serve, plan_serve, "engine"),
-        Stage("bench", ("bench", "serve"), run_bench, plan_bench, "acceptance_length"),
+        Stage("bench", ("bench", "serve", "eval"), run_bench, plan_bench, "acceptance_length"),  # eval: the mode measured
         Stage("report", (), run_report, plan_report, "path"),
     ]
 }

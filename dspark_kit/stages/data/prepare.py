@@ -28,6 +28,10 @@ verifier stops at `<|im_end|>` and never generates it; training on it teaches a
 token that is never verified and adds a free hit per turn to teacher-forced
 acceptance. (It stays in input_ids as context of the next turn.)
 
+Thinking mode per row: the mode regen generated the row in (`metadata.thinking`), else the
+recipe's (`row_thinking`: verifier.thinking, or its mixture's draw for the row's `metadata.idx`),
+so a mixture's rows are each trained in the context the verifier saw.
+
 Every input row lands in one bucket: used, or rejected with its full reason
 (invalid JSON, unusable row, truncated reply unless data.keep_truncated,
 reasoning with thinking off, nothing trainable within seq_length).
@@ -60,6 +64,7 @@ from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.data.speculators_dataset import DatasetWriter
 from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
+from dspark_kit.recipe.mixture import THINKING, choose
 from dspark_kit.stages.data.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
 
 _TOKENIZER = None
@@ -78,6 +83,7 @@ class PrepareSummary:
     retokenized_differs: int = 0  # of those, replies whose re-tokenized text differs: trained as generated
     rejected: Counter = field(default_factory=Counter)  # full reason -> conversations
     with_reasoning: int = 0  # used conversations whose replies carry reasoning
+    thinking_rows: Counter = field(default_factory=Counter)  # "true"/"false" -> used conversations rendered so
     with_tools: int = 0  # used conversations with tool schemas or tool calls
     tool_calls: int = 0  # tool calls in used conversations' replies (trained with the reply's text)
     formats: Counter = field(default_factory=Counter)  # the reader's name of each input row's format
@@ -92,6 +98,7 @@ class PrepareSummary:
         d = dict(self.__dict__)
         d["rejected"] = dict(self.rejected.most_common())
         d["formats"] = dict(self.formats.most_common())
+        d["thinking_rows"] = dict(sorted(self.thinking_rows.items()))
         d["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else None
         return d
 
@@ -99,19 +106,22 @@ class PrepareSummary:
         self.conversations_in += n
         self.rejected[reason] += n
 
-    def check_thinking(self, thinking: bool) -> None:
-        """Warnings when the thinking mode and the data disagree (docs/PITFALLS.md, pitfall 4)."""
+    def check_thinking(self) -> None:
+        """Warnings when the rows' thinking modes and the data disagree (docs/PITFALLS.md, pitfall 4)."""
         off = self.rejected.get(REASONING_WITH_THINKING_OFF, 0)
-        if not thinking and off:
-            self.warnings.append(f"{off} conversations carry reasoning but verifier.thinking is false: skipped "
+        if off:
+            self.warnings.append(f"{off} conversations carry reasoning but their thinking mode is off: skipped "
                                  "(was the data generated in thinking mode?)")
-        if thinking and self.conversations_used and not self.with_reasoning:
-            self.warnings.append("verifier.thinking is true but no reply carries reasoning: regenerate in "
-                                 "thinking mode (with vLLM: --reasoning-parser qwen3 keeps it) or set thinking false")
+        if self.thinking_rows.get("true") and not self.with_reasoning:
+            self.warnings.append(f"{self.thinking_rows['true']} conversations are in thinking mode but no reply "
+                                 "carries reasoning: regenerate in thinking mode (with vLLM: --reasoning-parser "
+                                 "qwen3 keeps it) or set verifier.thinking false")
 
     def log(self, note) -> None:
         note(f"prepare: {self.conversations_used} of {self.conversations_in} conversations used -> "
              f"{self.rows_out} rows")
+        if len(self.thinking_rows) > 1:
+            note(f"  thinking mode on in {self.thinking_rows['true']}, off in {self.thinking_rows['false']}")
         if self.formats:
             note("  read as " + ", ".join(f"{name} ({n} rows)" for name, n in self.formats.most_common()))
         if self.with_tools:
@@ -126,14 +136,33 @@ class PrepareSummary:
             note(f"WARNING: {w}")
 
 
-REASONING_WITH_THINKING_OFF = ("reply carries reasoning but verifier.thinking is false "
-                               "(the verifier never writes it in that mode; regenerate or set verifier.thinking)")
+REASONING_WITH_THINKING_OFF = ("reply carries reasoning but the row's thinking mode is off (verifier.thinking is false, "
+                               "or its metadata.thinking or mixture draw is; the verifier never writes it in that "
+                               "mode: regenerate or set verifier.thinking)")
+NO_MODE_TO_DRAW = ("no recorded thinking mode (metadata.thinking) and no metadata.idx to draw one from the "
+                   "verifier.thinking mixture (regen records both)")
 NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
 TEMPLATE_DROPS_TOOLS = ("the chat template does not render the row's `tools` (verifier.tokenizer's template has "
                         "no tools branch: use the model's own template, or drop the row's tools)")
 TEMPLATE_DROPS_CALLS = ("the chat template does not render an assistant's `tool_calls` (it would train an "
                         "empty reply: use the model's own template)")
 TEMPLATE_DROPS_RESULTS = "the chat template does not render a `tool` turn's result"
+
+
+def row_thinking(row: object, thinking: bool | dict[bool, float], mixture_seed: int | None) -> bool:
+    """The thinking mode a row is rendered in: the one regen generated it in (`metadata.thinking`),
+    else `thinking` (verifier.thinking), a mixture's draw for the row's `metadata.idx` (its index in
+    the data source; `mixture_seed`: regen.seed) by recipe.mixture.choose, as regen draws it."""
+    meta = row.get("metadata") if isinstance(row, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    if isinstance(meta.get("thinking"), bool):
+        return meta["thinking"]
+    if not isinstance(thinking, dict):
+        return thinking
+    idx = meta.get("idx")
+    if not isinstance(idx, int) or isinstance(idx, bool):
+        raise ConversationError(NO_MODE_TO_DRAW)
+    return choose(thinking, mixture_seed, THINKING, idx)
 
 
 def _check_tool_render(tok, msgs: list[dict], tools: list[dict] | None, thinking: bool, texts: list[str],
@@ -233,12 +262,12 @@ def _row_result(t: TurnRows, seq_length: int) -> dict:
     return {"rows": kept, "fanned": t.fanned, "differs": t.differs}
 
 
-def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
+def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
     """Tokenize a chunk of raw rows; one result dict per input row.
 
     Renders every text of the chunk first, then encodes them in one batch (the prefixes of a
     conversation share most of their text: each shared piece is encoded once)."""
-    raw_rows, thinking, seq_length, keep_truncated = args
+    raw_rows, thinking, seq_length, keep_truncated, mixture_seed = args
     out: list[dict] = []
     planned: list[tuple[int, list[str]]] = []  # (index in out, texts)
     for raw in raw_rows:
@@ -248,10 +277,11 @@ def _work(args: tuple[list, bool, int, bool]) -> list[dict]:
         fmt = {"format": row_format(raw)}
         try:
             msgs, tools = normalize(raw), row_tools(raw)
-            planned.append((len(out), conversation_texts(_TOKENIZER, msgs, thinking, keep_truncated, tools)))
+            mode = row_thinking(raw, thinking, mixture_seed)
+            planned.append((len(out), conversation_texts(_TOKENIZER, msgs, mode, keep_truncated, tools)))
             generated = generated_ids(msgs)
             calls = sum(len(m.get("tool_calls", ())) for m in msgs)
-            out.append({**fmt, "reasoning": has_reasoning(msgs), "generated": generated,
+            out.append({**fmt, "thinking": mode, "reasoning": has_reasoning(msgs), "generated": generated,
                         "with_ids": sum(g is not None for g in generated),
                         "tools": bool(tools or calls), "tool_calls": calls})
         except ConversationError as e:
@@ -293,7 +323,7 @@ def prepare(
     out_dir: Path,
     *,
     seq_length: int,
-    thinking: bool,
+    thinking: bool | dict[bool, float],
     num_workers: int = 1,
     seed: int = 0,
     trust_remote_code: bool = False,
@@ -302,8 +332,12 @@ def prepare(
     keep_truncated: bool = False,
     pre_rejected: Counter | None = None,
     reporter: Reporter = STANDALONE,
+    mixture_seed: int | None = None,
 ) -> PrepareSummary:
     """Tokenize `rows` and write the speculators dataset atomically to `out_dir`.
+
+    `thinking`: verifier.thinking, for rows regen did not record a mode for (`row_thinking`;
+    `mixture_seed`: regen.seed, the seed of a mixture's draw).
 
     `pre_rejected`: rows the reader could not use (reason -> count; it may fill while `rows` is
     read), counted in too."""
@@ -315,7 +349,7 @@ def prepare(
     writer = None
     try:
         writer = DatasetWriter(work)
-        chunks = ((c, thinking, seq_length, keep_truncated) for c in _chunks(rows, 64))
+        chunks = ((c, thinking, seq_length, keep_truncated, mixture_seed) for c in _chunks(rows, 64))
         with reporter.bar("prepare", total=total, unit="conv") as bar:
             if num_workers > 1:
                 pool = ProcessPoolExecutor(num_workers, initializer=_init_worker, initargs=(tokenizer_path, trust_remote_code))
@@ -339,6 +373,7 @@ def prepare(
                     summary.conversations_in += 1
                     summary.conversations_used += 1
                     summary.with_reasoning += res["reasoning"]
+                    summary.thinking_rows[str(res["thinking"]).lower()] += 1
                     summary.with_tools += res["tools"]
                     summary.tool_calls += res["tool_calls"]
                     summary.turns_with_ids += res["with_ids"]
@@ -356,7 +391,7 @@ def prepare(
                 pool.shutdown()
         for reason, n in (pre_rejected or {}).items():
             summary.reject(reason, n)
-        summary.check_thinking(thinking)
+        summary.check_thinking()
         summary.log(reporter.note)
         if summary.rows_out == 0:
             raise ValueError(

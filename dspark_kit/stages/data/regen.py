@@ -57,6 +57,7 @@ from dspark_kit.engines.chat_client import (
     discover_model,
 )
 from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, keys_in, open_for_resume
+from dspark_kit.recipe.mixture import TEMPERATURE, THINKING, choose
 from dspark_kit.resolved import Resolved
 
 if TYPE_CHECKING:
@@ -67,10 +68,10 @@ if TYPE_CHECKING:
 @dataclass
 class RegenOptions(ClientOptions):
     max_tokens: int = 8192
-    temperature: float = 0.0
+    temperature: float | dict[float, float] = 0.0  # a mixture: each row's drawn by recipe.mixture.choose
     top_p: float = 1.0
     seed: int | None = 42
-    thinking: bool = False
+    thinking: bool | dict[bool, float] = False  # likewise
     model: str | None = None
     fsync_every: int = 32
 
@@ -103,15 +104,19 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
     verifier made them, and each call gets the dataset's next tool result of that turn (spliced in
     under the new call's id; a tool turn is never invented), then the verifier goes on, until it
     answers in text. A call the dataset has no result for (or one for another tool, when the
-    result names its tool) ends the row after that call: `metadata.tool_chain` says why."""
+    result names its tool) ends the row after that call: `metadata.tool_chain` says why.
+    Thinking mode and temperature: the row's draw from opts' mixtures (fixed by idx and seed, so a
+    resumed run draws the same), recorded in `metadata`."""
+    thinking = choose(opts.thinking, opts.seed, THINKING, idx)
+    temperature = choose(opts.temperature, opts.seed, TEMPERATURE, idx)
     history: list[dict[str, Any]] = []
     finish: list[str | None] = []
     usage = Counter()
 
     async def reply() -> dict[str, Any]:
         body = {"model": ep.model, "messages": [_sent(m) for m in history], "max_tokens": opts.max_tokens,
-                "temperature": opts.temperature, "top_p": opts.top_p,
-                "chat_template_kwargs": {"enable_thinking": opts.thinking},
+                "temperature": temperature, "top_p": opts.top_p,
+                "chat_template_kwargs": {"enable_thinking": thinking},
                 "return_token_ids": True}  # the verifier's own tokens: prepare trains exactly these
         if tools:
             body["tools"] = tools
@@ -171,7 +176,7 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
             unused += len(results) if not cut else 0
     calls_made = usage.pop("tool_calls", 0)
     meta = {"idx": idx, "finish_reasons": finish, "usage": dict(usage),
-            "endpoint": ep.url, "model": ep.model, "thinking": opts.thinking}
+            "endpoint": ep.url, "model": ep.model, "thinking": thinking, "temperature": temperature}
     if tools:
         meta["tool_calls"] = calls_made  # the verifier's own calls in this row
     if cut:

@@ -163,7 +163,7 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
     window = res.window.value
     found = load_eval_prompts(res, session.tokenizer, prompts_file, from_data, limit=max(num_prompts, 16))
     chats = found.chats
-    thinking = recipe.verifier.thinking
+    thinking = recipe.measured_thinking
     thr = recipe.eval.confidence_threshold
 
     short = build_prompts(session.tokenizer, chats, num_prompts, thinking)
@@ -218,7 +218,7 @@ def measure_categories(session: EvalSession, res: Resolved, specs: list[str], nu
     except CategoryError as e:
         raise EvalError(str(e)) from None
     out = []
-    thinking = res.recipe.verifier.thinking
+    thinking = res.recipe.measured_thinking
     for found in sets:
         log(f"eval: category {found.name}: {len(found.chats)} prompts")
         prompts = build_prompts(session.tokenizer, found.chats, len(found.chats), thinking)
@@ -389,7 +389,7 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
     max_new = max_new_tokens or recipe.eval.max_new_tokens
     found = load_eval_prompts(res, session.tokenizer, prompts_file, limit=max(num_prompts, 16))
     chats = found.chats
-    thinking = recipe.verifier.thinking
+    thinking = recipe.measured_thinking
     prompt_sets = {0: build_prompts(session.tokenizer, chats, num_prompts, thinking)}
     prompt_sets |= {n: build_prompts(session.tokenizer, chats, num_prompts, thinking, n) for n in ctx_lens}
     tables: dict[int, dict[str, dict[str, float | None]]] = {}

@@ -11,8 +11,10 @@ AL 3.475 there, 3.356 on held-out prompts), so eval and tune default to held-out
   start a reply after its eval prompt (the render up to its last user turn, token for token).
 
 Either way a prompt a training row also starts a reply from is dropped (the same prompt twice
-in the data). `--prompts FILE` and `--from-data` take their rows as given; the record then
-counts how many of them training rows start a reply from.
+in the data), in any thinking mode the rows were rendered in (a verifier.thinking mixture has
+two); a validation conversation is found in the mode prepare rendered it in. `--prompts FILE`
+and `--from-data` take their rows as given; the record then counts how many of them training
+rows start a reply from.
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ def prompt_key(tokenizer, chat: list[dict], thinking: bool) -> tuple[int, ...]:
     return tuple(prompt_ids(tokenizer, template_messages(until_last_user(chat)), thinking))
 
 
+def trained_on(tokenizer, chat: list[dict], recipe, trained: set[int]) -> bool:
+    """A training row starts a reply from this chat's eval prompt, rendered in any mode rows have."""
+    from dspark_kit.recipe.mixture import support
+
+    return any(hash(prompt_key(tokenizer, chat, mode)) in trained for mode in support(recipe.verifier.thinking))
+
+
 def split_prompt_keys(res: Resolved) -> tuple[set[int], set[int]] | None:
     """(train, validation) hashes of every context a prepared row starts a reply after; None
     without DIR/prepared."""
@@ -77,13 +86,13 @@ def split_prompt_keys(res: Resolved) -> tuple[set[int], set[int]] | None:
     return keys
 
 
-def _chats(rows) -> Iterator[tuple[str, list[dict]]]:
-    """(id, messages) of each usable row: its own id, else its line number."""
+def _chats(rows) -> Iterator[tuple[str, list[dict], dict]]:
+    """(id, messages, row) of each usable row: its own id, else its line number."""
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             continue  # a line the reader could not parse
         try:
-            yield str(row.get("id") or f"row-{i}"), normalize(row)
+            yield str(row.get("id") or f"row-{i}"), normalize(row), row
         except ConversationError:
             continue
 
@@ -106,15 +115,15 @@ def load_eval_prompts(res: Resolved, tokenizer, prompts_file: Path | None = None
     """Conversations to take eval prompts from (at most `limit`), held out by default."""
     from dspark_kit.data.sources import iter_source
 
-    recipe, thinking = res.recipe, res.recipe.verifier.thinking
+    recipe = res.recipe
     keys = split_prompt_keys(res)
     trained = keys[0] if keys else set()
 
     def count_trained(chats) -> int | None:
-        return sum(hash(prompt_key(tokenizer, c, thinking)) in trained for _, c in chats) if keys else None
+        return sum(trained_on(tokenizer, c, recipe, trained) for _, c in chats) if keys else None
 
     if prompts_file is not None:
-        chats = list(_chats(_file_rows(prompts_file)))[:limit]
+        chats = [(i, c) for i, c, _ in _chats(_file_rows(prompts_file))][:limit]
         found = EvalPrompts([c for _, c in chats], [i for i, _ in chats], f"--prompts {prompts_file}", None,
                             count_trained(chats))
     elif from_data:
@@ -157,8 +166,7 @@ def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalP
             from dspark_kit.specdec.verifier import load_tokenizer
 
             tokenizer = load_tokenizer(res.verifier_path, res.recipe.verifier.trust_remote_code)
-        thinking = res.recipe.verifier.thinking
-        pool = [(i, c) for i, c in pool if hash(prompt_key(tokenizer, c, thinking)) not in trained]
+        pool = [(i, c) for i, c in pool if not trained_on(tokenizer, c, res.recipe, trained)]
     chats = pool[:limit]
     if keys:
         checked = "minus any prompt a training row shares"
@@ -169,6 +177,7 @@ def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalP
 
 
 def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPrompts:
+    from dspark_kit.stages.data.prepare import row_thinking
     from dspark_kit.stages.data.prepare_input import prepare_input_rows
 
     ratio = res.recipe.train.train_data_ratio
@@ -178,11 +187,15 @@ def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPromp
         raise EvalError(f"eval prompts: {why}; pass --prompts FILE (chats the draft never trained on), or "
                         "--from-data (the data source's first rows: they may be training rows)")
     trained, held = keys
+    recipe = res.recipe
     rows, _total, _unusable, source = prepare_input_rows(res)
     chats = []
-    for i, c in _chats(rows):
-        key = hash(prompt_key(tokenizer, c, res.recipe.verifier.thinking))
-        if key in held and key not in trained:
+    for i, c, row in _chats(rows):
+        try:  # the mode prepare rendered the row in: its validation rows start from that prompt
+            mode = row_thinking(row, recipe.verifier.thinking, recipe.mixture_seed)
+        except ConversationError:
+            continue  # prepare rejected it too
+        if hash(prompt_key(tokenizer, c, mode)) in held and not trained_on(tokenizer, c, recipe, trained):
             chats.append((i, c))
             if len(chats) >= limit:
                 break

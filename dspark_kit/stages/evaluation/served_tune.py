@@ -137,7 +137,7 @@ def prompt_sets(res: Resolved, context_lengths: list[int], num_prompts: int,
 
     tok = AutoTokenizer.from_pretrained(res.verifier_path)
     found = load_eval_prompts(res, tok, prompts_file, limit=max(num_prompts, 16))
-    thinking = res.recipe.verifier.thinking
+    thinking = res.recipe.measured_thinking
     return {n: build_prompts(tok, found.chats, num_prompts, thinking, n) for n in [0, *context_lengths]}, found
 
 
@@ -275,7 +275,7 @@ def served_categories(res: Resolved, num_prompts: int) -> list[tuple]:
                                  where="eval.categories")
     except CategoryError as e:
         raise EvalError(str(e)) from None
-    thinking = res.recipe.verifier.thinking
+    thinking = res.recipe.measured_thinking
     return [(c, build_prompts(tok, c.chats, len(c.chats), thinking)) for c in found]
 
 

@@ -185,7 +185,7 @@ def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
     conversations, with the verifier's tokenizer when this machine has it."""
     from dspark_kit.data.conversations import normalize, row_tools
     from dspark_kit.jsonl import BadLine
-    from dspark_kit.stages.data.prepare import tokenize_conversation
+    from dspark_kit.stages.data.prepare import row_thinking, tokenize_conversation
 
     if not Path(res.verifier_path).is_dir():
         return None
@@ -193,14 +193,16 @@ def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
         from dspark_kit.specdec.verifier import load_tokenizer
 
         tok = load_tokenizer(res.verifier_path, res.recipe.verifier.trust_remote_code)
-        seq, thinking, keep = res.recipe.data.seq_length, res.recipe.verifier.thinking, res.recipe.data.keep_truncated
+        recipe = res.recipe
+        seq, thinking, keep = recipe.data.seq_length, recipe.verifier.thinking, recipe.data.keep_truncated
         n = tokens = out_rows = 0
         for raw in itertools.islice(rows, SAMPLE):
             n += 1
             if isinstance(raw, BadLine):
                 continue
             try:
-                for ids, mask in tokenize_conversation(tok, normalize(raw), thinking, keep, row_tools(raw))[0]:
+                mode = row_thinking(raw, thinking, recipe.mixture_seed)
+                for ids, mask in tokenize_conversation(tok, normalize(raw), mode, keep, row_tools(raw))[0]:
                     if any(mask[:seq]):
                         tokens, out_rows = tokens + min(len(ids), seq), out_rows + 1
             except Exception:  # noqa: BLE001, S112 - a row prepare rejects (unusable, or the template fails on it)
