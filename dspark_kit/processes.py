@@ -3,9 +3,14 @@
 `start` runs a command in its own process group (so a stop reaches every worker it forks) and
 ties it to the kit; `stop` is the only way the kit ends one:
 
-    SIGTERM to the whole group, and to every descendant that left it (torchrun starts its workers
-    in sessions of their own); `grace_s` for all of them to exit (a trainer saves an
-    "interrupted" checkpoint, a server drains); then SIGKILL to whatever is left, the same way.
+    SIGTERM once to every process: to the whole group, and to each descendant that left it
+    (torchrun starts its workers in sessions of their own) once its parent can no longer pass
+    it on (torchrun's agent forwards it to its workers; a parent that died does not); `grace_s`
+    for all of them to exit (a trainer saves an "interrupted" checkpoint, a server drains);
+    then SIGKILL to whatever is left, to every descendant. Once, because a second SIGTERM that
+    lands while speculators' handler runs deadlocks the trainer (graceful_shutdown.py takes a
+    non-reentrant lock in the handler): measured, 1 stop in 6 hung for the whole grace and lost
+    its save when each process got two or three.
 
 Every supervised process dies with the kit process that started it:
 - SIGTERM / SIGHUP / SIGINT to the kit: a handler signals every live group (SIGTERM), then
@@ -34,6 +39,7 @@ KILL_WAIT_S = 10.0  # after SIGKILL: only a process stuck in the kernel (D state
 # Signals are process-wide, so the processes a handler must reach are too: these registries are
 # what the handler and atexit read; no caller's behaviour depends on them.
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # started and not yet stopped
+_TERMED: set[int] = set()  # process groups already sent SIGTERM (by the kit's signal handler)
 _HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 _installed = False
 _PRCTL = None  # libc's prctl, looked up in the parent: the child must not import or load anything
@@ -41,8 +47,10 @@ _PRCTL = None  # libc's prctl, looked up in the parent: the child must not impor
 
 def _signal_live(sig: int = signal.SIGTERM) -> None:
     for proc in list(_LIVE):
-        if proc.poll() is None:
+        if proc.poll() is None and proc.pid not in _TERMED:
             _killpg(proc.pid, sig)
+            if sig == signal.SIGTERM:
+                _TERMED.add(proc.pid)
 
 
 def _on_signal(signum, frame) -> None:
@@ -120,36 +128,79 @@ def _descendants(pid: int) -> list:
         return []
 
 
-def _signal_family(proc: subprocess.Popen, family: list, sig: int) -> None:
+def _signal_family(proc: subprocess.Popen, family: list, sig: int) -> list:
+    """`sig` to the group and to the descendants outside it. SIGTERM reaches each process once:
+    a descendant outside the group whose parent is inside it is left to that parent (returned,
+    with its parent's pid, for `stop` to signal once the parent is gone)."""
     import psutil
 
-    _killpg(proc.pid, sig)
-    for p in family:
-        with contextlib.suppress(psutil.Error):
-            if p.is_running():  # psutil checks the pid was not reused since the snapshot
+    once = sig == signal.SIGTERM
+    if not (once and proc.pid in _TERMED):
+        _killpg(proc.pid, sig)
+        if once:
+            _TERMED.add(proc.pid)
+    in_group, deferred = {proc.pid}, []
+    for p in family:  # parents before children (psutil walks the tree breadth first)
+        with contextlib.suppress(psutil.Error, OSError):
+            if not p.is_running():  # psutil checks the pid was not reused since the snapshot
+                continue
+            if once and os.getpgid(p.pid) == proc.pid:
+                in_group.add(p.pid)  # the group's SIGTERM got it
+            elif once and (parent := p.ppid()) in in_group:
+                deferred.append((p, parent))  # torchrun's agent forwards it to its workers
+            else:
                 p.send_signal(sig)
+    return deferred
+
+
+def _term_orphans(deferred: list) -> list:
+    """SIGTERM the deferred descendants whose parent is gone (it cannot forward any more); the rest."""
+    import psutil
+
+    left = []
+    for p, parent in deferred:
+        with contextlib.suppress(psutil.Error):
+            if not p.is_running():
+                continue
+            if p.ppid() != parent or not psutil.pid_exists(parent):
+                p.send_signal(signal.SIGTERM)
+            else:
+                left.append((p, parent))
+    return left
 
 
 def stop(proc: subprocess.Popen, grace_s: float) -> int | None:
-    """The stop policy (module docstring): SIGTERM to the group and every descendant, `grace_s` for
-    them to exit, then SIGKILL; returns the leader's exit code (None: not even SIGKILL ended it)."""
+    """The stop policy (module docstring): SIGTERM once to the group and every descendant, `grace_s`
+    for them to exit, then SIGKILL; returns the leader's exit code (None: not even SIGKILL ended it)."""
     import psutil
 
     # the descendants before any exits: a worker whose parent is gone is reparented, out of reach
     family = _descendants(proc.pid)
-    _signal_family(proc, family, signal.SIGTERM)
+    deferred = _signal_family(proc, family, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
-    _, family = psutil.wait_procs(family, timeout=max(0.0, deadline - time.monotonic()))
+    while time.monotonic() < deadline:
+        deferred = _term_orphans(deferred)
+        if proc.poll() is not None and not any(_running(p) for p in family):
+            break
+        time.sleep(0.1)
     # SIGKILL whatever is left, and sweep the group: the leader may be gone while forked children linger
-    family += _descendants(proc.pid)
+    family = [p for p in family if _running(p)] + _descendants(proc.pid)
     _signal_family(proc, family, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=KILL_WAIT_S)
     psutil.wait_procs(family, timeout=KILL_WAIT_S)
     _LIVE.discard(proc)
+    _TERMED.discard(proc.pid)
     return proc.returncode
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _watch(proc: subprocess.Popen, watch, stopped: list[str], grace_s: float, poll_s: float = 1.0) -> None:

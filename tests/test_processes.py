@@ -192,3 +192,49 @@ def test_stop_sends_sigterm_first_and_a_willing_child_exits_within_the_grace():
         assert all(_gone(p) for p in family)  # the grandchildren got SIGTERM too, the escaped one included
     finally:
         _reap(proc, family)
+
+
+COUNTING = r"""
+import os, signal, subprocess, sys, time
+out = sys.argv[1]
+def count(tag):
+    def handler(signum, frame):
+        with open(out, "a") as f:
+            f.write(tag + "\n")
+        if tag == "leader":  # torchrun's agent: forwards SIGTERM to its worker, then waits for it
+            worker.send_signal(signal.SIGTERM)
+            worker.wait()
+        time.sleep(0.3)  # a second SIGTERM now would land inside the handler (speculators' deadlock)
+        os._exit(0)
+    return handler
+if len(sys.argv) > 2:  # the worker
+    signal.signal(signal.SIGTERM, count("worker"))
+    print("ready", flush=True)
+    time.sleep(600)
+worker = subprocess.Popen([sys.executable, __file__, out, "worker"], start_new_session=True, stdout=subprocess.PIPE)
+worker.stdout.readline()
+signal.signal(signal.SIGTERM, count("leader"))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_each_process_gets_sigterm_once_when_the_kit_is_stopped(tmp_path):
+    """The kit's own signal handler signals the group, then stop() runs: before, the leader got two
+    SIGTERMs and the escaped worker (torchrun's, whose agent forwards) three, and speculators'
+    handler deadlocks on a second one (1 stop in 6 lost its interrupted save)."""
+    from dspark_kit.processes import _signal_live, start, stop
+
+    script, out = tmp_path / "family.py", tmp_path / "signals.txt"
+    script.write_text(COUNTING)
+    proc = start([sys.executable, str(script), str(out)], dict(os.environ), stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        worker = psutil.Process(proc.pid).children()[0]
+        _signal_live(signal.SIGTERM)  # what the kit's handler does on SIGTERM / Ctrl-C
+        stop(proc, grace_s=20)
+        assert sorted(out.read_text().split()) == ["leader", "worker"]  # once each
+        assert _gone(worker)
+    finally:
+        _reap(proc, [])
