@@ -337,6 +337,15 @@ def require(rdzv: Rendezvous) -> Rendezvous:
     return rdzv
 
 
+def _store_silent(rdzv: Rendezvous, timeout: float) -> str | None:
+    """Why node 0's store did not accept a TCP connection within `timeout` s, or None when it did."""
+    try:
+        with socket.create_connection((rdzv.master_addr, rdzv.master_port), timeout=timeout):
+            return None
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+
+
 def wait_for_store(rdzv: Rendezvous, poll_s: float = 0.5) -> float:
     """c10d across nodes, node K > 0: wait up to `rdzv.timeout` s for node 0's store to accept a TCP
     connection (raises one line naming the master otherwise); returns the seconds waited."""
@@ -346,11 +355,8 @@ def wait_for_store(rdzv: Rendezvous, poll_s: float = 0.5) -> float:
     end = t0 + rdzv.timeout
     while True:
         left = end - time.monotonic()
-        try:
-            with socket.create_connection((rdzv.master_addr, rdzv.master_port), timeout=max(0.1, min(5.0, left))):
-                return time.monotonic() - t0
-        except OSError as e:
-            last = e.strerror or str(e) or type(e).__name__
+        if (last := _store_silent(rdzv, max(0.1, min(5.0, left)))) is None:
+            return time.monotonic() - t0
         if time.monotonic() + poll_s >= end:
             raise RendezvousError(
                 f"node {rdzv.this_rank} cannot reach the rendezvous store at train.master_addr "
@@ -379,12 +385,9 @@ class MasterWatch:
     def gone(self) -> str | None:
         """One line once the store has not accepted a connection for rdzv_timeout, else None."""
         r = self.rdzv
-        try:
-            with socket.create_connection((r.master_addr, r.master_port), timeout=self.probe_timeout_s):
-                self.silent_since = None
-                return None
-        except OSError as e:
-            why = e.strerror or str(e) or type(e).__name__
+        if (why := _store_silent(r, self.probe_timeout_s)) is None:
+            self.silent_since = None
+            return None
         now = time.monotonic()
         self.silent_since = self.silent_since or now
         if now - self.silent_since < r.timeout:

@@ -58,6 +58,18 @@ class Served:
         self.server, self.url, self.startup_s = server, server.base_url, startup_s
 
 
+def start_served(plan, log: Path) -> Served:
+    """One server from the kit's plan, healthy (stopped again if it never is), with its start-up time."""
+    server = ManagedServer(plan, log).start()
+    t0 = time.monotonic()
+    try:
+        server.wait_healthy(STARTUP_TIMEOUT)
+    except Exception:
+        server.stop()
+        raise
+    return Served(server, time.monotonic() - t0)
+
+
 def _start_all(tmp_path_factory, configs: dict[str, list[str]]) -> dict[str, Served]:
     """Start one CPU-build server per config at once (startup is mostly single-core imports:
     two in parallel take about as long as one), wait for all of them to be healthy."""

@@ -27,9 +27,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_vllm_real import STARTUP_TIMEOUT, Served, _stop
+from test_vllm_real import _stop, start_served
 
-from dspark_kit.engines.lifecycle import ManagedServer
 from dspark_kit.engines.ports import free_port
 from dspark_kit.engines.servers import server_plan
 from dspark_kit.engines.vllm import CPU_FP8_CONNECTOR, VLLM_CPU_ENTRYPOINT
@@ -57,14 +56,7 @@ def fp8_server(tmp_path_factory, tiny_verifier, vllm_cpu_build):
     assert plan.argv[:3] == [str(vllm_cpu_build), "-m", VLLM_CPU_ENTRYPOINT], plan.argv
     kv = json.loads(plan.argv[plan.argv.index("--kv-transfer-config") + 1])
     assert (kv["kv_connector"], kv["kv_connector_module_path"]) == CPU_FP8_CONNECTOR
-    server = ManagedServer(plan, root / "server.log").start()
-    t0 = time.monotonic()
-    try:
-        server.wait_healthy(STARTUP_TIMEOUT)
-    except Exception:
-        server.stop()
-        raise
-    served = Served(server, time.monotonic() - t0)
+    served = start_served(plan, root / "server.log")
     served.storage = root / "storage"
     print(f"\n[vllm-fp8] extraction server healthy {served.startup_s:.1f}s after start")
     yield served

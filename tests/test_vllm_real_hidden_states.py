@@ -30,9 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_vllm_real import STARTUP_TIMEOUT, Served, _stop
+from test_vllm_real import _stop, start_served
 
-from dspark_kit.engines.lifecycle import ManagedServer
 from dspark_kit.engines.ports import free_port
 from dspark_kit.engines.servers import server_plan
 from dspark_kit.engines.vllm import VLLM_CPU_ENTRYPOINT
@@ -77,14 +76,7 @@ def hs_server(tmp_path_factory, tiny_verifier, vllm_cpu_build):
     r = recipe(f"hidden_states.storage_path={root / 'storage'}", 'serve.extra_args=["--enable-scale-out"]')
     plan = server_plan(Resolved(r, root), "hidden-states", port=free_port())
     assert plan.argv[:3] == [str(py), "-m", VLLM_CPU_ENTRYPOINT], plan.argv  # the kit chose the CPU build
-    server = ManagedServer(plan, root / "server.log").start()
-    t0 = time.monotonic()
-    try:
-        server.wait_healthy(STARTUP_TIMEOUT)
-    except Exception:
-        server.stop()
-        raise
-    served = Served(server, time.monotonic() - t0)
+    served = start_served(plan, root / "server.log")
     served.storage = root / "storage"
     print(f"\n[vllm-hs] extraction server healthy {served.startup_s:.1f}s after start ({plan.shell_line()})")
     yield served

@@ -135,7 +135,6 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
             msg["reasoning_content"] = reasoning
         if out.get("tool_calls"):
             msg["tool_calls"] = out["tool_calls"]
-            usage["tool_calls"] += len(out["tool_calls"])
         if out["token_ids"] is not None:
             msg["token_ids"] = out["token_ids"]
         history.append(msg)
@@ -174,11 +173,11 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
         if wants_reply or history[-1]["role"] == "user":  # the source may end on a question: answer it too
             cut = await turn(results)
             unused += len(results) if not cut else 0
-    calls_made = usage.pop("tool_calls", 0)
     meta = {"idx": idx, "finish_reasons": finish, "usage": dict(usage),
             "endpoint": ep.url, "model": ep.model, "thinking": thinking, "temperature": temperature}
     if tools:
-        meta["tool_calls"] = calls_made  # the verifier's own calls in this row
+        # the verifier's own calls in this row (every assistant turn in history is its reply)
+        meta["tool_calls"] = sum(len(m.get("tool_calls") or ()) for m in history if m["role"] == "assistant")
     if cut:
         meta["tool_chain"] = cut
     if unused:  # the verifier answered without the calls the dataset's results were for
