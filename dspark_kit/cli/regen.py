@@ -101,6 +101,7 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.stages.data.regen import (
             OutputExists,
             failure_verdict,
+            mode_line,
             run_regen,
             tools_line,
         )
@@ -148,12 +149,13 @@ def register(app: typer.Typer) -> None:
                 console.print(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
             if summary["skipped_rows"]:
                 console.print(f"  unusable source rows: {summary['skipped_rows']}", highlight=False)
-            if line := tools_line(summary):
-                console.print(f"  {line}", highlight=False)
+            for line in (tools_line(summary), mode_line(summary)):
+                if line:
+                    console.print(f"  {line}", highlight=False)
             for reason, n in summary["tool_chains_cut"].items():
                 console.print(f"  {n} rows end early: {reason}", highlight=False)
         if summary["all_endpoints_dead"]:
             raise typer.Exit(1)
-        verdict = failure_verdict(summary, r.regen.max_failed_fraction)
+        verdict = failure_verdict(summary, r.regen.max_failed_fraction, r.data.max_mode_mismatch_fraction)
         if verdict:
             fail(verdict, code=1)

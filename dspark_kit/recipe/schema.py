@@ -99,6 +99,10 @@ class DataCfg(_Section):
     num_workers: int = Field(1, ge=1)
     keep_truncated: bool = Field(False, description="prepare keeps replies the verifier did not finish "
                                  "(finish_reason length, think block never closed); default: skipped, counted")
+    max_mode_mismatch_fraction: float = Field(
+        0.02, ge=0, le=1, description="rows whose replies carry reasoning with their thinking mode off are "
+        "dropped (counted) by the first stage that sees them (regen, else prepare); above this fraction of "
+        "the rows that stage fails: the data and verifier.thinking disagree (docs/PITFALLS.md, pitfall 4)")
 
 
 class RegenCfg(_Section):

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_kit.data import mode_rule
+from dspark_kit.data.mode_rule import ModeCounts
 from dspark_kit.findings import (
     PITFALLS,  # noqa: F401 - the pitfall titles, re-exported
     Finding,
@@ -149,22 +151,23 @@ def check_models(ctx: _Context) -> list[Finding]:
     return out
 
 
-def _reply_reasoning(rows: list[dict]) -> tuple[int, int]:
-    """(replies, replies with non-empty reasoning) in any form the conversation model reads:
-    reasoning_content / reasoning fields or inline <think>."""
-    from dspark_kit.data.conversations import ConversationError, normalize
+def _undecided_mode_counts(rows: list[dict], thinking, mixture_seed) -> ModeCounts:
+    """What prepare will decide for the rows nobody decided yet (no regen metadata.mode_check): the
+    same rule and budget (data/mode_rule.py), applied ahead of the hours before it; recorded
+    decisions are never judged again."""
+    from dspark_kit.data.conversations import ConversationError, has_reasoning, normalize
+    from dspark_kit.stages.data.prepare import row_thinking
 
-    replies = thought = 0
+    counts = ModeCounts()
     for r in rows:
+        if mode_rule.recorded(r) is not None:
+            continue
         try:
-            msgs = normalize(r)
+            msgs, mode = normalize(r), row_thinking(r, thinking, mixture_seed)
         except ConversationError:
             continue
-        for m in msgs:
-            if m["role"] == "assistant":
-                replies += 1
-                thought += bool((m.get("reasoning_content") or "").strip())
-    return replies, thought
+        counts.add(mode, has_reasoning(msgs), mode_rule.decide(msgs, mode))
+    return counts
 
 
 def _recorded_thinking(value: object) -> object:
@@ -182,13 +185,10 @@ def check_thinking(ctx: _Context) -> list[Finding]:
     data = ctx.run.regen_jsonl
     if not data.is_file() and not ctx.recipe.regen.enabled and ctx.recipe.data.source.endswith((".jsonl", ".ndjson")):
         data = Path(ctx.recipe.data.source).expanduser()  # prepare reads the raw data then
-    replies, thought = _reply_reasoning(_regen_rows(data))
-    if replies and thought and True not in modes:
-        out.append(pitfall(4, "error", f"{thought}/{replies} replies in {data.name} carry reasoning "
-                                       "but verifier.thinking is false; regen, prepare and bench must agree"))  # fmt: skip
-    if replies and modes == [True] and not thought:
-        out.append(pitfall(4, "error", f"verifier.thinking is true but none of {replies} replies in {data.name} "
-                                       "carries reasoning (regen ran without thinking, or the data has none)"))  # fmt: skip
+    if not ctx.run.prepare_meta.is_file():  # once prepared, its recorded decision stands
+        counts = _undecided_mode_counts(_regen_rows(data), want, ctx.recipe.mixture_seed)
+        if verdict := counts.verdict(ctx.recipe.data.max_mode_mismatch_fraction, f"prepare would fail on {data.name}"):
+            out.append(pitfall(4, "error", verdict))
     recorded = {r["metadata"]["thinking"] for r in _regen_rows(ctx.run.regen_jsonl)
                 if isinstance(r.get("metadata"), dict) and "thinking" in r["metadata"]}  # fmt: skip
     if recorded - set(modes):

@@ -39,7 +39,7 @@ def _plan(res: Resolved, stage: str, lines: list[str], processes: list[Process] 
 
 
 def stage_regen(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.data.regen import failure_verdict, run_regen, tools_line
+    from dspark_kit.stages.data.regen import failure_verdict, mode_line, run_regen, tools_line
 
     note = reporter.note
     chat = plan.process("chat server")
@@ -51,9 +51,10 @@ def stage_regen(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
          f"of {s['source_rows']} source rows")
     for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
         note(f"  {n}: {reason}")
-    if line := tools_line(s):
-        note(f"  {line}")
-    verdict = failure_verdict(s, res.recipe.regen.max_failed_fraction)
+    for line in (tools_line(s), mode_line(s)):
+        if line:
+            note(f"  {line}")
+    verdict = failure_verdict(s, res.recipe.regen.max_failed_fraction, res.recipe.data.max_mode_mismatch_fraction)
     if verdict:
         raise RuntimeError(verdict)
     return s
@@ -91,6 +92,7 @@ def stage_prepare(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALON
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
         keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable,
         meta={"verifier": recipe.verifier.path, "source": source}, reporter=reporter, mixture_seed=recipe.mixture_seed,
+        mode_budget=recipe.data.max_mode_mismatch_fraction,
     )
     return s.as_dict()
 

@@ -50,6 +50,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark_kit.data import mode_rule
 from dspark_kit.data.chat import render
 from dspark_kit.data.conversations import (
     ConversationError,
@@ -60,11 +61,13 @@ from dspark_kit.data.conversations import (
     template_messages,
     truncation,
 )
+from dspark_kit.data.mode_rule import REASONING_WITH_THINKING_OFF, ModeCounts  # noqa: F401 (the rule's reason, re-exported)
 from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.data.speculators_dataset import DatasetWriter
 from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.mixture import THINKING, choose
+from dspark_kit.recipe.schema import DataCfg
 from dspark_kit.stages.data.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
 
 _TOKENIZER = None
@@ -83,6 +86,8 @@ class PrepareSummary:
     retokenized_differs: int = 0  # of those, replies whose re-tokenized text differs: trained as generated
     rejected: Counter = field(default_factory=Counter)  # full reason -> conversations
     with_reasoning: int = 0  # used conversations whose replies carry reasoning
+    mode_rule: ModeCounts = field(default_factory=ModeCounts)  # rows this stage decided (data/mode_rule.py)
+    mode_dropped_by_regen: int = 0  # rows regen had decided to drop (its metadata.mode_check): skipped, not judged
     thinking_rows: Counter = field(default_factory=Counter)  # "true"/"false" -> used conversations rendered so
     with_tools: int = 0  # used conversations with tool schemas or tool calls
     tool_calls: int = 0  # tool calls in used conversations' replies (trained with the reply's text)
@@ -92,30 +97,19 @@ class PrepareSummary:
     tokens: int = 0
     trainable_tokens: int = 0
     seconds: float = 0.0
-    warnings: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["rejected"] = dict(self.rejected.most_common())
         d["formats"] = dict(self.formats.most_common())
         d["thinking_rows"] = dict(sorted(self.thinking_rows.items()))
+        d["mode_rule"] = self.mode_rule.as_dict()
         d["tokens_per_s"] = round(self.tokens / self.seconds, 1) if self.seconds else None
         return d
 
     def reject(self, reason: str, n: int = 1) -> None:
         self.conversations_in += n
         self.rejected[reason] += n
-
-    def check_thinking(self) -> None:
-        """Warnings when the rows' thinking modes and the data disagree (docs/PITFALLS.md, pitfall 4)."""
-        off = self.rejected.get(REASONING_WITH_THINKING_OFF, 0)
-        if off:
-            self.warnings.append(f"{off} conversations carry reasoning but their thinking mode is off: skipped "
-                                 "(was the data generated in thinking mode?)")
-        if self.thinking_rows.get("true") and not self.with_reasoning:
-            self.warnings.append(f"{self.thinking_rows['true']} conversations are in thinking mode but no reply "
-                                 "carries reasoning: regenerate in thinking mode (with vLLM: --reasoning-parser "
-                                 "qwen3 keeps it) or set verifier.thinking false")
 
     def log(self, note) -> None:
         note(f"prepare: {self.conversations_used} of {self.conversations_in} conversations used -> "
@@ -132,13 +126,14 @@ class PrepareSummary:
         if self.turns_with_ids:
             note(f"  {self.turns_with_ids} replies trained on the verifier's own token ids; re-tokenizing "
                  f"their text would have changed {self.retokenized_differs}")
-        for w in self.warnings:
-            note(f"WARNING: {w}")
+        if line := self.mode_rule.line():
+            note(f"  {line} (decided here: no earlier stage recorded a decision)")
+        if self.mode_dropped_by_regen:
+            note(f"  {self.mode_dropped_by_regen} rows regen dropped for their thinking mode: skipped as it decided")
 
 
-REASONING_WITH_THINKING_OFF = ("reply carries reasoning but the row's thinking mode is off (verifier.thinking is false, "
-                               "or its metadata.thinking or mixture draw is; the verifier never writes it in that "
-                               "mode: regenerate or set verifier.thinking)")
+MODE_BUDGET = DataCfg.model_fields["max_mode_mismatch_fraction"].default  # the recipe's default, not a second one
+DROPPED_BY_REGEN = " (decided by regen: metadata.mode_check)"
 NO_MODE_TO_DRAW = ("no recorded thinking mode (metadata.thinking) and no metadata.idx to draw one from the "
                    "verifier.thinking mixture (regen records both)")
 NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
@@ -197,8 +192,8 @@ def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bo
     msgs = msgs[: turns[-1] + 1]  # trailing user turns have nothing to learn
     if not keep_truncated and (why := truncation(msgs)):
         raise ConversationError(why)
-    if not thinking and has_reasoning(msgs):
-        raise ConversationError(REASONING_WITH_THINKING_OFF)
+    if (decision := mode_rule.decide(msgs, thinking)) != mode_rule.AGREES:  # no render reproduces such a row
+        raise ConversationError(decision)
     msgs = template_messages(msgs)
     texts = []
     for j in turns:
@@ -278,6 +273,13 @@ def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
         try:
             msgs, tools = normalize(raw), row_tools(raw)
             mode = row_thinking(raw, thinking, mixture_seed)
+            # replies vs thinking mode: regen's recorded decision, else this stage decides (data/mode_rule.py)
+            decision, by = mode_rule.recorded(raw), "regen"
+            if decision is None:
+                decision, by = mode_rule.decide(msgs, mode), "prepare"
+                fmt["mode_rule"] = (mode, has_reasoning(msgs), decision)
+            if decision != mode_rule.AGREES:
+                raise ConversationError(decision + (DROPPED_BY_REGEN if by == "regen" else ""))
             planned.append((len(out), conversation_texts(_TOKENIZER, msgs, mode, keep_truncated, tools)))
             generated = generated_ids(msgs)
             calls = sum(len(m.get("tool_calls", ())) for m in msgs)
@@ -299,11 +301,16 @@ def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
             t = rows_from_ids(row_ids, _REPLY_LEN, _suffix_encoder(_TOKENIZER, texts), out[i].pop("generated"))
             out[i] = {**out[i], **_row_result(t, seq_length)}
         except ConversationError as e:
-            out[i] = {"format": out[i]["format"], "error": str(e)}
+            out[i] = {**_judged(out[i]), "error": str(e)}
         except Exception as e:  # noqa: BLE001 - a row the tokenizer cannot take is a rejected row
-            out[i] = {"format": out[i]["format"], "error": f"tokenizer failed: {type(e).__name__}: {e}"}
+            out[i] = {**_judged(out[i]), "error": f"tokenizer failed: {type(e).__name__}: {e}"}
         pos += len(texts)
     return out
+
+
+def _judged(result: dict) -> dict:
+    """What a rejected row's result keeps: its format and the mode rule's decision on it."""
+    return {k: result[k] for k in ("format", "mode_rule") if k in result}
 
 
 def _chunks(rows: Iterable, size: int) -> Iterator[list]:
@@ -333,6 +340,7 @@ def prepare(
     pre_rejected: Counter | None = None,
     reporter: Reporter = STANDALONE,
     mixture_seed: int | None = None,
+    mode_budget: float = MODE_BUDGET,
 ) -> PrepareSummary:
     """Tokenize `rows` and write the speculators dataset atomically to `out_dir`.
 
@@ -340,7 +348,8 @@ def prepare(
     `mixture_seed`: regen.seed, the seed of a mixture's draw).
 
     `pre_rejected`: rows the reader could not use (reason -> count; it may fill while `rows` is
-    read), counted in too."""
+    read), counted in too. `mode_budget` (data.max_mode_mismatch_fraction): the share of the rows
+    this stage decides by data/mode_rule.py that may be dropped before it fails."""
     summary = PrepareSummary()
     t0 = time.time()
     out_dir = Path(out_dir)
@@ -362,7 +371,10 @@ def prepare(
                 for res in chunk:
                     if res.get("format"):
                         summary.formats[res["format"]] += 1
+                    if "mode_rule" in res:
+                        summary.mode_rule.add(*res["mode_rule"])
                     if "error" in res:
+                        summary.mode_dropped_by_regen += res["error"].endswith(DROPPED_BY_REGEN)
                         summary.reject(res["error"])
                         continue
                     kept = [r for r in res["rows"] if any(r["loss_mask"])]
@@ -391,8 +403,9 @@ def prepare(
                 pool.shutdown()
         for reason, n in (pre_rejected or {}).items():
             summary.reject(reason, n)
-        summary.check_thinking()
         summary.log(reporter.note)
+        if verdict := summary.mode_rule.verdict(mode_budget, "prepare"):
+            raise ValueError(verdict)
         if summary.rows_out == 0:
             raise ValueError(
                 f"prepare: no trainable rows out of {summary.conversations_in} conversations "

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dspark_kit.data import mode_rule
 from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
 from dspark_kit.engines import openai_base_url as normalize_endpoint
 from dspark_kit.engines.chat_client import (
@@ -174,7 +175,9 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
             cut = await turn(results)
             unused += len(results) if not cut else 0
     meta = {"idx": idx, "finish_reasons": finish, "usage": dict(usage),
-            "endpoint": ep.url, "model": ep.model, "thinking": thinking, "temperature": temperature}
+            "endpoint": ep.url, "model": ep.model, "thinking": thinking, "temperature": temperature,
+            # the one decision on replies vs thinking mode (data/mode_rule.py): later stages read it
+            mode_rule.RECORD: mode_rule.decide(history, thinking)}
     if tools:
         # the verifier's own calls in this row (every assistant turn in history is its reply)
         meta["tool_calls"] = sum(len(m.get("tool_calls") or ()) for m in history if m["role"] == "assistant")
@@ -339,13 +342,22 @@ def tools_line(summary: dict) -> str | None:
     return line + (f"; {cut} rows cut after a call the dataset has no result for" if cut else "")
 
 
-def failure_verdict(summary: dict, budget: float) -> str | None:
+def mode_line(summary: dict) -> str | None:
+    """The output's rows dropped by the replies-vs-thinking-mode rule, in one line (None: none)."""
+    return mode_rule.ModeCounts(**summary["mode"]).line() if summary.get("mode") else None
+
+
+def failure_verdict(summary: dict, budget: float, mode_budget: float) -> str | None:
     """Why this regen failed as a whole (None: it did its job): nothing written while rows failed,
-    or more failed rows than regen.max_failed_fraction of those sent, with the first reasons."""
+    or more failed rows than regen.max_failed_fraction of those sent, with the first reasons; else
+    (`mode_budget`: data.max_mode_mismatch_fraction) the output's replies disagree with their
+    thinking mode beyond the rule (data/mode_rule.py)."""
     failed, written = summary["failed"], summary["written"]
     sent = failed + written
     if not failed or (written and failed / sent <= budget):
-        return None
+        if "mode" not in summary:
+            return None
+        return mode_rule.ModeCounts(**summary["mode"]).verdict(mode_budget, "regen")
     reasons = "; ".join(f"{n}x {r}" for r, n in list(summary["failed_reasons"].items())[:3])
     what = "every row failed" if not written else f"{failed} of {sent} rows failed ({failed / sent:.0%})"
     return (f"regen: {what}, above regen.max_failed_fraction {budget:g}: {reasons}; fix the server or "
@@ -414,6 +426,10 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
         if server is not None:
             server.stop()
     elapsed = time.time() - t0
+    from dspark_kit.jsonl import read_jsonl
+
+    # judged over the whole output: a resumed run counts the rows earlier runs wrote
+    summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else ()).as_dict()
     summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
     summary.update({
         "outfile": str(outfile), "errors_file": str(errors_file),

@@ -1,0 +1,58 @@
+"""The replies-vs-thinking-mode rule (data/mode_rule.py): one decision per row, one budget per stage."""
+
+from __future__ import annotations
+
+from dspark_kit.data import mode_rule
+from dspark_kit.data.mode_rule import AGREES, REASONING_WITH_THINKING_OFF, ModeCounts
+
+PLAIN = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+STRAY = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b", "reasoning_content": "a story "}]
+
+
+def test_a_reply_with_reasoning_is_dropped_only_with_thinking_off():
+    assert mode_rule.decide(STRAY, thinking=False) == REASONING_WITH_THINKING_OFF
+    assert mode_rule.decide(STRAY, thinking=True) == AGREES
+    assert mode_rule.decide(PLAIN, thinking=False) == AGREES
+    blank = [PLAIN[0], {**PLAIN[1], "reasoning_content": "\n\n"}]  # an empty think block is no reasoning
+    assert mode_rule.decide(blank, thinking=False) == AGREES
+
+
+def _counts(rows: int, dropped: int, thinking_rows: int = 0, with_reasoning: int = 0) -> ModeCounts:
+    return ModeCounts(rows=rows, dropped=dropped, thinking_rows=thinking_rows, thinking_with_reasoning=with_reasoning)
+
+
+def test_one_stray_row_in_256_is_counted_not_fatal():
+    c = _counts(256, 1)
+    assert c.verdict(0.02, "regen") is None
+    assert c.line() == f"dropped 1 of 256 rows: {REASONING_WITH_THINKING_OFF}"
+
+
+def test_a_systematic_mismatch_fails_in_one_line_naming_the_key_and_the_fix():
+    why = _counts(256, 77).verdict(0.02, "regen")
+    assert why is not None and "\n" not in why
+    assert why.startswith("regen: 77 of 256 rows (30%) carry reasoning")
+    assert "data.max_mode_mismatch_fraction 0.02" in why and "verifier.thinking: true" in why
+
+
+def test_the_budget_is_a_bound_not_a_guess():
+    assert _counts(100, 2).verdict(0.02, "prepare") is None  # at the budget: allowed
+    assert _counts(100, 3).verdict(0.02, "prepare") is not None
+    assert _counts(0, 0).verdict(0.0, "prepare") is None
+
+
+def test_thinking_rows_without_any_reasoning_fail():
+    why = _counts(10, 0, thinking_rows=10).verdict(0.02, "prepare")
+    assert why is not None and "none of 10 rows in thinking mode carries reasoning" in why
+    assert _counts(10, 0, thinking_rows=10, with_reasoning=1).verdict(0.02, "prepare") is None
+
+
+def test_counts_of_reads_only_recorded_decisions():
+    def row(decision, thinking=False, msgs=PLAIN):
+        meta = {"idx": 0, "thinking": thinking, **({mode_rule.RECORD: decision} if decision else {})}
+        return {"messages": msgs, "metadata": meta}
+
+    rows = [row(AGREES), row(REASONING_WITH_THINKING_OFF, msgs=STRAY), row(None, msgs=STRAY),
+            row(AGREES, thinking=True, msgs=STRAY), "not a row"]
+    c = mode_rule.counts_of(rows)
+    assert (c.rows, c.dropped, c.thinking_rows, c.thinking_with_reasoning) == (3, 1, 1, 1)
+    assert mode_rule.recorded(rows[2]) is None and mode_rule.recorded("x") is None
