@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ from rich.progress import (
 
 from dspark_kit.logs import log_tail
 
-PLAIN_EVERY_S = 30.0  # a plain (non-terminal) progress line at most this often
+PLAIN_EVERY_S = 20.0  # a plain (non-terminal) progress line at most this often, and at least (heartbeat)
 TAIL_LINES = 20  # log lines shown when a stage fails
 
 
@@ -154,17 +155,28 @@ class StageLine:
         self.unit = "it"
         self._since: float | None = None  # when counting started: the rate excludes start-up (model loading)
         self._base = 0.0  # the count then
+        self._last: float | None = None  # when the count last moved: the rate is measured up to there
 
     def start_counting(self) -> None:
         if self._since is None:
             self._since, self._base = self.clock(), self.count
 
+    def counted(self) -> None:
+        """The count just moved (a bar's advance)."""
+        self._last = self.clock()
+
     def rate(self) -> float | None:
-        """Units per second since counting started (None until there is a second point)."""
-        now = self.clock()
-        if self._since is None or self.count <= self._base or now <= self._since:
+        """Units per second from the start of counting to the count's last move (None until there is
+        a second point): between moves it holds, so the ETA counts down instead of growing."""
+        until = self._last if self._last is not None else self.clock()
+        if self._since is None or self.count <= self._base or until <= self._since:
             return None
-        return (self.count - self._base) / (now - self._since)
+        return (self.count - self._base) / (until - self._since)
+
+    def eta(self, rate: float) -> float:
+        """Seconds left at `rate`, less the time since the count last moved."""
+        waited = self.clock() - self._last if self._last is not None else 0.0
+        return max(0.0, (self.total - self.count) / rate - waited)
 
     def text(self) -> str:
         parts = [self.name]
@@ -178,7 +190,7 @@ class StageLine:
         if rate:
             parts.append(f"{rate:,.1f} {self.unit}/s" if rate >= 0.1 else f"{rate * 60:,.1f} {self.unit}/min")
             if self.total and self.count < self.total:
-                parts.append(f"eta {_fmt_s((self.total - self.count) / rate)}")
+                parts.append(f"eta {_fmt_s(self.eta(rate))}")
         parts.append(_fmt_s(self.clock() - self.started))
         return "  ".join(parts)
 
@@ -193,6 +205,7 @@ class _LineBar(_Bar):
     def advance(self, n: float = 1) -> None:
         self.line.count += n
         self.line.start_counting()  # the first unit's own time is unknown: the rate counts from here
+        self.line.counted()
         self.display.changed()
 
     def describe(self, text: str) -> None:
@@ -237,6 +250,10 @@ class StageDisplay:
         self._line: StageLine | None = None
         self._live = None
         self._last_plain = 0.0
+        self._said_at = time.monotonic()  # when the console last got a line (the heartbeat's clock)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heart: threading.Thread | None = None
 
     # ---- lifetime ---------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -246,12 +263,29 @@ class StageDisplay:
             self._out = self._owned
         except (AttributeError, OSError, ValueError):  # a stream without a descriptor (tests): use it as is
             self._out = self.stream
+        if not self.terminal and not self.verbose:  # a pipe or CI log: never a silent half minute
+            self._stop.clear()
+            self._heart = threading.Thread(target=self._heartbeat, name="stage-heartbeat", daemon=True)
+            self._heart.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._heart is not None:
+            self._heart.join()
+            self._heart = None
         if self._owned is not None:
             self._owned.close()
             self._owned = None
+
+    def _heartbeat(self) -> None:
+        """The running stage's line whenever the console has been silent for plain_every_s: what
+        it does (its detail), its counts and its time, while a model loads or a server starts too."""
+        tick = min(1.0, max(self.plain_every_s / 4, 0.01))
+        while not self._stop.wait(tick):
+            line = self._line
+            if line is not None and time.monotonic() - self._said_at >= self.plain_every_s:
+                self.say(f"  {line.text()}")
 
     @property
     def reporter(self) -> Reporter:
@@ -260,11 +294,13 @@ class StageDisplay:
 
     def say(self, text: str) -> None:
         """A line on the console (above a live line)."""
-        if self._live is not None:
-            self._live.console.print(text, highlight=False, markup=False, soft_wrap=True)
-        else:
-            self._out.write(text + "\n")
-            self._out.flush()
+        with self._lock:
+            self._said_at = time.monotonic()
+            if self._live is not None:
+                self._live.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            else:
+                self._out.write(text + "\n")
+                self._out.flush()
 
     # ---- one stage --------------------------------------------------------------
     @contextlib.contextmanager

@@ -126,12 +126,41 @@ def test_the_train_line_follows_the_trainers_records():
     bar = Bar()
     feed = TrainProgress(bar).feed
     for line in ["[15:07:45] INFO     Training epoch 1/8 started          trainer.py:737",
-                 "                    epoch=0, lr=0.003, global_step=17",
+                 "                    epoch=0, lr=0.003, global_step=0",
+                 "                    epoch=0, lr=0.003, global_step=1",
                  "[15:09:02] INFO     Training epoch 1/8 completed        trainer.py:739",
-                 "Epoch 0: 100%|##########| 42/42 [00:30<00:00]"]:
+                 "Epoch 0: 100%|##########| 2/2 [00:30<00:00]",
+                 "[15:09:03] INFO     Training epoch 2/8 started          trainer.py:737",
+                 "                    epoch=1, lr=0.003, global_step=2"]:
         feed(line)
-    # the epoch is counted once (the bar: completed epochs); the detail is the step
-    assert bar.calls == [("total", 8), ("describe", "step 17"), ("advance", 1)]
+    # the bar counts steps; its total (and so an ETA) once an epoch's steps are known
+    assert bar.calls == [("describe", "epoch 1/8"), ("advance", 1), ("describe", "epoch 1/8"), ("advance", 1),
+                         ("describe", "epoch 1/8"), ("total", 16), ("describe", "epoch 1/8"),
+                         ("describe", "epoch 2/8"), ("advance", 1), ("describe", "epoch 2/8")]
+
+
+def test_the_train_eta_comes_from_steps_and_holds_steady_between_epochs():
+    """Before: completed epochs / time, so the ETA grew every second no epoch completed."""
+    from dspark_kit.stages.training.train import TrainProgress
+
+    now = [0.0]
+    line = StageLine("train", clock=lambda: now[0])
+    display = StageDisplay(io.StringIO(), terminal=True)
+    display._line = line
+    progress = TrainProgress(display.line_bar("train", None, "step"))
+    progress.feed("Epoch 0: 10%|#| 1/10 [00:01<00:09]")  # the trainer's own bar gives the epoch's steps
+    progress.feed("Training epoch 1/4 started")
+    etas = []
+    for step in range(12):
+        now[0] = 10.0 * (step + 1)
+        progress.feed(f"epoch=0, lr=0.003, global_step={step}")
+        now[0] += 5.0  # halfway to the next step
+        etas.append(line.text().split("eta ")[1].split()[0] if "eta " in line.text() else None)
+    assert etas[0] == "6:25", etas  # counted from the epoch's start: 39 steps left at 10 s, less 5 s
+    assert etas == sorted(etas, reverse=True) and len(set(etas)) == len(etas), etas  # never grows
+    assert etas[-1] == "4:35", etas  # 28 steps left at 10 s a step, less the 5 s since the last one
+    now[0] += 4.0
+    assert "eta 4:31" in line.text()  # between steps it counts down
 
 
 def test_plain_progress_lines_are_rate_limited(tmp_path):
@@ -240,3 +269,23 @@ def test_ctrl_c_in_run_ends_with_the_line_that_resumes(tmp_path, monkeypatch):
     [line] = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert line.startswith("error: interrupted: `dspark-kit run ") and "--set train.epochs=2" in line
     assert f"-w {tmp_path}`" in line and "resumes" in line
+
+
+def test_a_silent_stage_still_says_what_it_does_in_a_pipe(tmp_path):
+    """A model loading or a server starting moves no bar: the heartbeat prints the stage's line
+    whenever the console has been silent for plain_every_s (20 s by default)."""
+    import time as _time
+
+    out = io.StringIO()
+    with StageDisplay(out, terminal=False, plain_every_s=0.2) as d, d.stage("eval", tmp_path / "s.log"):
+        d.reporter.note("loading the verifier")
+        with d.reporter.bar("eval", total=None, unit="prompt") as bar:
+            bar.describe("loading the verifier")
+            _time.sleep(0.9)
+    lines = out.getvalue().splitlines()
+    beats = [ln for ln in lines if ln.startswith("  eval  loading the verifier  0:0")]
+    assert lines[:2] == ["> eval", "  loading the verifier"] and 2 <= len(beats) <= 5, lines
+    quiet = io.StringIO()
+    with StageDisplay(quiet, terminal=False) as d, d.stage("eval", tmp_path / "t.log"):
+        _time.sleep(0.3)
+    assert quiet.getvalue().splitlines() == ["> eval"]  # the default: a line only after 20 s of silence

@@ -8,8 +8,9 @@ pipeline, `run --dry-run` and every stage command use."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dspark_kit.progress import STANDALONE, Reporter
@@ -292,15 +293,26 @@ def plan_eval(res: Resolved) -> StagePlan:
                  outputs=outputs)
 
 
+@contextlib.contextmanager
+def _doing(reporter: Reporter, stage: str, what: str) -> Iterator[None]:
+    """A stage with no count of its own: its line says what it is doing (the heartbeat repeats it)."""
+    with reporter.bar(stage, None) as bar:
+        bar.describe(what)
+        yield
+
+
 def run_eval(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     if res.eval_mode.value == "served":
         from dspark_kit.stages.evaluation.served_tune import served_eval
 
-        s = served_eval(res)
+        with _doing(reporter, "eval", "served: starting the spec server, then timing the eval prompts"):
+            s = served_eval(res)
         return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
     from dspark_kit.stages.evaluation.evaluate import stage_eval
 
-    return stage_eval(res)
+    with _doing(reporter, "eval", f"in-process: loading the verifier and draft, then decoding "
+                                  f"{res.recipe.eval.num_prompts} prompts with speculation"):
+        return stage_eval(res)
 
 
 def plan_serve(res: Resolved) -> StagePlan:
@@ -315,7 +327,8 @@ def run_serve(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -
     from dspark_kit.stages.serving.serve import stage_serve_check
 
     spec = plan.process("spec server")
-    return stage_serve_check(res, spec.server if spec else None)
+    with _doing(reporter, "serve", "starting the spec server and checking that it answers"):
+        return stage_serve_check(res, spec.server if spec else None)
 
 
 def plan_bench(res: Resolved) -> StagePlan:
@@ -328,7 +341,8 @@ def run_bench(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -
     from dspark_kit.stages.serving.bench import stage_bench
 
     spec = plan.process("spec server")
-    return stage_bench(res, spec.server if spec else None)
+    with _doing(reporter, "bench", "starting the spec server, then benchmarking it"):
+        return stage_bench(res, spec.server if spec else None)
 
 
 def plan_report(res: Resolved) -> StagePlan:

@@ -176,24 +176,48 @@ def node_plans(recipe: Recipe, train_args: list[str], device: str, rdzv=None) ->
 
 _EPOCH = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
 _STEP = re.compile(r"global_step[=': ]+(\d+)")
+_EPOCH_BAR = re.compile(r"Epoch \d+:.*?\| *\d+/(\d+) ")  # the trainer's own epoch bar: "... 42/42 [00:30<..."
 
 
 class TrainProgress:
-    """Moves the train stage's line from what the trainer logs: the bar counts completed epochs
-    ("3/8 epoch", with rate and ETA), the detail is the global step (the running epoch is the
-    next one: printing it too read as two epoch counts)."""
+    """Moves the train stage's line from what the trainer logs: the bar counts optimizer steps
+    ("120/480 step", with rate and ETA) and the detail says the epoch. Steps per epoch are learned
+    from the trainer's epoch bar or when the first epoch completes; until then the line shows the
+    epoch and step with no ETA. (An ETA from whole epochs grew between them: the rate fell every
+    second no epoch completed.) A resumed run's first logged step jumps the count, not the rate."""
 
     def __init__(self, bar):
         self.bar = bar
+        self.epochs: int | None = None
+        self.epoch = 0
+        self.per_epoch: int | None = None
+        self.done = 0  # steps done (global_step + 1 of the last logged step)
+        self.epoch_start = 0
+        self.total: int | None = None
 
     def feed(self, line: str) -> None:
         if m := _EPOCH.search(line):
-            if m.group(3) == "completed":
-                self.bar.advance(1)
-            else:
-                self.bar.total(int(m.group(2)))
+            self.epochs, self.epoch = int(m.group(2)), int(m.group(1))
+            if m.group(3) == "started":
+                self.epoch_start = self.done
+            elif self.per_epoch is None and self.done > self.epoch_start:
+                self._per_epoch(self.done - self.epoch_start)
         elif m := _STEP.search(line):
-            self.bar.describe(f"step {m.group(1)}")
+            step = int(m.group(1)) + 1
+            if step > self.done:
+                self.bar.advance(step - self.done)
+                self.done = step
+        elif (m := _EPOCH_BAR.search(line)) and self.per_epoch is None:
+            self._per_epoch(int(m.group(1)))
+        else:
+            return
+        if self.total is None and self.per_epoch and self.epochs:
+            self.total = self.epochs * self.per_epoch
+            self.bar.total(self.total)
+        self.bar.describe(f"epoch {self.epoch}/{self.epochs}" if self.epochs else "starting")
+
+    def _per_epoch(self, steps: int) -> None:
+        self.per_epoch = steps
 
 
 STOP_GRACE_S = 30.0  # SIGTERM lets speculators save an "interrupted" checkpoint; then SIGKILL
@@ -212,7 +236,7 @@ def run_training(plan: LaunchPlan, log_path: Path,
     from dspark_kit import processes
 
     echo = reporter.echo_children
-    with contextlib.nullcontext() if echo else reporter.bar("train", None, "epoch") as bar:
+    with contextlib.nullcontext() if echo else reporter.bar("train", None, "step") as bar:
         progress = TrainProgress(bar)
         return processes.run_logged(plan.argv, {**os.environ, **plan.env}, log_path, watch=watch, echo=echo,
                                     on_line=None if echo else progress.feed, grace_s=STOP_GRACE_S)
