@@ -134,7 +134,9 @@ def main() -> None:
     q = args.quick
     try:
         # the demo and the acceptance figures first: the later timing benchmarks reuse the demo run
-        rows = run_script(["bench_pipeline.py", "--keep", str(demo)], tmp / "demo.json", "demo", 900)
+        rows = run_script(["bench_startup.py", "--repeats", "3" if q else "5"], tmp / "startup.json",
+                          "plan-only start-up", 300)
+        rows += run_script(["bench_pipeline.py", "--keep", str(demo)], tmp / "demo.json", "demo", 900)
         rows += run_script(["bench_eval.py", "--workdir", str(demo)], tmp / "eval.json", "acceptance", 1200)
         rows += run_script(["bench_draft_kv.py", "--workdir", str(demo), "--pairs", "3" if q else "5"],
                            tmp / "draft_kv.json", "draft KV cache", 1200)

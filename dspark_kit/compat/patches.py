@@ -167,6 +167,55 @@ def probe(name: str, device: str = "cpu") -> ProbeResult:
     return _run_probe(next(f for f in FIXES if f.name == name), device)
 
 
+def installed_fingerprint() -> str | None:
+    """What a probe's answer depends on, read without importing anything: the installed speculators'
+    and torch's versions and speculators' source files (path, size, mtime). None: not installed."""
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("speculators")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    h = hashlib.sha256()
+    for dist in ("speculators", "torch"):
+        try:
+            h.update(f"{dist}={importlib.metadata.version(dist)};".encode())
+        except importlib.metadata.PackageNotFoundError:
+            h.update(f"{dist}=none;".encode())
+    for root in spec.submodule_search_locations:
+        for f in sorted(Path(root).rglob("*.py")):
+            st = f.stat()
+            h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()[:16]
+
+
+def cached_probe(name: str, device: str = "cpu") -> ProbeResult:
+    """probe(), remembered per installed speculators (installed_fingerprint) in the kit's cache: the
+    answer cannot change while those files do not, and importing speculators to ask again costs
+    preflight ~7 s. A probe that crashed is never remembered. Training always probes afresh."""
+    import json
+
+    from dspark_kit.data.tiny_verifier import cache_root
+
+    key = installed_fingerprint()
+    path = cache_root() / "probes" / f"{name}-{device}-{key}.json"
+    if key is not None and path.is_file():
+        try:
+            return ProbeResult(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass  # a damaged entry: probe again
+    result = probe(name, device)
+    if key is not None and not result.failed:
+        import dataclasses
+
+        from dspark_kit.atomic import write_text
+
+        write_text(path, json.dumps(dataclasses.asdict(result)))
+    return result
+
+
 def probe_all(device: str | None = None) -> list[ProbeResult]:
     """Probe every fix that applies to `device` (default: this machine's)."""
     device = device or detect_device()

@@ -1,11 +1,20 @@
-"""The embedded tiny verifier: a Qwen3 causal LM built locally, no hub.
+"""The embedded tiny verifier: a Qwen3 causal LM made locally, no hub.
 
 `ensure_tiny_verifier()` returns a HF model directory (config.json,
 model.safetensors, tokenizer files with a Qwen3-style chat template that has a
-thinking switch). It is built deterministically on first use from the shipped
-corpus (byte-level BPE + ~4 minutes of training on one thread) and cached; a
-content hash of the build settings names the cache entry, so a change to the
-corpus or the settings builds a new one.
+thinking switch) in the cache; a content hash of the build settings names the entry.
+
+The package ships the built files (assets/tiny_verifier, ~3.7 MB) and the first use
+copies them into the cache in well under a second. Shipping them is what makes every
+machine decode with the same weights: the build below is deterministic for one set of
+CPU kernels only (the same seed on AVX2 and on ATEN_CPU_CAPABILITY=default gives
+different weights), so a verifier built on each machine would give each machine its
+own replies, rows and figures. The builder stays as the record of how the files were
+made (byte-level BPE over the shipped corpus + ~4 minutes of training on one thread):
+`python -m dspark_kit.data.tiny_verifier --ship` rebuilds and re-ships them after a
+change to the spec, the template or the corpus (the shipped manifest records the spec
+hash, and a fast test fails while the two disagree), and a slow test checks that a
+rebuild reaches the shipped build's quality (its bytes differ across machines).
 """
 
 from __future__ import annotations
@@ -173,36 +182,132 @@ def _acquire(lock: FileLock, owner: Path, what: str, log) -> None:
     owner.write_text(json.dumps({"pid": os.getpid(), "since": time.time()}))
 
 
-def ensure_tiny_verifier(spec: TinySpec = TinySpec(), root: Path | None = None, log=note) -> Path:
+SHIPPED = Path(__file__).parent / "assets" / "tiny_verifier"
+SHIPPED_MANIFEST = "shipped.json"  # spec hash, sha256 per file, where and how the files were built
+
+
+def shipped_manifest(folder: Path = SHIPPED) -> dict | None:
+    try:
+        return json.loads((folder / SHIPPED_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_tiny_verifier(spec: TinySpec = TinySpec(), root: Path | None = None, log=note,
+                         build: bool = False) -> Path:
+    """The verifier's cache entry: the shipped files copied there when they are this spec's,
+    else (or with `build`) built there. One process does it; others wait on the lock."""
     out = tiny_verifier_dir(spec, root)
     if (out / "model.safetensors").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     lock, owner = FileLock(str(out) + ".lock"), Path(str(out) + ".lock.owner")
-    _acquire(lock, owner, "the tiny verifier build", log)
+    _acquire(lock, owner, "the tiny verifier", log)
     try:
-        return _build_locked(spec, out, log)
+        return _materialize(spec, out, log, build)
     finally:
         owner.unlink(missing_ok=True)
         lock.release()
 
 
-def _build_locked(spec: TinySpec, out: Path, log) -> Path:
-    """The build itself, under the lock (another process may have finished it meanwhile)."""
+def _materialize(spec: TinySpec, out: Path, log, build: bool = False) -> Path:
+    """Under the lock: another process may have finished meanwhile."""
     if (out / "model.safetensors").exists():
         return out
+    return _unpack_or_build(spec, out, log, build)
+
+
+def _unpack_or_build(spec: TinySpec, out: Path, log, build: bool) -> Path:
+    """Unpack (or build) into a partial folder, then rename it into place, so a half-written entry
+    never looks complete."""
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
+    shipped = shipped_manifest()
+    if not build and shipped and shipped.get("spec_hash") == spec_hash(spec):
+        shutil.copytree(SHIPPED, tmp, ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+        tmp.rename(out)
+        log(f"tiny verifier: the shipped build (made {shipped.get('built_on', '?')}) -> {out}")
+        return out
     t0 = time.time()
-    log(f"building the tiny verifier (first use, ~4 min on one thread) -> {out}")
-    tok = build_tokenizer(spec)
-    tok.save_pretrained(tmp)
-    model = train_tiny_model(spec, tok, log=log)
-    model.save_pretrained(tmp)
-    (tmp / "dspark_kit_tiny.json").write_text(json.dumps(asdict(spec), indent=1))
+    why = "--build" if build else "the shipped files are another spec's"
+    log(f"building the tiny verifier ({why}; ~4 min on one thread, a line every 100 steps) -> {out}")
+    _build_into(spec, tmp, log)
     tmp.rename(out)
     log(f"tiny verifier ready in {time.time() - t0:.0f}s")
     return out
+
+
+def _build_into(spec: TinySpec, folder: Path, log) -> dict:
+    """The build itself: tokenizer, training, and what the manifest records of it."""
+    import platform
+
+    import torch
+
+    t0 = time.time()
+    tok = build_tokenizer(spec)
+    tok.save_pretrained(folder)
+    model, losses = train_tiny_model(spec, tok, log=log)
+    model.save_pretrained(folder)
+    (folder / "dspark_kit_tiny.json").write_text(json.dumps(asdict(spec), indent=1))
+    record = {"spec_hash": spec_hash(spec), "final_loss": round(sum(losses[-100:]) / len(losses[-100:]), 4),
+              "heldout_loss": round(heldout_loss(model, tok, spec), 4),
+              "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "machine": platform.machine(), "build_seconds": round(time.time() - t0)}
+    (folder / "build.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def ship(spec: TinySpec = TinySpec(), log=note) -> Path:
+    """Rebuild the verifier and replace the package's shipped files with it (a maintainer's
+    command after changing the spec, template or corpus; the manifest says where it was made)."""
+    import datetime
+
+    tmp = SHIPPED.with_name(SHIPPED.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    record = _build_into(spec, tmp, log)
+    record["built_on"] = f"{datetime.date.today()} ({record['machine']}, {record['cpu_capability']} kernels)"
+    record["files"] = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    (tmp / SHIPPED_MANIFEST).write_text(json.dumps(record, indent=1) + "\n")
+    old = SHIPPED.with_name(SHIPPED.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if SHIPPED.exists():
+        SHIPPED.rename(old)
+    tmp.rename(SHIPPED)
+    shutil.rmtree(old, ignore_errors=True)
+    return SHIPPED
+
+
+def rebuild_check_root() -> Path:
+    """Where this machine's own rebuild is kept (per CPU kernels: the build is deterministic for one
+    set only), for the test that compares its quality with the shipped build's."""
+    import torch
+
+    return cache_root() / "rebuild-check" / torch.backends.cpu.get_cpu_capability()
+
+
+def heldout_loss(model, tok, spec: TinySpec, n: int = 200) -> float:
+    """Mean loss on the assistant tokens of `n` chats the build never trained on (another seed of
+    the same corpus): the quality figure a rebuild is compared by, across machines."""
+    import torch
+
+    chats = conversations(n, seed=spec.seed + 1000)
+    assistant = encode(tok, "<|im_start|>assistant\n")
+    total = count = 0.0
+    model.eval()
+    with torch.no_grad():
+        for msgs in chats:
+            ids = torch.tensor([encode(tok, render(tok, msgs, False))])
+            labels = _assistant_labels(ids[0], assistant)[None]
+            k = int((labels[0, 1:] != -100).sum())
+            if k:
+                total += float(model(input_ids=ids, labels=labels).loss) * k
+                count += k
+    return total / count
 
 
 def _render_corpus(spec: TinySpec) -> list[list[dict[str, str]]]:
@@ -320,6 +425,7 @@ def _assistant_labels(ids, assistant: list[int]):
 
 
 def train_tiny_model(spec: TinySpec, tok, log=note):
+    """The trained model and its per-step training losses."""
     import torch
 
     torch.manual_seed(spec.seed)
@@ -352,6 +458,7 @@ def _train(spec: TinySpec, tok, log):
     gen = torch.Generator().manual_seed(spec.seed)
     model.train()
     t_start = time.time()
+    losses = []
     for step in range(spec.train_steps):
         if spec.long_every and step % spec.long_every == spec.long_every - 1:
             idx = torch.randint(len(longs), (spec.long_batch,), generator=gen).tolist()
@@ -367,11 +474,36 @@ def _train(spec: TinySpec, tok, log):
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        losses.append(out.loss.item())
         if step % 100 == 0 or step == spec.train_steps - 1:
             log(f"  tiny verifier step {step:4d}/{spec.train_steps} loss {out.loss.item():.3f} ({time.time() - t_start:.0f}s)")
     model.eval()
-    return model
+    return model, losses
 
 
-if __name__ == "__main__":  # `make test` builds it on the spare core while it installs vLLM's CPU build
-    print(ensure_tiny_verifier())
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m dspark_kit.data.tiny_verifier",
+                                 description="The tiny verifier: unpack it into the cache (default), "
+                                             "build it from its recipe, or rebuild and re-ship it.")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--build-into", type=Path, metavar="ROOT",
+                     help="build it (never unpack) into the cache folder ROOT; prints its build.json")
+    how.add_argument("--rebuild-check", action="store_true",
+                     help="build it into this machine's rebuild-check folder (the slow quality test reads it)")
+    how.add_argument("--ship", action="store_true",
+                     help="rebuild and replace the package's shipped files (after a spec/template/corpus change)")
+    a = ap.parse_args(argv)
+    if a.ship:
+        print(ship())
+    elif a.build_into or a.rebuild_check:
+        out = ensure_tiny_verifier(root=a.build_into or rebuild_check_root(), build=True)
+        print((out / "build.json").read_text())
+    else:
+        print(ensure_tiny_verifier())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -122,7 +122,7 @@ class Resolved:
     def verifier_config(self) -> dict | None:
         """config.json of the verifier (a local dir or the HF cache); a plan before the tiny
         verifier is built gets the config its build will write."""
-        from dspark_kit.specdec.verifier import verifier_config
+        from dspark_kit.specdec.verifier_facts import verifier_config
 
         found = verifier_config(self.verifier_path)
         if found is None and self.planning and self.recipe.verifier.path == TINY_VERIFIER:
@@ -133,7 +133,7 @@ class Resolved:
 
     @cached_property
     def num_hidden_layers(self) -> int:
-        from dspark_kit.specdec.verifier import num_layers_of
+        from dspark_kit.specdec.verifier_facts import num_layers_of
 
         found, declared = num_layers_of(self.verifier_config), self.recipe.verifier.num_hidden_layers
         if found is None and declared is None:
@@ -506,7 +506,7 @@ class Resolved:
         """Whether the verifier fits the eval device (its config's size x eval_dtype vs the device's
         memory); False sends eval through the serving engine (`tune --served`, `run`'s served eval)."""
         from dspark_kit.devices import device_memory_bytes
-        from dspark_kit.specdec.verifier import param_count
+        from dspark_kit.specdec.verifier_facts import param_count
 
         device = self.eval_device.value
         return eval_fit(param_count(self.verifier_config), self.eval_dtype.value, device,

@@ -15,7 +15,11 @@ from typing import Self
 import torch
 
 from dspark_kit.devices import detect_device
-from dspark_kit.specdec.verifier_facts import language_model_config
+from dspark_kit.specdec.verifier_facts import (  # noqa: F401 (config-only facts: no torch; re-exported)
+    num_layers_of,
+    param_count,
+    verifier_config,
+)
 
 
 def resolve_device(device: str) -> str:
@@ -32,62 +36,6 @@ def load_verifier(path, device: str = "auto", dtype: str = "float32", trust_remo
         str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
     )
     return model.to(resolve_device(device)).eval()
-
-
-def verifier_config(verifier: str) -> dict | None:
-    """The verifier's config: a local config.json, else the HF cache; never the network.
-
-    None only when there is no config here; a config that exists but cannot be read raises
-    (ValueError naming the file), so a broken verifier is not mistaken for a missing one."""
-    import json
-    from pathlib import Path
-
-    path = Path(verifier).expanduser() / "config.json"
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"verifier {verifier}: {path} is not valid JSON ({e})") from e
-    if Path(verifier).expanduser().is_absolute() or verifier.count("/") != 1:
-        return None  # not a hub id: nothing cached to look at
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(verifier, local_files_only=True).to_dict()
-    except OSError:  # not in the HF cache here (transformers raises OSError for a missing file)
-        return None
-
-
-def num_layers_of(cfg: dict | None) -> int | None:
-    if not cfg:
-        return None
-    n = language_model_config(cfg).get("num_hidden_layers")
-    return n if isinstance(n, int) else None
-
-
-def param_count(cfg: dict | None) -> int | None:
-    """Parameters of a decoder-only LM from its config alone (dense or MoE), close enough to size it:
-    embeddings (+ an untied head), attention, MLP or experts (routed + shared + router) per layer."""
-    if not cfg:
-        return None
-    c = language_model_config(cfg)
-    try:
-        h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
-        heads = int(c.get("num_attention_heads") or 1)
-        kv = int(c.get("num_key_value_heads") or heads)
-        hd = int(c.get("head_dim") or h // heads)
-        inter = int(c.get("intermediate_size") or 4 * h)
-    except (KeyError, TypeError, ValueError):
-        return None
-    attn = h * hd * (2 * heads + 2 * kv)  # q, o; k, v
-    experts = int(c.get("num_experts") or c.get("n_routed_experts") or c.get("num_local_experts") or 0)
-    moe_inter = int(c.get("moe_intermediate_size") or inter)
-    shared = int(c.get("shared_expert_intermediate_size") or 0) or moe_inter * int(c.get("n_shared_experts") or 0)
-    dense_layers = min(layers, int(c.get("first_k_dense_replace") or 0)) if experts else layers
-    sparse = experts * 3 * h * moe_inter + 3 * h * shared + h * experts
-    total = layers * attn + dense_layers * 3 * h * inter + (layers - dense_layers) * sparse
-    heads_out = 1 if c.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)) else 2
-    return total + heads_out * vocab * h
 
 
 def load_tokenizer(path, trust_remote_code: bool = False):

@@ -237,3 +237,75 @@ def draft_arch(model_type: str) -> tuple[str, str]:
         return "qwen3", f"verifier model_type {model_type}"
     return "qwen3", (f"verifier model_type {model_type} has no draft architecture of its own in speculators: "
                      "a Qwen3-style draft (it reads the verifier's hidden states, not its layers)")
+
+
+def verifier_config(verifier: str) -> dict | None:
+    """The verifier's config: a local config.json, else the HF cache; never the network.
+
+    None only when there is no config here; a config that exists but cannot be read raises
+    (ValueError naming the file), so a broken verifier is not mistaken for a missing one."""
+    import json
+    from pathlib import Path
+
+    path = Path(verifier).expanduser() / "config.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"verifier {verifier}: {path} is not valid JSON ({e})") from e
+    if Path(verifier).expanduser().is_absolute() or verifier.count("/") != 1:
+        return None  # not a hub id: nothing cached to look at
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(verifier, local_files_only=True).to_dict()
+    except OSError:  # not in the HF cache here (transformers raises OSError for a missing file)
+        return None
+
+
+def num_layers_of(cfg: dict | None) -> int | None:
+    if not cfg:
+        return None
+    n = language_model_config(cfg).get("num_hidden_layers")
+    return n if isinstance(n, int) else None
+
+
+def param_count(cfg: dict | None) -> int | None:
+    """Parameters of a decoder-only LM from its config alone (dense or MoE), close enough to size it:
+    embeddings (+ an untied head), attention, MLP or experts (routed + shared + router) per layer."""
+    if not cfg:
+        return None
+    c = language_model_config(cfg)
+    try:
+        h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
+        heads = int(c.get("num_attention_heads") or 1)
+        kv = int(c.get("num_key_value_heads") or heads)
+        hd = int(c.get("head_dim") or h // heads)
+        inter = int(c.get("intermediate_size") or 4 * h)
+    except (KeyError, TypeError, ValueError):
+        return None
+    attn = h * hd * (2 * heads + 2 * kv)  # q, o; k, v
+    experts = int(c.get("num_experts") or c.get("n_routed_experts") or c.get("num_local_experts") or 0)
+    moe_inter = int(c.get("moe_intermediate_size") or inter)
+    shared = int(c.get("shared_expert_intermediate_size") or 0) or moe_inter * int(c.get("n_shared_experts") or 0)
+    dense_layers = min(layers, int(c.get("first_k_dense_replace") or 0)) if experts else layers
+    sparse = experts * 3 * h * moe_inter + 3 * h * shared + h * experts
+    total = layers * attn + dense_layers * 3 * h * inter + (layers - dense_layers) * sparse
+    heads_out = 1 if c.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)) else 2
+    return total + heads_out * vocab * h
+
+
+def plan_tokenizer(path, trust_remote_code: bool = False):
+    """The verifier's tokenizer for plans and checks (the storage plan's sample, preflight): the fast
+    tokenizer straight from tokenizer.json when the folder has one and needs no remote code. It is the
+    class AutoTokenizer builds from that file in transformers 5 (TokenizersBackend: same ids, special
+    tokens and chat template), without the import of torch AutoTokenizer brings (2-4 s of every dry
+    run). Anything else goes through AutoTokenizer, as the stages load it."""
+    folder = Path(path).expanduser()
+    if not trust_remote_code and (folder / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)

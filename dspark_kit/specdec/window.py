@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where tensors are made: plans (dry runs) read the constants without torch
+    import torch
 
 WINDOWED_METHODS = ("dspark", "dflash", "eagle3")
 # The local engine and eval window at this KV-block granularity (vllm-ascend uses its
@@ -68,6 +70,8 @@ class WindowPlan:
 def plan_window(seq_lens: torch.Tensor | list[int], window: int, kv_block_size: int, future_offset: int = 0) -> WindowPlan:
     """Vectorised window arithmetic for a batch of sequence lengths."""
     _check(window, kv_block_size, future_offset)
+    import torch
+
     seq = torch.as_tensor(seq_lens, dtype=torch.long)
     start = ((seq + future_offset - window).clamp(min=0) // kv_block_size) * kv_block_size
     windowed = seq - start
@@ -95,6 +99,8 @@ def gather_block_table(block_table: torch.Tensor, plan: WindowPlan) -> torch.Ten
     """
     rows, cols = block_table.shape
     width = min(plan.max_window_blocks, cols)
+    import torch
+
     start = torch.as_tensor(plan.start_blocks, dtype=torch.long).view(rows, 1)
     needed = torch.as_tensor(plan.needed_blocks, dtype=torch.long).view(rows, 1)
     col = torch.arange(width, dtype=torch.long).view(1, width)
@@ -105,6 +111,8 @@ def gather_block_table(block_table: torch.Tensor, plan: WindowPlan) -> torch.Ten
 
 def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, kv_block_size: int) -> torch.Tensor:
     """Cache slot of each (row, position): always from the full, unwindowed table."""
+    import torch
+
     blocks = torch.gather(block_table, 1, positions // kv_block_size)
     return blocks * kv_block_size + positions % kv_block_size
 

@@ -106,7 +106,7 @@ def _regen_rows(path: Path, limit: int = 2000) -> list[dict]:
 def check_markov(ctx: _Context) -> list[Finding]:
     from dspark_kit.compat import patches
 
-    result = patches.probe("markov-prev-token", "cpu")
+    result = patches.cached_probe("markov-prev-token", "cpu")
     if result.ok:
         return []
     return [pitfall(1, "warning", f"installed speculators fails the Markov prev_token probe ({result.detail}); "
@@ -233,10 +233,10 @@ def check_mask(ctx: _Context) -> list[Finding]:
                                       "or the tiny verifier not built yet); mask token not checked")]  # fmt: skip
     if not has_tokenizer_files(Path(ctx.verifier_path)):
         return []  # check_verifier says the tokenizer is missing
-    from transformers import AutoTokenizer
+    from dspark_kit.specdec.verifier_facts import plan_tokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(ctx.verifier_path, trust_remote_code=ctx.recipe.verifier.trust_remote_code)
+        tok = plan_tokenizer(ctx.verifier_path, trust_remote_code=ctx.recipe.verifier.trust_remote_code)
     except (OSError, ValueError, TypeError) as e:  # check_verifier names missing tokenizer files
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         return [Finding("error", "verifier-tokenizer", f"the tokenizer in {ctx.verifier_path} does not load "
@@ -377,7 +377,7 @@ def check_memory(ctx: _Context) -> list[Finding]:
     a verifier that does not fit fails the first stage, after minutes of loading."""
     from dspark_kit.devices import device_memory_bytes
     from dspark_kit.resolved.rules import eval_fit
-    from dspark_kit.specdec.verifier import param_count
+    from dspark_kit.specdec.verifier_facts import param_count
 
     res = ctx.res
     if res.train_device.value != "cpu" or ctx.verifier_config is None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dspark_kit.findings import Finding
 from dspark_kit.resolved import Resolved
-from dspark_kit.specdec.verifier_facts import has_tokenizer_files
+from dspark_kit.specdec.verifier_facts import has_tokenizer_files, plan_tokenizer
 
 ROOM_ROWS = 200  # rows of a local data source preflight renders to find regen's longest prompt
 
@@ -25,13 +25,11 @@ def prompt_room(res: Resolved) -> list[Finding]:
         return []
     if not has_tokenizer_files(Path(res.verifier_path)):
         return []
-    from transformers import AutoTokenizer
-
     from dspark_kit.data.chat import render
     from dspark_kit.data.sources import SourceError, iter_source
 
     try:
-        tok = AutoTokenizer.from_pretrained(res.verifier_path, trust_remote_code=r.verifier.trust_remote_code)
+        tok = plan_tokenizer(res.verifier_path, trust_remote_code=r.verifier.trust_remote_code)
         rows = list(iter_source(r.data, limit=ROOM_ROWS))
     except (OSError, ValueError, TypeError, SourceError):
         return []  # check_mask / the data checks name what does not load

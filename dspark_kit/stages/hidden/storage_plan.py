@@ -190,9 +190,9 @@ def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
     if not Path(res.verifier_path).is_dir():
         return None
     try:
-        from dspark_kit.specdec.verifier import load_tokenizer
+        from dspark_kit.specdec.verifier_facts import plan_tokenizer
 
-        tok = load_tokenizer(res.verifier_path, res.recipe.verifier.trust_remote_code)
+        tok = plan_tokenizer(res.verifier_path, res.recipe.verifier.trust_remote_code)
         recipe = res.recipe
         seq, thinking, keep = recipe.data.seq_length, recipe.verifier.thinking, recipe.data.keep_truncated
         n = tokens = out_rows = 0
