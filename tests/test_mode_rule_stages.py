@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from planting_proxy import PlantingProxy
+from planting_proxy import PlantingProxy, stray_reasoning
 
 from dspark_kit.data import mode_rule
 from dspark_kit.engines.lifecycle import ManagedServer
@@ -34,7 +34,7 @@ def engine(tmp_path_factory, tiny_verifier):
 
 
 def test_a_systematic_mismatch_fails_regen_in_one_line_and_prepare_follows_its_decision(engine, tmp_path):
-    proxy = PlantingProxy(engine, lambda n, _planted: n % 10 < 3)  # 30% of the replies
+    proxy = PlantingProxy(engine, stray_reasoning(lambda n, _planted: n % 10 < 3))  # 30% of the replies
     try:
         recipe = Recipe.model_validate(RECIPE)
         res = Resolved(recipe, tmp_path)
@@ -66,7 +66,7 @@ def test_a_systematic_mismatch_fails_regen_in_one_line_and_prepare_follows_its_d
 
 
 def test_one_stray_reply_in_a_regen_is_dropped_and_counted_in_one_line(engine, tmp_path):
-    proxy = PlantingProxy(engine, lambda _n, planted: planted < 1)
+    proxy = PlantingProxy(engine, stray_reasoning(lambda _n, planted: planted < 1))
     try:
         recipe = Recipe.model_validate(RECIPE)
         res = Resolved(recipe, tmp_path)
