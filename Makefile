@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile scripts/heartbeat.py
 	$(HB) "installing speculators and hs-connectors" -- $(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	$(HB) "installing dspark-kit and its dependencies" -- $(BIN)/pip install -q --no-warn-conflicts -e '.[dev]'
 	# matplotlib builds its font cache (running fc-list) on first import: once here, not inside a test
-	$(BIN)/python -c "import matplotlib.font_manager"
+	$(HB) "building matplotlib's font cache" -- $(BIN)/python -c "import matplotlib.font_manager"
 	touch $@
 
 # vLLM's CPU build in its own venv (torch 2.13.0+cpu): serve.engine vllm on a machine with no

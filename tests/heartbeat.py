@@ -1,0 +1,79 @@
+"""A line at least every EVERY_S seconds in `make test`'s log (hooks used by conftest.py).
+
+pytest -q prints a dot per finished test and a newline every ~80 of them; a slow test (a server,
+a training) or a run of ~80 quick ones can leave a piped log without a new line for minutes. The
+controller process (with xdist it hears every worker's tests start and finish) prints a line naming
+what runs, for how long, and how far the suite is, whenever EVERY_S seconds passed since its last one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+EVERY_S = 25.0  # a piped log never goes 30 s without a line
+
+
+class Heartbeat:
+    def __init__(self, reporter, every_s: float = EVERY_S):
+        self.reporter, self.every_s = reporter, every_s
+        self.running: dict[str, float] = {}
+        self.done = 0
+        self.total: int | None = None
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="test-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def line(self, now: float) -> str:
+        longest = sorted(self.running.items(), key=lambda kv: kv[1])[:2]
+        what = ", ".join(f"{nodeid} ({now - t0:.0f}s)" for nodeid, t0 in longest) or "collecting or between tests"
+        of = f"/{self.total}" if self.total else ""
+        return f"[{(now - self.started) / 60:.1f} min, {self.done}{of} tests done] running: {what}"
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.reporter.write_line(self.line(time.monotonic()))
+
+
+_BEAT: list[Heartbeat] = []
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller prints
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not _BEAT:
+        _BEAT.append(Heartbeat(reporter))
+        _BEAT[0].start()
+
+
+def pytest_collection_finish(session):
+    if _BEAT:
+        _BEAT[0].total = len(session.items)
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    if _BEAT:
+        _BEAT[0].total = len(ids)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _BEAT:
+        _BEAT[0].running.setdefault(nodeid, time.monotonic())
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _BEAT:
+        _BEAT[0].running.pop(nodeid, None)
+        _BEAT[0].done += 1
+
+
+def pytest_unconfigure(config):
+    if _BEAT and not hasattr(config, "workerinput"):
+        _BEAT.pop().stop()
