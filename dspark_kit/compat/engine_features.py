@@ -26,7 +26,7 @@ Features (the table's columns):
   fields; vLLM's config dataclasses forbid others, so a key outside them fails
   at start-up).
 - draft_topk: `dspark_draft_topk` (sampled drafting from the draft's top k) is a
-  speculative-config key DSpark takes.
+  speculative-config key DSpark takes (vllm-ascend: and its own proposer reads it).
 - weight_checks: the DSpark model's load_weights refuses a reduced-vocabulary
   draft without lm_head/d2t and an expanded-vocabulary one without embed_tokens,
   and turns the confidence head off without its weights (0.34.0 dropped these;
@@ -286,5 +286,6 @@ def ascend_features(root: Path, version: str, paired: Features | None,
         window=dspark and window_support_from_source(base), adaptive=adaptive,
         config_keys=keys, paired_vllm=paired_version or (paired.version if paired else None),
         notes=tuple(notes), spec_keys=paired.spec_keys if paired is not None else (),
-        draft_topk=dspark and paired is not None and paired.draft_topk,
+        # vllm-ascend drafts with its own proposer: the key must be read there too
+        draft_topk=dspark and paired is not None and paired.draft_topk and "dspark_draft_topk" in proposer,
         weight_checks=dspark and paired is not None and paired.weight_checks)

@@ -233,6 +233,9 @@ class ServeCfg(_Section):
         "auto", description="size the verify budget from the confidence head (vLLM "
                             "enable_adaptive_verification, vllm-ascend dynamic_spec_config); auto = "
                             "where the engine has it, the draft has the head and CUDA graphs are on")
+    draft_topk: int | None = Field(
+        None, ge=1, description="sampled drafting from the draft's top k tokens (vLLM's dspark_draft_topk, "
+                                "1..the draft vocabulary, where the serving release has it); null = greedy")
     devices: str | None = None
     seed: int = 42
     extra_args: list[str] = Field(default_factory=list)

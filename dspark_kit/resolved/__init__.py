@@ -395,6 +395,21 @@ class Resolved:
             return Decision(True, f"{name} ({known}: needs {self.engine} >= {first} on the serving host)")
         return Decision(True, f"{name} ({self.engine} {version} has it, {where} has a confidence head)")
 
+    @cached_property
+    def draft_topk(self) -> Decision[int | None]:
+        """dspark_draft_topk the spec server gets (serve.draft_topk; None: greedy drafting)."""
+        from dspark_kit.resolved import draft_topk
+
+        try:
+            cfg = self.checkpoint_config
+        except ValueError:  # CheckpointError: nothing trained to read yet
+            cfg = None
+        vocab = draft_topk.draft_vocab(cfg, self.recipe.draft.draft_vocab_size,
+                                       language_model_config(self.verifier_config or {}).get("vocab_size"))
+        vllm = self.engine in ("vllm", "vllm-ascend")
+        return draft_topk.decide(self.recipe.serve.draft_topk, self.engine, self.engine_support if vllm else None,
+                                 vocab, self.engine_support.first_with("draft_topk") if vllm else None)
+
     @property
     def window_risks(self) -> dict[int, str]:
         """The window decision's acceptance risks by pitfall number (9: below the training window,
