@@ -219,7 +219,8 @@ class Resolved:
             n = self.num_hidden_layers
         except RecipeError:
             n = None
-        return validate_checkpoint(path, self.recipe, n, self.verifier_path, self.k.value)
+        vocab = language_model_config(self.verifier_config or {}).get("vocab_size")
+        return validate_checkpoint(path, self.recipe, n, self.verifier_path, self.k.value, vocab)
 
     # ---- tune, K, window ----------------------------------------------------
     @cached_property
