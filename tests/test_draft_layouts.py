@@ -139,3 +139,43 @@ def test_cli_round_trip(tmp_path: Path):
     assert (tmp_path / "b" / "config.json").read_bytes() == (kit / "config.json").read_bytes()
     again = CliRunner().invoke(app, ["import", str(tmp_path / "n"), str(tmp_path / "b"), "--verifier", "/v"])
     assert again.exit_code != 0 and "exists" in again.output
+
+
+# ---- train.init_from: fine-tune an imported (or earlier) draft ------------------------------
+
+def init_recipe(init_from: Path, **draft):
+    from dspark_kit.recipe import recipe_from_dict
+
+    return recipe_from_dict({"draft": {"block_size": 4, "num_layers": 3, **draft},
+                             "hidden_states": {"target_layer_ids": [1, 2, 3]},
+                             "train": {"init_from": str(init_from)}})
+
+
+def train_args(recipe, tmp_path):
+    from dspark_kit.stages.training.train import build_train_args
+
+    return build_train_args(recipe, tmp_path / "run", verifier_path="/v", num_hidden_layers=4, device="cpu",
+                            hidden_states_dtype="bfloat16")
+
+
+def test_init_from_trains_from_the_drafts_weights_without_shaping_flags(tmp_path: Path):
+    kit = kit_checkpoint(tmp_path / "kit")
+    args = train_args(init_recipe(kit, attention="sliding", full_attention_indices=[0]), tmp_path)
+    assert args[args.index("--from-pretrained") + 1] == str(kit)
+    for flag in ("--num-layers", "--draft-arch", "--sliding-window", "--full-attention-indices"):
+        assert flag not in args  # speculators refuses them beside --from-pretrained
+    assert args[args.index("--block-size") + 1] == "4" and "--target-layer-ids" in args
+
+
+@pytest.mark.parametrize("over,words", [({"block_size": 7}, "block_size 4 != draft.block_size 7"),
+                                        ({"mask_token_id": 6}, "mask_token_id 5 != draft.mask_token_id 6")])
+def test_init_from_a_draft_that_does_not_fit_is_one_line(tmp_path: Path, over, words):
+    kit = kit_checkpoint(tmp_path / "kit")
+    with pytest.raises(ValueError, match=words) as e:
+        train_args(init_recipe(kit, **over), tmp_path)
+    assert "\n" not in str(e.value) and str(e.value).startswith("train.init_from")
+
+
+def test_init_from_a_native_draft_says_import_it_first(tmp_path: Path):
+    with pytest.raises(ValueError, match="dspark-kit import"):
+        train_args(init_recipe(native_draft(tmp_path / "d")), tmp_path)

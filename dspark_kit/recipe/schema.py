@@ -202,6 +202,10 @@ class TrainCfg(_Section):
     num_workers: int = Field(0, ge=0)
     train_data_ratio: float = Field(0.9, gt=0, le=1)
     max_steps: int | None = Field(None, ge=1)
+    init_from: str | None = Field(
+        None, description="start from this draft's weights (speculators layout: `dspark-kit import` of a released "
+                          "draft, or an earlier checkpoint; relative: from the recipe file's folder); its shape "
+                          "replaces draft.arch/num_layers/sliding_window/attention")
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to speculators train")
 
 

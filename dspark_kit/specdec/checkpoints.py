@@ -235,6 +235,34 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
     return out
 
 
+def init_from_problem(path: str | Path, recipe: Recipe, target_layer_ids: list[int]) -> str | None:
+    """Why train.init_from cannot start this recipe's training (None: it can): a speculators DSpark
+    draft with weights, trained on the same verifier layers, block and anchor layout."""
+    path, name = Path(path), f"train.init_from {path}"
+    try:
+        cfg = read_config(path)
+    except CheckpointError as e:
+        return f"{name}: {e}"
+    if cfg.get("speculators_model_type") != "dspark":
+        return (f"{name}: not a speculators DSpark checkpoint (speculators_model_type "
+                f"{cfg.get('speculators_model_type')!r}); a released DSpark draft: `dspark-kit import` it first")
+    if not (path / WEIGHTS).is_file():
+        return f"{name}: no {WEIGHTS}; point at an epoch folder or an imported draft"
+    if "sample_from_anchor" not in cfg:
+        return f"{name}: {CONFIG} has no sample_from_anchor; add the value it was trained with"
+    block = cfg.get("block_size")
+    if block != recipe.draft.block_size:
+        return f"{name}: block_size {block} != draft.block_size {recipe.draft.block_size}; set draft.block_size: {block}"
+    ids = cfg.get("aux_hidden_state_layer_ids")
+    if ids != target_layer_ids:
+        return (f"{name}: aux_hidden_state_layer_ids {ids} != the recipe's target layer ids {target_layer_ids}; "
+                f"set hidden_states.target_layer_ids: {ids}")
+    mask = recipe.draft.mask_token_id
+    if mask is not None and cfg.get("mask_token_id") != mask:
+        return f"{name}: mask_token_id {cfg.get('mask_token_id')} != draft.mask_token_id {mask}"
+    return None
+
+
 # the findings of draft_weight_findings: `contract` adds them to vLLM's own judgement
 WEIGHT_CODES = ("reduced-vocab-weights", "expanded-vocab-weights", "confidence-head-missing", "confidence-head-unused")
 
