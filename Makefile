@@ -119,10 +119,10 @@ test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm f
 test-fast: install ## the tests that need no model build, training or server (about a minute)
 	$(PYTEST) -m "not slow" --durations=5 $(PYTEST_ARGS)
 
-# The engine-compatibility table: every listed vLLM / vllm-ascend release's source package, fetched
-# from the package index into $DSPARK_KIT_CACHE/engine-src and read by the kit's detectors ->
-# dspark_kit/compat/engine_table.json (the gates read it) and docs/COMPAT.md. COMPAT_ARGS=--check
-# only compares.
+# The engine-compatibility table: every vLLM (>= 0.24.0) / vllm-ascend (>= 0.23.0) release the package
+# index lists, its source package fetched into $DSPARK_KIT_CACHE/engine-src and read by the kit's
+# detectors -> dspark_kit/compat/engine_table.json (the gates read it) and docs/COMPAT.md.
+# COMPAT_ARGS=--check only compares, and warns naming each release the index has and the table lacks.
 COMPAT_ARGS ?=
 compat: install ## survey engine releases from their sources -> docs/COMPAT.md and the gates' table
 	$(BIN)/python -m dspark_kit.compat.engine_table $(COMPAT_ARGS)

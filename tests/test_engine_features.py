@@ -157,9 +157,10 @@ def test_ascend_dynamic_spec_needs_dspark_among_its_methods(tmp_path):
 
 
 @pytest.mark.parametrize("engine", engine_table.ENGINES)
-def test_every_surveyed_release_is_a_table_row(engine):
-    assert [f.version for f in engine_table.rows(engine)] == sorted(
-        engine_table.RELEASES[engine], key=lambda v: engine_table._v(v))
+def test_the_table_starts_at_the_surveyed_minimum(engine):
+    versions = [engine_table._v(f.version) for f in engine_table.rows(engine)]
+    assert versions == sorted(set(versions))
+    assert versions[0] >= engine_table._v(engine_table.MINIMUM[engine])
 
 
 def test_the_committed_doc_is_the_committed_table_rendered():

@@ -36,6 +36,7 @@ COMMAND_MODULES = [
     "report",
     "preflight",
     "contract",  # vLLM's own loader judges the checkpoint
+    "drafts",  # import / export: DSpark's own draft layout <-> speculators'
     "doctor",
     "recipe_cmd",
 ]

@@ -22,6 +22,15 @@ Features (the table's columns):
 - adaptive: vLLM's `enable_adaptive_verification`, vllm-ascend's
   `dynamic_spec_config` with method "dspark".
 - config_keys: the speculators config keys the DSpark loader reads.
+- spec_keys: the keys `--speculative-config` accepts (SpeculativeConfig's init
+  fields; vLLM's config dataclasses forbid others, so a key outside them fails
+  at start-up).
+- draft_topk: `dspark_draft_topk` (sampled drafting from the draft's top k) is a
+  speculative-config key DSpark takes (vllm-ascend: and its own proposer reads it).
+- weight_checks: the DSpark model's load_weights refuses a reduced-vocabulary
+  draft without lm_head/d2t and an expanded-vocabulary one without embed_tokens,
+  and turns the confidence head off without its weights (0.34.0 dropped these;
+  the kit's checkpoint findings make them on every release).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ VLLM_FILES = {
     "model": "vllm/model_executor/models/qwen3_dspark.py",
     "speculative": "vllm/config/speculative.py",
     "loader": "vllm/transformers_utils/configs/speculators/algos.py",
+    "dspark_config": "vllm/v1/worker/gpu/spec_decode/dspark/config.py",  # 0.34.0 on
 }
 ASCEND_FILES = {
     "dispatch": "vllm_ascend/spec_decode/__init__.py",
@@ -60,17 +70,19 @@ class Features:
     config_keys: tuple[str, ...] = ()
     paired_vllm: str | None = None  # vllm-ascend: the vLLM release it was built against
     notes: tuple[str, ...] = field(default=())
+    spec_keys: tuple[str, ...] = ()
+    draft_topk: bool = False
+    weight_checks: bool = False
 
     def as_row(self) -> dict:
         row = asdict(self)
-        row["config_keys"] = list(self.config_keys)
-        row["notes"] = list(self.notes)
+        for key in ("config_keys", "notes", "spec_keys"):
+            row[key] = list(getattr(self, key))
         return row
 
     @classmethod
     def from_row(cls, row: dict) -> Features:
-        return cls(**{**row, "config_keys": tuple(row.get("config_keys", ())),
-                      "notes": tuple(row.get("notes", ()))})
+        return cls(**{**row, **{key: tuple(row.get(key, ())) for key in ("config_keys", "notes", "spec_keys")}})
 
 
 def _read(root: Path, rel: str) -> str | None:
@@ -151,9 +163,50 @@ def k_guard_key(speculative_src: str) -> str | None:
     return m.group(1) if m else None
 
 
+def speculative_config_keys(speculative_src: str) -> tuple[str, ...]:
+    """The keys `--speculative-config` takes: SpeculativeConfig's fields, less `field(init=False)`
+    ones (vLLM's @config dataclasses forbid any other key)."""
+    try:
+        tree = ast.parse(speculative_src)
+    except SyntaxError:
+        return ()
+    cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "SpeculativeConfig"), None)
+    if cls is None:
+        return ()
+    keys = []
+    for stmt in cls.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        v = stmt.value
+        if isinstance(v, ast.Call) and any(kw.arg == "init" and isinstance(kw.value, ast.Constant)
+                                           and kw.value.value is False for kw in v.keywords):
+            continue
+        keys.append(stmt.target.id)
+    return tuple(sorted(keys))
+
+
+_SUPPORTED_OPTIONS = re.compile(r"supported_options\s*=\s*frozenset\(\s*\{([^}]*)\}")
+_WEIGHT_CHECKS = (
+    re.compile(r"reduced_vocab\w*\s+and\s+not\s+includes_lm_head"),
+    re.compile(r"reduced_vocab\w*\s+and\s+not\s+includes_draft_id_mapping"),
+    re.compile(r"expanded\w*\s+and\s+not\s+includes_embed_tokens"),
+    re.compile(r"not\s+includes_confidence_head"),
+)
+
+
+def dspark_takes_topk(spec_keys: tuple[str, ...], dspark_config_src: str | None) -> bool:
+    """`dspark_draft_topk` is a speculative-config key, and where DSpark lists the method options
+    it takes (0.34.0's DSparkSpeculatorConfig.supported_options), it is among them."""
+    if "dspark_draft_topk" not in spec_keys:
+        return False
+    m = _SUPPORTED_OPTIONS.search(dspark_config_src or "")
+    return m is None or "dspark_draft_topk" in m.group(1)
+
+
 def vllm_features(root: Path, version: str) -> Features:
     spec = _read(root, VLLM_FILES["speculative"]) or ""
     model = _read(root, VLLM_FILES["model"])
+    dspark_config = _read(root, VLLM_FILES["dspark_config"])
     loader = _dspark_loader(_read(root, VLLM_FILES["loader"]))
     dspark = model is not None and '"dspark"' in spec
     notes: list[str] = []
@@ -162,12 +215,18 @@ def vllm_features(root: Path, version: str) -> Features:
     if guard and guard not in keys:
         notes.append(f"the K >= block guard reads {guard}, which a speculators config does not carry: "
                      "not applied to speculators checkpoints")
+    spec_keys = speculative_config_keys(spec)
+    if dspark and dspark_config and "def resolve_num_speculative_tokens" in dspark_config:
+        notes.append("num_speculative_tokens defaults to the draft's block_size (the kit writes it explicitly)")
+    weight_checks = dspark and all(p.search(model or "") for p in _WEIGHT_CHECKS)
     return Features(
         engine="vllm", version=version, dspark=dspark,
         anchor=loader_anchor(loader) if loader and dspark else "none",
         k_guard=guard, window=False,
         adaptive=dspark and bool(_ADAPTIVE_FIELD.search(spec)),
-        config_keys=keys, notes=tuple(notes))
+        config_keys=keys, notes=tuple(notes), spec_keys=spec_keys,
+        draft_topk=dspark and dspark_takes_topk(spec_keys, dspark_config),
+        weight_checks=weight_checks)
 
 
 # ---- vllm-ascend ------------------------------------------------------------
@@ -226,4 +285,7 @@ def ascend_features(root: Path, version: str, paired: Features | None,
         anchor=anchor if dspark else "none", k_guard=None,
         window=dspark and window_support_from_source(base), adaptive=adaptive,
         config_keys=keys, paired_vllm=paired_version or (paired.version if paired else None),
-        notes=tuple(notes))
+        notes=tuple(notes), spec_keys=paired.spec_keys if paired is not None else (),
+        # vllm-ascend drafts with its own proposer: the key must be read there too
+        draft_topk=dspark and paired is not None and paired.draft_topk and "dspark_draft_topk" in proposer,
+        weight_checks=dspark and paired is not None and paired.weight_checks)

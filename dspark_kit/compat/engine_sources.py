@@ -6,7 +6,8 @@ pip is configured with (PIP_INDEX_URL / `pip config`, default PyPI) for the file
 list in the Simple API's JSON form (PEP 691), downloads the release's .tar.gz,
 checks the sha256 the index lists, and unpacks only the files the detectors read
 into a cache (`$DSPARK_KIT_CACHE/engine-src/<dist>-<version>/`). A release
-unpacked once is never fetched again.
+unpacked once is fetched again only when the detectors come to read another file.
+`index_versions` lists the releases the survey covers: every one with a source package.
 """
 
 from __future__ import annotations
@@ -55,13 +56,37 @@ def wanted_files(dist: str) -> tuple[str, ...]:
     return tuple((VLLM_FILES if dist == "vllm" else ASCEND_FILES).values())
 
 
-def _sdist_entry(dist: str, version: str, index: str) -> dict:
+def _listing(dist: str, index: str, what: str) -> dict:
     req = urllib.request.Request(f"{index}/{dist}/", headers={"Accept": SIMPLE_JSON})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            listing = json.load(r)
+            return json.load(r)
     except (OSError, ValueError) as e:
-        raise SourceError(f"{dist} {version}: cannot read {index}/{dist}/ as PEP 691 JSON ({e})") from None
+        raise SourceError(f"{what}: cannot read {index}/{dist}/ as PEP 691 JSON ({e})") from None
+
+
+def _sdist_version(dist: str, filename: str) -> str | None:
+    for prefix in (f"{dist.replace('-', '_')}-", f"{dist}-"):
+        if filename.startswith(prefix) and filename.endswith(".tar.gz"):
+            return filename[len(prefix):-len(".tar.gz")]
+    return None
+
+
+def index_versions(dist: str, index: str | None = None) -> list[str]:
+    """Every release of `dist` the index lists with a source package that is not yanked (the
+    survey reads source packages only), unsorted. SourceError when the index cannot be read."""
+    index = index or index_url()
+    listing = _listing(dist, index, f"{dist} releases")
+    found = set()
+    for f in listing.get("files", []):
+        version = _sdist_version(dist, f.get("filename", ""))
+        if version and not f.get("yanked"):
+            found.add(version)
+    return sorted(found)
+
+
+def _sdist_entry(dist: str, version: str, index: str) -> dict:
+    listing = _listing(dist, index, f"{dist} {version}")
     names = {f"{dist.replace('-', '_')}-{version}.tar.gz", f"{dist}-{version}.tar.gz"}
     for f in listing.get("files", []):
         if f.get("filename") in names:
@@ -72,7 +97,7 @@ def _sdist_entry(dist: str, version: str, index: str) -> dict:
 def fetch(dist: str, version: str, index: str | None = None, root: Path | None = None) -> Path:
     """The folder holding `vllm/` or `vllm_ascend/` of that release (only the detectors' files)."""
     dest = (root or source_root()) / f"{dist}-{version}"
-    if (dest / DONE).is_file():
+    if unpacked_files(dest) == sorted(wanted_files(dist)):
         return dest
     index = index or index_url()
     entry = _sdist_entry(dist, version, index)
@@ -92,7 +117,8 @@ def fetch(dist: str, version: str, index: str | None = None, root: Path | None =
             raise SourceError(f"{dist} {version}: sha256 {digest.hexdigest()} != the index's {want}")
         staging = Path(tmp) / "unpacked"
         _unpack(archive, staging, wanted_files(dist))
-        (staging / DONE).write_text(json.dumps({"file": entry["filename"], "sha256": digest.hexdigest()}))
+        (staging / DONE).write_text(json.dumps({"file": entry["filename"], "sha256": digest.hexdigest(),
+                                                "files": sorted(wanted_files(dist))}))
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(dest, ignore_errors=True)
         shutil.move(str(staging), dest)
@@ -110,6 +136,15 @@ def _unpack(archive: Path, dest: Path, files: tuple[str, ...]) -> None:
                 src = tar.extractfile(member)
                 if src is not None:
                     target.write_bytes(src.read())
+
+
+def unpacked_files(folder: Path) -> list[str] | None:
+    """The files a cached release was unpacked for (None: not cached); a release unpacked before
+    the detectors read another file is fetched again."""
+    try:
+        return json.loads((folder / DONE).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def sha256_of(folder: Path) -> str | None:

@@ -1,7 +1,8 @@
 """The engine-compatibility table: one row per surveyed release, read by every gate.
 
-`make compat` (`python -m dspark_kit.compat.engine_table`) fetches each release in
-RELEASES (engine_sources), runs the detectors (engine_features) and writes
+`make compat` (`python -m dspark_kit.compat.engine_table`) asks the package index for
+every release from MINIMUM on (engine_sources.index_versions: each one with a source
+package, the newest included), fetches it, runs the detectors (engine_features) and writes
 `engine_table.json` beside this file and docs/COMPAT.md from it. Nothing in the
 kit keeps a version constant of its own: the minimum versions, the anchor rules
 and the window and adaptive-verification support all come from these rows, or
@@ -34,12 +35,9 @@ from dspark_kit.compat.engine_features import (
 TABLE = Path(__file__).with_name("engine_table.json")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "COMPAT.md"
 ENGINES = ("vllm", "vllm-ascend")
-RELEASES = {
-    "vllm": ("0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
-             "0.31.0", "0.32.0", "0.33.0"),
-    "vllm-ascend": ("0.23.0.post1", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1",
-                    "0.29.0rc1", "0.30.0rc1", "0.30.0rc2"),
-}
+# the survey covers every release the index lists from these on (the last before DSpark included,
+# so the table says where serving starts)
+MINIMUM = {"vllm": "0.24.0", "vllm-ascend": "0.23.0"}
 # The kit's trainer (speculators 0.9.0 with the kit's fixes) writes sample_from_anchor: true.
 KIT_SAMPLE_FROM_ANCHOR = True
 
@@ -135,19 +133,34 @@ def first_serving(engine: str, sample_from_anchor: bool | None = KIT_SAMPLE_FROM
 # ---- the survey (make compat) -------------------------------------------------
 
 
-def survey(fetch=None, log=print) -> list[Features]:
-    """Fetch every listed release and run the detectors over it."""
+def releases(list_versions=None) -> dict[str, tuple[str, ...]]:
+    """Per engine, the releases the index lists from MINIMUM on, oldest first. `list_versions`
+    (dist -> versions; default: engine_sources.index_versions) raises SourceError when no index
+    answers."""
+    from dspark_kit.compat import engine_sources
+
+    list_versions = list_versions or engine_sources.index_versions
+    out = {}
+    for engine in ENGINES:
+        found = {v for v in list_versions(engine) if _v(v) is not None and _v(v) >= Version(MINIMUM[engine])}
+        out[engine] = tuple(sorted(found, key=_v))
+    return out
+
+
+def survey(fetch=None, log=print, wanted: dict[str, tuple[str, ...]] | None = None) -> list[Features]:
+    """Fetch every release in `wanted` (default: the index's, `releases()`) and run the detectors."""
     from dspark_kit.compat import engine_sources
 
     fetch = fetch or engine_sources.fetch
+    wanted = wanted if wanted is not None else releases()
     by_version: dict[str, Features] = {}
     out: list[Features] = []
-    for version in RELEASES["vllm"]:
+    for version in wanted["vllm"]:
         root = fetch("vllm", version)
         by_version[version] = f = vllm_features(root, version)
         out.append(f)
-        log(f"vllm {version}: dspark={f.dspark} anchor={f.anchor} adaptive={f.adaptive}")
-    for version in RELEASES["vllm-ascend"]:
+        log(f"vllm {version}: dspark={f.dspark} anchor={f.anchor} adaptive={f.adaptive} draft_topk={f.draft_topk}")
+    for version in wanted["vllm-ascend"]:
         root = fetch("vllm-ascend", version)
         paired_version = paired_vllm_version(root)
         paired = None
@@ -158,6 +171,12 @@ def survey(fetch=None, log=print) -> list[Features]:
         log(f"vllm-ascend {version} (vLLM {paired_version}): dspark={f.dspark} anchor={f.anchor} "
             f"window={f.window} adaptive={f.adaptive}")
     return out
+
+
+def missing_releases(listed: dict[str, tuple[str, ...]]) -> list[str]:
+    """"<engine> <version>" for each release the index lists that the committed table lacks."""
+    return [f"{e} {v}" for e in ENGINES for v in listed.get(e, ())
+            if v not in {f.version for f in rows(e)}]
 
 
 def table_json(found: list[Features]) -> str:
@@ -198,6 +217,14 @@ def markdown(found: list[Features]) -> str:
         "- **adaptive**: vLLM's `enable_adaptive_verification` (speculative config) or vllm-ascend's",
         "  `dynamic_spec_config` with method `dspark` (additional config); both size the verify budget from",
         "  the draft's confidence head.",
+        "- **draft_topk**: the speculative config takes `dspark_draft_topk` for DSpark (the kit's",
+        "  `serve.draft_topk`; 1..the draft vocabulary).",
+        "- **checks draft weights**: the DSpark model refuses a reduced-vocabulary draft without `lm_head`/`d2t`",
+        "  and an expanded-vocabulary one without `embed_tokens`, and turns the confidence head off when its",
+        "  weights are missing. Where it does not, such a draft loads silently; the kit's checkpoint findings",
+        "  refuse it on every release.",
+        "- Speculative-config keys: vLLM's config classes refuse unknown keys at start-up; the notes name the",
+        "  keys each release added or removed, and the kit only writes keys the serving release takes.",
         "",
     ]
     for engine in ENGINES:
@@ -207,16 +234,20 @@ def markdown(found: list[Features]) -> str:
         paired = engine == "vllm-ascend"
         lines += [f"## {engine}", "",
                   "| release | " + ("vLLM | " if paired else "") + "DSpark | sample_from_anchor | "
-                  + ("" if paired else "K guard | ") + "window | adaptive | serves a kit checkpoint |",
-                  "|---|" + ("---|" if paired else "") + "---|---|" + ("" if paired else "---|") + "---|---|---|"]
+                  + ("" if paired else "K guard | ") + "window | adaptive | draft_topk | checks draft weights | "
+                  "serves a kit checkpoint |",
+                  "|---|" + ("---|" if paired else "") + "---|---|" + ("" if paired else "---|") + "---|---|---|---|---|"]
         for f in fs:
             guard = f"K >= `{f.k_guard}`" if f.k_guard else "-"
             cells = [f.version, *([f.paired_vllm or "?"] if paired else []), _yes(f.dspark), ANCHOR_WORDS[f.anchor],
                      *([] if paired else [guard]), _yes(f.window) if paired else "n/a (no runtime window)",
-                     _yes(f.adaptive), _yes(serves(f, KIT_SAMPLE_FROM_ANCHOR))]
+                     _yes(f.adaptive), _yes(f.draft_topk), _yes(f.weight_checks) if f.dspark else "-",
+                     _yes(serves(f, KIT_SAMPLE_FROM_ANCHOR))]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         notes = [(f.version, n) for f in fs for n in f.notes]
+        if not paired:
+            notes = sorted(notes + key_changes(fs), key=lambda n: _v(n[0]))
         if notes:
             lines += [f"- {v}: {n}" for v, n in notes] + [""]
         keys = fs[-1].config_keys
@@ -234,22 +265,63 @@ def markdown(found: list[Features]) -> str:
     return "\n".join(lines)
 
 
+def key_changes(fs: list[Features]) -> list[tuple[str, str]]:
+    """(version, note) for each speculative-config key a release added or removed (vLLM rows,
+    oldest first): a removed key fails at start-up from that release on."""
+    out = []
+    for prev, f in zip(fs, fs[1:], strict=False):
+        if not prev.spec_keys or not f.spec_keys:
+            continue
+        added = sorted(set(f.spec_keys) - set(prev.spec_keys))
+        removed = sorted(set(prev.spec_keys) - set(f.spec_keys))
+        parts = []
+        if added:
+            parts.append("speculative config adds " + ", ".join(f"`{k}`" for k in added))
+        if removed:
+            parts.append("refuses the removed keys " + ", ".join(f"`{k}`" for k in removed))
+        if parts:
+            out.append((f.version, "; ".join(parts)))
+    return out
+
+
 def _derived(found: list[Features], engine: str, feature: str | None = None) -> str:
     if feature == "window" and engine == "vllm":
         return "n/a"
     return first_serving(engine, KIT_SAMPLE_FROM_ANCHOR, feature, found) or "none surveyed"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, list_versions=None, fetch=None) -> int:
+    """`list_versions` / `fetch`: stand-ins for the package index (tests)."""
+    from dspark_kit.compat.engine_sources import SourceError
+
     ap = argparse.ArgumentParser(prog="python -m dspark_kit.compat.engine_table",
-                                 description="Survey vLLM / vllm-ascend releases from their source packages "
-                                             "and write the engine-compatibility table (make compat).")
+                                 description="Survey every vLLM / vllm-ascend release the package index lists "
+                                             "from their source packages and write the engine-compatibility "
+                                             "table (make compat).")
     ap.add_argument("--check", action="store_true",
-                    help="do not write: exit 1 if the committed table or docs/COMPAT.md differ from the survey")
+                    help="do not write: warn naming each release the index lists that the table lacks; exit 1 "
+                         "if the committed table or docs/COMPAT.md differ from the survey of the table's releases; "
+                         "pass, saying so, when no index is reachable")
     args = ap.parse_args(argv)
-    found = survey()
-    new_table, new_doc = table_json(found), markdown(found)
+    try:
+        listed = releases(list_versions)
+    except SourceError as e:
+        if args.check:
+            print(f"compat: no package index reachable ({e}); the table was not checked against it")
+            return 0
+        print(f"compat: {e}", file=sys.stderr)
+        return 1
     if args.check:
+        for name in missing_releases(listed):
+            print(f"compat: warning: the index lists {name}, which docs/COMPAT.md lacks (run make compat)",
+                  file=sys.stderr)
+        committed = {e: tuple(f.version for f in rows(e)) for e in ENGINES}
+        try:
+            found = survey(fetch, wanted=committed)
+        except SourceError as e:
+            print(f"compat: {e}", file=sys.stderr)
+            return 1
+        new_table, new_doc = table_json(found), markdown(found)
         stale = [str(p) for p, text in ((TABLE, new_table), (DOC, new_doc))
                  if not p.is_file() or p.read_text() != text]
         if stale:
@@ -257,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"compat: {len(found)} releases, table and docs/COMPAT.md up to date")
         return 0
+    try:
+        found = survey(fetch, wanted=listed)
+    except SourceError as e:
+        print(f"compat: {e}", file=sys.stderr)
+        return 1
+    new_table, new_doc = table_json(found), markdown(found)
     atomic.write_text(TABLE, new_table)
     atomic.write_text(DOC, new_doc)
     rows.cache_clear()

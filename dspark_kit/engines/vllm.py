@@ -123,14 +123,18 @@ def spec_args(res: Resolved) -> tuple[list[str], list[str], list[str]]:
     gate = res.engine_gate
     if gate.ok is False:
         raise PlanError(f"serve --role spec: {gate.message}")
-    k, window, adaptive = res.k, res.window, res.adaptive_verification
+    k, window, adaptive, topk = res.k, res.window, res.adaptive_verification, res.draft_topk
     decisions = [gate.message]
     if not res.checkpoint_exists:  # K's source says when it was assumed from draft.block_size
         decisions.append(f"checkpoint {res.checkpoint} does not exist yet (planned: train writes it)")
     warnings += [*k.notes, *window.notes, *adaptive.notes]
     decisions += [*res.spec_decision_lines(),
-                  f"adaptive verification {'on' if adaptive.value else 'off'}: {adaptive.source}"]
+                  f"adaptive verification {'on' if adaptive.value else 'off'}: {adaptive.source}",
+                  f"draft top-k {topk.value}: {topk.source}" if topk.value else f"draft top-k: {topk.source}"]
+    # K always explicit: vLLM 0.34.0 defaults it to the draft's block_size, older releases to other values
     spec: dict[str, Any] = {"method": "dspark", "model": str(res.checkpoint), "num_speculative_tokens": k.value}
+    if topk.value is not None:
+        spec["dspark_draft_topk"] = topk.value
     additional: dict[str, Any] = {}
     if adaptive.value and res.engine == "vllm":
         spec["enable_adaptive_verification"] = True
@@ -138,10 +142,22 @@ def spec_args(res: Resolved) -> tuple[list[str], list[str], list[str]]:
         additional["dynamic_spec_config"] = {"method": "dspark"}
     if window.value is not None:
         additional["draft_window_size"] = window.value
+    refused = refused_spec_keys(spec, res.engine_support.features)
+    if refused:
+        raise PlanError(f"serve --role spec: {res.engine} {res.engine_support.version} refuses speculative-config "
+                        f"keys {', '.join(refused)} (not in its SpeculativeConfig, docs/COMPAT.md); "
+                        "unset the recipe setting that adds them")
     args = ["--speculative-config", compact_json(spec)]
     if additional:
         args += ["--additional-config", compact_json(additional)]
     return args, warnings, decisions
+
+
+def refused_spec_keys(spec: dict[str, Any], features) -> list[str]:
+    """The keys of a planned --speculative-config the release's SpeculativeConfig does not take
+    (vLLM's config classes fail at start-up on them); [] when the release or its keys are unknown."""
+    accepted = set(features.spec_keys) if features is not None else set()
+    return sorted(k for k in spec if accepted and k not in accepted)
 
 
 def server_flags(res: Resolved, role: Role, port: int, gpu_memory_utilization: float,

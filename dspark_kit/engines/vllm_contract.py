@@ -7,7 +7,8 @@ speculative config, and what `load_weights` consumed. This module compares that
 with what the recipe trained and turns every difference into one Finding that
 names the key and the fix: the anchor layout (vLLM #56792: a draft served in the
 other layout accepts almost nothing), the aux layer ids, the block, the mask
-token, and weights vLLM has no parameter for or leaves empty.
+token, and weights vLLM has no parameter for or leaves empty; plus the weight checks vLLM
+0.34.0's DSpark model dropped (checkpoints.draft_weight_findings), which the kit makes itself.
 """
 
 from __future__ import annotations
@@ -127,12 +128,20 @@ def findings(result: dict, want: Expected, vllm: str) -> list[Finding]:
 def check(res: Resolved, checkpoints: list[Path] | None = None, python: Path | None = None) -> dict:
     """Judge the checkpoints (default: the one serve would load) with vLLM's code: per checkpoint
     its findings and what vLLM made of it."""
+    from dspark_kit.specdec.checkpoints import WEIGHT_CODES
+
     ckpts = [Path(c).resolve() for c in (checkpoints or [res.checkpoint])]
     want = expected_for(res)
     k = res.k.value
     report = run_probe(res.verifier_path, [(c, k) for c in ckpts], python)
     vllm = report.get("vllm", "?")
+
+    def judged(c: Path, r: dict) -> list[Finding]:
+        # what vLLM 0.34.0's DSpark model stopped refusing at load: the kit's own weight checks
+        kit = [f for f in res.checkpoint_findings(c) if f.code in WEIGHT_CODES]
+        return findings(r, want, vllm) + kit
+
     return {"vllm": vllm, "expected": want.__dict__,
-            "checkpoints": [{"checkpoint": str(c), "findings": [f.as_dict() for f in findings(r, want, vllm)],
+            "checkpoints": [{"checkpoint": str(c), "findings": [f.as_dict() for f in judged(c, r)],
                              "vllm_view": {key: r.get(key) for key in ("config", "engine_config", "load_weights")}}
                             for c, r in zip(ckpts, report["results"], strict=True)]}

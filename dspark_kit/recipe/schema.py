@@ -206,6 +206,10 @@ class TrainCfg(_Section):
     num_workers: int = Field(0, ge=0)
     train_data_ratio: float = Field(0.9, gt=0, le=1)
     max_steps: int | None = Field(None, ge=1)
+    init_from: str | None = Field(
+        None, description="start from this draft's weights (speculators layout: `dspark-kit import` of a released "
+                          "draft, or an earlier checkpoint; relative: from the recipe file's folder); its shape "
+                          "replaces draft.arch/num_layers/sliding_window/attention")
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to speculators train")
 
 
@@ -237,6 +241,9 @@ class ServeCfg(_Section):
         "auto", description="size the verify budget from the confidence head (vLLM "
                             "enable_adaptive_verification, vllm-ascend dynamic_spec_config); auto = "
                             "where the engine has it, the draft has the head and CUDA graphs are on")
+    draft_topk: int | None = Field(
+        None, ge=1, description="sampled drafting from the draft's top k tokens (vLLM's dspark_draft_topk, "
+                                "1..the draft vocabulary, where the serving release has it); null = greedy")
     devices: str | None = None
     seed: int = 42
     extra_args: list[str] = Field(default_factory=list)

@@ -219,7 +219,8 @@ class Resolved:
             n = self.num_hidden_layers
         except RecipeError:
             n = None
-        return validate_checkpoint(path, self.recipe, n, self.verifier_path, self.k.value)
+        vocab = language_model_config(self.verifier_config or {}).get("vocab_size")
+        return validate_checkpoint(path, self.recipe, n, self.verifier_path, self.k.value, vocab)
 
     # ---- tune, K, window ----------------------------------------------------
     @cached_property
@@ -394,6 +395,21 @@ class Resolved:
                                        "set on if the serving host has it)")
             return Decision(True, f"{name} ({known}: needs {self.engine} >= {first} on the serving host)")
         return Decision(True, f"{name} ({self.engine} {version} has it, {where} has a confidence head)")
+
+    @cached_property
+    def draft_topk(self) -> Decision[int | None]:
+        """dspark_draft_topk the spec server gets (serve.draft_topk; None: greedy drafting)."""
+        from dspark_kit.resolved import draft_topk
+
+        try:
+            cfg = self.checkpoint_config
+        except ValueError:  # CheckpointError: nothing trained to read yet
+            cfg = None
+        vocab = draft_topk.draft_vocab(cfg, self.recipe.draft.draft_vocab_size,
+                                       language_model_config(self.verifier_config or {}).get("vocab_size"))
+        vllm = self.engine in ("vllm", "vllm-ascend")
+        return draft_topk.decide(self.recipe.serve.draft_topk, self.engine, self.engine_support if vllm else None,
+                                 vocab, self.engine_support.first_with("draft_topk") if vllm else None)
 
     @property
     def window_risks(self) -> dict[int, str]:

@@ -139,7 +139,8 @@ def _same_path(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
 
 
-def _check_weights(path: Path) -> Finding | None:
+def _check_weights(path: Path) -> Finding | list[str]:
+    """A finding when model.safetensors is missing or unreadable, else its tensor names."""
     weights = path / WEIGHTS
     if not weights.is_file():
         return Finding("error", "weights-missing", f"{weights} missing: the epoch did not finish saving; "
@@ -155,16 +156,17 @@ def _check_weights(path: Path) -> Finding | None:
         return Finding("error", "weights-unreadable", f"{weights} unreadable ({msg}); re-save or pick another epoch")
     if not keys:
         return Finding("error", "weights-empty", f"{weights} holds no tensors")
-    return None
+    return keys
 
 
 def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: int | None,
-                        verifier_path: str | None, k: int) -> list[Finding]:
+                        verifier_path: str | None, k: int, target_vocab_size: int | None = None) -> list[Finding]:
     """Everything that makes this checkpoint wrong for this recipe; [] = fine.
 
     Called through `Resolved.checkpoint_findings`, which supplies the resolved
-    verifier path, layer count and K; `verifier_num_layers` None skips the
-    layer-id check with a warning.
+    verifier path, layer count, K and vocabulary; `verifier_num_layers` None skips the
+    layer-id check with a warning; `target_vocab_size` None judges a reduced vocabulary
+    against the draft's own input vocabulary and skips the expanded-vocabulary check.
     """
     path = Path(path)
     out: list[Finding] = []
@@ -220,9 +222,86 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
             out.append(Finding("warning", "verifier-relative", f"checkpoint stores a relative verifier path "
                                                                f"{stored}; it breaks when loaded from elsewhere"))
 
-    bad = _check_weights(path)
-    if bad:
-        out.append(bad)
+    if "sample_from_anchor" not in cfg:
+        out.append(Finding("error", "anchor-missing", f"{CONFIG} has no sample_from_anchor: every vLLM release that "
+                                                      "serves a speculators DSpark draft reads a missing key as false "
+                                                      "(bonus-anchor layout), and speculators trains true; add "
+                                                      "\"sample_from_anchor\": true to config.json"))
+    weights = _check_weights(path)
+    if isinstance(weights, Finding):
+        out.append(weights)
+    else:
+        out += draft_weight_findings(cfg, weights, target_vocab_size)
+    return out
+
+
+def init_from_problem(path: str | Path, recipe: Recipe, target_layer_ids: list[int]) -> str | None:
+    """Why train.init_from cannot start this recipe's training (None: it can): a speculators DSpark
+    draft with weights, trained on the same verifier layers, block and anchor layout."""
+    path, name = Path(path), f"train.init_from {path}"
+    try:
+        cfg = read_config(path)
+    except CheckpointError as e:
+        return f"{name}: {e}"
+    if cfg.get("speculators_model_type") != "dspark":
+        return (f"{name}: not a speculators DSpark checkpoint (speculators_model_type "
+                f"{cfg.get('speculators_model_type')!r}); a released DSpark draft: `dspark-kit import` it first")
+    if not (path / WEIGHTS).is_file():
+        return f"{name}: no {WEIGHTS}; point at an epoch folder or an imported draft"
+    if "sample_from_anchor" not in cfg:
+        return f"{name}: {CONFIG} has no sample_from_anchor; add the value it was trained with"
+    block = cfg.get("block_size")
+    if block != recipe.draft.block_size:
+        return f"{name}: block_size {block} != draft.block_size {recipe.draft.block_size}; set draft.block_size: {block}"
+    ids = cfg.get("aux_hidden_state_layer_ids")
+    if ids != target_layer_ids:
+        return (f"{name}: aux_hidden_state_layer_ids {ids} != the recipe's target layer ids {target_layer_ids}; "
+                f"set hidden_states.target_layer_ids: {ids}")
+    mask = recipe.draft.mask_token_id
+    if mask is not None and cfg.get("mask_token_id") != mask:
+        return f"{name}: mask_token_id {cfg.get('mask_token_id')} != draft.mask_token_id {mask}"
+    return None
+
+
+# the findings of draft_weight_findings: `contract` adds them to vLLM's own judgement
+WEIGHT_CODES = ("reduced-vocab-weights", "expanded-vocab-weights", "confidence-head-missing", "confidence-head-unused")
+
+
+def _has(names: list[str], part: str) -> bool:
+    return any(part in name.split(".") for name in names)
+
+
+def draft_weight_findings(cfg: dict, names: list[str], target_vocab_size: int | None) -> list[Finding]:
+    """What vLLM's DSpark model stopped checking at load (0.34.0, docs/COMPAT.md "checks draft
+    weights"), judged as its load_weights reads the config and tensor names: a draft that breaks
+    these loads silently there and drafts garbage or runs a random head."""
+    out = []
+    layer = cfg.get("transformer_layer_config") or {}
+    vocab = cfg.get("vocab_size") or layer.get("vocab_size")  # the draft's input vocabulary
+    draft_vocab = cfg.get("draft_vocab_size") or vocab
+    target = target_vocab_size or vocab
+    if isinstance(draft_vocab, int) and isinstance(target, int) and draft_vocab < target:
+        lacking = [n for n, part in (("lm_head", "lm_head"), ("d2t", "d2t")) if not _has(names, part)]
+        if lacking:
+            out.append(Finding("error", "reduced-vocab-weights",
+                               f"draft_vocab_size {draft_vocab} < the verifier's {target} (a reduced vocabulary) but "
+                               f"{WEIGHTS} has no {' or '.join(lacking)}: vLLM would draft with the verifier's head "
+                               "and unmapped ids; re-save from the trainer with the draft's lm_head and d2t"))
+    if isinstance(vocab, int) and target_vocab_size and vocab > target_vocab_size and not _has(names, "embed_tokens"):
+        out.append(Finding("error", "expanded-vocab-weights",
+                           f"the draft's vocab_size {vocab} > the verifier's {target_vocab_size} (an expanded input "
+                           f"vocabulary) but {WEIGHTS} has no embed_tokens; re-save the draft with its embed_tokens"))
+    enabled, present = cfg.get("enable_confidence_head") is True, _has(names, "confidence_head")
+    if enabled and not present:
+        out.append(Finding("error", "confidence-head-missing",
+                           f"{CONFIG} sets enable_confidence_head but {WEIGHTS} has no confidence_head weights "
+                           "(vLLM >= 0.34.0 would serve an untrained head); set \"enable_confidence_head\": false "
+                           "in config.json or re-save from the trainer"))
+    elif present and not enabled:
+        out.append(Finding("error", "confidence-head-unused",
+                           f"{WEIGHTS} holds confidence_head weights but {CONFIG}'s enable_confidence_head is "
+                           f"{cfg.get('enable_confidence_head')!r} (vLLM drops them; adaptive verification has no "
+                           "head); set \"enable_confidence_head\": true in config.json"))
     return out
 
 

@@ -26,6 +26,7 @@ path, never imported as part of dspark_kit.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -63,6 +64,23 @@ def engine_config(ckpt: str, verifier: str, k: int, max_model_len: int):
     return args.create_engine_config()
 
 
+def _layout(vllm_cfg) -> dict:
+    """How vLLM's runtime will draft: the anchor layout its DSpark speculator reads (missing =
+    true there), the KV lookahead it reserves (K with the anchor sampled, K + 1 without), and the
+    verifier layers it exports to the draft."""
+    spec = vllm_cfg.speculative_config
+    out = {"sample_from_anchor": getattr(spec.draft_model_config.hf_config, "sample_from_anchor", True)}
+    try:
+        out["num_lookahead_tokens"] = vllm_cfg.num_lookahead_tokens
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+
+        layers = get_eagle3_aux_layers_from_config(spec)
+        out["aux_layers"] = list(layers) if layers else None
+    except (AttributeError, ImportError):  # an older vLLM: not reported
+        pass
+    return out
+
+
 def _one_process_group(vllm_cfg) -> None:
     """vLLM's layers ask the tensor-parallel group for their shard: a group of one, made once."""
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
@@ -97,9 +115,13 @@ def load_weights(vllm_cfg, ckpt: str) -> dict:
         after = dict(model.named_parameters())  # load_weights may drop heads the checkpoint lacks
     unloaded = sorted(n for n, p in after.items() if torch.isnan(p.data).any())  # fused: any shard
     missing = [n for n in unloaded if not any(s in n for s in SHARED_FROM_TARGET)]
+    digest = hashlib.sha256()  # what the checkpoint put into vLLM's parameters, name by name
+    for name in sorted(n for n in after if n not in unloaded):
+        digest.update(name.encode())
+        digest.update(after[name].data.detach().contiguous().view(torch.uint8).numpy().tobytes())
     return {"architecture": arch, "model_class": cls.__name__, "checkpoint_tensors": sorted(tensors),
             "parameters": len(after), "unloaded_shared": [n for n in unloaded if n not in missing],
-            "missing": missing}
+            "missing": missing, "parameters_sha256": digest.hexdigest()}
 
 
 def judge(ckpt: str, verifier: str, k: int, max_model_len: int) -> dict:
@@ -110,7 +132,8 @@ def judge(ckpt: str, verifier: str, k: int, max_model_len: int) -> dict:
         step = "engine_config"
         cfg = engine_config(ckpt, verifier, k, max_model_len)
         spec = cfg.speculative_config
-        out["engine_config"] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+        out["engine_config"] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+                                **_layout(cfg)}
         step = "load_weights"
         out["load_weights"] = load_weights(cfg, ckpt)
     except Exception as e:  # noqa: BLE001 - the step that failed, in one line, is the result

@@ -117,6 +117,8 @@ def build_train_args(
         args += ["--draft-vocab-size", str(d.draft_vocab_size)]
     if t.max_steps is not None:
         args += ["--max-steps", str(t.max_steps)]
+    if t.init_from:
+        args = from_pretrained(args, recipe, t.init_from, num_hidden_layers)
     if recipe.verifier.trust_remote_code:
         args += ["--trust-remote-code"]
     if hidden_states_dtype == "fp8":  # hs-connectors' reader for fp8 files: dequantizes to bf16
@@ -137,6 +139,34 @@ def build_train_args(
     if t.loss_implementation != "auto":
         device_flags = _override(device_flags, "--loss-implementation", t.loss_implementation)
     return args + device_flags + list(t.extra_args)
+
+
+# speculators' decoder-shaping flags: --from-pretrained defines the draft and refuses them
+SHAPING_FLAGS = {"--draft-arch": 1, "--num-layers": 1, "--sliding-window": 1, "--full-attention-indices": None}
+
+
+def from_pretrained(args: list[str], recipe: Recipe, init_from: str, num_hidden_layers: int) -> list[str]:
+    """train.init_from: speculators' --from-pretrained (fine-tunes that draft's weights) in place
+    of the flags that shape a new draft; a draft that does not fit the recipe is a ValueError."""
+    from dspark_kit.specdec.checkpoints import init_from_problem
+
+    problem = init_from_problem(init_from, recipe, recipe.target_layer_ids(num_hidden_layers))
+    if problem:
+        raise ValueError(problem)
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in SHAPING_FLAGS:
+            n = SHAPING_FLAGS[args[i]]
+            i += 1
+            if n is None:  # a list: every value up to the next flag
+                while i < len(args) and not args[i].startswith("--"):
+                    i += 1
+            else:
+                i += n
+            continue
+        out.append(args[i])
+        i += 1
+    return [*out, "--from-pretrained", str(Path(init_from).expanduser())]
 
 
 def launch_plan(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -> LaunchPlan:
