@@ -87,6 +87,9 @@ class VerifierCfg(_Section):
     hidden_size: int | None = Field(
         None, ge=1, description="only for planning on a machine without the verifier (the hidden states' storage "
                                 "plan); checked when both exist")
+    vocab_size: int | None = Field(
+        None, ge=1, description="only for planning on a machine without the verifier (the training memory plan's "
+                                "logits); the verifier's config.json wins where it exists")
 
 
 class DataCfg(_Section):
