@@ -26,6 +26,11 @@ from pathlib import Path
 from common import REPO, Row, cli, emit, this_command
 
 GOAL = 0.20  # |plan - measured| / measured
+# glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which freed
+# tensors stay in its heap: a second step's RSS then reads ~25% above the first's (fragmentation, not
+# tensors). Pinned, freed tensors go back to the OS and RSS follows the live tensors, as
+# torch.cuda.max_memory_allocated does on CUDA.
+PINNED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def _status(field: str) -> int:
@@ -86,9 +91,25 @@ def probe(out: Path, argv: list[str]) -> None:
 
     sampler = AnonPeak()
     handle = torch.nn.modules.module.register_module_forward_pre_hook(first_step)
+    phases: list[tuple[str, int]] = []  # (forward|backward, peak over idle) per training step
+    backward = torch.Tensor.backward
+
+    def timed_backward(self, *a, **k):  # the forward's peak (loss included) apart from the backward's
+        if not idle:
+            return backward(self, *a, **k)
+        phases.append(("forward", max(sampler.peak, _anon()) - idle["rss"]))
+        sampler.peak = 0
+        out = backward(self, *a, **k)
+        phases.append(("backward", max(sampler.peak, _anon()) - idle["rss"]))
+        sampler.peak = 0
+        return out
+
+    torch.Tensor.backward = timed_backward
     t0 = time.perf_counter()
     train_entry.main(argv)
-    result = {"idle": idle["rss"], "peak": sampler.stop(), "vm_hwm": _status("VmHWM"), "wall_s": time.perf_counter() - t0}
+    rest = sampler.stop() - idle["rss"]  # after the last backward: validation, the checkpoint's save
+    steps = max(v for _, v in phases)
+    result = {"idle": idle["rss"], "peak": idle["rss"] + steps, "after_steps": rest, "vm_hwm": _status("VmHWM"), "phases": phases, "wall_s": time.perf_counter() - t0}
     if cuda:
         result["cuda_step"] = torch.cuda.max_memory_allocated() - idle["cuda"]
     out.write_text(json.dumps(result))
@@ -106,7 +127,7 @@ def measure(res, wd: Path, steps: int) -> dict:
     log = wd / "logs" / "train.log"
     log.parent.mkdir(exist_ok=True)
     with log.open("w") as f:
-        code = subprocess.run(cmd, env={**os.environ, **launch.env}, stdout=f, stderr=subprocess.STDOUT,
+        code = subprocess.run(cmd, env={**os.environ, **launch.env, **PINNED_MMAP}, stdout=f, stderr=subprocess.STDOUT,
                               check=False).returncode
     if code:
         raise RuntimeError(f"training failed ({code}): {log.read_text()[-2000:]}")
@@ -114,6 +135,10 @@ def measure(res, wd: Path, steps: int) -> dict:
     val = read_val_metrics(wd / "checkpoints") or {}
     m["accept_len"] = val.get("accept_len_epoch") or next((v for k, v in val.items() if "accept" in k), None)
     return m
+
+
+def phases_mib(m: dict) -> str:
+    return " ".join(f"{k[0]}{v / 2**20:.0f}" for k, v in m.get("phases", [])) + f" rest {m['after_steps'] / 2**20:.0f}"
 
 
 def plot(points: list[dict], path: Path) -> None:
@@ -184,7 +209,7 @@ def main() -> None:
                                    "accept_len": m["accept_len"], "error": (planned - measured) / measured})
                     print(f"seq {seq} anchors {anchors} ckpt {ckpt}: planned {planned / 2**20:.1f} MiB, measured "
                           f"{measured / 2**20:.1f} MiB ({points[-1]['error']:+.1%}), {m['wall_s']:.1f}s, "
-                          f"accept_len {m['accept_len']}", file=sys.stderr, flush=True)
+                          f"accept_len {m['accept_len']}; first step MiB {phases_mib(m)}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.points_json:

@@ -367,3 +367,11 @@ def _server(res, device: str, capacity: int | None) -> tuple[DevicePlan | None, 
     overlap = (ids is None or train_ids is None
                or bool(set(ids.split(",")) & set(train_ids.split(",")))) and device != "cpu"
     return plan, share if overlap else 0
+
+
+def plan_lines(res) -> list[str]:
+    """The plan as a dry run's comment lines (a line saying why when it cannot be planned here)."""
+    try:
+        return [f"# {line}" for line in res.memory_plan.lines()]
+    except (RecipeError, OSError, ValueError) as e:
+        return [f"# memory: not planned ({e})"]
