@@ -180,14 +180,20 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plot", type=Path, help="write the planned-vs-measured figure here (png)")
     ap.add_argument("--points-json", type=Path, help="also write every point (planned, measured) here")
+    ap.add_argument("--from-points", type=Path, help="measure nothing: re-plan the points of an earlier "
+                                                      "--points-json (the measured figures are kept)")
     args = ap.parse_args()
+    if args.from_points:
+        points = json.loads(args.from_points.read_text())
+        for p in points:
+            p["planned"] = planned_bytes(args, p["seq"], p["anchors"], p["ckpt"])
+            p["error"] = (p["planned"] - p["measured"]) / p["measured"]
+        return report(args, points)
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.steps import run_stage
 
-    base = [f"train.device={args.device}", "regen.enabled=false", f"data.limit={args.rows}", "train.epochs=1",
-            f"train.max_steps={args.steps}", "train.logger=none", "train.num_workers=0",
-            f"data.seq_length={max(args.seq_lengths)}"]
+    base = base_sets(args)
     tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     points = []
     try:
@@ -203,7 +209,7 @@ def main() -> None:
                     r = Resolved(load_recipe(REPO / "recipes" / "tiny-cpu.yaml", sets), wd)
                     m = measure(r, wd, args.steps)
                     measured = m["cuda_step"] if "cuda_step" in m else m["peak"] - m["idle"]
-                    planned = r.memory_plan.step_bytes
+                    planned = planned_bytes(args, seq, anchors, ckpt)
                     points.append({"seq": seq, "anchors": anchors, "ckpt": ckpt, "planned": planned,
                                    "measured": measured, "idle": m["idle"], "wall_s": m["wall_s"],
                                    "accept_len": m["accept_len"], "error": (planned - measured) / measured})
@@ -212,6 +218,25 @@ def main() -> None:
                           f"accept_len {m['accept_len']}; first step MiB {phases_mib(m)}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return report(args, points)
+
+
+def base_sets(args) -> list[str]:
+    return [f"train.device={args.device}", "regen.enabled=false", f"data.limit={args.rows}", "train.epochs=1",
+            f"train.max_steps={args.steps}", "train.logger=none", "train.num_workers=0",
+            f"data.seq_length={max(args.seq_lengths)}"]
+
+
+def planned_bytes(args, seq: int, anchors: int, ckpt: bool) -> int:
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
+
+    sets = [*base_sets(args), f"data.seq_length={seq}", f"train.max_anchors={anchors}",
+            f"train.gradient_checkpointing={str(ckpt).lower()}"]
+    return Resolved(load_recipe(REPO / "recipes" / "tiny-cpu.yaml", sets), planning=True).memory_plan.step_bytes
+
+
+def report(args, points: list[dict]) -> None:
     if args.points_json:
         args.points_json.write_text(json.dumps(points, indent=1))
     if args.plot:
@@ -237,7 +262,6 @@ def main() -> None:
     cmd = " ".join([f"--seq-lengths {' '.join(map(str, args.seq_lengths))}",
                     f"--anchors {' '.join(map(str, args.anchors))}", f"--steps {args.steps}", f"--rows {args.rows}"])
     emit(rows, args.json, this_command("bench_memory.py", cmd))
-    return None
 
 
 if __name__ == "__main__":

@@ -93,9 +93,9 @@ def test_without_the_verifiers_shape_the_plan_says_why(tmp_path):
     from dspark_kit.resolved.memory_plan import plan_lines
 
     res = res_of(SEED, ["verifier.vocab_size=null"], tmp_path)
-    assert plan_lines(res) == ["# memory: not planned (verifier.vocab_size: no config.json for the verifier on this "
+    assert plan_lines(res) == [("# memory: not planned (verifier.vocab_size: no config.json for the verifier on this "
                                "machine; set verifier.vocab_size to plan training memory (or run where the "
-                               "verifier is))"]
+                               "verifier is))")]
 
 
 def test_init_picks_settings_that_fit_the_target_device(tmp_path):

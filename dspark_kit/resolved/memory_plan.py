@@ -29,7 +29,6 @@ verifier's weights (the kit's local engine); on the trainer's own devices it add
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from dspark_kit.recipe import DTYPE_BYTES, Recipe, RecipeError
