@@ -42,7 +42,12 @@ ACT_ROPE = 4 * C  # x*cos, rotate_half(x), *sin, the sum
 LOSS_EAGER = 32  # per Q x V element: logits+bias and targets (bf16), CE's and TV's float32 softmaxes, a grad
 LOSS_FUSED = 12  # Triton kernels: bf16 logits, targets, and the float32 gradient
 ASSUMED_HEAD_DIM = 128
-RESIDENT = ("parameters", "hidden states", "fsdp gathered", "hidden-state server")  # in memory before a step
+# What a process holds beyond the step's tensors once it has taken an optimizer step. CPU: measured by
+# benchmarks/bench_memory.py as the rise of the second step's peak over the first's, the same at every
+# size (allocator arenas, the optimizer's first-step state). Accelerators: the CUDA/CANN context and the
+# caching allocator's slack, assumed (not measured here: no accelerator on the machine that wrote this).
+RUNTIME = {"cpu": 16 * 1024**2, "cuda": GIB, "npu": GIB}
+RESIDENT = ("parameters", "hidden states", "fsdp gathered", "hidden-state server", "device runtime")  # before a step
 
 
 @dataclass
@@ -249,6 +254,12 @@ def plan_memory(recipe: Recipe, shape: Shape, *, device: str, capacity: int | No
     else:
         terms.append(Term("layers", s.layers * one_layer, f"{s.layers} x ({layer_formula})"))
         terms.append(Term("logits", logits, logits_formula))
+    runtime = RUNTIME.get(device.partition(":")[0], 0)
+    if device.startswith("cpu"):
+        terms.append(Term("runtime", runtime, "measured on CPU: what the process gains at its first optimizer step "
+                                              "beyond the step's tensors (benchmarks/bench_memory.py)"))
+    else:
+        terms.append(Term("device runtime", runtime, f"{device} context and allocator slack (assumed, not measured)"))
     training = sum(x.bytes for x in terms)
     if server_on_trainer:
         terms.append(Term("hidden-state server", server_on_trainer, "its share of this device (same device ids)"))
