@@ -13,11 +13,12 @@ The trainer is speculators 0.9.0's (speculators/train/trainer.py and models/dfla
     block tokens, N = S + Q), computed under bf16 autocast (c = 2 bytes):
       context: fc(hidden states) and its norm over S tokens;
       per layer: norms, q/k/v (k/v over N tokens, repeated to every head for sdpa with a mask),
-        the attention mask sdpa converts to the compute dtype (Q x N), the MLP over Q tokens;
+        the boolean attention mask sdpa is handed (Q x N), the MLP over Q tokens;
       logits: draft logits, Markov bias, the verifier's targets and the loss's float32 softmaxes over
         Q x V (V: the draft vocabulary) -- the largest term on a full vocabulary.
     With gradient checkpointing a layer keeps only its input (Q x H) for backward and recomputes
-    the rest, one layer at a time, after the loss has been differentiated.
+    the rest, one layer at a time, after the loss has been differentiated; that layer's key/value
+    gradients and the float32 gradient into the context are held with it.
   - the hidden states a step reads: S x (target layers + 1) x H in bf16 (fp8 files are dequantized
     to bf16 by hs-connectors' reader before the step).
 The per-element byte counts below (ACT_*) are read off that code; benchmarks/bench_memory.py
@@ -198,14 +199,14 @@ def param_counts(s: Shape, recipe: Recipe) -> tuple[int, int, int, int]:
 # ---- the plan -------------------------------------------------------------------
 
 
-def _layer_bytes(s: Shape, seq: int, q: int) -> tuple[int, str]:
-    """Activations one draft layer keeps for backward (no checkpointing)."""
+def _layer_bytes(s: Shape, seq: int, q: int) -> tuple[int, int, str]:
+    """(activations one draft layer keeps for backward, those over the N keys alone, the formula)."""
     h, nhd, kvd, n = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim, seq + q
     per_q = h * (2 * ACT_NORM + 4 * C) + nhd * (2 * C + ACT_NORM + ACT_ROPE) + s.intermediate * 4 * C
     per_n = kvd * (2 * C + ACT_NORM + ACT_ROPE) + 2 * nhd * C  # k, v (+ norm, rope), repeated to every head
-    mask = q * n * C  # sdpa's mask in the compute dtype
+    mask = q * n  # the boolean mask sdpa is handed per layer
     total = q * per_q + n * per_n + mask
-    return total, f"Q {q} x {per_q} B + N {n} x {per_n} B + mask Q x N x {C} B"
+    return total, n * per_n, f"Q {q} x {per_q} B + N {n} x {per_n} B + mask Q x N x 1 B"
 
 
 def plan_memory(recipe: Recipe, shape: Shape, *, device: str, capacity: int | None, capacity_source: str,
@@ -240,16 +241,20 @@ def plan_memory(recipe: Recipe, shape: Shape, *, device: str, capacity: int | No
     context = seq * s.hidden * (C + ACT_NORM) + q * (seq + q)  # fc output and its norm; the boolean block mask
     terms.append(Term("context", context, f"S {seq} x hidden {s.hidden} x {C + ACT_NORM} B (fc, norm) + "
                                           f"bool mask Q {q} x N {seq + q}"))
-    one_layer, layer_formula = _layer_bytes(s, seq, q)
+    one_layer, keys, layer_formula = _layer_bytes(s, seq, q)
     loss_b = LOSS_EAGER if _eager_loss(recipe, device) else LOSS_FUSED
     logits = q * s.draft_vocab * loss_b + q * s.hidden * ACT_NORM
     logits_formula = (f"Q {q} (max_anchors {anchors} x block {b}) x draft vocab {s.draft_vocab:,} x {loss_b} B "
                       f"({'eager' if loss_b == LOSS_EAGER else 'fused'} loss) + final norm")
     if ckpt:
         kept = s.layers * q * s.hidden * C
-        terms.append(Term("layers (checkpointed)", kept + max(logits, one_layer),
+        # backward recomputes one layer and holds its gradients: those of the keys/values, and the float32
+        # gradient flowing into the context (fc output)
+        recompute = one_layer + keys + seq * s.hidden * F32
+        terms.append(Term("layers (checkpointed)", kept + max(logits, recompute),
                           f"{s.layers} layer inputs Q {q} x hidden {s.hidden} x {C} B + max(logits, one layer "
-                          f"recomputed in backward: {human(one_layer)} = {layer_formula})"))
+                          f"recomputed in backward with its key and context gradients: {human(recompute)} = "
+                          f"{layer_formula} + {human(keys)} + S x hidden x {F32} B)"))
         terms.append(Term("logits", 0, logits_formula + f" = {human(logits)}, counted in the max above"))
     else:
         terms.append(Term("layers", s.layers * one_layer, f"{s.layers} x ({layer_formula})"))
