@@ -1,22 +1,28 @@
 """Training memory: the plan (dspark_kit/resolved/memory_plan.py) vs the measured peak of the tiny training.
 
     .venv/bin/python benchmarks/bench_memory.py [--seq-lengths 2048 8192 16384] [--anchors 256 1024]
-        [--steps 2] [--plot docs/memory_plan.png] [--json out.json]
+        [--steps 3] [--rows 256] [--plot docs/memory_plan.png] [--points-json points.json] [--json out.json]
 
 One prepared run (tiny recipe, offline hidden states, rows packed to each sequence length); then, for each
 sequence length x max_anchors x gradient checkpointing off/on, `speculators train` (the kit's train entry,
-train.max_steps steps, one epoch) in a fresh process that records its RSS when the draft's first forward
-starts (idle: imports, the fp32 model and the step's batch of hidden states are in memory) and the peak
-of its anonymous RSS after that (sampled every millisecond; file-backed pages are libtorch's code) -- on CUDA, torch.cuda.max_memory_allocated over the same span. The plan's training-time
-part (MemoryPlan.step_bytes: gradients, AdamW moments, activations and logits) is compared with peak - idle. The
-acceptance cost of checkpointing: val accept_len and wall time of the same points with and without it.
+train.max_steps steps, one epoch) in a fresh process. It records its anonymous RSS when the draft's first
+forward starts (idle: imports, the fp32 model and the step's batch of hidden states are in memory) and
+the peak of its anonymous RSS during each training step's forward and backward (sampled every
+millisecond; file-backed pages are libtorch's code; validation and the checkpoint's save come after and
+are reported apart) -- on CUDA, torch.cuda.max_memory_allocated over the same span. The plan's
+training-time part (MemoryPlan.step_bytes: gradients, AdamW moments, activations, logits and the CPU
+runtime term) is compared with peak - idle. The cost of checkpointing: val accept_len and the median
+step time (after the first) of the same points with and without it. `--from-points` re-plans the
+points an earlier run measured (after a change to the plan) without measuring again.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,6 +98,7 @@ def probe(out: Path, argv: list[str]) -> None:
     sampler = AnonPeak()
     handle = torch.nn.modules.module.register_module_forward_pre_hook(first_step)
     phases: list[tuple[str, int]] = []  # (forward|backward, peak over idle) per training step
+    ends: list[float] = []  # when each backward returned: step times are their differences
     backward = torch.Tensor.backward
 
     def timed_backward(self, *a, **k):  # the forward's peak (loss included) apart from the backward's
@@ -100,6 +107,7 @@ def probe(out: Path, argv: list[str]) -> None:
         phases.append(("forward", max(sampler.peak, _anon()) - idle["rss"]))
         sampler.peak = 0
         out = backward(self, *a, **k)
+        ends.append(time.perf_counter())
         phases.append(("backward", max(sampler.peak, _anon()) - idle["rss"]))
         sampler.peak = 0
         return out
@@ -109,7 +117,7 @@ def probe(out: Path, argv: list[str]) -> None:
     train_entry.main(argv)
     rest = sampler.stop() - idle["rss"]  # after the last backward: validation, the checkpoint's save
     steps = max(v for _, v in phases)
-    result = {"idle": idle["rss"], "peak": idle["rss"] + steps, "after_steps": rest, "vm_hwm": _status("VmHWM"), "phases": phases, "wall_s": time.perf_counter() - t0}
+    result = {"idle": idle["rss"], "peak": idle["rss"] + steps, "after_steps": rest, "vm_hwm": _status("VmHWM"), "phases": phases, "step_s": [b - a for a, b in itertools.pairwise(ends)], "wall_s": time.perf_counter() - t0}
     if cuda:
         result["cuda_step"] = torch.cuda.max_memory_allocated() - idle["cuda"]
     out.write_text(json.dumps(result))
@@ -212,6 +220,7 @@ def main() -> None:
                     planned = planned_bytes(args, seq, anchors, ckpt)
                     points.append({"seq": seq, "anchors": anchors, "ckpt": ckpt, "planned": planned,
                                    "measured": measured, "idle": m["idle"], "wall_s": m["wall_s"],
+                                   "step_s": m.get("step_s", []),
                                    "accept_len": m["accept_len"], "error": (planned - measured) / measured})
                     print(f"seq {seq} anchors {anchors} ckpt {ckpt}: planned {planned / 2**20:.1f} MiB, measured "
                           f"{measured / 2**20:.1f} MiB ({points[-1]['error']:+.1%}), {m['wall_s']:.1f}s, "
@@ -253,10 +262,13 @@ def report(args, points: list[dict]) -> None:
     pairs = [(a, b) for a in points for b in points
              if not a["ckpt"] and b["ckpt"] and (a["seq"], a["anchors"]) == (b["seq"], b["anchors"])]
     if pairs:
-        ratio = sorted(b["wall_s"] / a["wall_s"] for a, b in pairs)[len(pairs) // 2]
+        def step(p: dict) -> float:  # the median step after the first (imports and first-call costs), else the wall
+            return statistics.median(p["step_s"]) if p.get("step_s") else p["wall_s"]
+
+        ratio = statistics.median(step(b) / step(a) for a, b in pairs)
         saved = sorted(1 - b["measured"] / a["measured"] for a, b in pairs)[len(pairs) // 2]
         same = sum(a["accept_len"] == b["accept_len"] for a, b in pairs)
-        rows.append(Row("memory", "checkpointing: wall time with / without (median)", ratio, "x",
+        rows.append(Row("memory", "checkpointing: step time with / without (median over pairs)", ratio, "x",
                         notes=f"{len(pairs)} pairs; memory saved (median) {saved:.0%}; val accept_len identical "
                               f"in {same} of {len(pairs)} pairs"))
     cmd = " ".join([f"--seq-lengths {' '.join(map(str, args.seq_lengths))}",
