@@ -236,8 +236,11 @@ def plan_memory(recipe: Recipe, shape: Shape, *, device: str, capacity: int | No
     elif ranks > 1:
         terms.append(Term("ddp buckets", F32 * trainable, f"{trainable:,} x fp32 {F32} B (gradient buckets)"))
     hs_layers = s.targets + 1
+    files = recipe.hidden_states.dtype
+    arrive = {"fp8": "fp8 files/transfers dequantized to bf16 before the step",
+              "float32": "float32 files/transfers cast to bf16 by the loader"}.get(files, "bf16 as written")
     terms.append(Term("hidden states", seq * hs_layers * s.hidden * C,
-                      f"S {seq} x {hs_layers} layers x hidden {s.hidden} x bf16 {C} B"))
+                      f"S {seq} x {hs_layers} layers x hidden {s.hidden} x bf16 {C} B ({arrive})"))
     context = seq * s.hidden * (C + ACT_NORM) + q * (seq + q)  # fc output and its norm; the boolean block mask
     terms.append(Term("context", context, f"S {seq} x hidden {s.hidden} x {C + ACT_NORM} B (fc, norm) + "
                                           f"bool mask Q {q} x N {seq + q}"))
