@@ -27,6 +27,7 @@ TINY_RUNS = {
     "bench_train.py": ["--repeats", "1", "--set", "train.epochs=1", "--set", "data.limit=8",
                        "--set", "train.max_anchors=8"],
     "bench_prepare.py": ["--conversations", "40"],
+    "bench_memory.py": ["--seq-lengths", "256", "--anchors", "16", "--steps", "1", "--rows", "24"],
 }
 
 

@@ -65,6 +65,41 @@ def test_args_parse_with_speculators_own_resolver(ascend, tmp_path):
     assert cfg["optimizer"] == "adamw" and cfg["draft_attn_impl"] == "sdpa" and cfg["loss_implementation"] == "eager"
 
 
+def test_memory_keys_map_to_the_installed_trainer_flags(ascend, tmp_path):
+    """train.gradient_checkpointing / train.fsdp_shard land on the installed TrainConfig's own fields."""
+    from speculators.train.config import TrainConfig
+
+    ascend.train.gradient_checkpointing, ascend.train.fsdp_shard = True, True
+    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="cpu",
+                            hidden_states_dtype="bfloat16", hidden_states_endpoint="http://h:1/v1")
+    cfg = TrainConfig.resolve(args).flatten()
+    assert cfg["gradient_checkpointing"] is True and cfg["fsdp_shard"] is True
+    ascend.train.gradient_checkpointing, ascend.train.fsdp_shard = False, False
+    args = build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="cpu",
+                            hidden_states_dtype="bfloat16", hidden_states_endpoint="http://h:1/v1")
+    cfg = TrainConfig.resolve(args).flatten()
+    assert cfg["gradient_checkpointing"] is False and cfg["fsdp_shard"] is False
+    assert "--gradient-checkpointing" not in args and "--fsdp-shard" not in args
+
+
+def test_memory_keys_refused_on_a_release_without_them(ascend, tmp_path, monkeypatch):
+    from dspark_kit.compat import versions
+    from dspark_kit.recipe import RecipeError
+
+    monkeypatch.setattr(versions, "speculators_option", lambda command, flag: "absent")
+    ascend.train.gradient_checkpointing = True
+    with pytest.raises(RecipeError, match=r"^train.gradient_checkpointing: .*--gradient-checkpointing.*false$"):
+        build_train_args(ascend, tmp_path, verifier_path=SEED, num_hidden_layers=48, device="cpu",
+                         hidden_states_dtype="bfloat16", hidden_states_endpoint="http://h:1/v1")
+
+
+def test_fsdp_shard_needs_several_ranks(tiny_recipe):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="train.fsdp_shard"):
+        tiny_recipe.model_validate({**tiny_recipe.model_dump(), "train": {"fsdp_shard": True}})
+
+
 def test_torchrun_and_ascend_env(ascend, tmp_path):
     plan = launch_plan(ascend, ["--x"], "npu")
     line = plan.shell_line()

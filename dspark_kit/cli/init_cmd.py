@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
         master_addr: Annotated[str | None, typer.Option(
             "--master-addr", help="With --nodes > 1: node 0's address (default: this machine's).")] = None,
         overwrite: Annotated[bool, option("overwrite", help="Overwrite an existing recipe file at --out.")] = False,
+        device_memory_gib: Annotated[float | None, typer.Option(
+            "--device-memory-gib", help="Memory of one training device in GiB, for a machine that is not this one "
+                                        "(default: this machine's device); training settings are chosen to fit it.")] = None,
     ) -> None:
         """Write a complete recipe for your verifier; every derived value carries a comment saying where
         it came from (docs/CONCEPTS.md). Then: `dspark-kit preflight -r FILE` and `dspark-kit run FILE`."""
@@ -38,7 +41,7 @@ def register(app: typer.Typer) -> None:
 
         opts = InitOptions(verifier=verifier, output=output, data=data, device=target_device, nodes=nodes,
                            num_devices=num_devices, thinking=thinking, mask_token_id=mask_token_id,
-                           master_addr=master_addr, force=overwrite)
+                           master_addr=master_addr, force=overwrite, device_memory_gib=device_memory_gib)
         try:
             new = write_new_recipe(opts)
         except InitError as e:
@@ -47,6 +50,8 @@ def register(app: typer.Typer) -> None:
         vwidth = max(len(v) for _, v, _ in new.derived)
         for key, value, source in new.derived:
             typer.echo(f"  {key:<{width}}  {value:<{vwidth}}  {source}")
+        for line in new.memory:
+            typer.echo(line)
         for warning in new.warnings:
             typer.echo(f"warning: {warning}", err=True)
         typer.echo(f"wrote {new.path}\nnext: dspark-kit preflight -r {new.path} && dspark-kit run {new.path} --dry-run")

@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
         (layer count), checkpoints/<serve.checkpoint> (complete, verifier, slots,
         mask and layer ids), plus the recipe's window and K settings. Missing
         artifacts are skipped. It prints the bytes offline hidden states will take next to the
-        free space where they go; not fitting is an error. Exit 1 on any error; warnings only print.
+        free space where they go, and each training device's planned memory (a peak past the device's
+        memory is an error naming the cheapest fixes). Exit 1 on any error; warnings only print.
         """
         from rich.console import Console
 
@@ -42,14 +43,22 @@ def register(app: typer.Typer) -> None:
         res = resolve(load(recipe, set_), workdir, planning=True)
         findings = run_preflight(res)
         storage = plan_storage(res)
+        from dspark_kit.recipe import RecipeError
+
+        try:
+            memory, memory_lines = res.memory_plan, res.memory_plan.lines()
+        except (RecipeError, OSError, ValueError) as e:
+            memory, memory_lines = None, [f"memory: not planned ({e})"]
         if json_out:
             emit_json({"ok": not has_errors(findings), "findings": [f.as_dict() for f in findings],
-                       "storage": storage.as_dict()})
+                       "storage": storage.as_dict(), "memory": memory.as_dict() if memory else None})
         else:
             from rich.markup import escape
 
             out = Console(stderr=True)
             out.print(storage.line(), highlight=False, soft_wrap=True)
+            for line in memory_lines:
+                out.print(escape(line), highlight=False, soft_wrap=True)
             for f in findings:  # one line each, also in a pipe; the message's brackets are text
                 color = "red" if f.level == "error" else "yellow"
                 about = f"pitfall {f.pitfall} ({PITFALLS[f.pitfall]})" if f.pitfall is not None else f.code

@@ -87,6 +87,9 @@ class VerifierCfg(_Section):
     hidden_size: int | None = Field(
         None, ge=1, description="only for planning on a machine without the verifier (the hidden states' storage "
                                 "plan); checked when both exist")
+    vocab_size: int | None = Field(
+        None, ge=1, description="only for planning on a machine without the verifier (the training memory plan's "
+                                "logits); the verifier's config.json wins where it exists")
 
 
 class DataCfg(_Section):
@@ -210,6 +213,15 @@ class TrainCfg(_Section):
         None, description="start from this draft's weights (speculators layout: `dspark-kit import` of a released "
                           "draft, or an earlier checkpoint; relative: from the recipe file's folder); its shape "
                           "replaces draft.arch/num_layers/sliding_window/attention")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each draft layer in backward (speculators --gradient-checkpointing): "
+                            "a layer's activations no longer stay for the step, ~30-50% slower backward")
+    fsdp_shard: bool = Field(
+        False, description="shard parameters, gradients and optimizer state across the training ranks "
+                           "(speculators --fsdp-shard; needs train.nproc * train.nnodes > 1)")
+    device_memory_gib: float | None = Field(
+        None, gt=0, description="memory of one training device in GiB for the memory plan (a machine that is "
+                                "not this one); null: read it from this machine's device")
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to speculators train")
 
 
@@ -348,6 +360,9 @@ class Recipe(_Section):
         if hs.dtype == "fp8" and hs.transport == "mooncake":
             raise ValueError("hidden_states.dtype: fp8 is hs-connectors' file connector; the Mooncake connector sends "
                              "the verifier's dtype (set hidden_states.transport: file or hidden_states.dtype: bfloat16)")
+        if self.train.fsdp_shard and self.train.nproc * self.train.nnodes < 2:
+            raise ValueError("train.fsdp_shard: sharding needs several ranks (train.nproc * train.nnodes > 1); "
+                             "set train.nproc, or train.fsdp_shard: false")
         if self.train.node_rank >= self.train.nnodes:
             raise ValueError(f"train.node_rank: {self.train.node_rank} must be < train.nnodes {self.train.nnodes}")
         return self

@@ -13,6 +13,7 @@ bench and the CLI ask a `Resolved` instead of re-deriving it.
                        speculators' trainer and generate-offline-data check), then served_name
     num_hidden_layers  the verifier's config, else verifier.num_hidden_layers
     hidden_size        the verifier's config, else verifier.hidden_size (or unknown)
+    memory_plan        training memory per device (resolved/memory_plan.py)
     checkpoint         serve.checkpoint under DIR/checkpoints (or a path)
     k                  serve.num_speculative_tokens: int, or auto = the newest tune's K
                        (in-process window_tune.json or served served_tune.json),
@@ -458,6 +459,14 @@ class Resolved:
         """summary() as comment lines for dry runs."""
         return [f"# {name}: " + (f"{d['value']} ({d['source']})" if "error" not in d else f"unknown ({d['error']})")
                 for name, d in self.summary().items() if name != "engine"]
+
+    @cached_property
+    def memory_plan(self):
+        """Training memory per device (resolved/memory_plan.py); raises RecipeError when the
+        verifier's shape is unknown here."""
+        from dspark_kit.resolved.memory_plan import plan_for
+
+        return plan_for(self)
 
     # ---- placement: where each part runs, in which dtype --------------------------
 

@@ -523,9 +523,17 @@ def check_endpoints(ctx: _Context) -> list[Finding]:
     return endpoint_findings(ctx.res)
 
 
+def check_train_memory(ctx: _Context) -> list[Finding]:
+    """The training memory plan against each device's memory (preflight_memory)."""
+    from dspark_kit.stages.preflight_memory import memory_findings
+
+    return memory_findings(ctx.res)
+
+
 CHECKS = [check_verifier, check_memory, check_markov, check_sliding, check_models, check_thinking, check_layers, check_mask,
           check_windows, check_checkpoint, check_engine, check_parallel, check_lengths, check_prompt_room, check_ports,
-          check_multinode, check_transport, check_hidden_dtype, check_storage, check_endpoints]  # fmt: skip
+          check_multinode, check_transport, check_hidden_dtype, check_storage, check_endpoints,
+          check_train_memory]  # fmt: skip
 
 
 def _context(res: Resolved, checkpoints: bool = True) -> _Context:
@@ -541,7 +549,7 @@ def _context(res: Resolved, checkpoints: bool = True) -> _Context:
 
 
 def run_preflight(res: Resolved, *, probes: bool = True, checkpoints: bool = True,
-                  checkpoint_checked: bool = False, storage: bool = True) -> list[Finding]:
+                  checkpoint_checked: bool = False, storage: bool = True, training: bool = True) -> list[Finding]:
     """All findings for the caller's resolution (recipe, run folder, --engine, --checkpoint) and
     the artifacts in its run folder.
 
@@ -549,6 +557,7 @@ def run_preflight(res: Resolved, *, probes: bool = True, checkpoints: bool = Tru
     stage's own output (an interrupted run leaves them partial), not an input.
     `checkpoint_checked`: the caller already judged the checkpoint (serve): not again.
     `storage=False`: past the hidden-states stage (train, serve) their room is no question.
+    `training=False`: past training (serve) its memory is no question.
     """
     ctx = _context(res, checkpoints)
     skip = {check_markov} if not probes else set()
@@ -556,6 +565,8 @@ def run_preflight(res: Resolved, *, probes: bool = True, checkpoints: bool = Tru
         skip.add(check_checkpoint)
     if not storage:
         skip.add(check_storage)
+    if not training:
+        skip.add(check_train_memory)
     findings = [f for check in CHECKS if check not in skip for f in check(ctx)]
     return sorted(findings, key=lambda f: (f.pitfall or 99, f.level != "error"))  # no pitfall (storage): last
 
@@ -576,7 +587,7 @@ def enforce(res: Resolved, stage: str, log=None, checkpoint_checked: bool = Fals
     from dspark_kit.progress import note
 
     findings = run_preflight(res, probes=False, checkpoints=stage != "train", checkpoint_checked=checkpoint_checked,
-                             storage=False)
+                             storage=False, training=stage == "train")
     for f in findings:
         if f.level == "warning":
             (log or note)(f"preflight warning ({label(f)}): {f.message}")

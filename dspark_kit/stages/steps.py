@@ -178,6 +178,9 @@ def plan_train(res: Resolved) -> StagePlan:
         for t in trainers:
             t.env.update(res.mooncake.env())  # the address this node's trainer joins the store as
     processes += [Process("trainer", t, node=i) for i, t in enumerate(trainers)]
+    from dspark_kit.resolved.memory_plan import plan_lines as memory_lines
+
+    lines += memory_lines(res)  # before the command(s): a dry run's last line stays the trainer's
     if len(trainers) == 1:
         lines.append(trainers[0].shell_line())
     else:

@@ -64,6 +64,7 @@ class InitOptions:
     mask_token_id: int | None = None
     master_addr: str | None = None
     force: bool = False
+    device_memory_gib: float | None = None  # one training device's memory (default: this machine's device)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class NewRecipe:
     text: str
     derived: list[tuple[str, str, str]] = field(default_factory=list)  # (key, value, where from)
     warnings: tuple[str, ...] = ()  # what looks wrong in the verifier but does not stop the recipe
+    memory: list[str] = field(default_factory=list)  # the training memory plan of the written recipe
 
 
 def _where(opts: InitOptions):
@@ -150,6 +152,8 @@ class _Decided:
     n_dev_from: str = ""
     train_ids: list[int] = field(default_factory=list)
     serve_ids: list[int] = field(default_factory=list)
+    memory: dict = field(default_factory=dict)  # train settings the memory plan chose so training fits
+    memory_lines: list[str] = field(default_factory=list)
 
     @property
     def accel(self) -> bool:
@@ -277,7 +281,15 @@ def _train(w: CommentedYaml, d: _Decided) -> None:
         w.key(key, profile["train"][key])
     w.key("optimizer", "adamw", "set explicitly: speculators defaults to muon")
     w.key("loss", {"ce": 0.7, "tv": 0.3})
-    w.key("max_anchors", profile["train"]["max_anchors"])
+    fit = "the memory plan: the profile's value does not fit one training device"
+    w.key("max_anchors", d.memory.get("max_anchors", profile["train"]["max_anchors"]),
+          fit if "max_anchors" in d.memory else "")
+    if d.memory.get("gradient_checkpointing"):
+        w.key("gradient_checkpointing", True, fit.replace("value does", "settings do"))
+    if d.memory.get("fsdp_shard"):
+        w.key("fsdp_shard", True, fit.replace("value does", "settings do"))
+    if opts.device_memory_gib is not None:
+        w.key("device_memory_gib", opts.device_memory_gib, "--device-memory-gib", show="--device-memory-gib")
     w.key("logger", "tensorboard")
     given = opts.device != "auto"
     w.key("device", d.device, "--target-device" if given else "this machine's device",
@@ -332,9 +344,60 @@ def _serve_bench_eval(w: CommentedYaml, d: _Decided) -> None:
                 w.key(key, value)
 
 
+def _fit_memory(d: _Decided, text: str) -> None:
+    """Settings that make training fit one device (the cheapest first: gradient checkpointing, a
+    smaller max_anchors, fsdp_shard, shorter sequences), from the memory plan of the recipe `text`."""
+    import yaml
+
+    from dspark_kit.recipe import recipe_from_dict
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.resolved.memory_plan import plan_for
+
+    try:
+        res = Resolved(recipe_from_dict(yaml.safe_load(text)), planning=True)
+        plan = plan_for(res)
+    except (RecipeError, OSError, ValueError):
+        return  # the dry run says why it is not planned
+    if plan.trainer.fits is not False:
+        d.memory_lines = plan.lines()
+        return
+    ckpt = {"gradient_checkpointing": True}
+    a = plan.max_anchors
+    tries = [ckpt, {**ckpt, "max_anchors": a // 2}, {**ckpt, "max_anchors": a // 4}]  # at most a quarter before fsdp
+    sharded = {**ckpt, "fsdp_shard": True} if plan.ranks > 1 else ckpt
+    if plan.ranks > 1:
+        tries.append(sharded)
+    anchors = a // 8
+    while anchors >= 8:
+        tries.append({**sharded, "max_anchors": anchors})
+        anchors //= 2
+    seq = plan.seq_length // 2
+    while seq >= 256:
+        tries.append({**sharded, "seq_length": seq})
+        seq //= 2
+    for changes in tries:
+        fitted = plan_for(res, **changes)
+        if fitted.trainer.fits:
+            d.memory, d.memory_lines = changes, fitted.lines()
+            if "seq_length" in changes:
+                d.seq, d.seq_from = changes["seq_length"], "the memory plan: longer rows do not fit one training device"
+            return
+    d.memory_lines = plan.lines()  # nothing fits: init's own preflight names the device
+
+
 def derive(opts: InitOptions) -> NewRecipe:
-    """The recipe text and the derived-value table for `opts` (nothing written)."""
+    """The recipe text and the derived-value table for `opts` (nothing written); training settings
+    are then changed until the recipe's memory plan fits one training device."""
     d = _decide(opts)
+    new = _render(opts, d)
+    _fit_memory(d, new.text)
+    if d.memory:
+        new = _render(opts, d)
+    new.memory = d.memory_lines
+    return new
+
+
+def _render(opts: InitOptions, d: _Decided) -> NewRecipe:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", opts.output.stem).strip("-") or "my-verifier"
     w = CommentedYaml()
     w.top("name", name, "from the output file name")

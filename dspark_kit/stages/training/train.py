@@ -22,7 +22,7 @@ from pathlib import Path
 from dspark_kit.devices import train_flags
 from dspark_kit.engines import openai_base_url
 from dspark_kit.progress import STANDALONE, Reporter
-from dspark_kit.recipe import Recipe
+from dspark_kit.recipe import Recipe, RecipeError
 from dspark_kit.resolved import device_env
 from dspark_kit.rundir import RunDir
 from dspark_kit.specdec.checkpoints import set_aside_incomplete_checkpoints  # noqa: F401 - the stage's own API
@@ -62,6 +62,26 @@ def online_generation_flags() -> list[str]:
     if speculators_reads("train", "--max-consecutive-generation-failures"):
         flags += ["--max-consecutive-generation-failures", "1"]
     return flags
+
+
+# recipe key -> the installed speculators train flag (TrainerArgs in speculators/train/config/schema.py)
+MEMORY_FLAGS = {"gradient_checkpointing": "--gradient-checkpointing", "fsdp_shard": "--fsdp-shard"}
+
+
+def memory_flags(recipe: Recipe) -> list[str]:
+    """train.gradient_checkpointing / train.fsdp_shard as speculators' flags; a release that lacks
+    one is refused in one line (it would fail on an unknown flag after the verifier has loaded)."""
+    from dspark_kit.compat.versions import speculators_option
+
+    out = []
+    for key, flag in MEMORY_FLAGS.items():
+        if not getattr(recipe.train, key):
+            continue
+        if speculators_option("train", flag) == "absent":
+            raise RecipeError(f"train.{key}: the installed speculators train has no {flag} (speculators 0.9.0 "
+                              f"added it); upgrade speculators or set train.{key}: false")
+        out.append(flag)
+    return out
 
 
 def build_train_args(
@@ -117,6 +137,7 @@ def build_train_args(
         args += ["--draft-vocab-size", str(d.draft_vocab_size)]
     if t.max_steps is not None:
         args += ["--max-steps", str(t.max_steps)]
+    args += memory_flags(recipe)
     if t.init_from:
         args = from_pretrained(args, recipe, t.init_from, num_hidden_layers)
     if recipe.verifier.trust_remote_code:
