@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import sys
 from dataclasses import dataclass
@@ -269,7 +270,7 @@ def key_changes(fs: list[Features]) -> list[tuple[str, str]]:
     """(version, note) for each speculative-config key a release added or removed (vLLM rows,
     oldest first): a removed key fails at start-up from that release on."""
     out = []
-    for prev, f in zip(fs, fs[1:], strict=False):
+    for prev, f in itertools.pairwise(fs):
         if not prev.spec_keys or not f.spec_keys:
             continue
         added = sorted(set(f.spec_keys) - set(prev.spec_keys))

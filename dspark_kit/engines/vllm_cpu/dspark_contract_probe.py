@@ -72,7 +72,9 @@ def _layout(vllm_cfg) -> dict:
     out = {"sample_from_anchor": getattr(spec.draft_model_config.hf_config, "sample_from_anchor", True)}
     try:
         out["num_lookahead_tokens"] = vllm_cfg.num_lookahead_tokens
-        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+            get_eagle3_aux_layers_from_config,
+        )
 
         layers = get_eagle3_aux_layers_from_config(spec)
         out["aux_layers"] = list(layers) if layers else None
