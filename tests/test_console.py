@@ -227,7 +227,7 @@ def test_a_piped_run_is_short_and_plain_and_ends_with_the_table(tmp_path, tiny_v
     table = next(i for i, ln in enumerate(lines) if "dspark-kit run" in ln)
     assert all(not ln.startswith(("> ", "- ")) for ln in lines[table:])  # the table and where things are, last
     tail = proc.stderr.splitlines()  # the run ends with acceptance per task template (eval.categories [tiny])
-    heading = tail.index("eval: acceptance per category")
+    heading = tail.index("eval: acceptance per category, temperature 0 (greedy)")  # names what it measured at
     assert tail[heading + 1].startswith("| category | prompts | acceptance length | pos0 |")
     assert len(tail) - heading - 3 >= 4 and all(ln.startswith("| tiny/") for ln in tail[heading + 3:])
     logs = wd / "logs"

@@ -158,10 +158,11 @@ def test_tokens_are_handed_out_as_decided(verifier_path, checkpoints, prompts):
 
 
 @pytest.mark.slow
-def test_temperature_falls_back_with_note(verifier_path, checkpoints, prompts):
-    g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["fresh"], BLOCK)
-    res = g.generate(prompts[0], 5, temperature=0.8, seed=1)
-    assert res.num_drafts == 0 and res.notes and len(res.token_ids) <= 5
+def test_temperature_drafts_and_a_seed_reproduces(verifier_path, checkpoints, prompts):
+    g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], BLOCK)
+    a, b = (g.generate(prompts[0], 16, temperature=0.8, seed=1) for _ in range(2))
+    assert a.num_drafts > 0 and not a.notes and len(a.token_ids) <= 16  # sampled speculation, no fallback
+    assert a.token_ids == b.token_ids and a.num_accepted_tokens == b.num_accepted_tokens
 
 
 @pytest.mark.slow
@@ -290,3 +291,85 @@ def test_markov_bias_per_slot_equals_the_whole_chain(verifier_path, tmp_path, he
     whole = draft.model.markov_head.block_bias(prev_token_ids=torch.tensor([chain]), hidden_states=hidden[None])[0]
     for i in range(BLOCK):
         assert torch.allclose(draft.markov_bias(chain[: i + 1], hidden), whole[i], atol=1e-5)
+
+
+# ---- lossless speculative sampling -------------------------------------------
+# The first N generated tokens of a prompt are sampled M times with speculation and M times by the
+# verifier alone (ReferenceDecoder); the two empirical laws of the N-token sequence must be within
+# the total-variation distance that sampling noise alone reaches at M draws. The bound is the
+# 99.9th percentile of TV between two M-draw samples of one law (the pooled counts), drawn B times
+# with a fixed seed: a fair test fails about once in a thousand seeds, a deterministic one (these
+# seeds) never flips. The prompt is a held-out chat cut where the verifier is sure of the next
+# token and unsure of the one after, the first drafted slot: greedy-like prefixes (most of the tiny
+# corpus) would make every sampler look lossless.
+
+SAMPLES, FIRST_N, BOOTSTRAP = 300, 3, 2000
+
+
+def _uncertain_prefix(verifier: Verifier, verifier_path) -> list[int]:
+    for row in training_rows(verifier_path, 12, seed=7):
+        ids, start = row["input_ids"], row["loss_mask"].index(1)
+        logits, _ = verifier.forward(ids, verifier.new_cache(), 0, aux=False)
+        p = torch.softmax(logits, -1)
+        ppl = torch.exp(-(p * torch.log(p.clamp_min(1e-30))).sum(-1))  # next-token perplexity at T=1
+        for t in range(start, len(ids) - 2):
+            if ppl[t] < 1.3 and 1.5 < ppl[t + 1] < 6:
+                return ids[: t + 1]
+    pytest.fail("no held-out prefix with an uncertain first drafted slot")
+
+
+def _tv_and_bound(a: list[tuple], b: list[tuple]) -> tuple[float, float]:
+    from collections import Counter
+
+    ca, cb = Counter(a), Counter(b)
+    keys = sorted(set(ca) | set(cb))
+    pa = torch.tensor([ca[k] for k in keys], dtype=torch.float64) / len(a)
+    pb = torch.tensor([cb[k] for k in keys], dtype=torch.float64) / len(b)
+    pooled = (pa + pb) / 2
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.multinomial(pooled.expand(2 * BOOTSTRAP, -1), len(a), replacement=True, generator=gen)
+    freq = torch.zeros(2 * BOOTSTRAP, len(keys), dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones_like(draws, dtype=torch.float64)) / len(a)
+    null = 0.5 * (freq[:BOOTSTRAP] - freq[BOOTSTRAP:]).abs().sum(-1)
+    return 0.5 * float((pa - pb).abs().sum()), float(torch.quantile(null, 0.999))
+
+
+@pytest.fixture(scope="module")
+def sampled_setup(verifier_path, checkpoints):
+    from dspark_kit.specdec.decoder import ReferenceDecoder
+
+    g = SpecGenerator.from_checkpoint(verifier_path, checkpoints["trained"], BLOCK)
+    prefix = _uncertain_prefix(g.verifier, verifier_path)
+    alone = {t: [tuple(ReferenceDecoder(g.verifier).generate(prefix, FIRST_N, t, seed=10**6 + i).token_ids)
+                 for i in range(SAMPLES)] for t in (0.7, 1.0)}
+    return g, prefix, alone
+
+
+def _speculated(g: SpecGenerator, prefix, temperature: float, topk: int | None) -> list[tuple]:
+    g.draft_topk = topk
+    try:
+        return [tuple(g.generate(prefix, FIRST_N, temperature, seed=i).token_ids) for i in range(SAMPLES)]
+    finally:
+        g.draft_topk = None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("topk", [None, 1])
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_speculative_sampling_is_distributed_as_the_verifier(sampled_setup, temperature, topk):
+    g, prefix, alone = sampled_setup
+    tv, bound = _tv_and_bound(_speculated(g, prefix, temperature, topk), alone[temperature])
+    assert tv <= bound, f"TV {tv:.3f} > noise bound {bound:.3f} at temperature {temperature}, top-k {topk}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_a_planted_residual_bug_fails_the_lossless_test(sampled_setup, temperature, monkeypatch):
+    """Resampling a rejection from p instead of max(0, p - q) over-weights the drafted token: the same
+    statistic must see it (top-k 1: q is one-hot on the draft's pick, the sharpest case)."""
+    from dspark_kit.specdec import spec_sampling
+
+    g, prefix, alone = sampled_setup
+    monkeypatch.setattr(spec_sampling, "residual", lambda p, q: p)
+    tv, bound = _tv_and_bound(_speculated(g, prefix, temperature, 1), alone[temperature])
+    assert tv > bound, f"planted bug not seen: TV {tv:.3f} <= noise bound {bound:.3f}"

@@ -176,6 +176,28 @@ def test_cli_eval_json_and_errors(workdir):
 
 
 @pytest.mark.slow
+def test_cli_eval_at_a_temperature_drafts_and_says_so(workdir, tmp_path):
+    """--temperature: lossless speculative sampling, the draft proposing (no verifier-only fallback),
+    the temperature recorded in eval.json and named over the per-category table; seeded, so a rerun
+    gives the same figures."""
+    runner = CliRunner()
+    base = ["eval", "-r", str(RECIPE), "--set", f"workdir={workdir}", "--set", "data.limit=24", "--num-prompts", "2",
+            "--max-new-tokens", "12", "--categories", "tiny", "--temperature", "0.7", "--json"]
+    runs = [runner.invoke(app, [*base, "--out", str(tmp_path / name)]) for name in ("a", "b")]
+    assert all(r.exit_code == 0 for r in runs), runs[0].output
+    a, b = (json.loads(r.stdout) for r in runs)
+    assert a["temperature"] == 0.7 and a["num_drafts"] > 0 and a["acceptance_length"] > 1.0
+    def figures(s):  # the measured figures, not the wall time
+        return [(s["acceptance_length"], s["per_position_acceptance"]), *(
+            (c["category"], c["acceptance_length"], c["per_position_acceptance"], c["output_tokens"])
+            for c in s["categories"])]
+
+    assert figures(a) == figures(b)
+    md = (tmp_path / "a" / "eval.md").read_text()
+    assert "## Acceptance per category, temperature 0.7 (speculative sampling)" in md
+
+
+@pytest.mark.slow
 def test_cli_eval_window_flag_auto_equals_no_flag(workdir, tmp_path):
     """Reproduced: eval kept its own window rule, so with serve.draft_window_size auto,
     `--draft-window-size auto` measured the training window while no flag measured what the engine

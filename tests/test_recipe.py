@@ -79,11 +79,19 @@ def test_bad_override_reads_whole_through_the_redaction():
         ({"serve": {"num_speculative_tokens": 9}, "draft": {"block_size": 8}}, "num_speculative_tokens"),
         ({"hidden_states": {"target_layer_ids": [1, 1]}}, "target_layer_ids"),
         ({"train": {"nnodes": 2, "node_rank": 2}}, "node_rank"),
+        ({"bench": {"temperature": 0.7}}, "bench.temperature: 0.7 differs from eval.temperature 0.0"),
+        ({"eval": {"temperature": -0.1}}, "eval.temperature"),
     ],
 )
 def test_invalid_values_name_the_field(data, field):
     with pytest.raises(RecipeError, match=field):
         recipe_from_dict(data)
+
+
+def test_one_measured_temperature():
+    assert recipe_from_dict({}).measured_temperature == 0.0
+    r = recipe_from_dict({"eval": {"temperature": 0.7}, "bench": {"temperature": 0.7}})
+    assert r.measured_temperature == 0.7 and recipe_from_dict({"eval": {"temperature": 0.6}}).measured_temperature == 0.6
 
 
 def test_derived_values():

@@ -32,6 +32,17 @@ def test_compare_gates_only_like_with_like():
     assert "not gated" in side_by_side(other_k) and "0.90x" in side_by_side(ok)
 
 
+def test_compare_gates_only_at_one_temperature():
+    ev = {"acceptance_length": 3.0, "num_speculative_tokens": 4, "temperature": 0.7}
+    sampled = compare(bench(2.0) | {"temperature": 0.7}, ev, 0.8)
+    assert sampled["comparable"] and not sampled["passed"]
+    greedy = compare(bench(2.0) | {"temperature": 0.0}, ev, 0.8)
+    assert not greedy["comparable"] and "temperature 0.0, eval at 0.7" in greedy["why_not"]
+    # an eval.json from before eval.temperature measured greedily
+    assert compare(bench(2.7) | {"temperature": 0.0}, {"acceptance_length": 3.0, "num_speculative_tokens": 4},
+                   0.8)["comparable"]
+
+
 def test_checkpoint_identity_sees_config_and_weights(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps({"aux_hidden_state_layer_ids": [1, 2, 3], "block_size": 4}))
     (tmp_path / "model.safetensors").write_bytes(b"weights")

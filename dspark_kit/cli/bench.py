@@ -12,11 +12,13 @@ from dspark_kit.cli.common import (
     JsonOpt,
     RecipeOpt,
     SetOpt,
+    TemperatureOpt,
     WorkdirOpt,
     emit_json,
     fail,
     load,
     resolve,
+    with_temperature,
 )
 from dspark_kit.cli.vocabulary import option
 
@@ -40,6 +42,7 @@ def register(app: typer.Typer) -> None:
         categories: Annotated[str | None, option(
             "categories", help="Also benchmark these prompt sets one after another, acceptance per category from "
             "/metrics deltas (default: bench.categories).")] = None,
+        temperature: TemperatureOpt = None,
         label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
         out: Annotated[Path | None, option(
             "out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,
@@ -77,7 +80,7 @@ def register(app: typer.Typer) -> None:
             return
         if files:
             fail(f"unexpected arguments {[str(f) for f in files]}: result files need --compare")
-        r = load(recipe, set_)
+        r = load(recipe, with_temperature(set_, temperature))
         res = resolve(r, workdir, planning=True)  # the model name and K to record: nothing to build or train
         out_dir = out or res.run.bench
         try:

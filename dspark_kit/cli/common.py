@@ -21,6 +21,15 @@ SetOpt = Annotated[list[str] | None, option("set")]
 WorkdirOpt = Annotated[Path | None, option("workdir")]
 DryRunOpt = Annotated[bool, option("dry_run")]
 JsonOpt = Annotated[bool, option("json")]
+TemperatureOpt = Annotated[float | None, typer.Option(
+    "--temperature", min=0.0, max=100.0,
+    help="Measure at this sampling temperature (lossless speculative sampling; 0 = greedy). Sets "
+         "eval.temperature, the one eval, tune and bench share.")]
+
+
+def with_temperature(sets: list[str] | None, temperature: float | None) -> list[str] | None:
+    """--temperature as the recipe override it is (eval.temperature: one source of truth)."""
+    return sets if temperature is None else [*(sets or []), f"eval.temperature={temperature}"]
 
 DEFAULT_RECIPE_PATH = Path(DEFAULT_RECIPE)
 

@@ -12,12 +12,14 @@ from dspark_kit.cli.common import (
     JsonOpt,
     RecipeOpt,
     SetOpt,
+    TemperatureOpt,
     WorkdirOpt,
     console,
     emit_json,
     fail,
     load,
     resolve,
+    with_temperature,
 )
 from dspark_kit.cli.vocabulary import option
 
@@ -56,10 +58,12 @@ def register(app: typer.Typer) -> None:
             "eval_device", help="auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft. Default: where "
                                 "training runs (train.device); float32 on cpu, verifier.dtype on accelerators.")] = None,
         categories: Annotated[str | None, option("categories", help="Default: eval.categories.")] = None,
+        temperature: TemperatureOpt = None,
         out: Annotated[Path | None, option("out", help="Output dir (default <workdir>/eval).")] = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Measure acceptance offline with the reference DSpark decoder (greedy, lossless).
+        """Measure acceptance offline with the reference DSpark decoder (lossless: greedy, or speculative
+        sampling at --temperature / eval.temperature, each prompt seeded by its index).
 
         Prompts, by default, are ones the draft never trained on: the tiny corpus's held-out set
         for builtin:tiny-chat, else the conversations of speculators' validation split of
@@ -74,6 +78,8 @@ def register(app: typer.Typer) -> None:
 
           dspark-kit eval -r recipes/tiny-cpu.yaml --context-lengths 512,1024
 
+          dspark-kit eval -r recipes/tiny-cpu.yaml --temperature 0.7
+
         With --categories (eval.categories) it also measures named prompt sets one by one and
         writes a table of acceptance per category, e.g. --categories gsm8k,humaneval=he.jsonl,tiny.
         """
@@ -83,7 +89,7 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.stages.evaluation.evaluate import EvalError, run_eval
 
         # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
-        res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device)
+        res = resolve(load(recipe, with_temperature(set_, temperature)), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device)
         try:  # a misspelt name fails before the models load
             chosen = parse_categories(categories if categories is not None else res.recipe.eval.categories)
         except CategoryError as e:

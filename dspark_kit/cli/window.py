@@ -13,12 +13,14 @@ from dspark_kit.cli.common import (
     JsonOpt,
     RecipeOpt,
     SetOpt,
+    TemperatureOpt,
     WorkdirOpt,
     console,
     emit_json,
     fail,
     load,
     resolve,
+    with_temperature,
 )
 from dspark_kit.cli.eval import parse_int_list
 from dspark_kit.cli.vocabulary import option
@@ -99,10 +101,11 @@ def tune_cmd(
     eval_device: Annotated[str | None, option(
         "eval_device", help="In-process: auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft "
                             "(default: where training runs).")] = None,
+    temperature: TemperatureOpt = None,
     dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Sweep K x draft window across context lengths and recommend both.
+    """Sweep K x draft window across context lengths and recommend both (at eval.temperature / --temperature).
 
     Per K, picks the window with the best long-context acceptance that keeps
     short-context acceptance; then the K with the best mean acceptance. Writes
@@ -124,8 +127,8 @@ def tune_cmd(
         fail("--eval-device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
              "drop --eval-device or the --served flag")
     # a served dry run plans (before training: the checkpoint path training will write); it starts nothing
-    res = resolve(load(recipe, set_), workdir, checkpoint=checkpoint, eval_device=eval_device,
-                  planning=served and dry_run)
+    res = resolve(load(recipe, with_temperature(set_, temperature)), workdir, checkpoint=checkpoint,
+                  eval_device=eval_device, planning=served and dry_run)
     if served:
         return served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
                                prompts, concurrency, dry_run, json_out)

@@ -301,7 +301,9 @@ class BenchCfg(_Section):
                                      "eval's (same prompts, K, window) fails bench with a diagnosis; null: off")
     concurrency: int = Field(10, ge=1)
     max_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0)
+    temperature: float | None = Field(
+        None, ge=0, description="null: eval.temperature (set that one: eval, tune and bench measure at one "
+                                "temperature, so the served gate compares like with like); a value must equal it")
     categories: list[str] = Field(default_factory=list, description=_categories_help("bench.num_prompts"))
 
 
@@ -310,6 +312,9 @@ class EvalCfg(_Section):
     thinking: bool | None = Field(
         None, description="the one thinking mode eval and bench measure in; null: verifier.thinking (a mixture: "
                           "its heaviest mode, true on a tie)")
+    temperature: float = Field(
+        0.0, ge=0, le=100, description="the sampling temperature eval, tune and bench measure acceptance at (the "
+                                       "one traffic is served at, e.g. 0.6 or 0.7 for Qwen3); 0 = greedy")
     max_new_tokens: int = Field(64, ge=1)
     context_lengths: list[int] = Field(default_factory=list)
     confidence_threshold: float | None = Field(None, ge=0, le=1)
@@ -350,6 +355,12 @@ class Recipe(_Section):
             raise ValueError(
                 "hidden_states.target_layer_ids: need distinct non-negative layer ids, got " f"{ids}"
             )
+        bt = self.bench.temperature
+        if bt is not None and bt != self.eval.temperature:
+            raise ValueError(
+                f"bench.temperature: {bt} differs from eval.temperature {self.eval.temperature}; eval, tune and bench "
+                f"measure at one temperature: set eval.temperature: {bt} and drop bench.temperature"
+            )
         k = self.serve.num_speculative_tokens
         if isinstance(k, int) and k > d.block_size:
             raise ValueError(
@@ -379,6 +390,11 @@ class Recipe(_Section):
         """The thinking mode eval, tune and bench render prompts in (one mode: a served bench is
         compared with eval's figure): eval.thinking, else verifier.thinking's most likely mode."""
         return self.eval.thinking if self.eval.thinking is not None else most_likely(self.verifier.thinking)
+
+    @property
+    def measured_temperature(self) -> float:
+        """The temperature eval, tune and bench sample at (one: the served gate compares bench with eval)."""
+        return self.eval.temperature
 
     @property
     def may_think(self) -> bool:

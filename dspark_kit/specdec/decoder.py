@@ -1,9 +1,11 @@
-"""Reference DSpark decoder: greedy speculative decoding, offline and lossless.
+"""Reference DSpark decoder: speculative decoding, offline and lossless, greedy or sampled.
 
 `SpecGenerator` drafts with a DSpark checkpoint (dspark_kit.specdec.draft_model) and
-verifies with the transformers verifier under a KV cache, accepting the longest
-prefix that matches the verifier's greedy choice plus one bonus token. Its
-output is token-for-token the verifier's greedy output; its counters follow
+verifies with the transformers verifier under a KV cache. Greedy, it accepts the longest
+prefix that matches the verifier's greedy choice plus one bonus token, so its output is
+token-for-token the verifier's greedy output. At a temperature it samples the block from the
+draft and accepts by rejection sampling (dspark_kit.specdec.spec_sampling), so its output is
+distributed as the verifier's own sampling. Its counters follow
 vLLM's /metrics semantics (docs/CONCEPTS.md#acceptance-figures), so acceptance measured here is
 comparable with a served vLLM run.
 """
@@ -20,7 +22,8 @@ import torch
 
 from dspark_kit.specdec.checkpoints import ks_outside_slots, slots_error
 from dspark_kit.specdec.draft_model import DSparkDraft, confident_prefix
-from dspark_kit.specdec.verifier import LayerTap, load_verifier, sample_token
+from dspark_kit.specdec.spec_sampling import Sampling, verify_block
+from dspark_kit.specdec.verifier import SAMPLING_EPS, LayerTap, load_verifier, sample_token
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
 
 
@@ -158,16 +161,18 @@ class _DraftContext:
         else:
             self.feats = feats if self.feats is None else torch.cat([self.feats, feats])
 
-    def draft(self, anchor: int, num_slots: int, window: int | None, kv_block_size: int, with_confidence: bool):
+    def draft(self, anchor: int, num_slots: int, window: int | None, kv_block_size: int, with_confidence: bool,
+              sampling: Sampling | None = None):
         if self.cache is not None:
-            return self.d.draft_cached(self.cache, anchor, num_slots, window, kv_block_size, with_confidence)
+            return self.d.draft_cached(self.cache, anchor, num_slots, window, kv_block_size, with_confidence,
+                                       sampling)
         p = self.feats.shape[0]
         return self.d.draft(self.feats, torch.arange(p, device=self.d.device), anchor, p, num_slots, window,
-                            kv_block_size, with_confidence)
+                            kv_block_size, with_confidence, sampling)
 
 
 class SpecGenerator:
-    """Greedy DSpark speculative decoding (implements specdec.decoder.Generator)."""
+    """DSpark speculative decoding, greedy or sampled (implements specdec.decoder.Generator)."""
 
     def __init__(
         self,
@@ -178,9 +183,15 @@ class SpecGenerator:
         confidence_threshold: float | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
         draft_kv_cache: bool = True,
+        draft_topk: int | None = None,
     ):
         """`draft_kv_cache=False` recomputes the draft's context K/V every step (the reference
-        path; same tokens, a cost that grows with the context): for tests and benchmarks."""
+        path; same tokens, a cost that grows with the context): for tests and benchmarks.
+        `draft_topk`: sampled drafting draws each slot from its k best base logits only (vLLM's
+        dspark_draft_topk; None: the whole vocabulary); greedy decoding ignores it."""
+        if draft_topk is not None and draft_topk < 1:
+            raise ValueError(f"draft_topk: {draft_topk} must be >= 1 (or None: no top-k)")
+        self.draft_topk = draft_topk
         self.verifier, self.draft = verifier, draft
         self.draft_kv_cache = draft_kv_cache
         self.k = num_speculative_tokens  # decided by resolved.Resolved.k, never defaulted here
@@ -200,21 +211,24 @@ class SpecGenerator:
         device: str = "cpu",
         confidence_threshold: float | None = None,
         dtype: str = "float32",
+        draft_topk: int | None = None,
     ) -> SpecGenerator:
         draft = DSparkDraft.load(checkpoint_path, verifier_path, device)
         verifier = Verifier(verifier_path, draft.target_layer_ids, device, dtype)
-        return cls(verifier, draft, num_speculative_tokens, draft_window_size, confidence_threshold)
+        return cls(verifier, draft, num_speculative_tokens, draft_window_size, confidence_threshold,
+                   draft_topk=draft_topk)
 
     @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens, temperature=0.0, seed=None, stop_ids=frozenset(),
                  cancel=None, on_tokens=None) -> SpecResult:
-        if temperature > 0:  # lossless speculative sampling is out of scope here
-            res = ReferenceDecoder(self.verifier).generate(prompt_ids, max_new_tokens, temperature, seed, stop_ids,
-                                                            cancel=cancel, on_tokens=on_tokens)
-            res.notes.append("temperature > 0: verifier-only sampling, no drafting")
-            return res
+        """Greedy below vLLM's sampling epsilon (the verifier's argmax, token for token), else lossless
+        speculative sampling (spec_sampling): the verifier's sampling distribution, seeded by `seed`."""
         if not prompt_ids:
             raise ValueError("prompt_ids: empty prompt (need at least one token)")
+        sampling = None
+        if temperature >= SAMPLING_EPS:
+            gen = torch.Generator().manual_seed(seed) if seed is not None else None
+            sampling = Sampling(temperature, self.draft_topk, gen)
         t0 = time.perf_counter()
         v, d = self.verifier, self.draft
         res = SpecResult([], "length", accepted_per_pos=[0] * self.k)
@@ -223,20 +237,25 @@ class SpecGenerator:
         res.verifier_forwards = 1
         context = _DraftContext(d, self.draft_kv_cache)
         context.extend(aux)
-        anchor, p = int(logits[-1].argmax()), len(prompt_ids)  # p = anchor position
-        reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids, on_tokens)
+        anchor, p = sample_token(logits[-1], temperature, gen=sampling and sampling.gen), len(prompt_ids)
+        reason = _emit([anchor], res.token_ids, max_new_tokens, stop_ids, on_tokens)  # p = anchor position
         while reason is None:
             num_slots = min(self.k, max_new_tokens - len(res.token_ids))
             block = context.draft(anchor, num_slots, self.window, self.kv_block_size,
-                                  with_confidence=self.confidence_threshold is not None)
+                                  with_confidence=self.confidence_threshold is not None, sampling=sampling)
             keep = confident_prefix(block.confidence, self.confidence_threshold) or num_slots
             drafted = block.tokens[:keep]
             logits, aux = v.forward([anchor, *drafted], cache, p)
             res.verifier_forwards += 1
-            target = logits.argmax(-1).tolist()  # target[j] = verifier's token p+j+1
-            n_acc = 0
-            while n_acc < len(drafted) and drafted[n_acc] == target[n_acc]:
-                n_acc += 1
+            if sampling is None:
+                target = logits.argmax(-1).tolist()  # target[j] = verifier's token p+j+1
+                n_acc = 0
+                while n_acc < len(drafted) and drafted[n_acc] == target[n_acc]:
+                    n_acc += 1
+                nxt = target[n_acc]
+            else:
+                verdict = verify_block(logits, drafted, block.probs[:keep], sampling)
+                n_acc, nxt = verdict.accepted, verdict.next_token
             res.num_drafts += 1
             res.num_draft_tokens += len(drafted)
             res.num_accepted_tokens += n_acc
@@ -246,7 +265,7 @@ class SpecGenerator:
             if len(drafted) > n_acc:
                 cache.crop(n_acc - len(drafted))  # negative: drop the rejected tail
             context.extend(aux[: n_acc + 1])
-            anchor, p = target[n_acc], p + n_acc + 1
+            anchor, p = nxt, p + n_acc + 1
             reason = _emit([*drafted[:n_acc], anchor], res.token_ids, max_new_tokens, stop_ids, on_tokens)
             if reason is None and cancel is not None and cancel.is_set():
                 reason = "abort"

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from dspark_kit.specdec.draft_cache import DraftKVCache
+from dspark_kit.specdec.spec_sampling import Sampling, draw, probs, topk_candidates
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE, draft_seq_len, window_start
 
 
@@ -41,6 +42,7 @@ class DraftBlock:
     logits: torch.Tensor  # [num_slots, draft_vocab] base + Markov bias
     base_logits: torch.Tensor  # [num_slots, draft_vocab]
     confidence: list[float] | None  # per-slot sigmoid(confidence logit)
+    probs: torch.Tensor | None = None  # sampled drafting: q per slot [num_slots, verifier vocab]
 
 
 def chain_prev_tokens(anchor: int, chosen: list[int]) -> list[int]:
@@ -238,14 +240,16 @@ class DSparkDraft:
         window: int | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
         with_confidence: bool = True,
+        sampling: Sampling | None = None,
     ) -> DraftBlock:
-        """Propose num_slots tokens after `anchor` (at anchor_pos) from the context, recomputing its K/V."""
+        """Propose num_slots tokens after `anchor` (at anchor_pos) from the context, recomputing its K/V
+        (`sampling`: drawn slot by slot from q, else argmax)."""
         self._check_slots(num_slots)
         if window is not None:  # draft KV window: reads only, token level, as vllm-ascend starts it
             keep = ctx_pos >= self.window_first_position(ctx_pos.numel(), num_slots, window, kv_block_size)
             ctx_feats, ctx_pos = ctx_feats[keep], ctx_pos[keep]
         hidden = self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots)
-        return self._propose(hidden, anchor, num_slots, with_confidence)
+        return self._propose(hidden, anchor, num_slots, with_confidence, sampling)
 
     @torch.inference_mode()
     def draft_cached(
@@ -256,29 +260,49 @@ class DSparkDraft:
         window: int | None = None,
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
         with_confidence: bool = True,
+        sampling: Sampling | None = None,
     ) -> DraftBlock:
         """`draft` for the context held in `cache` (positions 0..cache.context_len-1); the anchor follows it."""
         self._check_slots(num_slots)
         # the window trims the context only: the block always attends to itself (as `draft` keeps it)
         start = min(self.window_first_position(cache.context_len, num_slots, window, kv_block_size), cache.context_len)
         hidden = self.block_hidden_cached(cache, start, anchor, num_slots)
-        return self._propose(hidden, anchor, num_slots, with_confidence)
+        return self._propose(hidden, anchor, num_slots, with_confidence, sampling)
 
-    def _propose(self, hidden: torch.Tensor, anchor: int, num_slots: int, with_confidence: bool = True) -> DraftBlock:
-        """Base logits, then the Markov bias chained slot by slot, and (if asked) the confidences."""
+    def _propose(self, hidden: torch.Tensor, anchor: int, num_slots: int, with_confidence: bool = True,
+                 sampling: Sampling | None = None) -> DraftBlock:
+        """Base logits, then the Markov bias chained slot by slot (each slot's token: the argmax, or
+        with `sampling` a draw from q = softmax(logits / T), as vLLM's DSpark speculator samples),
+        and (if asked) the confidences."""
         base = self.model.lm_head(hidden)
         logits = base.clone()
         chosen: list[int] = []
         d2t = self.model.d2t if self.model.use_draft_vocab else None
+        keep = topk_candidates(base, sampling.draft_topk) if sampling is not None else None
+        q = None if sampling is None else torch.zeros_like(base, dtype=torch.float32)
         for i in range(num_slots):
             if self.model.markov_head is not None:
                 logits[i] += self.markov_bias(chain_prev_tokens(anchor, chosen)[: i + 1], hidden)
-            pick = int(logits[i].argmax())
+            if sampling is None:
+                pick = int(logits[i].argmax())
+            else:
+                row = logits[i] if keep is None else logits[i].masked_fill(~keep[i], float("-inf"))
+                q[i] = probs(row, sampling.temperature)
+                pick = draw(q[i], sampling.gen)
             chosen.append(pick + int(d2t[pick]) if d2t is not None else pick)  # d2t: offsets (EAGLE convention)
         conf = None
         if with_confidence and self.model.confidence_head is not None:
             conf = self.confidences(chain_prev_tokens(anchor, chosen)[:num_slots], hidden)
-        return DraftBlock(tokens=chosen, logits=logits, base_logits=base, confidence=conf)
+        return DraftBlock(tokens=chosen, logits=logits, base_logits=base, confidence=conf,
+                          probs=None if q is None else self.to_verifier_probs(q))
+
+    def to_verifier_probs(self, q: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary probabilities [n, Vd] -> verifier ids [n, verifier vocab] (zero outside the draft's)."""
+        if not self.model.use_draft_vocab or self.model.d2t is None:
+            return q
+        ids = self.to_verifier_ids(torch.arange(q.shape[-1], device=q.device))
+        out = q.new_zeros(q.shape[0], self.model.verifier_vocab_size)
+        return out.index_copy_(1, ids, q)
 
 
 def confident_prefix(confidence: list[float] | None, threshold: float | None) -> int | None:

@@ -189,9 +189,11 @@ def highlights(workdir: Path) -> list[str]:
     rep = run.report_md
     if rep.exists():
         lines.append(f"report: {rep}")
-    categories = json.loads(ev.read_text()).get("categories") if ev.exists() else None
+    measured = json.loads(ev.read_text()) if ev.exists() else {}
+    categories = measured.get("categories")
     if categories:  # last: the figure to compare drafts by
-        from dspark_kit.stages.evaluation.evaluate import category_markdown
+        from dspark_kit.stages.evaluation.evaluate import category_markdown, temperature_words
 
-        lines += ["eval: acceptance per category", *category_markdown(categories)[3:]]
+        lines += [f"eval: acceptance per category, {temperature_words(measured.get('temperature'))}",
+                  *category_markdown(categories)[3:]]
     return lines

@@ -278,7 +278,9 @@ def plan_eval(res: Resolved) -> StagePlan:
     """In-process when the verifier fits the eval device, else through the serving engine (Resolved.eval_mode)."""
     from dspark_kit.stages.evaluation.heldout import plan_line
 
-    mode, where = res.eval_mode, f"{plan_line(res)} -> {res.run.eval}"
+    t = res.recipe.measured_temperature
+    at = "greedy" if t == 0 else f"sampled at temperature {t:g} (eval.temperature)"
+    mode, where = res.eval_mode, f"{plan_line(res)}, {at} -> {res.run.eval}"
     device = f"{res.eval_device.value} ({res.eval_dtype.value})"
     outputs = {"eval": str(res.run.eval_json)}
     if mode.value == "served":  # the server is sized at start for the longest eval prompt (its max_model_len)
@@ -336,7 +338,8 @@ def run_serve(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -
 
 def plan_bench(res: Resolved) -> StagePlan:
     lines, procs = _spec_server(res, "bench")
-    return _plan(res, "bench", [*lines, f"# in-process: benchmark that server -> {res.run.bench}"], procs,
+    at = f"temperature {res.recipe.measured_temperature:g}"
+    return _plan(res, "bench", [*lines, f"# in-process: benchmark that server at {at} -> {res.run.bench}"], procs,
                  outputs={"bench": str(res.run.bench)})
 
 

@@ -1,6 +1,7 @@
 """Offline autoregressive acceptance: `dspark-kit eval` and `dspark-kit window tune`.
 
-Runs the reference decoder (greedy, lossless) over eval prompts and reports
+Runs the reference decoder (lossless: greedy, or speculative sampling at eval.temperature, each
+request seeded by its index) over eval prompts and reports
 what a vLLM server's /metrics would: acceptance length = 1 + accepted/drafts,
 per-position acceptance accepted_per_pos[i]/drafts, plus tokens per verifier
 forward and wall time. Long contexts are built by prepending whole earlier
@@ -103,14 +104,17 @@ class EvalSession:
             raise EvalError(f"{slots_error('num_speculative_tokens', [self.k], self.draft.block_size)} "
                             f"({self.resolved.k.source}); set serve.num_speculative_tokens: auto")
         self.stop_ids = frozenset(t for t in [self.tokenizer.eos_token_id] if t is not None)
+        self.temperature = res.recipe.measured_temperature
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
                  confidence_threshold: float | None = None, k: int | None = None) -> list:
-        """One SpecResult per prompt (the verifier's greedy reply and the draft's acceptance counters)."""
+        """One SpecResult per prompt (the verifier's reply, greedy or sampled at the session's temperature
+        with seed = the prompt's index, and the draft's acceptance counters)."""
         from dspark_kit.specdec.decoder import SpecGenerator
 
         gen = SpecGenerator(self.verifier, self.draft, k or self.k, window, confidence_threshold, LOCAL_KV_BLOCK_SIZE)
-        return [gen.generate(p, max_new_tokens, stop_ids=self.stop_ids) for p in prompts]
+        return [gen.generate(p, max_new_tokens, temperature=self.temperature, seed=i, stop_ids=self.stop_ids)
+                for i, p in enumerate(prompts)]
 
     def measure(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
                 confidence_threshold: float | None = None, k: int | None = None) -> dict:
@@ -168,7 +172,7 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
 
     short = build_prompts(session.tokenizer, chats, num_prompts, thinking)
     log(f"eval: {len(short)} prompts from {found.source}, K={session.k}, window={window} ({res.window.source}), "
-        f"{res.eval_device.value} {res.eval_dtype.value}")
+        f"temperature {session.temperature}, {res.eval_device.value} {res.eval_dtype.value}")
     headline = session.measure(short, max_new, window, thr)
     runs = [{"context_length": 0, **headline}]
     if ctx_lens:
@@ -188,6 +192,7 @@ def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool
         "num_speculative_tokens": session.k,
         "num_speculative_tokens_source": session.resolved.k.source,
         "max_new_tokens": max_new,
+        "temperature": session.temperature,  # the served gate compares only at the same one
         "kv_block_size": LOCAL_KV_BLOCK_SIZE,
         "training_window": recipe.training_window,
         "draft_window_size": window,
@@ -226,7 +231,8 @@ def measure_categories(session: EvalSession, res: Resolved, specs: list[str], nu
         histories = [list(chat) for chat in found.chats]
         replies = dict(enumerate(results))
         for turn in range(max((len(f) for f in found.follow_ups), default=0)):
-            # the user's next turn after the verifier's own reply (greedy: the decoder's output is the verifier's)
+            # the user's next turn after the verifier's own reply (the decoder's output is the verifier's, or a
+            # sample of the verifier's own distribution at a temperature)
             asked = [i for i in replies if turn < len(found.later_turns(i))]
             for i in asked:
                 reply = session.tokenizer.decode(replies[i].token_ids, skip_special_tokens=True)
@@ -255,7 +261,7 @@ def markdown(summary: dict) -> str:
         f"# {how}: {summary['checkpoint']}",
         "",
         (f"K={summary['num_speculative_tokens']}, max_new_tokens={summary['max_new_tokens']}, "
-         f"draft window={summary['draft_window_size']}"),
+         f"draft window={summary['draft_window_size']}, {temperature_words(summary.get('temperature'))}"),
         "",
         "| context | prompt tokens | window | acceptance length | per-position | tokens/verifier fwd | wall s |",
         "|---|---|---|---|---|---|---|",
@@ -264,17 +270,24 @@ def markdown(summary: dict) -> str:
         per = ", ".join(f"{x:.3f}" for x in r["per_position_acceptance"])
         lines.append(f"| {r['context_length'] or 'short'} | {r['mean_prompt_tokens']} | {r['window'] or 'off'} | "
                      f"{r['acceptance_length']} | {per} | {r['tokens_per_verifier_forward']} | {r['wall_s']} |")
-    lines += category_markdown(summary.get("categories"))
+    lines += category_markdown(summary.get("categories"), summary.get("temperature"))
     lines += budget_markdown(summary.get("verify_budget"))
     return "\n".join(lines) + "\n"
 
 
-def category_markdown(rows: list[dict] | None) -> list[str]:
-    """Acceptance length and per-position acceptance, one row per category."""
+def temperature_words(t: float | None) -> str:
+    """How a table names the temperature it measured at (None: recorded before eval.temperature existed)."""
+    if t is None:
+        return "temperature 0 (greedy)"
+    return "temperature 0 (greedy)" if t == 0 else f"temperature {t:g} (speculative sampling)"
+
+
+def category_markdown(rows: list[dict] | None, temperature: float | None = None) -> list[str]:
+    """Acceptance length and per-position acceptance, one row per category, at the measured temperature."""
     if not rows:
         return []
     k = max(len(r.get("per_position_acceptance") or []) for r in rows)
-    out = ["", "## Acceptance per category", "",
+    out = ["", f"## Acceptance per category, {temperature_words(temperature)}", "",
            "| category | prompts | acceptance length | " + " | ".join(f"pos{i}" for i in range(k)) + " |",
            "|---|---|---|" + "---|" * k]
     for r in rows:
@@ -432,6 +445,7 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
         "prompts": found.record(num_prompts),
         "checkpoint_identity": checkpoint_identity(session.checkpoint),  # which checkpoint was measured
         "max_new_tokens": max_new,
+        "temperature": session.temperature,
         "checkpoint": str(session.checkpoint),
         "rule": f"per K: the window with max mean AL over contexts > window, short-context AL within {tolerance} "
                 f"of no window, gain over no window > {tolerance}, else null (no window); then the K whose "

@@ -52,6 +52,9 @@ def compare(bench: dict, ev: dict | None, minimum: float | None) -> dict[str, An
     k_served, k_eval = bench.get("num_speculative_tokens"), ev.get("num_speculative_tokens")
     if k_served is not None and k_served != k_eval:
         return out | {"why_not": f"served K {k_served} != eval K {k_eval}: different measurements"}
+    t_served, t_eval = bench.get("temperature") or 0.0, ev.get("temperature") or 0.0  # unrecorded: greedy
+    if t_served != t_eval:
+        return out | {"why_not": f"served at temperature {t_served}, eval at {t_eval}: different measurements"}
     return out | {"comparable": True, "passed": minimum is None or out["fraction"] >= minimum}
 
 

@@ -37,8 +37,9 @@ def point_recipe(recipe: Recipe, checkpoint: Path, k: int, window: int | None, m
     return recipe_from_dict(apply_overrides(recipe.model_dump(mode="json"), sets), "served tune point")
 
 
-async def measure(url: str, model: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """Stream every prompt (token ids) at `concurrency`; the point's figures."""
+async def measure(url: str, model: str, prompts: list[list[int]], concurrency: int, max_tokens: int,
+                  temperature: float = 0.0) -> dict:
+    """Stream every prompt (token ids) at `concurrency` and `temperature` (eval.temperature); the point's figures."""
     from dspark_kit.engines.chat_client import ChatClient
     from dspark_kit.engines.prom import spec_decode_delta
     from dspark_kit.stages.serving.bench import chat_request, summarize
@@ -48,7 +49,7 @@ async def measure(url: str, model: str, prompts: list[list[int]], concurrency: i
         sem = asyncio.Semaphore(concurrency)
 
         async def one(ids: list[int]):
-            body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+            body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": temperature,
                     "stream": True, "stream_options": {"include_usage": True}}
             async with sem:
                 return await chat_request(client, body, completion=True)
@@ -113,7 +114,8 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
                 save(_failed(server, n, len(prompts), "server died during the sweep") | {"log_tail": quoted_tail(log_path, 15)})
                 continue
             try:
-                point = asyncio.run(measure(plan.base_url, point_res.served_name, prompts, concurrency, max_tokens))
+                point = asyncio.run(measure(plan.base_url, point_res.served_name, prompts, concurrency, max_tokens,
+                                            res.recipe.measured_temperature))
             except MetricsError as e:  # the counters went down: the server restarted under us
                 save(_failed(server, n, len(prompts), str(e)) | {"log_tail": quoted_tail(log_path, 15)})
                 continue
@@ -157,7 +159,7 @@ def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, k
     path = res.run.served_tune_file
     settings = {"engine": res.engine, "checkpoint": str(res.checkpoint), "concurrency": concurrency,
                 "max_new_tokens": max_new_tokens, "context_lengths": ctx,
-                "num_prompts": len(prompt_sets[0]), "prompts": sweep.prompts_fingerprint(prompt_sets)}
+                "temperature": res.recipe.measured_temperature, "num_prompts": len(prompt_sets[0]), "prompts": sweep.prompts_fingerprint(prompt_sets)}
     saved, why = sweep.load_saved(path, settings)
     if why:
         notes.append(why)
@@ -251,7 +253,8 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
     head = runs[0]
     summary = {"mode": "served", "mode_source": res.eval_mode.source, "engine": res.engine,
                "checkpoint": str(res.checkpoint), "verifier": res.verifier_path, "num_speculative_tokens": k,
-               "num_speculative_tokens_source": res.k.source, "max_new_tokens": new, "draft_window_size": window,
+               "num_speculative_tokens_source": res.k.source, "max_new_tokens": new,
+               "temperature": recipe.measured_temperature, "draft_window_size": window,
                "draft_window_size_source": res.window.source, "concurrency": recipe.bench.concurrency,
                "prompts": found.record(n), "acceptance_length": head["acceptance_length"],
                "per_position_acceptance": head["per_position_acceptance"], "tokens_per_verifier_forward": None,

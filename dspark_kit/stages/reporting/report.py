@@ -54,6 +54,11 @@ def load_bench_result(path: str | Path) -> dict[str, Any]:
     return import_vllm_bench(path, raw)
 
 
+def _temperature(r: dict[str, Any]) -> str:
+    t = r.get("temperature")
+    return NA if t is None else f"{t:g}"
+
+
 def _server_latency(r: dict[str, Any]) -> str:
     m = r.get("server_metrics") or {}
     return f"{_fmt(m.get('mean_tpot_ms'), 1)} / {_fmt(m.get('mean_ttft_ms'), 1)}" if m else NA
@@ -71,6 +76,7 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
         return _fmt(s["acceptance_rate"] * 100, 2) if s.get("acceptance_rate") is not None else NA
 
     rows = [
+        row("temperature", [_temperature(r) for r in results]),
         row("acceptance length", [_fmt(s.get("acceptance_length")) for s in specs]),
         row("acceptance rate (%)", [rate_pct(s) for s in specs]),
     ]
@@ -98,7 +104,9 @@ def bench_markdown(results: list[dict[str, Any]]) -> str:
     table = _table(["metric", *labels], rows)
     per_category = category_table(dict(zip(labels, (r.get("categories") or [] for r in results), strict=True)))
     if per_category:
-        table += "\n\n**Acceptance per category** (acceptance length; per-position acceptance)\n\n" + per_category
+        temps = ", ".join(dict.fromkeys(_temperature(r) for r in results))
+        table += (f"\n\n**Acceptance per category** at temperature {temps} (acceptance length; per-position "
+                  "acceptance)\n\n" + per_category)
     notes = []
     if any(not r.get("spec_decode") for r in results):
         notes.append(f"{NA} in acceptance rows: the server reported no speculative drafts "
@@ -264,7 +272,9 @@ def eval_markdown(files: list[Path]) -> str | None:
     rows = []
     for f in files:
         try:
-            rows += _eval_rows(json.loads(f.read_text()), f.stem)
+            data = json.loads(f.read_text())
+            t = data.get("temperature") if isinstance(data, dict) else None
+            rows += _eval_rows(data, f"{f.stem} (temperature {t:g})" if t else f.stem)
         except (OSError, json.JSONDecodeError):
             rows.append((f.stem, {"acceptance_length": "unreadable"}))
     if not rows:
@@ -403,7 +413,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     png = category_png({"": ev.get("categories") or []}, rep / "eval_categories.png",
                        "Offline acceptance length per category")
     if png:
-        parts.append("### Acceptance per category")
+        parts.append(f"### Acceptance per category, temperature {ev.get('temperature') or 0:g}")
         parts.append(f"![acceptance per category]({link(png)})")
 
     png = context_png(run_dir, rep / "context_window.png")

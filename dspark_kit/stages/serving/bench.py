@@ -287,7 +287,7 @@ def run_bench(res: Resolved, base_url: str | None = None, label: str | None = No
     def send(msgs: list[list[dict[str, str]]], name: str | None, follow_ups=None) -> dict[str, Any]:
         try:
             return asyncio.run(run_load(base_url, name, msgs, concurrency=conc, max_tokens=max_tok,
-                                        temperature=b.temperature, thinking=recipe.measured_thinking,
+                                        temperature=recipe.measured_temperature, thinking=recipe.measured_thinking,
                                         preferred_model="" if name else res.served_name, follow_ups=follow_ups))
         except MetricsError as e:
             raise BenchError(str(e)) from None
@@ -297,7 +297,7 @@ def run_bench(res: Resolved, base_url: str | None = None, label: str | None = No
         "schema": SCHEMA, "source": "dspark-kit", "label": label, "base_url": base_url,
         "model": load["model"], "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "dataset": dataset, "num_prompts": len(prompts), "concurrency": conc,
-        "max_tokens": max_tok, "temperature": b.temperature, "thinking": recipe.measured_thinking,
+        "max_tokens": max_tok, "temperature": recipe.measured_temperature, "thinking": recipe.measured_thinking,
         "metrics_available": load["metrics_available"], "spec_decode": load["spec_decode"],
         # the server's own view from /metrics (vLLM: tokens, TTFT, TPOT histograms); None without
         "server_metrics": load["server_metrics"],
