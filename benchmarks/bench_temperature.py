@@ -17,26 +17,19 @@ set: the rows report what the drafts do.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, Row, cli, emit, this_command
+from common import REPO, Row, cli, emit, this_command, train_through_cli
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 DRAFTS = {"greedy": ("regen at temperature 0", None), "mixture": ("regen at {0: 0.5, 0.7: 0.5}", "{0.0: 0.5, 0.7: 0.5}")}
 
 
-def train(wd: Path, sets: list[str]) -> dict:
-    """regen -> prepare -> hidden states -> train with the CLI (a resumed run skips what is done)."""
-    subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(RECIPE), "-w", str(wd), "--stages",
-                    "regen,prepare,hidden-states,train", "--json", *(a for s in sets for a in ("--set", s))],
-                   check=True, stdout=subprocess.DEVNULL, cwd=REPO)
-    return json.loads((wd / "prepared" / "prepare_meta.json").read_text())["summary"]
+train = train_through_cli  # the two runs compared train alike (benchmarks/common.py)
 
 
 def acceptance(wd: Path, sets: list[str], temperature: float, prompts: int) -> dict:

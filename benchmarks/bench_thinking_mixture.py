@@ -21,15 +21,13 @@ Acceptance is deterministic (greedy): machine load changes the time, not the fig
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, Row, cli, emit, this_command
+from common import REPO, Row, cli, emit, this_command, train_through_cli
 
 GOAL = 0.9
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
@@ -37,13 +35,7 @@ DRAFTS = {"thinking only": "true", "non-thinking only": "false", "50/50 mixture"
 MODES = {"thinking": "true", "non-thinking": "false"}
 
 
-def train(wd: Path, sets: list[str]) -> dict:
-    """regen -> prepare -> hidden states -> train with the CLI; prepare's summary (a resumed run skips
-    what is done)."""
-    subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(RECIPE), "-w", str(wd), "--stages",
-                    "regen,prepare,hidden-states,train", "--json", *(a for s in sets for a in ("--set", s))],
-                   check=True, stdout=subprocess.DEVNULL, cwd=REPO)
-    return json.loads((wd / "prepared" / "prepare_meta.json").read_text())["summary"]
+train = train_through_cli  # the two runs compared train alike (benchmarks/common.py)
 
 
 def acceptance(wd: Path, sets: list[str], mode: str, prompts: int) -> dict:

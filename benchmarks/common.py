@@ -53,6 +53,17 @@ def trained_demo_run(workdir: Path | None, tmp: Path) -> Path:
     return wd
 
 
+def train_through_cli(wd: Path, sets: list[str]) -> dict:
+    """regen -> prepare -> hidden states -> train on the tiny recipe with the real CLI; prepare's
+    summary (a resumed run skips what is done)."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(REPO / "recipes" / "tiny-cpu.yaml"), "-w", str(wd),
+                    "--stages", "regen,prepare,hidden-states,train", "--json",
+                    *(a for s in sets for a in ("--set", s))], check=True, stdout=subprocess.DEVNULL, cwd=REPO)
+    return json.loads((wd / "prepared" / "prepare_meta.json").read_text())["summary"]
+
+
 def best_of(fn: Callable[[], object], repeats: int = 3) -> tuple[float, object]:
     """Minimum wall time over `repeats` runs (the least disturbed one) and the last result."""
     times, result = [], None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dspark_kit.recipe import DTYPE_BYTES
 from dspark_kit.resolved import Resolved
+from dspark_kit.resolved.memory_plan import human
 from dspark_kit.rundir import hidden_state_row
 from dspark_kit.specdec.hidden_state_files import FP8, header_bytes, token_bytes
 
@@ -53,14 +54,6 @@ def written_bytes(dest: Path) -> int:
             return sum(e.stat().st_size for e in it if hidden_state_row(e.name) is not None)
     except OSError:
         return 0
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    raise AssertionError
 
 
 @dataclass
