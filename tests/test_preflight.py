@@ -166,22 +166,17 @@ def test_pitfall_4_thinking_on_without_any_reasoning(recipe, run):
     assert found[0].message.startswith("prepare would fail on regen.jsonl: ")
 
 
-def test_pitfall_4_once_prepared_the_recorded_decision_stands(recipe, run):
-    """After prepare decided (prepare_meta.json), preflight never judges the rows again."""
+def test_pitfall_4_recorded_decisions_are_not_judged_again(recipe, run):
+    """Once prepare decided (prepare_meta.json), or regen did for a row (metadata.mode_check: this row
+    is dropped), preflight never judges those rows again."""
     recipe.verifier.thinking = True
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
-    _write_regen(run, thinking=True)
+    _write_regen(run, thinking=True)  # thinking rows with no reasoning: prepare's to judge, and it has
     assert [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.pitfall == 4] == []
-
-
-def test_pitfall_4_rows_regen_decided_are_not_judged_again(recipe, run):
-    """A row regen dropped (metadata.mode_check) is its decision: preflight does not count it."""
+    recipe.verifier.thinking = False
     _not_prepared_yet(run)
-    row = {"conversations": [{"from": "human", "value": "hi"},
-                             {"from": "gpt", "value": "the reply", "reasoning_content": "a stray think"}],
-           "metadata": {"idx": 0, "finish_reasons": ["stop"], "thinking": False,
-                        "mode_check": "reply carries reasoning but ..."}}
-    (run / "regen.jsonl").write_text(json.dumps(row) + "\n")
+    _write_regen(run, reply="<think>\na stray think\n</think>\n\nthe reply", thinking=False,
+                 mode_check="reply carries reasoning but ...")
     assert [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.pitfall == 4] == []
 
 
