@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import REPO, Row, cli, emit, this_command
 
-GOAL_S = 300  # README: `make demo` takes "a few minutes" on a laptop CPU
+GOAL_S = 300  # the Makefile: `make demo` takes "a few minutes" on a laptop CPU
 
 
 def main() -> None:

@@ -67,10 +67,11 @@ class _Rate(TextColumn):
 
 
 @contextlib.contextmanager
-def progress_bar(label: str, total: int | None, unit: str = "it") -> Iterator[_Bar]:
-    """A stage command's bar for `label`: a rich bar on a terminal, nothing elsewhere."""
+def progress_bar(label: str, total: int | None, unit: str = "it", enabled: bool = True) -> Iterator[_Bar]:
+    """A stage command's bar for `label`: a rich bar on a terminal, nothing elsewhere (nor when not
+    `enabled`, e.g. under --json)."""
     console = Console(stderr=True)
-    if not console.is_terminal and not sys.stderr.isatty():
+    if not enabled or (not console.is_terminal and not sys.stderr.isatty()):
         yield _Bar(None, None, unit)
         return
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),

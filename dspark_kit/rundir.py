@@ -1,7 +1,7 @@
 """RunDir: every path under a run folder, spelled once.
 
 Stages, preflight, report and the CLI ask a RunDir for a path instead of
-joining folder names themselves, so the layout README documents is the
+joining folder names themselves, so the layout docs/TOUR.md documents is the
 layout the code writes. regen's companions (`<output>.errors.jsonl`,
 `<output>.engine.log`) sit beside whatever output regen writes (`-o`), so
 regen names them from its output path.

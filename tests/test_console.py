@@ -289,3 +289,34 @@ def test_a_silent_stage_still_says_what_it_does_in_a_pipe(tmp_path):
     with StageDisplay(quiet, terminal=False) as d, d.stage("eval", tmp_path / "t.log"):
         _time.sleep(0.3)
     assert quiet.getvalue().splitlines() == ["> eval"]  # the default: a line only after 20 s of silence
+
+
+def test_regen_row_progress_moves_a_progress_bar_with_its_stats():
+    """regen's per-row stats (rows/min, tok/s, errors, rows per endpoint) go through progress.py's
+    bar, like every stage's; the CLI holds no bar of its own."""
+    from dspark_kit.stages.data.regen import RowProgress
+
+    class Bar:
+        def __init__(self):
+            self.count, self.text = 0, ""
+
+        def advance(self, n=1):
+            self.count += n
+
+        def describe(self, text):
+            self.text = text
+
+    now = iter([0.0, 30.0, 60.0])
+    bar = Bar()
+    rows = RowProgress(bar, clock=lambda: next(now))
+    rows({"idx": 0, "metadata": {"usage": {"completion_tokens": 300}, "endpoint": "http://h1:8000/v1"}})
+    rows({"idx": 1, "error": "timeout", "endpoint": "http://h2:8000/v1"})
+    assert bar.count == 2
+    assert bar.text == "regen 1 rows/min 5 tok/s err 1 | h1:8000/v1:1"
+
+
+def test_a_disabled_progress_bar_draws_nothing(capsys):
+    with progress.progress_bar("regen", 3, unit="row", enabled=False) as bar:
+        bar.advance()
+        bar.describe("regen 1 rows/min")
+    assert capsys.readouterr() == ("", "")

@@ -1,6 +1,7 @@
-"""The docs stand on their own: every docs/ link in README, docs/*.md, the package's help strings and
+"""The docs stand on their own: every docs/ link in README, docs/*.md (docs/TOUR.md included), the package's help strings and
 comments, scripts and recipes resolves to a file in the repository and, with an #anchor, to a heading
-there (GitHub's anchor rules); nothing points at a document outside the repository."""
+there (GitHub's anchor rules); nothing points at a document outside the repository. README is a front
+door: at most 150 lines, and every `make` target and `dspark-kit` command it names exists."""
 
 from __future__ import annotations
 
@@ -99,3 +100,65 @@ def test_nothing_points_outside_the_repository():
             for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
             if any(word in line for word in OUTSIDE)]
     assert not hits, "\n".join(hits)
+
+
+# --- README is a front door: short, and every command it names exists ---------------------------
+
+README = REPO / "README.md"
+README_MAX_LINES = 150
+# `make demo`, `make test-fast`
+MAKE_TARGET = re.compile(r"\bmake ([a-z][\w-]*)")
+# `dspark-kit recipe show`, `$K init` (README's K=.venv/bin/dspark-kit): the command and, for a
+# command group, its subcommand
+CLI_COMMAND = re.compile(r"(?:\bdspark-kit|\$K) ([a-z][\w-]*)(?: ([a-z][\w-]*))?")
+
+
+def makefile_targets() -> set[str]:
+    return set(re.findall(r"^([A-Za-z0-9_.-]+)\s*:(?!=)", (REPO / "Makefile").read_text(), flags=re.MULTILINE))
+
+
+def test_the_tour_is_checked_with_the_docs():
+    """docs/TOUR.md holds what the README used to: its links are checked like every doc's."""
+    assert REPO / "docs" / "TOUR.md" in DOCS
+
+
+def test_readme_is_a_front_door():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines, at most {README_MAX_LINES}"
+    text = README.read_text()
+    two = text.index("## Two commands")
+    assert text.index("make demo") > two and text.index("make test") > two
+    assert re.findall(r"^## (.*)", text, flags=re.MULTILINE)[0] == "Two commands", "the two commands come first"
+
+
+def test_every_make_target_the_readme_names_exists():
+    named = set(MAKE_TARGET.findall(README.read_text()))
+    assert {"demo", "test", "test-fast"} <= named
+    missing = sorted(named - makefile_targets())
+    assert not missing, f"README names make targets the Makefile lacks: {missing}"
+
+
+def test_every_cli_command_the_readme_names_exists():
+    import typer.main
+
+    from dspark_kit.cli import app
+
+    root = typer.main.get_command(app)
+    named = CLI_COMMAND.findall(README.read_text())
+    assert named, "README names no dspark-kit command"
+    problems = []
+    for command, sub in named:
+        found = root.commands.get(command)
+        if found is None:
+            problems.append(f"dspark-kit {command}")
+        elif sub and hasattr(found, "commands") and sub not in found.commands:
+            problems.append(f"dspark-kit {command} {sub}")
+    assert not problems, f"README names commands the CLI lacks: {problems}"
+
+
+def test_the_command_check_sees_a_wrong_command():
+    """The patterns catch what they should: a misspelt command or subcommand would be found."""
+    assert CLI_COMMAND.findall("run `dspark-kit recipe shwo` then `$K evaluate`") == [("recipe", "shwo"),
+                                                                                     ("evaluate", "")]
+    assert MAKE_TARGET.findall("`make demo`, then `make test-fast`") == ["demo", "test-fast"]
+    assert "demo" in makefile_targets() and "VENV" not in makefile_targets()

@@ -17,9 +17,9 @@ def test_log_names_are_the_documented_ones(tmp_path):
     assert run.stage_log("eval") == logs / "stage-eval.log"
     assert run.server_log("spec") == logs / "spec-server.log"
     assert run.serve_log("chat") == logs / "serve-chat.log"
-    readme = (PKG.parent / "README.md").read_text()
+    readme = (PKG.parent / "docs" / "TOUR.md").read_text()
     for name in ("train.log", "stage-<stage>.log", "<role>-server.log", "serve-<role>.log"):
-        assert name in readme, f"README's run folder layout should name {name}"
+        assert name in readme, f"docs/TOUR.md's run folder layout should name {name}"
 
 
 def test_no_module_but_rundir_spells_a_log_name():

@@ -180,7 +180,7 @@ def test_dry_run_drops_contexts_past_the_verifiers_positions(tmp_path, monkeypat
 
 
 def test_served_tune_dry_run_plans_before_training(tmp_path, monkeypatch):
-    """README: `tune --served --dry-run` prints the plan before training. It failed on the missing
+    """docs/TOUR.md: `tune --served --dry-run` prints the plan before training. It failed on the missing
     checkpoint; it now plans the path training will write, says so, and creates nothing."""
     from pathlib import Path
 

@@ -16,38 +16,28 @@ def test_installed_reads_metadata_and_aliases():
         versions.installed("numpyy")
 
 
-@pytest.mark.parametrize("version,minimum,expected", [
-    ("0.24.0rc1", "0.24.0rc1", True),
-    ("0.24.0rc2", "0.24.0rc1", True),
-    ("0.24.0", "0.24.0rc1", True),
-    ("0.23.1rc1.dev752", "0.24.0rc1", False),  # the reference run's vLLM
-    ("0.24.0rc1", "0.24", False),  # a release candidate is not the release
-    ("0.24.0.dev5+g1f486d9", "0.24", False),
-    ("0.24.1+cu130", "0.24", True),  # local build tags do not matter
-    ("0.9.1", "0.24", False),  # numeric, not string, order
-    (None, "0.24", False),
-    ("not-a-version", "0.24", False),
-])
-def test_at_least(version, minimum, expected):
-    assert versions.at_least(version, minimum) is expected
+def dspark_gate(engine: str, version: str | None,
+                sample_from_anchor: bool | None = engine_table.KIT_SAMPLE_FROM_ANCHOR) -> versions.Gate:
+    """Does this engine version serve a DSpark checkpoint with this anchor layout?"""
+    return versions.engine_support(engine, version).serves(sample_from_anchor)
 
 
 def test_dspark_gates_come_from_the_table():
     # docs/COMPAT.md: 0.24.0 has no DSpark, 0.25.0-0.26.0 rewrite to the bonus anchor, 0.27.0 serves
-    assert versions.dspark_gate("vllm", "0.24.0").ok is False
-    assert versions.dspark_gate("vllm", "0.26.0").ok is False
-    assert versions.dspark_gate("vllm", "0.27.0").ok is True
-    assert versions.dspark_gate("vllm", "0.33.0+cu130").ok is True  # local tags do not matter
-    assert "vllm>=0.27.0" in versions.dspark_gate("vllm", "0.23.1").message
-    assert versions.dspark_gate("vllm-ascend", "0.24.0rc1").ok is False  # paired with vLLM 0.24.0
-    assert versions.dspark_gate("vllm-ascend", "0.25.1rc1").ok is False
-    assert versions.dspark_gate("vllm-ascend", "0.26.0rc1").ok is True  # backports vLLM PR 48639
-    assert versions.dspark_gate("vllm", None).ok is None
+    assert dspark_gate("vllm", "0.24.0").ok is False
+    assert dspark_gate("vllm", "0.26.0").ok is False
+    assert dspark_gate("vllm", "0.27.0").ok is True
+    assert dspark_gate("vllm", "0.33.0+cu130").ok is True  # local tags do not matter
+    assert "vllm>=0.27.0" in dspark_gate("vllm", "0.23.1").message
+    assert dspark_gate("vllm-ascend", "0.24.0rc1").ok is False  # paired with vLLM 0.24.0
+    assert dspark_gate("vllm-ascend", "0.25.1rc1").ok is False
+    assert dspark_gate("vllm-ascend", "0.26.0rc1").ok is True  # backports vLLM PR 48639
+    assert dspark_gate("vllm", None).ok is None
     # a checkpoint without sample_from_anchor: the fix is the key, on every release that reads it
-    missing = versions.dspark_gate("vllm", "0.30.0", sample_from_anchor=None)
+    missing = dspark_gate("vllm", "0.30.0", sample_from_anchor=None)
     assert missing.ok is False and '"sample_from_anchor": true' in missing.message
     # a bonus-anchor checkpoint (explicit false) is what 0.25-0.26 serve
-    assert versions.dspark_gate("vllm", "0.25.1", sample_from_anchor=False).ok is True
+    assert dspark_gate("vllm", "0.25.1", sample_from_anchor=False).ok is True
 
 
 def test_versions_between_and_beyond_the_surveyed_releases():

@@ -14,13 +14,39 @@ from typer.testing import CliRunner
 
 from dspark_kit.cli import app
 from dspark_kit.specdec.window import (
+    WindowPlan,
     draft_seq_len,
     future_offset,
-    gather_block_table,
     plan_window,
-    slot_mapping,
     window_start,
 )
+
+
+# How a WindowPlan is applied to a paged KV cache's block table, as vLLM-Ascend does: the
+# reference the plan's figures are checked against here (no module of the kit needs it).
+def gather_block_table(block_table: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
+    """Windowed block table for the draft's attention reads.
+
+    Row r is shifted left by start_blocks[r]; columns at or past
+    needed_blocks[r] are zeroed. The result has max_window_blocks columns
+    (fewer when the table itself is narrower). The full table is still the one
+    used for slot_mapping (KV writes).
+    """
+    rows, cols = block_table.shape
+    width = min(plan.max_window_blocks, cols)
+
+    start = torch.as_tensor(plan.start_blocks, dtype=torch.long).view(rows, 1)
+    needed = torch.as_tensor(plan.needed_blocks, dtype=torch.long).view(rows, 1)
+    col = torch.arange(width, dtype=torch.long).view(1, width)
+    src = (start + col).clamp(max=cols - 1)
+    gathered = torch.gather(block_table, 1, src)
+    return torch.where(col < needed, gathered, torch.zeros_like(gathered))
+
+
+def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, kv_block_size: int) -> torch.Tensor:
+    """Cache slot of each (row, position): always from the full, unwindowed table."""
+    blocks = torch.gather(block_table, 1, positions // kv_block_size)
+    return blocks * kv_block_size + positions % kv_block_size
 
 
 def test_reference_vector():

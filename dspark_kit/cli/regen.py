@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
-from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -24,37 +22,7 @@ from dspark_kit.cli.common import (
     resolve,
 )
 from dspark_kit.cli.vocabulary import option
-
-
-class _Progress:
-    """Rich bar: rows, rows/min, completion tokens/s, ETA and rows per endpoint."""
-
-    def __init__(self, total: int | None, enabled: bool):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(TextColumn("regen"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                            TextColumn("{task.fields[stats]}"), console=console, disable=not enabled)
-        self.task = self.bar.add_task("regen", total=total, stats="")
-        self.t0, self.rows, self.errors, self.tokens = time.time(), 0, 0, 0
-        self.per_endpoint: Counter = Counter()
-
-    def on_row(self, row: dict) -> None:
-        if "error" in row:
-            self.errors += 1
-        else:
-            self.rows += 1
-            self.tokens += row["metadata"]["usage"].get("completion_tokens", 0)
-            self.per_endpoint[row["metadata"]["endpoint"].split("//")[-1]] += 1
-        dt = max(time.time() - self.t0, 1e-6)
-        eps = " ".join(f"{k}:{v}" for k, v in self.per_endpoint.items())
-        stats = f"{self.rows / dt * 60:.0f} rows/min {self.tokens / dt:.0f} tok/s err {self.errors} | {eps}"
-        self.bar.update(self.task, advance=1, stats=stats)
+from dspark_kit.progress import progress_bar
 
 
 def _dry_run(res, endpoints: list[str] | None, json_out: bool, outfile: Path | None = None) -> None:
@@ -100,6 +68,7 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.data.sources import SourceError
         from dspark_kit.stages.data.regen import (
             OutputExists,
+            RowProgress,
             failure_verdict,
             mode_line,
             run_regen,
@@ -115,16 +84,15 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.stages.data.regen import regen_plan
 
         total = limit or r.data.limit
-        progress = _Progress(total, enabled=not json_out and console.is_terminal)
         plan = regen_plan(res, endpoint, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
         plan.record(res.run.plan_file("regen"))
         chat = plan.process("chat server")
         try:
-            with progress.bar:
+            with progress_bar("regen", total, unit="row", enabled=not json_out) as bar:
                 summary = run_regen(
                     res, outfile, endpoints=endpoint, limit=limit, resume=resume, overwrite=overwrite, dataset=dataset,
                     model=model, concurrency=concurrency, max_tokens=max_tokens,
-                    temperature=temperature, top_p=top_p, seed=seed, on_row=progress.on_row,
+                    temperature=temperature, top_p=top_p, seed=seed, on_row=RowProgress(bar),
                     server_plan=chat.server if chat else None)
         except (SourceError, OutputExists) as e:
             fail(str(e))

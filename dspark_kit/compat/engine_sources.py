@@ -145,10 +145,3 @@ def unpacked_files(folder: Path) -> list[str] | None:
         return json.loads((folder / DONE).read_text()).get("files")
     except (OSError, ValueError, AttributeError):
         return None
-
-
-def sha256_of(folder: Path) -> str | None:
-    try:
-        return json.loads((folder / DONE).read_text())["sha256"]
-    except (OSError, ValueError, KeyError):
-        return None

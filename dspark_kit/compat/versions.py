@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from packaging.version import InvalidVersion, Version
-
 from dspark_kit.compat.engine_features import Features
 from dspark_kit.compat.engine_table import (
     KIT_SAMPLE_FROM_ANCHOR,
@@ -54,23 +52,6 @@ def installed(name: str) -> str | None:
     manifest report the same numbers the gates here decide on).
     """
     return next((v for dist in _DIST_ALIASES[_canonical(name)] if (v := package_version(dist))), None)
-
-
-def parse(version: str) -> Version | None:
-    try:
-        return Version(version)
-    except InvalidVersion:
-        return None
-
-
-def at_least(version: str | None, minimum: str) -> bool:
-    """PEP 440 comparison, so pre-releases order correctly (0.24.0rc1 < 0.24.0).
-
-    Local build tags (+cu130, +g1f486d9) are ignored; an unparseable or missing
-    version is not "at least" anything.
-    """
-    v = parse(version) if version else None
-    return v is not None and v >= Version(minimum)
 
 
 @dataclass(frozen=True)
@@ -158,12 +139,6 @@ def engine_support(engine: str, version: str | None) -> EngineSupport:
             return EngineSupport(engine, version, here, "read from the installed source")
     found = lookup(engine, version)
     return EngineSupport(engine, version, found.features, found.source, found.uncertain)
-
-
-def dspark_gate(engine: str, version: str | None,
-                sample_from_anchor: bool | None = KIT_SAMPLE_FROM_ANCHOR) -> Gate:
-    """Does this engine version serve a DSpark checkpoint with this anchor layout?"""
-    return engine_support(engine, version).serves(sample_from_anchor)
 
 
 # ---- num_speculative_tokens (K) vs the trained block ------------------------

@@ -1,1 +1,14 @@
-"""spec."""
+"""specdec: speculative-decoding semantics, independent of any server or stage.
+
+- window.py: the draft KV window arithmetic as vLLM-Ascend computes it;
+- verifier.py (the verifier under transformers, its aux hidden-state tap), verifier_facts.py
+  (what a new recipe needs to know about a verifier);
+- draft_model.py, draft_cache.py, draft_layouts.py: a DSpark draft run the way vLLM drafts with
+  it, its KV cache, its own layout and speculators';
+- decoder.py (the reference lossless DSpark decoder), acceptance.py (the acceptance figures),
+  checkpoints.py (find and check a checkpoint), hidden_state_files.py (what a hidden-state file
+  holds and costs).
+
+Layer 2: may import the core modules (layer 0), data/ and compat/ (its floor-mate); never
+resolved/, engines/, stages/ or cli/.
+"""

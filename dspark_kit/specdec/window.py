@@ -2,8 +2,9 @@
 
 The draft attends only to the last ~W tokens of its context; the verifier keeps
 full attention. Windows start on a kernel-block boundary, so a windowed length
-lies in [min(seq, W - K), W + b - 1]. KV *writes* (slot_mapping) are never
-windowed: only the block table the draft's attention reads is.
+lies in [min(seq, W - K), W + b - 1]. KV *writes* (the slot mapping) are never
+windowed: only the block table the draft's attention reads is (tests/test_window.py
+applies a plan to a block table the way vLLM-Ascend does).
 
 W = draft_window_size, b = KV-cache (kernel) block size `kv_block_size` (not
 the draft's block_size), future_offset: 0 for dflash/dspark, K for eagle3.
@@ -87,34 +88,6 @@ def plan_window(seq_lens: torch.Tensor | list[int], window: int, kv_block_size: 
         future_offset=future_offset,
         max_window_blocks=cap,
     )
-
-
-def gather_block_table(block_table: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
-    """Windowed block table for the draft's attention reads.
-
-    Row r is shifted left by start_blocks[r]; columns at or past
-    needed_blocks[r] are zeroed. The result has max_window_blocks columns
-    (fewer when the table itself is narrower). The full table is still the one
-    used for slot_mapping (KV writes).
-    """
-    rows, cols = block_table.shape
-    width = min(plan.max_window_blocks, cols)
-    import torch
-
-    start = torch.as_tensor(plan.start_blocks, dtype=torch.long).view(rows, 1)
-    needed = torch.as_tensor(plan.needed_blocks, dtype=torch.long).view(rows, 1)
-    col = torch.arange(width, dtype=torch.long).view(1, width)
-    src = (start + col).clamp(max=cols - 1)
-    gathered = torch.gather(block_table, 1, src)
-    return torch.where(col < needed, gathered, torch.zeros_like(gathered))
-
-
-def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, kv_block_size: int) -> torch.Tensor:
-    """Cache slot of each (row, position): always from the full, unwindowed table."""
-    import torch
-
-    blocks = torch.gather(block_table, 1, positions // kv_block_size)
-    return blocks * kv_block_size + positions % kv_block_size
 
 
 def _check(window: int, kv_block_size: int, future_offset: int) -> None:

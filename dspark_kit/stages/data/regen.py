@@ -368,6 +368,31 @@ class OutputExists(ValueError):
     """--no-resume on an output that holds rows, without --overwrite."""
 
 
+class RowProgress:
+    """run_regen's `on_row` for a progress bar (dspark_kit.progress): advances it one row per row
+    done (written or failed) and describes rows/min, completion tokens/s, errors and rows per endpoint."""
+
+    def __init__(self, bar: Any, label: str = "regen", clock: Callable[[], float] = time.monotonic):
+        self.bar, self.label, self.clock = bar, label, clock
+        self.t0, self.rows, self.errors, self.tokens = clock(), 0, 0, 0
+        self.per_endpoint: Counter = Counter()
+
+    def stats(self) -> str:
+        dt = max(self.clock() - self.t0, 1e-6)
+        eps = " ".join(f"{k}:{v}" for k, v in self.per_endpoint.items())
+        return f"{self.rows / dt * 60:.0f} rows/min {self.tokens / dt:.0f} tok/s err {self.errors} | {eps}"
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        if "error" in row:
+            self.errors += 1
+        else:
+            self.rows += 1
+            self.tokens += row["metadata"]["usage"].get("completion_tokens", 0)
+            self.per_endpoint[row["metadata"]["endpoint"].split("//")[-1]] += 1
+        self.bar.describe(f"{self.label} {self.stats()}")
+        self.bar.advance()
+
+
 def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = None,
               limit: int | None = None, resume: bool = True, overwrite: bool = False, dataset: str | None = None,
               model: str | None = None, concurrency: int | None = None, max_tokens: int | None = None,

@@ -1,1 +1,5 @@
-"""The speculators trainer's command line, launch, progress and failures."""
+"""The speculators trainer's command line, launch, progress and failures.
+
+Stage folder (layer 5): may import the layers below (core, data/, specdec/, compat/, resolved/,
+engines/) and stages/plan.py; not another stage folder.
+"""
