@@ -11,10 +11,10 @@ from heartbeat import (  # noqa: F401 (hooks: a line at least every 25 s in a pi
     pytest_collection_finish,
     pytest_runtest_logfinish,
     pytest_runtest_logstart,
+    pytest_sessionstart,
     pytest_unconfigure,
     pytest_xdist_node_collection_finished,
 )
-from heartbeat import pytest_configure as _heartbeat_configure
 from hypothesis import HealthCheck, settings
 from tiers import (  # noqa: F401 (hooks: the fast tier's guards)
     pytest_runtest_call,
@@ -46,7 +46,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 
 def pytest_configure(config):
-    _heartbeat_configure(config)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -15,8 +15,10 @@ EVERY_S = 25.0  # a piped log never goes 30 s without a line
 
 
 class Heartbeat:
-    def __init__(self, reporter, every_s: float = EVERY_S):
-        self.reporter, self.every_s = reporter, every_s
+    def __init__(self, reporter, every_s: float = EVERY_S, capture=None):
+        # capture: pytest's capture manager; without xdist a test's output capture holds the
+        # terminal while it runs, so the line is written with capture suspended for that moment
+        self.reporter, self.every_s, self.capture = reporter, every_s, capture
         self.running: dict[str, float] = {}
         self.done = 0
         self.total: int | None = None
@@ -38,18 +40,28 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.reporter.write_line(self.line(time.monotonic()))
+            text = self.line(time.monotonic())
+            if self.capture is None:
+                self.reporter.write_line(text)
+                continue
+            try:  # another thread than the test's: a capture switching state right now costs one line
+                with self.capture.global_and_fixture_disabled():
+                    self.reporter.write_line(text)
+            except Exception:  # noqa: BLE001, S112 - never the suite's failure
+                continue
 
 
 _BEAT: list[Heartbeat] = []
 
 
-def pytest_configure(config):
-    if hasattr(config, "workerinput"):  # an xdist worker: the controller prints
+def pytest_sessionstart(session):
+    """Started here, not in pytest_configure: the terminal reporter registers itself in its own
+    pytest_configure, which may run after conftest's."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller prints
         return
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not _BEAT:
-        _BEAT.append(Heartbeat(reporter))
+        _BEAT.append(Heartbeat(reporter, capture=session.config.pluginmanager.get_plugin("capturemanager")))
         _BEAT[0].start()
 
 
