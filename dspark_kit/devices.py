@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import sys
 from typing import Literal
 
 Device = Literal["npu", "cuda", "cpu"]
@@ -59,7 +60,8 @@ def npu_available() -> bool:
 
 # Device nodes a CUDA (or ROCm, whose torch answers torch.cuda) device shows up as on Linux, WSL 2
 # included. Without any, torch.cuda.is_available() is False: a plan decides "cpu" without importing
-# torch (2-3 s of a dry run or preflight).
+# torch (2-3 s of a dry run or preflight). A process that has torch already asks it (free then, and
+# what it says wins: a test may emulate a CUDA machine).
 CUDA_DEVICE_NODES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
 
 
@@ -70,7 +72,7 @@ def cuda_possible() -> bool:
 
 
 def cuda_available() -> bool:
-    if not cuda_possible():
+    if "torch" not in sys.modules and not cuda_possible():
         return False
     import torch
 

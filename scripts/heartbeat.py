@@ -49,6 +49,9 @@ def run(what: str, argv: list[str], every_s: float = EVERY_S) -> int:
 
 
 def main(args: list[str]) -> int:
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
     if len(args) < 3 or args[1] != "--":
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2

@@ -188,14 +188,15 @@ def _bad_file(path, n_good: int = 4):
 def test_bad_rows_from_regen_jsonl_are_counted_per_full_reason(tmp_path, tiny_verifier):
     src = tmp_path / "regen.jsonl"
     n_lines, expected = _bad_file(src)
-    # one row in the 7 the mode rule judges is dropped by it: a budget that allows it (the rule's own
+    # one row in the 8 the mode rule judges is dropped by it: a budget that allows it (the rule's own
     # budget is tested in test_mode_rule.py)
     s = prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "prepared", seq_length=128, thinking=False,
                 mode_budget=0.5)
     assert s.rejected == expected
     assert s.conversations_in == n_lines == s.conversations_used + sum(s.rejected.values())
     assert s.conversations_used == 4 and s.rows_out == 4
-    assert s.mode_rule.dropped == 1 and s.mode_rule.rows == 7  # 4 good, 2 truncated, 1 with reasoning
+    # judged: 4 good, 2 truncated, 1 with reasoning, 1 without an assistant turn (it fails later)
+    assert s.mode_rule.dropped == 1 and s.mode_rule.rows == 8
     saved = json.loads((tmp_path / "prepared" / "prepare_meta.json").read_text())["summary"]
     assert saved["rejected"] == dict(expected)
 
@@ -210,7 +211,7 @@ def test_bad_rows_from_data_source_are_counted_too(tmp_path, tiny_recipe, tiny_v
     recipe = tiny_recipe.model_copy(deep=True)
     recipe.regen.enabled = False
     recipe.data.source, recipe.data.limit, recipe.data.seq_length = str(src), None, 128
-    recipe.data.max_mode_mismatch_fraction = 0.5  # the one row with reasoning is 1 in 7 judged
+    recipe.data.max_mode_mismatch_fraction = 0.5  # the one row with reasoning is 1 in 8 judged
     summary = run_stage("prepare", Resolved(recipe, tmp_path))
     assert Counter(summary["rejected"]) == expected
     assert summary["conversations_in"] == n_lines
@@ -302,7 +303,9 @@ def test_cli_prepare_json_shows_every_reason(tmp_path, tiny_verifier):
 
     n_lines, expected = _bad_file(tmp_path / "regen.jsonl")
     recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml")
-    res = CliRunner().invoke(app, ["prepare", "-r", recipe, "-w", str(tmp_path), "--json"])
+    # the one row with reasoning is 1 of the 8 the mode rule judges: a budget that allows it
+    res = CliRunner().invoke(app, ["prepare", "-r", recipe, "-w", str(tmp_path), "--json",
+                                   "--set", "data.max_mode_mismatch_fraction=0.5"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["rejected"] == dict(expected) and summary["conversations_in"] == n_lines

@@ -40,10 +40,14 @@ def test_the_budget_is_a_bound_not_a_guess():
     assert _counts(0, 0).verdict(0.0, "prepare") is None
 
 
-def test_thinking_rows_without_any_reasoning_fail():
+def test_thinking_rows_without_any_reasoning_fail_and_in_a_mixture_warn():
     why = _counts(10, 0, thinking_rows=10).verdict(0.02, "prepare")
     assert why is not None and "none of 10 rows in thinking mode carries reasoning" in why
     assert _counts(10, 0, thinking_rows=10, with_reasoning=1).verdict(0.02, "prepare") is None
+    mixture = _counts(10, 0, thinking_rows=4)  # a mixture: the other 6 rows are not thinking
+    assert mixture.verdict(0.02, "prepare") is None
+    assert mixture.warning().startswith("WARNING: none of the 4 rows in thinking mode carries reasoning")
+    assert _counts(10, 0, thinking_rows=10).warning() is None  # all of them: the verdict says it
 
 
 def test_counts_of_reads_only_recorded_decisions():

@@ -194,11 +194,16 @@ def installed_fingerprint() -> str | None:
 def cached_probe(name: str, device: str = "cpu") -> ProbeResult:
     """probe(), remembered per installed speculators (installed_fingerprint) in the kit's cache: the
     answer cannot change while those files do not, and importing speculators to ask again costs
-    preflight ~7 s. A probe that crashed is never remembered. Training always probes afresh."""
+    preflight ~7 s. A process that has speculators imported already probes it as it is (free then,
+    and its modules may be patched). A probe that crashed is never remembered. Training always
+    probes afresh."""
     import json
+    import sys
 
     from dspark_kit.data.tiny_verifier import cache_root
 
+    if "speculators" in sys.modules:
+        return probe(name, device)
     key = installed_fingerprint()
     path = cache_root() / "probes" / f"{name}-{device}-{key}.json"
     if key is not None and path.is_file():

@@ -66,6 +66,13 @@ class ModeCounts:
             return None
         return f"dropped {self.dropped} of {self.rows} rows: {REASONING_WITH_THINKING_OFF}"
 
+    def warning(self) -> str | None:
+        """A mixture's thinking-mode rows of which not one carries reasoning (all rows so: a verdict)."""
+        if not self.thinking_rows or self.thinking_with_reasoning or self.thinking_rows == self.rows:
+            return None
+        return (f"WARNING: none of the {self.thinking_rows} rows in thinking mode carries reasoning: they train "
+                "an empty think block (regenerate them in thinking mode, or weigh thinking out of the mixture)")
+
     def verdict(self, budget: float, stage: str) -> str | None:
         """Why the deciding stage fails (None: within the rule), in one line naming the key and the fix."""
         if self.rows and self.dropped / self.rows > budget:
@@ -73,7 +80,7 @@ class ModeCounts:
                     f"though their thinking mode is off, above {BUDGET_KEY} {budget:g}: the data was generated in "
                     "thinking mode (or the server ignores chat_template_kwargs.enable_thinking); set "
                     "verifier.thinking: true, or regenerate with thinking off")
-        if self.thinking_rows and not self.thinking_with_reasoning:
+        if self.thinking_rows and self.thinking_rows == self.rows and not self.thinking_with_reasoning:
             return (f"{stage}: none of {self.thinking_rows} rows in thinking mode carries reasoning: regenerate in "
                     "thinking mode (with vLLM: --reasoning-parser qwen3 keeps it), or set verifier.thinking: false")
         return None

@@ -128,6 +128,8 @@ class PrepareSummary:
                  f"their text would have changed {self.retokenized_differs}")
         if line := self.mode_rule.line():
             note(f"  {line} (decided here: no earlier stage recorded a decision)")
+        if warning := self.mode_rule.warning():
+            note(warning)
         if self.mode_dropped_by_regen:
             note(f"  {self.mode_dropped_by_regen} rows regen dropped for their thinking mode: skipped as it decided")
 

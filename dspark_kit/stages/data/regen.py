@@ -343,8 +343,12 @@ def tools_line(summary: dict) -> str | None:
 
 
 def mode_line(summary: dict) -> str | None:
-    """The output's rows dropped by the replies-vs-thinking-mode rule, in one line (None: none)."""
-    return mode_rule.ModeCounts(**summary["mode"]).line() if summary.get("mode") else None
+    """The output's rows dropped by the replies-vs-thinking-mode rule, and a mixture's thinking rows
+    without any reasoning, in one line (None: neither)."""
+    if not summary.get("mode"):
+        return None
+    counts = mode_rule.ModeCounts(**summary["mode"])
+    return "; ".join(filter(None, (counts.line(), counts.warning()))) or None
 
 
 def failure_verdict(summary: dict, budget: float, mode_budget: float) -> str | None:
