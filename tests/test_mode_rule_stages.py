@@ -33,14 +33,20 @@ def engine(tmp_path_factory, tiny_verifier):
         server.stop()
 
 
-def test_a_systematic_mismatch_fails_regen_in_one_line_and_prepare_follows_its_decision(engine, tmp_path):
-    proxy = PlantingProxy(engine, stray_reasoning(lambda n, _planted: n % 10 < 3))  # 30% of the replies
+def _regen_planted(engine: str, wd, when, limit: int):
+    """regen of `limit` rows through a proxy planting a stray reasoning block in the replies `when`
+    picks: (recipe, its Resolved, regen's summary, the proxy, stopped)."""
+    proxy = PlantingProxy(engine, stray_reasoning(when))
     try:
         recipe = Recipe.model_validate(RECIPE)
-        res = Resolved(recipe, tmp_path)
-        s = run_regen(res, res.run.regen_jsonl, endpoints=[proxy.url], limit=40)
+        res = Resolved(recipe, wd)
+        return recipe, res, run_regen(res, res.run.regen_jsonl, endpoints=[proxy.url], limit=limit), proxy
     finally:
         proxy.stop()
+
+
+def test_a_systematic_mismatch_fails_regen_in_one_line_and_prepare_follows_its_decision(engine, tmp_path):
+    recipe, res, s, proxy = _regen_planted(engine, tmp_path, lambda n, _planted: n % 10 < 3, 40)  # 30%
     rows = [json.loads(line) for line in res.run.regen_jsonl.read_text().splitlines()]
     dropped = [r for r in rows if r["metadata"][mode_rule.RECORD] != mode_rule.AGREES]
     assert s["written"] == 40 and len(dropped) >= 10, (s["mode"], proxy.planted)  # >= 30% of 40 replies
@@ -66,13 +72,7 @@ def test_a_systematic_mismatch_fails_regen_in_one_line_and_prepare_follows_its_d
 
 
 def test_one_stray_reply_in_a_regen_is_dropped_and_counted_in_one_line(engine, tmp_path):
-    proxy = PlantingProxy(engine, stray_reasoning(lambda _n, planted: planted < 1))
-    try:
-        recipe = Recipe.model_validate(RECIPE)
-        res = Resolved(recipe, tmp_path)
-        s = run_regen(res, res.run.regen_jsonl, endpoints=[proxy.url], limit=60)
-    finally:
-        proxy.stop()
+    _recipe, res, s, proxy = _regen_planted(engine, tmp_path, lambda _n, planted: planted < 1, 60)
     assert proxy.planted == 1 and s["mode"]["dropped"] == 1 and s["mode"]["rows"] == 60
     assert failure_verdict(s, 0.05, 0.02) is None
     assert mode_line(s) == f"dropped 1 of 60 rows: {mode_rule.REASONING_WITH_THINKING_OFF}"
