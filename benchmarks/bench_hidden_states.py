@@ -34,7 +34,7 @@ def main() -> None:
     from dspark_kit.data.tiny_corpus import conversations
     from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.stages.data.prepare import prepare
+    from dspark_kit.stages.dataset.prepare import prepare
     from dspark_kit.stages.hidden.hidden_states import generate_offline
 
     torch.set_num_threads(torch.get_num_threads())

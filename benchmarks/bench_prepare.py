@@ -4,7 +4,7 @@
 
 Baseline: `tokenizer(apply_chat_template(conv))` of every full conversation (rendered
 one by one, encoded in one batched call: the fastest plain use of the HF API).
-Ours: dspark_kit.stages.data.prepare's tokenize path (normalise, the prefix renders the loss
+Ours: dspark_kit.stages.dataset.prepare's tokenize path (normalise, the prefix renders the loss
 mask needs, one batched encode per chunk), then the whole `prepare()` (which also
 writes speculators' Arrow dataset and token_freq.pt) with 1 and 2 workers.
 Throughput is counted in tokens of the full conversations for both sides, so the
@@ -36,7 +36,7 @@ def main() -> None:
 
     from dspark_kit.data.tiny_corpus import conversations
     from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
-    from dspark_kit.stages.data import prepare as P
+    from dspark_kit.stages.dataset import prepare as P
 
     vp = str(ensure_tiny_verifier())
     tok = AutoTokenizer.from_pretrained(vp)

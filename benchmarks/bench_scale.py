@@ -52,7 +52,7 @@ def _timed(fn, before=lambda: None) -> dict:
 
 def child_prepare(src: Path, work: Path, warm: Path) -> dict:
     from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
-    from dspark_kit.stages.data.prepare import prepare, read_jsonl
+    from dspark_kit.stages.dataset.prepare import prepare, read_jsonl
 
     vp = str(ensure_tiny_verifier())
     quiet = {"seq_length": 256, "thinking": False, "num_workers": 1}
@@ -63,7 +63,7 @@ def child_prepare(src: Path, work: Path, warm: Path) -> dict:
 def child_regen(src: Path, work: Path, warm: Path, url: str) -> dict:
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.data.regen import run_regen
+    from dspark_kit.stages.dataset.regen import run_regen
 
     recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml")
     recipe.data.limit = None
@@ -268,7 +268,7 @@ def prepare_for_hidden(d: Path, counts: dict) -> dict:
     from datasets import load_from_disk
 
     from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
-    from dspark_kit.stages.data.prepare import prepare, read_jsonl
+    from dspark_kit.stages.dataset.prepare import prepare, read_jsonl
 
     vp, out = str(ensure_tiny_verifier()), {}
     for name, n in counts.items():

@@ -59,7 +59,7 @@ def regen_client_rows(timeout: int, rows: int) -> list[Row]:
     return [
         Row("regen client", f"bare aiohttp client vs zero-latency stub, concurrency {out['concurrency']}", stub, "req/s",
             notes="the most the stub takes on this machine", command=command),
-        Row("regen client", "dspark_kit.stages.data.regen client vs the same stub", ours, "req/s", f">= {target} req/s",
+        Row("regen client", "dspark_kit.stages.dataset.regen client vs the same stub", ours, "req/s", f">= {target} req/s",
             ours >= target, notes="incl. jsonl writes", command=command),
         Row("regen client", "regen client / bare client", ratio, "x", f">= {REGEN_CLIENT_GOAL}x",
             ratio >= REGEN_CLIENT_GOAL,

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_regen_client.py [--rows 6000] [--concurrency 64] [--pairs 3]
 
 The stub (aiohttp, its own process so it does not share our GIL) answers every
-chat request at once. We time (a) dspark_kit.stages.data.regen.regen_rows, the real client
+chat request at once. We time (a) dspark_kit.stages.dataset.regen.regen_rows, the real client
 path including jsonl writes, and (b) a bare aiohttp client loop, which is the
 most the stub can take on this machine, interleaved (b a, a b, ...: benchmarks/common.py
 paired_ratios) so load lands on both. Targets: (a) >= 1000 req/s at concurrency 64 on
@@ -67,7 +67,7 @@ async def bare_client(url: str, n: int, concurrency: int) -> float:
 
 def regen_client(url: str, n: int, concurrency: int) -> float:
     """req/s of regen_rows, the stage's own client path, jsonl writes included."""
-    from dspark_kit.stages.data.regen import RegenOptions, regen_rows
+    from dspark_kit.stages.dataset.regen import RegenOptions, regen_rows
 
     rows = ((i, [{"role": "user", "content": f"q{i}"}]) for i in range(n))
     opts = RegenOptions(concurrency=concurrency, max_tokens=8, model="stub", seed=None)

@@ -273,7 +273,7 @@ def test_against_local_engine(tmp_path, tiny_verifier):
 
     model = tiny_verifier
     port = free_port()
-    plan = ServerPlan([sys.executable, "-m", "dspark_kit.engines.local_server", "--model", str(model),
+    plan = ServerPlan([sys.executable, "-m", "dspark_kit.engines.local.server", "--model", str(model),
                        "--role", "chat", "--port", str(port), "--device", "cpu"], "127.0.0.1", port)
     recipe = recipe_from_dict({"name": "it", "workdir": str(tmp_path / "run"),
                                "bench": {"num_prompts": 2, "concurrency": 2, "max_tokens": 8}})

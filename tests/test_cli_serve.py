@@ -102,7 +102,7 @@ def test_checkpoint_and_engine_flags_reach_preflight(setup):
     assert res.exit_code == 0, res.output
     assert "pitfall" not in res.output and "checkpoint_best" not in res.output
     words = shlex.split(res.stdout.strip().splitlines()[-1])
-    assert "dspark_kit.engines.local_server" in words  # the --engine flag, not the recipe's vllm
+    assert "dspark_kit.engines.local.server" in words  # the --engine flag, not the recipe's vllm
     assert words[words.index("--draft") + 1] == str((workdir / "checkpoints" / "1").resolve())
     warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
     assert sum("block-size" in w for w in warnings) == 1
@@ -151,7 +151,7 @@ def test_local_engine_dispatch(setup):
     recipe = setup[0]
     res = run("-r", recipe, "--role", "chat", "--engine", "local", "--port", "8999", "--dry-run")
     assert res.exit_code == 0, res.output
-    assert "dspark_kit.engines.local_server" in res.stdout and "--port 8999" in res.stdout
+    assert "dspark_kit.engines.local.server" in res.stdout and "--port 8999" in res.stdout
 
 
 FAKE_VLLM = """#!{python}

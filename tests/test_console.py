@@ -294,7 +294,7 @@ def test_a_silent_stage_still_says_what_it_does_in_a_pipe(tmp_path):
 def test_regen_row_progress_moves_a_progress_bar_with_its_stats():
     """regen's per-row stats (rows/min, tok/s, errors, rows per endpoint) go through progress.py's
     bar, like every stage's; the CLI holds no bar of its own."""
-    from dspark_kit.stages.data.regen import RowProgress
+    from dspark_kit.stages.dataset.regen import RowProgress
 
     class Bar:
         def __init__(self):

@@ -20,7 +20,7 @@ from chat_templates import QWEN3_TEMPLATE
 from dspark_kit.data.conversations import ConversationError, normalize, to_sharegpt
 from dspark_kit.jsonl import read_jsonl
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.data.prepare import (
+from dspark_kit.stages.dataset.prepare import (
     REASONING_WITH_THINKING_OFF,
     prepare,
     tokenize_conversation,
@@ -250,7 +250,7 @@ def test_thinking_on_with_no_reasoning_in_the_data_fails_prepare_in_one_line(tmp
     ("<think>\nr\n</think>", {"reasoning_content": "\nr\n", "content": None}),
 ])
 def test_local_engine_reasoning_parser_splits_like_vllm(text, expected):
-    from dspark_kit.engines.local_server import parse_args, split_reasoning_like_vllm
+    from dspark_kit.engines.local.server import parse_args, split_reasoning_like_vllm
 
     got = split_reasoning_like_vllm(text)
     assert {k: got[k] for k in expected} == expected and got["reasoning"] == got["reasoning_content"]
@@ -268,7 +268,7 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
 
     from dspark_kit.data.tiny_corpus import thinking_reply
     from dspark_kit.engines.servers import regen_server_plan
-    from dspark_kit.stages.data.regen import run_regen
+    from dspark_kit.stages.dataset.regen import run_regen
     from dspark_kit.stages.steps import run_stage
 
     rng = random.Random(5)

@@ -16,7 +16,7 @@ LAYERS = [1, 2, 3, 4]
 def prepared(tmp_path_factory, tiny_verifier):
     """A small prepared dataset (12 rows); tests copy it before touching it."""
     from dspark_kit.data.tiny_corpus import conversations
-    from dspark_kit.stages.data.prepare import prepare
+    from dspark_kit.stages.dataset.prepare import prepare
 
     d = tmp_path_factory.mktemp("faults") / "prepared"
     rows = [{"messages": m} for m in conversations(12, seed=3, max_turns=1)]
@@ -110,7 +110,7 @@ def test_a_file_for_another_row_is_not_taken_as_valid(work, tiny_verifier):
 def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_verifier, monkeypatch, where, kind):
     from dspark_kit.data.speculators_dataset import DatasetWriter
     from dspark_kit.data.tiny_corpus import conversations
-    from dspark_kit.stages.data import prepare as P
+    from dspark_kit.stages.dataset import prepare as P
 
     rows = [{"messages": m} for m in conversations(200, seed=4, max_turns=1)]  # 4 chunks of 64
     out = tmp_path / "prepared"
@@ -137,7 +137,7 @@ def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_ve
 
 def test_interrupted_prepare_keeps_the_previous_complete_output(prepared, tmp_path, tiny_verifier, monkeypatch):
     from dspark_kit.data.speculators_dataset import DatasetWriter
-    from dspark_kit.stages.data import prepare as P
+    from dspark_kit.stages.dataset import prepare as P
 
     out = tmp_path / "prepared"
     shutil.copytree(prepared, out)

@@ -72,7 +72,7 @@ def test_normalize_converts_or_rejects_with_a_reason(r):
 
 @pytest.fixture(scope="module")
 def tokenizer_ready(tiny_verifier):
-    from dspark_kit.stages.data import prepare as P
+    from dspark_kit.stages.dataset import prepare as P
 
     P._init_worker(str(tiny_verifier), False)
     return P
@@ -98,7 +98,7 @@ def test_every_row_of_a_chunk_is_converted_or_rejected(tokenizer_ready, rows, th
 @SLOW
 @given(st.lists(row, min_size=1, max_size=8))
 def test_prepare_counts_every_row(tmp_path_factory, tiny_verifier, rows):
-    from dspark_kit.stages.data.prepare import prepare
+    from dspark_kit.stages.dataset.prepare import prepare
 
     good = {"messages": [{"role": "user", "content": "Count from 1 to 3."}, {"role": "assistant", "content": "1, 2, 3."}]}
     out = tmp_path_factory.mktemp("fuzz") / "prepared"

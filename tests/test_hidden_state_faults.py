@@ -94,7 +94,7 @@ def _pids_with(arg: str) -> list[int]:
             argv = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if arg.encode() in argv and b"dspark_kit.engines.local_server" in argv:
+        if arg.encode() in argv and b"dspark_kit.engines.local.server" in argv:
             pids.append(int(cmdline.parent.name))
     return pids
 

@@ -3,7 +3,7 @@ import torch
 from safetensors.torch import load_file
 
 from dspark_kit.data.tiny_corpus import conversations
-from dspark_kit.stages.data.prepare import prepare
+from dspark_kit.stages.dataset.prepare import prepare
 from dspark_kit.stages.hidden.hidden_states import generate_offline
 
 pytestmark = pytest.mark.slow  # runs the tiny verifier

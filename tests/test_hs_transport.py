@@ -7,10 +7,10 @@ import socket
 
 from plan_helpers import plan_vllm
 
-from dspark_kit.hs_transport import mooncake_for, transport_problems
+from dspark_kit.distributed.hs_transport import mooncake_for, transport_problems
 from dspark_kit.recipe import recipe_from_dict
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.preflight import _context, check_transport
+from dspark_kit.stages.preflight.checks import _context, check_transport
 from dspark_kit.stages.training.train import build_train_args
 
 VERIFIER = "/models/Qwen3-0.6B"
@@ -98,8 +98,8 @@ def test_file_transport_is_unchanged(vllm_cpu_stub):
 
 def test_a_host_joins_as_its_address_on_the_route_to_the_master(monkeypatch):
     """Not the hostname's address (127.0.1.1 in many containers): the rendezvous's route rule."""
-    from dspark_kit.hs_transport import LOCAL_HOSTNAME_ENV
-    from dspark_kit.rendezvous import route_ip
+    from dspark_kit.distributed.hs_transport import LOCAL_HOSTNAME_ENV
+    from dspark_kit.distributed.rendezvous import route_ip
 
     monkeypatch.delenv(LOCAL_HOSTNAME_ENV, raising=False)
     mc = mooncake_for(recipe(master_host="192.0.2.7"))  # TEST-NET-1: a route lookup, no packet

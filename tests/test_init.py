@@ -81,7 +81,7 @@ def comment_of(text: str, key: str) -> str:
 def test_init_on_a_qwen3_30b_a3b_shaped_verifier(tmp_path, tokenizer_dir, tokenizer):
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.pipeline import pipeline_dry_run
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
 
     verifier = verifier_dir(tmp_path / "Qwen3-30B-A3B", tokenizer_dir, QWEN3_30B_A3B, weights=False)
     out = tmp_path / "recipes" / "q30b.yaml"
@@ -294,7 +294,7 @@ def laptop_memory(monkeypatch):
 def _init_then_preflight(tmp_path, verifier: Path, out: Path, args: list[str]) -> tuple[str | None, list]:
     """(init's one-line refusal or None, then the written recipe's preflight errors)."""
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
 
     r = init("--verifier", str(verifier), "-o", str(out), *args)
     if r.exit_code:

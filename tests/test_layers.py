@@ -3,7 +3,7 @@
     0 core     recipe, rundir, atomic, jsonl, jsonl_sink, logs, processes, progress, devices
     1 data     data/ (conversation model, chat rendering, sources, the tiny verifier)
     2 specdec  specdec/ (window math, verifier, draft, decoder, checkpoints), compat/ (speculators fixes)
-    3 resolve  resolved/ (every derived value), rendezvous.py (multi-node launch decisions)
+    3 resolve  resolved/ (every derived value), distributed/ (multi-node launch, hidden-state transport)
     4 engines  engines/ (plans, local server, lifecycle)
     5 stages   stages/ (regen ... report, pipeline, preflight)
     6 cli      cli/
@@ -16,7 +16,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "dspark_kit"
 LAYERS = {"recipe": 0, "rundir": 0, "findings": 0, "redact": 0, "atomic": 0, "jsonl": 0, "jsonl_sink": 0, "logs": 0, "processes": 0, "progress": 0, "devices": 0, "data": 1, "specdec": 2, "compat": 2,
-          "resolved": 3, "rendezvous": 3, "hs_transport": 3, "engines": 4, "stages": 5, "cli": 6, "__main__": 6}
+          "resolved": 3, "distributed": 3, "engines": 4, "stages": 5, "cli": 6, "__main__": 6}
 
 
 def module_of(path: Path) -> str:

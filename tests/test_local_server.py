@@ -12,7 +12,7 @@ import pytest
 import torch
 import uvicorn
 
-from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
+from dspark_kit.engines.local.server import Engine, build_generator, create_app, parse_args
 from dspark_kit.specdec.verifier import load_tokenizer, load_verifier
 
 pytestmark = pytest.mark.slow  # every test serves the tiny verifier

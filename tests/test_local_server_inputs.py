@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_local_server import ThreadServer, _metric, _serve, verifier  # noqa: F401 (fixture)
 
-from dspark_kit.engines.local_server import Engine, build_generator, create_app, parse_args
+from dspark_kit.engines.local.server import Engine, build_generator, create_app, parse_args
 
 pytestmark = pytest.mark.slow  # every test serves the tiny verifier
 
@@ -247,7 +247,7 @@ def test_local_plan_enforces_max_model_len_and_vets_extra_args(tiny_recipe):
     from typer.testing import CliRunner
 
     from dspark_kit.cli import app
-    from dspark_kit.engines.local import plan_local
+    from dspark_kit.engines.local.plan import plan_local
     from dspark_kit.resolved import Resolved
 
     tiny_recipe.serve.max_model_len = 300
@@ -264,7 +264,7 @@ def test_local_plan_enforces_max_model_len_and_vets_extra_args(tiny_recipe):
 
 
 def test_spec_role_refuses_top_p_it_cannot_honour(verifier):  # noqa: F811
-    from dspark_kit.engines.local_api import ApiError, CompletionRequest
+    from dspark_kit.engines.local.api import ApiError, CompletionRequest
 
     path, model, tok = verifier
     args = parse_args(["--model", path, "--role", "spec", "--draft", "unused"])

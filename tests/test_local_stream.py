@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_local_server import _chat, _serve, verifier  # noqa: F401 - verifier is a fixture
 
-from dspark_kit.engines.local_server import split_reasoning_like_vllm
-from dspark_kit.engines.local_stream import TextStream
+from dspark_kit.engines.local.server import split_reasoning_like_vllm
+from dspark_kit.engines.local.stream import TextStream
 
 # ---- the text released as it becomes final (no model) -------------------------------------
 

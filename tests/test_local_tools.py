@@ -1,4 +1,4 @@
-"""Tool calls on the local engine and the tiny verifier's template (engines/local_tools.py,
+"""Tool calls on the local engine and the tiny verifier's template (engines/local/tools.py,
 data/tiny_verifier.py, data/tiny_tools.py): what vLLM's hermes parser and Qwen3's template do."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dspark_kit.data.conversations import normalize, row_tools
 from dspark_kit.data.tiny_corpus import conversations
 from dspark_kit.data.tiny_tools import TOOLS, tool_conversations
 from dspark_kit.data.tiny_verifier import CHAT_TEMPLATE
-from dspark_kit.engines.local_tools import refusal, split_tool_calls
+from dspark_kit.engines.local.tools import refusal, split_tool_calls
 
 CALL = '<tool_call>\n{"name": "count_words", "arguments": {"text": "a b"}}\n</tool_call>'
 

@@ -53,7 +53,7 @@ def test_fsdp_shards_parameters_gradients_and_optimizer(tmp_path):
 
 
 def test_planted_recipe_is_refused_with_the_fixes_in_order(tmp_path):
-    from dspark_kit.stages.preflight_memory import memory_findings
+    from dspark_kit.stages.preflight.memory import memory_findings
 
     res = res_of(TINY, PLANTED, tmp_path)
     assert res.memory_plan.trainer.peak > GIB
@@ -69,7 +69,7 @@ def test_planted_recipe_is_refused_with_the_fixes_in_order(tmp_path):
 
 
 def test_the_memory_check_is_part_of_preflight_for_training_only(tmp_path):
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
 
     res = res_of(TINY, PLANTED, tmp_path)
     codes = {f.code for f in run_preflight(res, probes=False, checkpoints=False, storage=False)}

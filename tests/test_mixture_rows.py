@@ -15,7 +15,7 @@ from test_regen_faults import Stub
 from dspark_kit.recipe import Recipe
 from dspark_kit.recipe.mixture import TEMPERATURE, THINKING, choose
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.data.regen import run_regen
+from dspark_kit.stages.dataset.regen import run_regen
 
 HALF = {True: 0.5, False: 0.5}
 TEMPS = {0.0: 0.5, 0.7: 0.5}
@@ -140,7 +140,7 @@ EMPTY_THINK = "<think>\n\n</think>\n\n"
 def test_prepare_renders_regen_rows_in_the_mode_they_were_generated_in(tmp_path, stub, tiny_verifier):
     from transformers import AutoTokenizer
 
-    from dspark_kit.stages.data.prepare import prepare
+    from dspark_kit.stages.dataset.prepare import prepare
 
     recipe = _recipe(_source(tmp_path, 24, turns=1), temperature=0.0)
     out = tmp_path / "regen.jsonl"
@@ -194,7 +194,7 @@ def test_prepare_draws_the_mode_of_a_source_row_without_a_record(tmp_path, tiny_
 
 @pytest.mark.slow  # the tiny verifier's tokenizer
 def test_a_mixture_without_a_row_index_is_a_rejected_row_not_a_guess(tmp_path, tiny_verifier):
-    from dspark_kit.stages.data.prepare import NO_MODE_TO_DRAW, prepare
+    from dspark_kit.stages.dataset.prepare import NO_MODE_TO_DRAW, prepare
 
     rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
             {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
@@ -211,7 +211,7 @@ def test_preflight_takes_a_mixtures_rows_and_names_a_mode_outside_it(tiny_recipe
     from test_preflight import _write_checkpoint, _write_hidden_states
     from transformers import AutoTokenizer
 
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
 
     def pitfall_4(recipe: Recipe) -> list[str]:
         return [f.message for f in run_preflight(Resolved(recipe, tmp_path), probes=False) if f.pitfall == 4]

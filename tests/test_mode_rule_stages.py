@@ -11,10 +11,10 @@ from planting_proxy import PlantingProxy, stray_reasoning
 
 from dspark_kit.data import mode_rule
 from dspark_kit.engines.lifecycle import ManagedServer
-from dspark_kit.engines.local import plan_local
+from dspark_kit.engines.local.plan import plan_local
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.data.regen import failure_verdict, mode_line, run_regen
+from dspark_kit.stages.dataset.regen import failure_verdict, mode_line, run_regen
 
 pytestmark = pytest.mark.slow
 RECIPE = {"regen": {"max_tokens": 24, "concurrency": 4, "request_timeout": 60},
@@ -58,7 +58,7 @@ def test_a_systematic_mismatch_fails_regen_in_one_line_and_prepare_follows_its_d
 
     # later stages read regen's decision: preflight finds nothing to judge, prepare skips exactly
     # those rows as decided and does not fail, whatever its own budget
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
     from dspark_kit.stages.steps import run_stage
 
     assert [f for f in run_preflight(res, probes=False) if f.pitfall == 4] == []

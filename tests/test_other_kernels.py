@@ -26,7 +26,7 @@ ROWS = 256  # the demo's
 
 def test_the_trained_pipeline_on_other_kernels_with_one_stray_reply(tmp_path, tiny_verifier, monkeypatch):
     from dspark_kit.engines.lifecycle import ManagedServer
-    from dspark_kit.engines.local import plan_local
+    from dspark_kit.engines.local.plan import plan_local
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
 

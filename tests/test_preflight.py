@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from dspark_kit.recipe import dump_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.preflight import has_errors, run_preflight
+from dspark_kit.stages.preflight.checks import has_errors, run_preflight
 
 # every test reads the tiny verifier (its tokenizer and config); the shipped tiny recipe's
 # test also because planning still builds the built-in verifier
@@ -288,7 +288,7 @@ def test_cli_exit_codes_and_json(recipe, run, tmp_path):
 def test_preflight_runs_before_train_and_stops_it(recipe, run, monkeypatch):
     """`train` refuses a planted pitfall before anything expensive starts."""
     import dspark_kit.stages.training.train as train_mod
-    from dspark_kit.stages.preflight import PreflightError
+    from dspark_kit.stages.preflight.checks import PreflightError
     from dspark_kit.stages.steps import run_stage
 
     (run / "prepared" / "prepare_meta.json").write_text(json.dumps({"thinking": True}))
@@ -333,7 +333,7 @@ def test_a_failed_verifier_build_surfaces_with_its_cause(tiny_recipe, tmp_path, 
 
 def test_train_preflight_ignores_a_partial_checkpoint_dir(recipe, run):
     """An interrupted run leaves checkpoints/0 without checkpoint_best: training must resume, serving must not."""
-    from dspark_kit.stages.preflight import PreflightError, enforce
+    from dspark_kit.stages.preflight.checks import PreflightError, enforce
 
     (run / "checkpoints" / "checkpoint_best").unlink()
     enforce(Resolved(recipe, run), "train")  # no error: the checkpoints are train's own output
@@ -379,7 +379,7 @@ def test_preflight_refuses_an_engine_that_cannot_serve_the_checkpoint(tmp_path):
     """The engine gate (docs/COMPAT.md) is a preflight finding, as in serve's plan."""
     from dspark_kit.recipe import recipe_from_dict
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.preflight import _context, check_engine
+    from dspark_kit.stages.preflight.checks import _context, check_engine
 
     r = recipe_from_dict({"verifier": {"num_hidden_layers": 8}, "train": {"device": "cuda"},
                           "serve": {"engine": "vllm"}})
@@ -425,7 +425,7 @@ def test_preflight_catches_what_would_fail_at_load(tmp_path, case, code):
     """Each mistake fails preflight with one line naming the key, before anything loads."""
     from dspark_kit.recipe import recipe_from_dict
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
 
     v = _verifier_dir(tmp_path, weights=case not in ("config-only", "missing-shard"), tokenizer=case != "no-tokenizer",
                       shards=("s-1.safetensors", "s-2.safetensors") if case == "missing-shard" else None,
@@ -449,7 +449,7 @@ def test_a_missing_verifier_on_a_recipe_for_another_machine_is_a_warning(tmp_pat
     """Planning the cluster on a laptop: an NPU recipe's verifier lives there, not here."""
     from dspark_kit.recipe import recipe_from_dict
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.preflight import _context, check_verifier
+    from dspark_kit.stages.preflight.checks import _context, check_verifier
 
     r = recipe_from_dict({"verifier": {"path": "/mnt/models/q", "num_hidden_layers": 8}, "train": {"device": "npu"}})
     [f] = check_verifier(_context(Resolved(r, tmp_path, planning=True)))
@@ -461,7 +461,7 @@ def test_preflight_catches_a_relative_verifier_path_read_from_the_shell(tmp_path
     directory is named (elsewhere it became a hub id: 24 s of retries, then transformers' error)."""
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
 
     (tmp_path / "recipes").mkdir()
     _verifier_dir(tmp_path)  # tmp_path/verifier, beside the shell, not the recipe
@@ -489,7 +489,7 @@ def test_preflight_refuses_a_cpu_recipe_whose_verifier_does_not_fit_memory(tmp_p
     from dspark_kit import devices
     from dspark_kit.recipe import recipe_from_dict
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
 
     v = _verifier_dir(tmp_path)
     config = _json.loads((v / "config.json").read_text())
@@ -556,7 +556,7 @@ class _ModelsServer:
 
 def _endpoint_findings(tmp_path, *sets):
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.stages.preflight import _Context, check_endpoints
+    from dspark_kit.stages.preflight.checks import _Context, check_endpoints
 
     tiny = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
     res = Resolved(load_recipe(tiny, list(sets)), tmp_path / "run", planning=True)

@@ -4,7 +4,7 @@ import pytest
 
 from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.jsonl import read_jsonl
-from dspark_kit.stages.data.prepare import prepare, tokenize_conversation
+from dspark_kit.stages.dataset.prepare import prepare, tokenize_conversation
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def _engine_child(parent: psutil.Process, timeout: float = 600) -> tuple[psutil.
                 cmd = child.cmdline()
             except psutil.Error:
                 continue
-            if "dspark_kit.engines.local_server" in cmd:
+            if "dspark_kit.engines.local.server" in cmd:
                 port = int(cmd[cmd.index("--port") + 1])
                 try:
                     if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
@@ -95,7 +95,7 @@ def test_killing_serve_ends_its_server(tmp_path, sig):
 
 
 def test_a_server_run_by_hand_is_not_tied_to_a_parent(monkeypatch):
-    from dspark_kit.engines import local_server
+    from dspark_kit.engines.local import server as local_server
 
     monkeypatch.delenv("DSPARK_KIT_PARENT_PID", raising=False)
     before = {t.name for t in __import__("threading").enumerate()}

@@ -17,10 +17,10 @@ import pytest
 
 from dspark_kit.data.sources import iter_source
 from dspark_kit.engines.lifecycle import ManagedServer
-from dspark_kit.engines.local import plan_local
+from dspark_kit.engines.local.plan import plan_local
 from dspark_kit.recipe import Recipe, dump_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.data.regen import run_regen
+from dspark_kit.stages.dataset.regen import run_regen
 
 pytestmark = pytest.mark.slow
 RECIPE = {"regen": {"max_tokens": 16, "concurrency": 8, "request_timeout": 60},

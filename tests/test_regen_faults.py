@@ -14,7 +14,7 @@ from aiohttp import web
 from dspark_kit.engines.ports import free_port
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.data.regen import run_regen
+from dspark_kit.stages.dataset.regen import run_regen
 
 BEHAVIOURS = ["ok", "fail-once", "fail-always", "slow", "malformed", "bad-schema", "reject"]
 # 200s whose JSON is not a chat completion: a per-row "malformed response", never a crash
@@ -205,7 +205,7 @@ def test_bad_source_fails_fast_without_hanging(tmp_path, stub):
 
 
 def test_endpoint_urls_are_normalised():
-    from dspark_kit.stages.data.regen import normalize_endpoint
+    from dspark_kit.stages.dataset.regen import normalize_endpoint
 
     assert normalize_endpoint("10.0.0.5:8000") == "http://10.0.0.5:8000/v1"
     assert normalize_endpoint("https://h/v1/") == "https://h/v1"
@@ -272,7 +272,7 @@ def test_every_row_is_accounted_when_all_endpoints_are_gone(tmp_path):
 def test_no_resume_with_a_bad_dataset_or_without_overwrite_keeps_the_output(tmp_path, stub):
     """Before: --no-resume --data typo.jsonl emptied a 40-row output and deleted its errors file."""
     from dspark_kit.data.sources import SourceError
-    from dspark_kit.stages.data.regen import OutputExists
+    from dspark_kit.stages.dataset.regen import OutputExists
 
     out = tmp_path / "out.jsonl"
     recipe = _recipe(tmp_path, ["ok"] * 40)
@@ -334,7 +334,7 @@ def test_odd_reply_bodies_are_failed_rows(tmp_path, stub):
 def test_a_bug_in_the_request_path_stops_the_run(tmp_path, stub, monkeypatch):
     """Before: any exception in a worker (here a bug building the row) became a per-row "failed"
     and the run completed; now only failed requests are rows' failures and a bug surfaces."""
-    from dspark_kit.stages.data import regen
+    from dspark_kit.stages.dataset import regen
 
     def broken(_history):
         raise ZeroDivisionError("a bug in the row builder")

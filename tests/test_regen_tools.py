@@ -14,7 +14,7 @@ from test_regen_faults import Stub
 
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.data.regen import TOOL_RESULT_MISSING, TOOL_RESULT_OTHER, run_regen
+from dspark_kit.stages.dataset.regen import TOOL_RESULT_MISSING, TOOL_RESULT_OTHER, run_regen
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
@@ -119,7 +119,7 @@ def test_regenerated_tool_rows_prepare_with_the_calls_trained(tmp_path, stub, ti
     from chat_templates import QWEN3_TEMPLATE
     from transformers import AutoTokenizer
 
-    from dspark_kit.stages.data.prepare import prepare
+    from dspark_kit.stages.dataset.prepare import prepare
 
     _, rows = regen(tmp_path, stub, [chat("weather calls:2", ["sunny", "21C"]), chat("time calls:3", ["noon"])])
     tok = AutoTokenizer.from_pretrained(tiny_verifier)

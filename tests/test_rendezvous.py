@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dspark_kit.recipe import load_recipe
-from dspark_kit.rendezvous import (
+from dspark_kit.distributed.rendezvous import (
     HostFacts,
     RendezvousError,
     ifname_is_loopback,
@@ -103,7 +103,7 @@ def test_c10d_node_0_hosts_the_store_and_this_node_gives_its_own_address():
 def test_a_node_waits_for_the_store_at_most_the_rdzv_timeout_then_names_the_master():
     import time
 
-    from dspark_kit.rendezvous import RendezvousError, store_failure, wait_for_store
+    from dspark_kit.distributed.rendezvous import RendezvousError, store_failure, wait_for_store
 
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
@@ -234,7 +234,7 @@ def test_node_k_watches_the_store_and_names_the_master_after_rdzv_timeout_of_sil
     """A master host that powers off answers nothing (tests/test_two_hosts.py): the watch says so."""
     import time
 
-    from dspark_kit.rendezvous import MasterWatch
+    from dspark_kit.distributed.rendezvous import MasterWatch
 
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))

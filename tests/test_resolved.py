@@ -95,7 +95,7 @@ def test_bench_records_the_k_the_server_got(tmp_path):
 def test_null_tune_means_no_window_for_eval_and_every_engine(tmp_path, tiny_verifier):
     """Reproduced: with {"recommended_window": null} eval ran without a window while the Ascend command
     got 8192. Now eval, the local engine and vllm-ascend agree: no window."""
-    from dspark_kit.engines.local import plan_local
+    from dspark_kit.engines.local.plan import plan_local
     from dspark_kit.engines.vllm import plan_vllm
 
     recipe, verifier = seed_like(tmp_path)
@@ -189,7 +189,7 @@ def test_layer_count_from_config_else_the_recipe(tmp_path):
 def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
     """Reproduced: layer ids [1,12,23,34,46] only warned in preflight (no verifier config here) but
     failed serve. Both now use Resolved.checkpoint_findings with verifier.num_hidden_layers."""
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
     from dspark_kit.stages.serving.serve import ServeError, plan_server
 
     recipe, _ = seed_like(tmp_path)

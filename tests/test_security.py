@@ -76,8 +76,8 @@ def test_no_shell_strings_in_the_package():
 
 @pytest.mark.slow
 def test_servers_bind_loopback_by_default(tiny_recipe, tiny_verifier):
-    from dspark_kit.engines.local import plan_local
-    from dspark_kit.engines.local_server import parse_args
+    from dspark_kit.engines.local.plan import plan_local
+    from dspark_kit.engines.local.server import parse_args
 
     assert tiny_recipe.serve.host == "127.0.0.1"
     from dspark_kit.recipe import Recipe
@@ -128,7 +128,7 @@ def test_api_keys_are_redacted_from_argv_and_manifest(tiny_recipe, tmp_path):
 
 @pytest.mark.slow
 def test_local_plan_passes_the_key_in_env_not_argv(tiny_recipe, tiny_verifier):
-    from dspark_kit.engines.local import plan_local
+    from dspark_kit.engines.local.plan import plan_local
 
     plan = plan_local(Resolved(tiny_recipe), "chat", port=8123, api_key="sk-abc")
     assert "sk-abc" not in " ".join(plan.argv)
@@ -143,7 +143,7 @@ def test_local_server_enforces_the_key_and_never_logs_it(tiny_verifier, tmp_path
 
     secret, port = "sk-log-leak-check-42", free_port()
     log = tmp_path / "server.log"
-    argv = [sys.executable, "-m", "dspark_kit.engines.local_server", "--model", str(tiny_verifier),
+    argv = [sys.executable, "-m", "dspark_kit.engines.local.server", "--model", str(tiny_verifier),
             "--role", "chat", "--port", str(port), "--device", "cpu"]
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from dspark_kit.engines.local_api import ApiError, CompletionRequest
-from dspark_kit.engines.local_server import Engine, create_app, parse_args
+from dspark_kit.engines.local.api import ApiError, CompletionRequest
+from dspark_kit.engines.local.server import Engine, create_app, parse_args
 from dspark_kit.engines.servers import server_plan
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved

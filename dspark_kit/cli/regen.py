@@ -27,7 +27,7 @@ from dspark_kit.progress import progress_bar
 
 def _dry_run(res, endpoints: list[str] | None, json_out: bool, outfile: Path | None = None) -> None:
     """Where requests would go; with no endpoint, the engine command regen would start."""
-    from dspark_kit.stages.data.regen import regen_plan
+    from dspark_kit.stages.dataset.regen import regen_plan
 
     plan = regen_plan(res, endpoints, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
     if json_out:
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
         """
         from dspark_kit.data.sources import SourceError
-        from dspark_kit.stages.data.regen import (
+        from dspark_kit.stages.dataset.regen import (
             OutputExists,
             RowProgress,
             failure_verdict,
@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             _dry_run(res, endpoint, json_out, outfile)
             return
-        from dspark_kit.stages.data.regen import regen_plan
+        from dspark_kit.stages.dataset.regen import regen_plan
 
         total = limit or r.data.limit
         plan = regen_plan(res, endpoint, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))

@@ -168,7 +168,7 @@ class Resolved:
     @cached_property
     def mooncake(self):
         """The Mooncake store hidden states travel through (hidden_states.transport mooncake), else None."""
-        from dspark_kit.hs_transport import mooncake_for
+        from dspark_kit.distributed.hs_transport import mooncake_for
 
         return mooncake_for(self.recipe)
 

@@ -40,7 +40,7 @@ def _plan(res: Resolved, stage: str, lines: list[str], processes: list[Process] 
 
 
 def stage_regen(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.data.regen import failure_verdict, mode_line, run_regen, tools_line
+    from dspark_kit.stages.dataset.regen import failure_verdict, mode_line, run_regen, tools_line
 
     note = reporter.note
     chat = plan.process("chat server")
@@ -66,14 +66,14 @@ def plan_regen(res: Resolved) -> StagePlan:
         return _plan(res, "regen", ["# regen disabled (regen.enabled: false)"])
     import os
 
-    from dspark_kit.stages.data.regen import regen_plan
+    from dspark_kit.stages.dataset.regen import regen_plan
 
     # the key a run would take from the environment, so the dry run shows the same (masked) env
     return regen_plan(res, outfile=res.run.regen_jsonl, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
 
 
 def plan_prepare(res: Resolved) -> StagePlan:
-    from dspark_kit.stages.data.prepare_input import prepare_source
+    from dspark_kit.stages.dataset.prepare_input import prepare_source
 
     src, out = prepare_source(res), res.run.prepared
     return _plan(res, "prepare", [f"# in-process: tokenize {src} with {res.recipe.verifier.path}'s chat template -> {out}"],
@@ -81,8 +81,8 @@ def plan_prepare(res: Resolved) -> StagePlan:
 
 
 def stage_prepare(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
-    from dspark_kit.stages.data.prepare import prepare
-    from dspark_kit.stages.data.prepare_input import prepare_input_rows
+    from dspark_kit.stages.dataset.prepare import prepare
+    from dspark_kit.stages.dataset.prepare_input import prepare_input_rows
 
     recipe = res.recipe
     rows, total, unusable, source = prepare_input_rows(res)
@@ -145,7 +145,7 @@ def plan_train(res: Resolved) -> StagePlan:
     training command(s), one per node with the rendezvous decision (raises RecipeError or
     RuntimeError when unplannable)."""
     from dspark_kit.engines import shell_line
-    from dspark_kit.rendezvous import rendezvous_for
+    from dspark_kit.distributed.rendezvous import rendezvous_for
     from dspark_kit.stages.training.train import build_train_args, node_plans
 
     recipe, hs = res.recipe, res.recipe.hidden_states
@@ -203,10 +203,10 @@ def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE)
     from contextlib import ExitStack
 
     from dspark_kit.logs import log_since
-    from dspark_kit.rendezvous import MasterWatch, rendezvous_for, store_failure, wait_for_store
+    from dspark_kit.distributed.rendezvous import MasterWatch, rendezvous_for, store_failure, wait_for_store
     from dspark_kit.specdec.checkpoints import adopt_interrupted
     from dspark_kit.stages.manifest import update_manifest
-    from dspark_kit.stages.preflight import enforce
+    from dspark_kit.stages.preflight.checks import enforce
     from dspark_kit.stages.training.train import (
         read_val_metrics,
         run_training,

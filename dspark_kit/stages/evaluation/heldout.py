@@ -177,8 +177,8 @@ def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalP
 
 
 def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPrompts:
-    from dspark_kit.stages.data.prepare import row_thinking
-    from dspark_kit.stages.data.prepare_input import prepare_input_rows
+    from dspark_kit.stages.dataset.prepare import row_thinking
+    from dspark_kit.stages.dataset.prepare_input import prepare_input_rows
 
     ratio = res.recipe.train.train_data_ratio
     if keys is None or not 0 < ratio < 1:

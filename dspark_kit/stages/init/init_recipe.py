@@ -123,7 +123,7 @@ def _seq_length(opts: InitOptions, facts, profile: dict, thinking: bool) -> tupl
 def _master_addr(opts: InitOptions) -> tuple[str, str]:
     if opts.master_addr:
         return opts.master_addr, "--master-addr"
-    from dspark_kit.rendezvous import this_machine_address
+    from dspark_kit.distributed.rendezvous import this_machine_address
 
     addr = this_machine_address()
     if addr is None:
@@ -451,7 +451,7 @@ def _own_preflight(recipe, opts: InitOptions) -> None:
     """init writes only what its own preflight passes: what the verifier and this machine rule out is
     refused here, with the init flag that changes it (probes skipped: they are about installed code)."""
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.preflight import run_preflight
+    from dspark_kit.stages.preflight.checks import run_preflight
 
     res = Resolved(recipe, planning=True)
     errors = [f for f in run_preflight(res, probes=False, checkpoints=False, storage=False) if f.level == "error"]

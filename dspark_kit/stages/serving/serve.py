@@ -42,7 +42,7 @@ def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: s
     checks below and the preflight all judge that one resolution."""
     from dspark_kit.engines.servers import server_plan
     from dspark_kit.specdec.checkpoints import CheckpointError, errors
-    from dspark_kit.stages.preflight import PreflightError, enforce, label
+    from dspark_kit.stages.preflight.checks import PreflightError, enforce, label
 
     if role not in ROLES:
         raise ServeError(f"--role {role!r}: expected one of {', '.join(ROLES)}")

@@ -194,10 +194,10 @@ def launch_plan(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -
     """One process, or torchrun when train.nproc > 1 or train.nnodes > 1.
 
     The rendezvous (addresses, backend, network interface) is decided by
-    `dspark_kit.rendezvous`; its errors (loopback across nodes, no interface)
+    `dspark_kit.distributed.rendezvous`; its errors (loopback across nodes, no interface)
     stop the plan here rather than leave node 1 waiting forever.
     """
-    from dspark_kit.rendezvous import rendezvous_for, require
+    from dspark_kit.distributed.rendezvous import rendezvous_for, require
 
     t = recipe.train
     entry = ["-m", "dspark_kit.compat.train_entry", "--dspark-device", device]
@@ -214,7 +214,7 @@ def launch_plan(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -
 
 def node_plans(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -> list[LaunchPlan]:
     """One launch plan per node (multi-node dry runs print them all), from one rendezvous decision."""
-    from dspark_kit.rendezvous import rendezvous_for
+    from dspark_kit.distributed.rendezvous import rendezvous_for
 
     rdzv = rdzv or rendezvous_for(recipe, device)
     plans = []

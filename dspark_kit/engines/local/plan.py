@@ -29,7 +29,7 @@ def plan_local(
 
         port = decide_port(res, role, host).number
     argv = [
-        sys.executable, "-m", "dspark_kit.engines.local_server",
+        sys.executable, "-m", "dspark_kit.engines.local.server",
         "--model", res.verifier_path, "--role", role, "--host", host, "--port", str(port),
         "--served-model-name", *res.served_names(role),
         "--device", res.serve_device.value, "--dtype", res.serve_dtype.value,
@@ -49,7 +49,7 @@ def plan_local(
         decisions += res.spec_decision_lines()
     parser = recipe.serve.tool_call_parser
     if parser and role != "hidden-states":
-        from dspark_kit.engines.local_tools import PARSERS
+        from dspark_kit.engines.local.tools import PARSERS
 
         if parser not in PARSERS:
             raise ValueError(f"serve.tool_call_parser {parser!r}: the local engine parses {', '.join(PARSERS)} "
@@ -57,7 +57,7 @@ def plan_local(
         argv += tool_call_flags(parser, role)
     if recipe.serve.max_model_len is not None:  # vLLM's flag, enforced the same way (400)
         argv += ["--max-model-len", str(recipe.serve.max_model_len)]
-    from dspark_kit.engines.local_server import check_extra_args
+    from dspark_kit.engines.local.server import check_extra_args
 
     extra = [*recipe.serve.extra_args, *(extra_args or [])]
     check_extra_args(extra)  # options the local engine has pass; others fail here, not silently

@@ -77,7 +77,7 @@ class ChatRequest(OpenAIRequest):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    tools: list[dict[str, Any]] | None = None  # served with --enable-auto-tool-choice (local_tools.py)
+    tools: list[dict[str, Any]] | None = None  # served with --enable-auto-tool-choice (local/tools.py)
     tool_choice: str | dict[str, Any] | None = None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import Request
 
-from dspark_kit.engines.local_api import (
+from dspark_kit.engines.local.api import (
     DISCONNECT_POLL_S,
     REQUEST_ID_RE,
     SAMPLING_EPS,

@@ -1,6 +1,6 @@
 """The local engine: an OpenAI-compatible HTTP server over transformers.
 
-Run: `python -m dspark_kit.engines.local_server --model DIR --role chat --port 8000`.
+Run: `python -m dspark_kit.engines.local.server --model DIR --role chat --port 8000`.
 It speaks the subset of vLLM's API the pipeline uses, with vLLM's names, so
 every client works unchanged against vLLM later:
   GET /health (no auth), GET /v1/models, POST /v1/chat/completions,
@@ -15,7 +15,7 @@ on 2 cores than interleaving), so /health stays responsive while it works.
 
 Here: the routes and the command line. The model side (limits, decoding,
 hidden-state files) is local_engine.py; the request schema, input checks, the
-guard (API key, body cap, in-flight limit) and the error shape are local_api.py;
+guard (API key, body cap, in-flight limit) and the error shape are local/api.py;
 the /metrics names are prom.py's.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from dspark_kit.engines.local_api import (
+from dspark_kit.engines.local.api import (
     ApiError,
     ChatRequest,
     CompletionRequest,
@@ -40,9 +40,9 @@ from dspark_kit.engines.local_api import (
     check_text,
     install_error_handlers,
 )
-from dspark_kit.engines.local_engine import Engine, build_generator
-from dspark_kit.engines.local_stream import TextStream, stream_events
-from dspark_kit.engines.local_tools import PARSERS, refusal, split_tool_calls
+from dspark_kit.engines.local.engine import Engine, build_generator
+from dspark_kit.engines.local.stream import TextStream, stream_events
+from dspark_kit.engines.local.tools import PARSERS, refusal, split_tool_calls
 from dspark_kit.recipe import ROLES
 
 
@@ -73,7 +73,7 @@ def create_app(engine: Engine) -> FastAPI:
 
     def streamed(req, request: Request, ids: list[int], max_tokens: int, rid: str, chat: bool,
                  split=None) -> StreamingResponse:
-        """`stream: true`: server-sent events as vLLM sends them (local_stream.py)."""
+        """`stream: true`: server-sent events as vLLM sends them (local/stream.py)."""
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         text = TextStream(lambda t: engine.tok.decode(t, skip_special_tokens=False), engine.request_stop_ids(req),
                           stops, field="content" if chat else "text", split=split)
@@ -188,7 +188,7 @@ def create_app(engine: Engine) -> FastAPI:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dspark_kit.engines.local_server",
+    p = argparse.ArgumentParser(prog="python -m dspark_kit.engines.local.server",
                                 description="OpenAI-compatible local engine (vLLM API subset).")
     p.add_argument("--model", required=True, help="verifier HF directory")
     p.add_argument("--role", choices=list(ROLES), default="chat")

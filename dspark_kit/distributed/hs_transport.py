@@ -7,7 +7,7 @@ transport (hs_connectors' Mooncake connector and store, `--hidden-states-backend
 the server puts the tensors into a Mooncake store and the trainer gets them by key over TCP
 or RDMA, no shared filesystem needed.
 
-Decided once per command, like dspark_kit.rendezvous decides the multi-node launch: the
+Decided once per command, like dspark_kit.distributed.rendezvous decides the multi-node launch: the
 master's address and port (default node 0's train.master_addr), which node starts
 `mooncake_master`, the store settings every client gets, and the address each node joins as.
 """
@@ -63,7 +63,7 @@ class Mooncake:
         host's command decides its own; override: MOONCAKE_LOCAL_HOSTNAME."""
         import os
 
-        from dspark_kit.rendezvous import route_ip
+        from dspark_kit.distributed.rendezvous import route_ip
 
         if os.environ.get(LOCAL_HOSTNAME_ENV):
             return os.environ[LOCAL_HOSTNAME_ENV]

@@ -21,7 +21,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from dspark_kit.engines.local_api import error_body
+from dspark_kit.engines.local.api import error_body
 
 THINK_TAGS = ("<think>", "</think>")
 

@@ -156,7 +156,7 @@ def _undecided_mode_counts(rows: list[dict], thinking, mixture_seed) -> ModeCoun
     same rule and budget (data/mode_rule.py), applied ahead of the hours before it; recorded
     decisions are never judged again."""
     from dspark_kit.data.conversations import ConversationError, has_reasoning, normalize
-    from dspark_kit.stages.data.prepare import row_thinking
+    from dspark_kit.stages.dataset.prepare import row_thinking
 
     counts = ModeCounts()
     for r in rows:
@@ -303,7 +303,7 @@ def _node_local(path: str | Path) -> bool:
 
 def check_multinode(ctx: _Context) -> list[Finding]:
     """Across nodes: the rendezvous must be reachable from every node, storage shared by all."""
-    from dspark_kit.rendezvous import rendezvous_for
+    from dspark_kit.distributed.rendezvous import rendezvous_for
 
     recipe, out = ctx.recipe, []
     t, hs = recipe.train, recipe.hidden_states
@@ -319,7 +319,7 @@ def check_multinode(ctx: _Context) -> list[Finding]:
     if served and hs.endpoint:
         from urllib.parse import urlparse
 
-        from dspark_kit.rendezvous import master_is_loopback
+        from dspark_kit.distributed.rendezvous import master_is_loopback
 
         host = urlparse(hs.endpoint if "//" in hs.endpoint else f"http://{hs.endpoint}").hostname or ""
         if master_is_loopback(host):
@@ -343,7 +343,7 @@ def check_multinode(ctx: _Context) -> list[Finding]:
 
 def check_transport(ctx: _Context) -> list[Finding]:
     """hidden_states.transport mooncake: a combination it serves, and a master someone runs."""
-    from dspark_kit.hs_transport import transport_problems
+    from dspark_kit.distributed.hs_transport import transport_problems
 
     return [pitfall(11, "error", p) for p in transport_problems(ctx.recipe, ctx.res.mooncake)]
 
@@ -476,7 +476,7 @@ def check_lengths(ctx: _Context) -> list[Finding]:
 
 def check_prompt_room(ctx: _Context) -> list[Finding]:
     """regen.max_tokens plus the longest prompt regen will send fits serve.max_model_len (preflight_requests)."""
-    from dspark_kit.stages.preflight_requests import prompt_room
+    from dspark_kit.stages.preflight.prompt_room import prompt_room
 
     return prompt_room(ctx.res)
 
@@ -518,14 +518,14 @@ def check_ports(ctx: _Context) -> list[Finding]:
 
 def check_endpoints(ctx: _Context) -> list[Finding]:
     """External servers' /v1/models against the names the trainer and regen will send (preflight_endpoints)."""
-    from dspark_kit.stages.preflight_endpoints import endpoint_findings
+    from dspark_kit.stages.preflight.endpoints import endpoint_findings
 
     return endpoint_findings(ctx.res)
 
 
 def check_train_memory(ctx: _Context) -> list[Finding]:
     """The training memory plan against each device's memory (preflight_memory)."""
-    from dspark_kit.stages.preflight_memory import memory_findings
+    from dspark_kit.stages.preflight.memory import memory_findings
 
     return memory_findings(ctx.res)
 

@@ -68,7 +68,7 @@ from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.mixture import THINKING, choose
 from dspark_kit.recipe.schema import DataCfg
-from dspark_kit.stages.data.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
+from dspark_kit.stages.dataset.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
 
 _TOKENIZER = None
 _REPLY_LEN = None
