@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from dspark_kit.recipe import load_recipe
 from dspark_kit.distributed.rendezvous import (
     HostFacts,
     RendezvousError,
@@ -19,6 +18,7 @@ from dspark_kit.distributed.rendezvous import (
     resolve_rendezvous,
     route_ip,
 )
+from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 
 REPO = Path(__file__).resolve().parent.parent

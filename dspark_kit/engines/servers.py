@@ -30,7 +30,9 @@ def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_k
     decided = decide_port(res, role, host) if port is None else port if isinstance(port, Port) else None
     number = decided.number if decided is not None else int(port)
     if res.engine == "local":
-        from dspark_kit.engines.local.plan import plan_local  # lazily: pulls in the local server stack
+        from dspark_kit.engines.local.plan import (
+            plan_local,  # lazily: pulls in the local server stack
+        )
 
         plan = plan_local(res, role, port=number, host=host, api_key=api_key, extra_args=extra_args)
     else:

@@ -144,8 +144,8 @@ def plan_train(res: Resolved) -> StagePlan:
     """The hidden-state server and Mooncake master train starts (online mode), and the exact
     training command(s), one per node with the rendezvous decision (raises RecipeError or
     RuntimeError when unplannable)."""
-    from dspark_kit.engines import shell_line
     from dspark_kit.distributed.rendezvous import rendezvous_for
+    from dspark_kit.engines import shell_line
     from dspark_kit.stages.training.train import build_train_args, node_plans
 
     recipe, hs = res.recipe, res.recipe.hidden_states
@@ -202,8 +202,13 @@ def plan_train(res: Resolved) -> StagePlan:
 def stage_train(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
     from contextlib import ExitStack
 
+    from dspark_kit.distributed.rendezvous import (
+        MasterWatch,
+        rendezvous_for,
+        store_failure,
+        wait_for_store,
+    )
     from dspark_kit.logs import log_since
-    from dspark_kit.distributed.rendezvous import MasterWatch, rendezvous_for, store_failure, wait_for_store
     from dspark_kit.specdec.checkpoints import adopt_interrupted
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight.checks import enforce
