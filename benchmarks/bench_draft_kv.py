@@ -100,13 +100,13 @@ def main() -> None:
     import torch
 
     from dspark_kit.data.tiny_corpus import write_eval_prompts
+    from dspark_kit.measure.eval_prompts import build_prompts, load_eval_prompts
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
     from dspark_kit.specdec.checkpoints import resolve_checkpoint
     from dspark_kit.specdec.decoder import ReferenceDecoder, SpecGenerator
     from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
-    from dspark_kit.stages.evaluation.evaluate import EvalSession, build_prompts
-    from dspark_kit.stages.evaluation.heldout import load_eval_prompts
+    from dspark_kit.stages.evaluation.evaluate import EvalSession
 
     torch.set_num_threads(1)  # the local engine's default, and the least disturbed on a shared box
     recipe = load_recipe(RECIPE, ["train.device=cpu"])

@@ -6,11 +6,11 @@ All acceptance figures come from greedy decoding, so they are deterministic: mac
 load changes none of them. Prompts: `tiny_corpus.write_eval_prompts` (held-out
 single-turn chats, seed 9173, not the corpus the verifier or the draft trained on).
 
-- trained vs untrained: `evaluate.run_eval` (the reference lossless decoder) on the same
+- trained vs untrained: `evaluate.evaluate_checkpoint` (the reference lossless decoder) on the same
   prompts at K = block size. The untrained draft is the trained checkpoint with its
   trained tensors re-drawn as at initialisation (matrices normal(0, 0.02), norm weights
   1, biases 0); embeddings and lm_head come from the verifier in both.
-- bench vs eval: the local spec engine (`serve --role spec`) under `bench.run_bench`
+- bench vs eval: the local spec engine (`serve --role spec`) under `bench.bench_endpoint`
   with the same prompts, K, max tokens and window (off); its AL (from the /metrics
   deltas) should equal eval's.
 - window: `evaluate.tune_window` (what `dspark-kit window tune` runs) at 2x, 4x and 8x
@@ -56,11 +56,11 @@ def bench_al(recipe, wd: Path, prompts: Path, n: int, max_tokens: int, out: Path
     from dspark_kit.engines.ports import free_port
     from dspark_kit.engines.servers import running_server
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.serving.bench import run_bench
+    from dspark_kit.stages.serving.bench import bench_endpoint
 
     resolved = Resolved(recipe, wd, window="off")  # as the eval it is compared with (a tuned window would differ)
     with running_server(resolved, "spec", port=free_port()) as url:
-        res = run_bench(resolved, url, label="bench-eval", out_dir=out, num_prompts=n, concurrency=1,
+        res = bench_endpoint(resolved, url, label="bench-eval", out_dir=out, num_prompts=n, concurrency=1,
                         max_tokens=max_tokens, dataset=str(prompts))
     return res["spec_decode"]["acceptance_length"]
 
@@ -83,7 +83,7 @@ def main() -> None:
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
     from dspark_kit.specdec.checkpoints import resolve_checkpoint
-    from dspark_kit.stages.evaluation.evaluate import run_eval, tune_window
+    from dspark_kit.stages.evaluation.evaluate import evaluate_checkpoint, tune_window
 
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster than two on a shared box
     base = load_recipe(RECIPE, ["train.device=cpu"])
@@ -97,8 +97,8 @@ def main() -> None:
         best = resolve_checkpoint(wd / "checkpoints")
         prompts = write_eval_prompts(tmp / "eval_prompts.jsonl", 32)
         kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": n, "max_new_tokens": m}
-        trained = run_eval(Resolved(recipe, wd, checkpoint=best, window="off"), out_dir=tmp / "eval-t", **kw)
-        untrained = run_eval(Resolved(recipe, wd, checkpoint=untrained_copy(best, tmp / "untrained"), window="off"),
+        trained = evaluate_checkpoint(Resolved(recipe, wd, checkpoint=best, window="off"), out_dir=tmp / "eval-t", **kw)
+        untrained = evaluate_checkpoint(Resolved(recipe, wd, checkpoint=untrained_copy(best, tmp / "untrained"), window="off"),
                              out_dir=tmp / "eval-u", **kw)
         # bench shuffles a jsonl and takes the first n: give it exactly eval's n prompts
         bench_prompts = write_eval_prompts(tmp / "bench_prompts.jsonl", n)

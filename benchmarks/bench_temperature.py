@@ -36,10 +36,10 @@ def acceptance(wd: Path, sets: list[str], temperature: float, prompts: int) -> d
     """eval's acceptance length of the run's draft at `temperature`."""
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.evaluation.evaluate import run_eval
+    from dspark_kit.stages.evaluation.evaluate import evaluate_checkpoint
 
     recipe = load_recipe(RECIPE, [*sets, f"eval.temperature={temperature}", "eval.categories=[]"])
-    s = run_eval(Resolved(recipe, wd), num_prompts=prompts, out_dir=wd / f"eval-t{temperature:g}")
+    s = evaluate_checkpoint(Resolved(recipe, wd), num_prompts=prompts, out_dir=wd / f"eval-t{temperature:g}")
     return {"al": s["acceptance_length"], "per_position": s["per_position_acceptance"], "ids": s["prompts"]["ids"],
             "temperature": s["temperature"]}
 

@@ -98,6 +98,13 @@ class Reporter:
     def note(self, message: str) -> None:
         note(message)
 
+    @contextlib.contextmanager
+    def doing(self, label: str, what: str) -> Iterator[None]:
+        """A step with no count of its own: its line says what it is doing (the heartbeat repeats it)."""
+        with self.bar(label, None) as bar:
+            bar.describe(what)
+            yield
+
 
 STANDALONE = Reporter()
 

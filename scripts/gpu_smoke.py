@@ -173,11 +173,11 @@ def probe_env(env: dict[str, str]) -> dict:
 EVAL_CUDA = """
 import json, sys
 from pathlib import Path
-from dspark_kit.stages.evaluation.evaluate import run_eval
+from dspark_kit.stages.evaluation.evaluate import evaluate_checkpoint
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 wd, recipe, sets = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
-s = run_eval(Resolved(load_recipe(recipe, sets), wd), out_dir=wd / "eval-cuda")  # train.device=cuda: eval there
+s = evaluate_checkpoint(Resolved(load_recipe(recipe, sets), wd), out_dir=wd / "eval-cuda")  # train.device=cuda: eval there
 keys = ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward", "num_speculative_tokens")
 print("@@" + json.dumps({k: s.get(k) for k in keys}))
 """
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     tests = os.environ.get("SMOKE_TESTS", DEFAULT_TESTS)
     steps = plan(wd, args.steps, tests)
     report.data["plan"] = {
-        k: " ".join(v) if k != "eval" else "run_eval (train.device=cuda)" for k, v in steps.items()
+        k: " ".join(v) if k != "eval" else "evaluate_checkpoint (train.device=cuda)" for k, v in steps.items()
     }
     report.data["mode"] = "check" if args.check else "smoke"
     report.write()

@@ -8,6 +8,7 @@ what runs, for how long, and how far the suite is, whenever EVERY_S seconds pass
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -16,8 +17,11 @@ EVERY_S = 25.0  # a piped log never goes 30 s without a line
 
 class Heartbeat:
     def __init__(self, reporter, every_s: float = EVERY_S, capture=None):
-        # capture: pytest's capture manager; without xdist a test's output capture holds the
-        # terminal while it runs, so the line is written with capture suspended for that moment
+        # capture: pytest's capture manager. Without xdist a test's output capture holds the
+        # terminal while it runs; the line then goes straight to the terminal's own file
+        # descriptor, which the capture saved (`_terminal_fd`). Suspending the capture from this
+        # thread instead swaps sys.stdout under a running test: a CliRunner's stream it replaced
+        # is dropped, closed, and the test fails with "I/O operation on closed file".
         self.reporter, self.every_s, self.capture = reporter, every_s, capture
         self.running: dict[str, float] = {}
         self.done = 0
@@ -44,11 +48,19 @@ class Heartbeat:
             if self.capture is None:
                 self.reporter.write_line(text)
                 continue
-            try:  # another thread than the test's: a capture switching state right now costs one line
-                with self.capture.global_and_fixture_disabled():
-                    self.reporter.write_line(text)
-            except Exception:  # noqa: BLE001, S112 - never the suite's failure
+            fd = _terminal_fd(self.capture)
+            try:
+                if fd is None:  # capture by sys.stdout only: file descriptor 1 is still the terminal
+                    fd = 1
+                os.write(fd, f"\n{text}\n".encode())
+            except OSError:  # never the suite's failure
                 continue
+
+
+def _terminal_fd(capture) -> int | None:
+    """The terminal's file descriptor that pytest's fd capture saved before redirecting fd 1."""
+    out = getattr(getattr(capture, "_global_capturing", None), "out", None)
+    return getattr(out, "targetfd_save", None)
 
 
 _BEAT: list[Heartbeat] = []

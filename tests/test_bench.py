@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dspark_kit.recipe import recipe_from_dict
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.serving.bench import BenchError, load_prompts, run_bench
+from dspark_kit.stages.serving.bench import BenchError, bench_endpoint, load_prompts
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENS_PER_REPLY = 6
@@ -131,7 +131,7 @@ def _recipe(tmp_path, thinking=False):
 
 def test_streaming_latency_and_acceptance(serve, tmp_path):
     stub, url = serve(StubServer("stream", served_before=5))  # earlier traffic must not count
-    r = run_bench(Resolved(_recipe(tmp_path, thinking=True)), url, label="ckpt1")
+    r = bench_endpoint(Resolved(_recipe(tmp_path, thinking=True)), url, label="ckpt1")
     assert r["completed"] == 6 and r["failed"] == 0 and r["streamed"] is True
     assert r["total_output_tokens"] == 6 * TOKENS_PER_REPLY
     # the stub's sleeps bound TTFT and whole-request latency from below; a busy machine only adds
@@ -160,7 +160,7 @@ def test_streaming_latency_and_acceptance(serve, tmp_path):
 @pytest.mark.parametrize("mode", ["json", "reject-stream"])
 def test_non_streaming_servers(serve, tmp_path, mode):
     stub, url = serve(StubServer(mode))
-    r = run_bench(Resolved(_recipe(tmp_path)), url, label=mode, out_dir=tmp_path / "o")
+    r = bench_endpoint(Resolved(_recipe(tmp_path)), url, label=mode, out_dir=tmp_path / "o")
     assert r["completed"] == 6 and r["streamed"] is False
     assert r["total_output_tokens"] == 6 * TOKENS_PER_REPLY
     # without streaming the first token time is unknown: TTFT is the whole latency
@@ -173,7 +173,7 @@ def test_non_streaming_servers(serve, tmp_path, mode):
 def test_restarted_server_is_an_error(serve, tmp_path):
     _, url = serve(StubServer("json", restart_after=4, served_before=20))
     with pytest.raises(BenchError, match="restarted"):
-        run_bench(Resolved(_recipe(tmp_path)), url, label="x", out_dir=tmp_path / "o")
+        bench_endpoint(Resolved(_recipe(tmp_path)), url, label="x", out_dir=tmp_path / "o")
 
 
 def test_unreachable_server(tmp_path):
@@ -183,7 +183,7 @@ def test_unreachable_server(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(BenchError, match="--endpoint"):
-        run_bench(Resolved(_recipe(tmp_path)), f"http://127.0.0.1:{port}", label="x", out_dir=tmp_path / "o")
+        bench_endpoint(Resolved(_recipe(tmp_path)), f"http://127.0.0.1:{port}", label="x", out_dir=tmp_path / "o")
 
 
 def test_prompts_from_jsonl(tmp_path):
@@ -205,15 +205,15 @@ def test_prompts_from_jsonl(tmp_path):
 def test_builtin_prompts_are_evals_held_out_prompts(tmp_path):
     """The served engine measures the same acceptance as eval only on the same prompts: bench's
     builtin dataset is eval's default (held-out) prompt set for the tiny recipe, in eval's order."""
+    from dspark_kit.measure.eval_prompts import load_eval_prompts, until_last_user
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.stages.evaluation.heldout import load_eval_prompts, until_last_user
 
     recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml", [f"workdir={tmp_path / 'run'}"])
     res = Resolved(recipe, planning=True)
     n = recipe.eval.num_prompts
     assert recipe.bench.num_prompts == n and recipe.bench.max_tokens == recipe.eval.max_new_tokens
     # no DIR/prepared: nothing to compare prompts with, so no tokenizer is needed either
-    evals = load_eval_prompts(res, tokenizer=None, limit=max(n, 16))  # what run_eval asks for
+    evals = load_eval_prompts(res, tokenizer=None, limit=max(n, 16))  # what evaluate_checkpoint asks for
     assert evals.held_out is True and evals.ids[:n] == [f"tiny-heldout-{i}" for i in range(n)]
     bench = load_prompts("builtin", n, res)
     assert bench == [until_last_user(c) for c in evals.chats[:n]]
@@ -279,7 +279,7 @@ def test_against_local_engine(tmp_path, tiny_verifier):
                                "bench": {"num_prompts": 2, "concurrency": 2, "max_tokens": 8}})
     with ManagedServer(plan, tmp_path / "server.log") as server:
         server.wait_healthy(600)  # a hang, not a busy machine
-        r = run_bench(Resolved(recipe), server.base_url, label="local")
+        r = bench_endpoint(Resolved(recipe), server.base_url, label="local")
     assert r["completed"] == 2 and r["failed"] == 0
     assert 0 < r["total_output_tokens"] <= 2 * 8
     assert r["output_throughput"] > 0 and r["mean_e2el_ms"] > 0
@@ -301,7 +301,7 @@ class CategoryStub(StubServer):
 
 
 def test_categories_each_get_their_window_and_compare_side_by_side(serve, tmp_path):
-    from dspark_kit.stages.reporting.report import compare
+    from dspark_kit.measure.bench_tables import compare
 
     gsm = tmp_path / "gsm8k.jsonl"
     gsm.write_text(json.dumps({"question": "Natalia sold 48 clips. How many?", "answer": "#### 72"}) + "\n")
@@ -310,7 +310,7 @@ def test_categories_each_get_their_window_and_compare_side_by_side(serve, tmp_pa
     _, url = serve(CategoryStub("stream"))
     files = []
     for label in ("a", "b"):
-        r = run_bench(Resolved(_recipe(tmp_path)), url, label=label, num_prompts=2,
+        r = bench_endpoint(Resolved(_recipe(tmp_path)), url, label=label, num_prompts=2,
                       categories=f"gsm8k={gsm},chat={chat}")
         files.append(tmp_path / "run" / "bench" / f"bench_{label}.json")
     cats = {c["category"]: c for c in r["categories"]}
@@ -327,7 +327,7 @@ def test_categories_each_get_their_window_and_compare_side_by_side(serve, tmp_pa
     assert "| chat | 2.750 (0.75, 0.50, 0.50) |" in table
     assert any(p.name == "cmp_categories.png" and p.stat().st_size > 1000 for p in written)
     with pytest.raises(BenchError, match="category 'nope': unknown"):
-        run_bench(Resolved(_recipe(tmp_path)), url, label="c", categories="nope")
+        bench_endpoint(Resolved(_recipe(tmp_path)), url, label="c", categories="nope")
 
 
 def test_mt_benchs_second_turn_follows_the_servers_reply_in_the_same_window(serve, tmp_path):
@@ -335,7 +335,7 @@ def test_mt_benchs_second_turn_follows_the_servers_reply_in_the_same_window(serv
     mt.write_text("".join(json.dumps({"prompt": [f"Write about {i}.", "Now shorter."]}) + "\n" for i in range(2)))
     stub = CategoryStub("stream")
     _, url = serve(stub)
-    r = run_bench(Resolved(_recipe(tmp_path)), url, label="mt", num_prompts=2, categories=f"mt-bench={mt}")
+    r = bench_endpoint(Resolved(_recipe(tmp_path)), url, label="mt", num_prompts=2, categories=f"mt-bench={mt}")
     (cat,) = r["categories"]
     assert cat["count"] == 2 and cat["turns"] == 2 and cat["completed"] == 4  # two questions, two turns each
     seconds = [b["messages"] for b in stub.bodies if len(b["messages"]) == 3]

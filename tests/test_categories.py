@@ -112,9 +112,9 @@ def test_tiny_corpus_kinds_cover_every_template():
 def test_tiny_category_prompts_group_the_held_out_set(tmp_path):
     from pathlib import Path
 
+    from dspark_kit.measure.eval_prompts import category_prompts, tiny_held_out
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.evaluation.heldout import category_prompts, tiny_held_out
 
     tiny = Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
     res = Resolved(load_recipe(tiny, [f"workdir={tmp_path / 'run'}"]), planning=True)
@@ -127,7 +127,7 @@ def test_tiny_category_prompts_group_the_held_out_set(tmp_path):
 
 
 def test_eval_table_and_report_plot_per_category(tmp_path):
-    from dspark_kit.stages.evaluation.evaluate import category_markdown
+    from dspark_kit.stages.evaluation.eval_outputs import category_markdown
     from dspark_kit.stages.pipeline import highlights
     from dspark_kit.stages.reporting.report import build_report
 

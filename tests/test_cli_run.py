@@ -89,8 +89,8 @@ def test_pipeline_eval_prompts_are_not_training_rows(own_trained_run):
 
     from dspark_kit.data.chat import render
     from dspark_kit.data.tiny_corpus import eval_conversations
+    from dspark_kit.measure.eval_prompts import until_last_user
     from dspark_kit.recipe import load_recipe
-    from dspark_kit.stages.evaluation.heldout import until_last_user
 
     wd = own_trained_run
     sets = [*TRAINED_RUN_SETS, "regen.enabled=false", "eval.num_prompts=4", "eval.max_new_tokens=8"]

@@ -18,13 +18,11 @@ import pytest
 from chat_templates import QWEN3_TEMPLATE
 
 from dspark_kit.data.conversations import ConversationError, normalize, to_sharegpt
+from dspark_kit.data.mode_rule import REASONING_WITH_THINKING_OFF
+from dspark_kit.data.template_rows import tokenize_conversation
 from dspark_kit.jsonl import read_jsonl
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.dataset.prepare import (
-    REASONING_WITH_THINKING_OFF,
-    prepare,
-    tokenize_conversation,
-)
+from dspark_kit.stages.dataset.prepare import prepare
 
 TURNS = [("What colour are bananas?", "Bananas are yellow.", "A banana."),
          ("And apples?", "Apples vary.", "Red or green."),

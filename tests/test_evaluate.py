@@ -20,8 +20,8 @@ from dspark_kit.stages.evaluation.evaluate import (
     EvalError,
     aggregate,
     candidate_windows,
+    evaluate_checkpoint,
     pick_window,
-    run_eval,
     tune_window,
 )
 
@@ -101,7 +101,7 @@ def test_eval_window_flag_is_resolveds_window(tmp_path, engine):
 @pytest.mark.slow
 def test_run_eval_outputs_and_context_sweep(workdir):
     r = recipe(workdir)
-    s = run_eval(Resolved(r, workdir, window="32"), context_lengths=[160])
+    s = evaluate_checkpoint(Resolved(r, workdir, window="32"), context_lengths=[160])
     assert s["acceptance_length"] > 1.0
     assert abs(1 + sum(s["per_position_acceptance"]) - s["acceptance_length"]) < 1e-3
     assert s["num_speculative_tokens"] == 4 and "trained slots" in s["num_speculative_tokens_source"]
@@ -224,7 +224,7 @@ def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path, tiny_
     untrained = save_draft(fresh_draft(tiny_verifier), tmp_path / "untrained")
     r = recipe(workdir, "serve.num_speculative_tokens=4")
     kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": 4, "max_new_tokens": 24, "categories": []}
-    trained_al = run_eval(Resolved(r, workdir, window="off"), out_dir=tmp_path / "t", **kw)["acceptance_length"]
+    trained_al = evaluate_checkpoint(Resolved(r, workdir, window="off"), out_dir=tmp_path / "t", **kw)["acceptance_length"]
     untrained = Resolved(r, workdir, checkpoint=untrained, window="off")
-    untrained_al = run_eval(untrained, out_dir=tmp_path / "u", **kw)["acceptance_length"]
+    untrained_al = evaluate_checkpoint(untrained, out_dir=tmp_path / "u", **kw)["acceptance_length"]
     assert trained_al >= MARGIN * untrained_al, (trained_al, untrained_al)

@@ -44,7 +44,7 @@ def _row_ids(work) -> list[list[int]]:
 
 
 def _all_named_files_valid(work) -> int:
-    from dspark_kit.stages.hidden.hidden_states import is_valid_file
+    from dspark_kit.specdec.hidden_state_files import is_valid_file
 
     ids = _row_ids(work)
     files = sorted((work / "hidden_states").glob("hs_*.safetensors"))

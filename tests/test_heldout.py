@@ -9,9 +9,9 @@ import pytest
 
 from dspark_kit.data.chat import render
 from dspark_kit.data.tiny_corpus import conversations
+from dspark_kit.measure.eval_prompts import EvalError, load_eval_prompts, until_last_user
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.evaluation.heldout import EvalError, load_eval_prompts, until_last_user
 
 pytestmark = pytest.mark.slow  # the tiny verifier's tokenizer, and prepare
 

@@ -111,7 +111,7 @@ def test_a_host_joins_as_its_address_on_the_route_to_the_master(monkeypatch):
 
 def test_an_external_endpoint_means_the_master_runs_elsewhere(vllm_cpu_stub, tmp_path):
     """train with hidden_states.endpoint starts neither the server nor the master; it checks the master."""
-    from dspark_kit.stages.steps import plan_train
+    from dspark_kit.stages.training.train import plan as plan_train
 
     r = recipe(master_port=50111)
     assert mooncake_for(r).start_on_node == 0
@@ -122,7 +122,7 @@ def test_an_external_endpoint_means_the_master_runs_elsewhere(vllm_cpu_stub, tmp
 
 
 def test_serve_hidden_states_starts_the_master_first(vllm_cpu_stub, tmp_path):
-    from dspark_kit.stages.serving.serve import plan_server
+    from dspark_kit.stages.server_plan import plan_server
 
     sp = plan_server(Resolved(recipe(master_port=50111), tmp_path, planning=True), "hidden-states")
     assert sp.mooncake_master is not None and "--rpc_port=50111" in sp.mooncake_master.argv

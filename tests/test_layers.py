@@ -1,12 +1,15 @@
 """The folders are layers: imports (module- or function-level) only point down, never in a cycle.
 
-    0 core     recipe, rundir, atomic, jsonl, jsonl_sink, logs, processes, progress, devices
-    1 data     data/ (conversation model, chat rendering, sources, the tiny verifier)
+    0 core     recipe, rundir, atomic, jsonl, jsonl_sink, logs, processes, progress, devices, ...
+    1 data     data/ (conversation model, chat rendering, template rows, sources, the tiny verifier)
     2 specdec  specdec/ (window math, verifier, draft, decoder, checkpoints), compat/ (speculators fixes)
     3 resolve  resolved/ (every derived value), distributed/ (multi-node launch, hidden-state transport)
-    4 engines  engines/ (plans, local server, lifecycle)
-    5 stages   stages/ (regen ... report, pipeline, preflight)
-    6 cli      cli/
+    4 engines  engines/ (plans, the local engine, lifecycle)
+    5 measure  measure/ (what the measuring stages share: prompt sets, timed requests, tables, charts)
+    6 stages   stages/, itself in floors (STAGE_FLOORS): the plan types and the run's manifest,
+               preflight/, the checked server plan, then the stage folders (each its own room: none
+               imports another), then the registry and the pipeline over them
+    7 cli      cli/
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[1] / "dspark_kit"
 LAYERS = {"recipe": 0, "rundir": 0, "findings": 0, "redact": 0, "atomic": 0, "jsonl": 0, "jsonl_sink": 0, "logs": 0, "processes": 0, "progress": 0, "devices": 0, "data": 1, "specdec": 2, "compat": 2,
-          "resolved": 3, "distributed": 3, "engines": 4, "stages": 5, "cli": 6, "__main__": 6}
+          "resolved": 3, "distributed": 3, "engines": 4, "measure": 5, "stages": 6, "cli": 7, "__main__": 7}
 
 
 def module_of(path: Path) -> str:
@@ -63,6 +68,70 @@ def _known_module(name: str, known: set[str]) -> str | None:
     while name and name not in known:
         name = name.rsplit(".", 1)[0] if "." in name else ""
     return name or None
+
+
+# stages/ in floors: a module imports only its own floor's modules or lower floors. The stage
+# folders share a floor, and none of them may import another (`test_no_stage_folder_imports_another`).
+STAGE_FLOORS = {"plan": 0, "manifest": 0, "preflight": 1, "server_plan": 2,
+                "dataset": 3, "hidden": 3, "training": 3, "evaluation": 3, "serving": 3, "reporting": 3, "init": 3,
+                "steps": 4, "pipeline": 4}
+STAGE_FOLDERS = {name for name, floor in STAGE_FLOORS.items() if floor == 3}
+
+
+def stage_part(module: str) -> str | None:
+    """`stages.serving.bench` -> `serving`; None outside stages/."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "stages" and len(parts) > 1 else None
+
+
+def stage_arrows() -> list[tuple[str, str, str, str]]:
+    """(module, imported module, its stages part, the imported one's) for each import inside stages/."""
+    out = []
+    for f in (PKG / "stages").rglob("*.py"):
+        src = module_of(f)
+        for dst in imported(f):
+            a, b = stage_part(src), stage_part(dst)
+            if a and b and a != b:
+                out.append((src, dst, a, b))
+    return out
+
+
+def test_every_stages_module_has_a_floor():
+    parts = {stage_part(module_of(f)) for f in (PKG / "stages").rglob("*.py")} - {None}
+    assert parts <= set(STAGE_FLOORS), f"add these to STAGE_FLOORS: {sorted(parts - set(STAGE_FLOORS))}"
+
+
+def test_stages_floors_only_point_down():
+    up = [f"{src} imports {dst}" for src, dst, a, b in stage_arrows()
+          if STAGE_FLOORS[b] > STAGE_FLOORS[a]]
+    assert not up, "\n".join(up)
+
+
+def test_no_stage_folder_imports_another():
+    """Each stage family is its own room: what two of them share moves down a floor (measure/,
+    data/, engines/, resolved/, or stages/server_plan.py)."""
+    across = [f"{src} imports {dst}" for src, dst, a, b in stage_arrows() if a in STAGE_FOLDERS and b in STAGE_FOLDERS]
+    assert not across, "\n".join(across)
+
+
+def test_the_stage_folder_rule_sees_an_arrow(tmp_path, monkeypatch):
+    """The rule can fail: a module in one stage folder importing another is reported."""
+    fake = tmp_path / "dspark_kit"
+    (fake / "stages" / "serving").mkdir(parents=True)
+    (fake / "stages" / "evaluation").mkdir(parents=True)
+    (fake / "stages" / "serving" / "bench.py").write_text("from dspark_kit.stages.evaluation import evaluate\n")
+    (fake / "stages" / "evaluation" / "evaluate.py").write_text("")
+    monkeypatch.setitem(globals(), "PKG", fake)
+    assert [(a, b) for _s, _d, a, b in stage_arrows()] == [("serving", "evaluation")]
+    with pytest.raises(AssertionError, match="stages.serving.bench imports stages.evaluation"):
+        test_no_stage_folder_imports_another()
+
+
+def test_steps_is_only_the_registry():
+    """steps.py names the stages in order; each stage's plan and run live in its own module."""
+    tree = ast.parse((PKG / "stages" / "steps.py").read_text())
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert functions == {"execute", "run_stage"}, functions
 
 
 def test_no_import_cycles():

@@ -79,7 +79,7 @@ def test_the_memory_check_is_part_of_preflight_for_training_only(tmp_path):
 
 
 def test_seed_recipe_dry_run_prints_its_per_device_plan(tmp_path):
-    from dspark_kit.stages.steps import plan_train
+    from dspark_kit.stages.training.train import plan as plan_train
 
     lines = plan_train(res_of(SEED, [], tmp_path)).lines
     memory = [ln for ln in lines if ln.startswith("# memory:")]

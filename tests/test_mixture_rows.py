@@ -194,7 +194,8 @@ def test_prepare_draws_the_mode_of_a_source_row_without_a_record(tmp_path, tiny_
 
 @pytest.mark.slow  # the tiny verifier's tokenizer
 def test_a_mixture_without_a_row_index_is_a_rejected_row_not_a_guess(tmp_path, tiny_verifier):
-    from dspark_kit.stages.dataset.prepare import NO_MODE_TO_DRAW, prepare
+    from dspark_kit.data.template_rows import NO_MODE_TO_DRAW
+    from dspark_kit.stages.dataset.prepare import prepare
 
     rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
             {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
@@ -243,7 +244,7 @@ def test_eval_finds_validation_conversations_of_both_modes(tmp_path, tiny_verifi
 
     from dspark_kit.data.chat import render
     from dspark_kit.data.tiny_corpus import conversations
-    from dspark_kit.stages.evaluation.heldout import load_eval_prompts, until_last_user
+    from dspark_kit.measure.eval_prompts import load_eval_prompts, until_last_user
     from dspark_kit.stages.steps import run_stage
 
     src = tmp_path / "data.jsonl"

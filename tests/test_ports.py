@@ -97,7 +97,7 @@ def test_mooncake_master_ports_are_checked_before_it_starts(tmp_path):
     """Both ports mooncake_master listens on (RPC, and HTTP next to it) are refused in one line
     naming the recipe key when something holds one, before anything starts."""
     from dspark_kit.engines.servers import start_checks
-    from dspark_kit.stages.steps import plan_train
+    from dspark_kit.stages.training.train import plan as plan_train
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

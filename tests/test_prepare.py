@@ -3,8 +3,9 @@ import json
 import pytest
 
 from dspark_kit.data.conversations import ConversationError, normalize
+from dspark_kit.data.template_rows import tokenize_conversation
 from dspark_kit.jsonl import read_jsonl
-from dspark_kit.stages.dataset.prepare import prepare, tokenize_conversation
+from dspark_kit.stages.dataset.prepare import prepare
 
 
 @pytest.fixture(scope="module")

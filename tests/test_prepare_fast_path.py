@@ -18,7 +18,7 @@ from prefix_reference import reference_rows
 from dspark_kit.data.chat import render
 from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.data.piece_encoder import PieceEncoder
-from dspark_kit.stages.dataset.prepare import tokenize_conversation
+from dspark_kit.data.template_rows import tokenize_conversation
 
 pytestmark = pytest.mark.slow  # loads the tiny verifier's tokenizer
 

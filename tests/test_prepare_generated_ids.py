@@ -6,9 +6,9 @@ import json
 import pytest
 
 from dspark_kit.data.conversations import ConversationError, normalize, to_sharegpt
+from dspark_kit.data.template_rows import rows_from_ids, turn_rows
 from dspark_kit.engines.chat_client import MalformedResponse, parse_chat_response
-from dspark_kit.stages.dataset.prepare import prepare, turn_rows
-from dspark_kit.stages.dataset.prepare_rows import rows_from_ids
+from dspark_kit.stages.dataset.prepare import prepare
 
 
 @pytest.fixture(scope="module")

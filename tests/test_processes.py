@@ -110,7 +110,8 @@ def test_killing_the_kit_during_training_ends_the_trainer(tmp_path, sig):
     script.write_text(
         "import sys\n"
         "from pathlib import Path\n"
-        "from dspark_kit.stages.training.train import LaunchPlan, run_training\n"
+        "from dspark_kit.engines import LaunchPlan\n"
+        "from dspark_kit.stages.training.train import run_training\n"
         "plan = LaunchPlan([sys.executable, '-c', 'import time; print(\"step\", flush=True); time.sleep(120)'], {})\n"
         f"run_training(plan, Path({str(tmp_path / 'train.log')!r}))\n")
     proc = subprocess.Popen([sys.executable, str(script)], env=_env(), stderr=subprocess.PIPE)

@@ -11,7 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dspark_kit.stages.reporting.report import build_report, compare, read_scalars, val_by_epoch
+from dspark_kit.measure.bench_tables import compare
+from dspark_kit.stages.reporting.report import build_report, read_scalars, val_by_epoch
 
 # per-epoch validation values (the reference Ascend run's numbers, docs/CONCEPTS.md#long-context) and per-position accuracies
 VAL = {
@@ -233,7 +234,7 @@ def test_report_says_where_an_unfinished_training_stopped(tmp_path, status, whol
 
 def test_report_reads_bench_files_from_before_the_figure_was_renamed(tmp_path):
     """bench json wrote per_position_acceptance_rates before issue 28; the report still shows it."""
-    from dspark_kit.stages.reporting.report import bench_markdown
+    from dspark_kit.measure.bench_tables import bench_markdown
 
     counts = {"num_drafts": 10, "num_accepted_tokens": 5}
     old = {"label": "old", "spec_decode": {**counts, "acceptance_length": 1.5, "per_position_acceptance_rates": [0.4, 0.1]}}

@@ -190,7 +190,7 @@ def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
     """Reproduced: layer ids [1,12,23,34,46] only warned in preflight (no verifier config here) but
     failed serve. Both now use Resolved.checkpoint_findings with verifier.num_hidden_layers."""
     from dspark_kit.stages.preflight.checks import run_preflight
-    from dspark_kit.stages.serving.serve import ServeError, plan_server
+    from dspark_kit.stages.server_plan import ServeError, plan_server
 
     recipe, _ = seed_like(tmp_path)
     recipe.verifier.path = "/mnt/cephfs/models/Qwen3-30B-A3B"  # not on this machine

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_RECIPE, TRAINED_RUN_SETS, set_args
 
-from dspark_kit.stages.evaluation.served_gate import checkpoint_identity, compare, side_by_side
+from dspark_kit.measure.served_gate import checkpoint_identity, compare, side_by_side
 
 
 def bench(al, k=4, n=8):

@@ -21,7 +21,7 @@ from dspark_kit.engines.servers import server_plan
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.hidden.hidden_states_vllm import offline_command
-from dspark_kit.stages.steps import plan_train
+from dspark_kit.stages.training.train import plan as plan_train
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml"

@@ -110,8 +110,8 @@ def test_rerun_resumes_and_writes_every_point(swept, run):
 def test_served_acceptance_equals_in_process_eval(swept, run):
     """The consistency check: every served point's AL is in-process eval's on the same ids (within
     0.05; greedy makes them equal), and the window changes long-context AL the same way."""
-    from dspark_kit.stages.evaluation.evaluate import EvalSession, build_prompts, tune_window
-    from dspark_kit.stages.evaluation.heldout import load_eval_prompts
+    from dspark_kit.measure.eval_prompts import build_prompts, load_eval_prompts
+    from dspark_kit.stages.evaluation.evaluate import EvalSession, tune_window
 
     _, served = swept
     res = Resolved(_recipe(run), run)
@@ -161,8 +161,9 @@ def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, 
     """`run`'s eval stage, made to find the verifier too large for the eval device: it serves the
     resolved K and window and measures the same prompts; its AL is in-process eval's."""
     from dspark_kit.data.tiny_corpus import TASK_KINDS
+    from dspark_kit.measure.eval_prompts import build_prompts
     from dspark_kit.resolved import Decision
-    from dspark_kit.stages.evaluation.evaluate import EvalSession, build_prompts
+    from dspark_kit.stages.evaluation.evaluate import EvalSession
     from dspark_kit.stages.steps import run_stage
 
     monkeypatch.setattr(Resolved, "eval_fit", property(lambda self: Decision(False, "as if 64 GiB were too small")))
@@ -179,7 +180,7 @@ def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, 
     assert [c["category"] for c in cats] == [f"tiny/{k}" for k in TASK_KINDS], cats
     assert all(c["completed"] == c["count"] > 0 and c["acceptance_length"] >= 1.0 for c in cats), cats
     monkeypatch.undo()
-    from dspark_kit.stages.evaluation.heldout import load_eval_prompts
+    from dspark_kit.measure.eval_prompts import load_eval_prompts
 
     session = EvalSession(res, sweep=True)
     chats = load_eval_prompts(res, session.tokenizer, limit=16).chats

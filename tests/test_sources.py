@@ -107,7 +107,7 @@ def test_prepare_streams_its_source_and_still_counts_unusable_rows(tmp_path, tin
     from collections.abc import Iterator
 
     from dspark_kit.resolved import Resolved
-    from dspark_kit.stages.dataset.prepare_input import prepare_input_rows
+    from dspark_kit.resolved.prepare_input import prepare_input_rows
 
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps({"prompt": "q", "response": "r"}) + "\n{bad\n" + json.dumps({"prompt": "q2"}) + "\n")

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_metrics_deltas_equal_the_engines_own_count(own_trained_run, tiny_recipe):
     trained_run = own_trained_run  # bench writes bench/ into it
-    from dspark_kit.stages.serving.bench import run_bench
+    from dspark_kit.stages.serving.bench import bench_endpoint
 
     res = Resolved(tiny_recipe, trained_run)
     with running_server(res, "spec", port=free_port()) as url:
@@ -34,7 +34,7 @@ def test_metrics_deltas_equal_the_engines_own_count(own_trained_run, tiny_recipe
         assert delta["num_accepted_tokens"] == own["num_accepted_tokens"]
         assert delta["acceptance_length"] == pytest.approx(1 + own["num_accepted_tokens"] / own["num_drafts"])
 
-        result = run_bench(res, url, label="tiny-spec", out_dir=trained_run / "bench", num_prompts=4,
+        result = bench_endpoint(res, url, label="tiny-spec", out_dir=trained_run / "bench", num_prompts=4,
                            concurrency=2, max_tokens=24)
     spec = result["spec_decode"]
     rates = spec["per_position_acceptance"]

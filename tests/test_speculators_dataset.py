@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from dspark_kit.data.conversations import normalize
+from dspark_kit.data.template_rows import tokenize_conversation
 from dspark_kit.data.tiny_corpus import conversations
-from dspark_kit.stages.dataset.prepare import prepare, tokenize_conversation
+from dspark_kit.stages.dataset.prepare import prepare
 
 pytestmark = pytest.mark.slow  # prepares with the tiny verifier's tokenizer
 

@@ -19,12 +19,8 @@ import pytest
 from chat_templates import NO_TOOLS_TEMPLATE, QWEN3_TEMPLATE
 
 from dspark_kit.data.conversations import ConversationError, normalize, row_format, row_tools
-from dspark_kit.stages.dataset.prepare import (
-    TEMPLATE_DROPS_CALLS,
-    TEMPLATE_DROPS_TOOLS,
-    prepare,
-    turn_rows,
-)
+from dspark_kit.data.template_rows import TEMPLATE_DROPS_CALLS, TEMPLATE_DROPS_TOOLS, turn_rows
+from dspark_kit.stages.dataset.prepare import prepare
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",

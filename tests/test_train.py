@@ -230,7 +230,7 @@ def test_train_failure_names_the_stage_once(tmp_path, monkeypatch):
 
     from dspark_kit.stages.plan import StagePlan
 
-    def refused(res, plan, reporter):  # what stage_train raises when the trainer exits with a fix probe's refusal
+    def refused(res, plan, reporter):  # what train.run raises when the trainer exits with a fix probe's refusal
         raise RuntimeError(training_failure(3, log))
 
     def planned(res):  # no verifier to look at: the plan is not what this test is about
@@ -258,7 +258,8 @@ def test_a_trainer_stopped_by_the_watch_is_a_failure_even_when_it_exits_0(tmp_pa
     "interrupted" checkpoint and exits 0, which must not read as a finished training."""
     import sys
 
-    from dspark_kit.stages.training.train import LaunchPlan, run_training
+    from dspark_kit.engines import LaunchPlan
+    from dspark_kit.stages.training.train import run_training
 
     log, started = tmp_path / "train.log", tmp_path / "started"
     reason = "the hidden-state server http://x exited with code -9"
@@ -275,7 +276,8 @@ def test_a_trainer_stopped_by_the_watch_is_a_failure_even_when_it_exits_0(tmp_pa
 def test_a_watch_that_never_fires_leaves_the_exit_code(tmp_path):
     import sys
 
-    from dspark_kit.stages.training.train import LaunchPlan, run_training
+    from dspark_kit.engines import LaunchPlan
+    from dspark_kit.stages.training.train import run_training
 
     plan = LaunchPlan([sys.executable, "-c", "raise SystemExit(3)"])
     assert run_training(plan, tmp_path / "t.log", watch=lambda: None) == (3, None)

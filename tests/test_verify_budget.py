@@ -3,7 +3,7 @@ themselves are measured in tests/test_served_gate.py, on the eval its run makes.
 
 from __future__ import annotations
 
-from dspark_kit.stages.evaluation.evaluate import budget_markdown
+from dspark_kit.stages.evaluation.eval_outputs import budget_markdown
 
 
 def test_budget_markdown_lists_fixed_then_thresholds():

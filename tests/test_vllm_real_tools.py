@@ -18,10 +18,10 @@ from plan_helpers import plan_vllm
 from test_tool_calls import _without_newline_after_im_end, openai_row
 
 from dspark_kit.data.conversations import normalize, row_tools
+from dspark_kit.data.template_rows import turn_rows
 from dspark_kit.engines.lifecycle import ManagedServer
 from dspark_kit.engines.ports import free_port
 from dspark_kit.recipe import load_recipe
-from dspark_kit.stages.dataset.prepare import turn_rows
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow, pytest.mark.usefixtures("vllm_cpu_build")]
 MAX_MODEL_LEN = 512  # the tiny verifier's

@@ -61,8 +61,8 @@ def register(app: typer.Typer) -> None:
           dspark-kit bench --compare runs/x/bench/bench_ckpt0.json runs/x/bench/bench_ckpt1.json --out cmp.md
         """
         from dspark_kit.engines.prom import MetricsError
-        from dspark_kit.stages.reporting.report import compare as compare_results
-        from dspark_kit.stages.serving.bench import BenchError, run_bench
+        from dspark_kit.measure.bench_tables import compare as compare_results
+        from dspark_kit.stages.serving.bench import BenchError, bench_endpoint
 
         if compare:
             if not files or len(files) < 1:
@@ -84,14 +84,14 @@ def register(app: typer.Typer) -> None:
         res = resolve(r, workdir, planning=True)  # the model name and K to record: nothing to build or train
         out_dir = out or res.run.bench
         try:
-            result = run_bench(res, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
+            result = bench_endpoint(res, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
                                max_tokens=max_tokens, dataset=dataset, categories=categories)
         except (BenchError, MetricsError) as e:
             fail(str(e))
         if json_out:
             emit_json(result)
             return
-        from dspark_kit.stages.reporting.report import bench_markdown
+        from dspark_kit.measure.bench_tables import bench_markdown
 
         typer.echo(bench_markdown([result]))
         typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)

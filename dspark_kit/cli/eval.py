@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         from dspark_kit.data.categories import CategoryError, parse_categories
         from dspark_kit.specdec.checkpoints import CheckpointError
         from dspark_kit.specdec.draft_model import DraftLoadError
-        from dspark_kit.stages.evaluation.evaluate import EvalError, run_eval
+        from dspark_kit.stages.evaluation.evaluate import EvalError, evaluate_checkpoint
 
         # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
         res = resolve(load(recipe, with_temperature(set_, temperature)), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device)
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         except CategoryError as e:
             fail(f"{'--categories' if categories is not None else 'eval.categories'}: {e}")
         try:
-            summary = run_eval(
+            summary = evaluate_checkpoint(
                 res, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,
                 max_new_tokens=max_new_tokens, context_lengths=parse_int_list(context_lengths, "--context-lengths"),
                 out_dir=out, categories=chosen, log=lambda m: console.print(m, highlight=False),

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
-        from dspark_kit.stages.hidden.storage_plan import plan_storage
+        from dspark_kit.resolved.storage_plan import plan_storage
         from dspark_kit.stages.preflight.checks import PITFALLS, has_errors, run_preflight
 
         # planning: preflight checks what exists; it builds nothing and plans an explicit device as written

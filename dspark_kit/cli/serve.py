@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
 
           dspark-kit serve -r recipes/qwen3-30b-a3b-ultrachat-ascend.yaml --role chat --dry-run
         """
-        from dspark_kit.stages.serving.serve import ServeError, plan_server
+        from dspark_kit.stages.server_plan import ServeError, plan_server
 
         r = load(recipe, set_)
         res = resolve(r, workdir, engine=engine, checkpoint=checkpoint, planning=dry_run)

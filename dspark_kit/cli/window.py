@@ -154,7 +154,7 @@ def tune_cmd(
             typer.echo(f"{k:>1}  {key:>6}  " + "  ".join(f"{row[c] if row[c] is not None else '-':>7}" for c in ctx))
     typer.echo(f"recommended_k: {result['recommended_k']}  recommended_window: {result['recommended_window']} "
                f"-> {result['file']}")
-    from dspark_kit.stages.evaluation.evaluate import budget_markdown
+    from dspark_kit.stages.evaluation.eval_outputs import budget_markdown
 
     for line in budget_markdown(result.get("verify_budget")):
         typer.echo(line)

@@ -50,6 +50,17 @@ def shell_line(argv: list[str], env: dict[str, str]) -> str:
 
 
 @dataclass
+class LaunchPlan:
+    """A process that is not a server (a trainer, an offline hidden-state writer): argv + env."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def shell_line(self) -> str:
+        return shell_line(self.argv, self.env)
+
+
+@dataclass
 class ServerPlan:
     argv: list[str]
     host: str

@@ -14,6 +14,11 @@ bench and the CLI ask a `Resolved` instead of re-deriving it.
     num_hidden_layers  the verifier's config, else verifier.num_hidden_layers
     hidden_size        the verifier's config, else verifier.hidden_size (or unknown)
     memory_plan        training memory per device (resolved/memory_plan.py)
+    storage_plan       the bytes offline hidden states take, and the room where they go
+                       (resolved/storage_plan.py)
+    prepare_input      the rows prepare reads: DIR/regen.jsonl when regen runs, else
+                       data.source (resolved/prepare_input.py; eval's held-out split and
+                       the storage estimate read the same rows)
     checkpoint         serve.checkpoint under DIR/checkpoints (or a path)
     k                  serve.num_speculative_tokens: int, or auto = the newest tune's K
                        (in-process window_tune.json or served served_tune.json),

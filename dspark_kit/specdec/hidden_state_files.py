@@ -96,3 +96,20 @@ def fp8_unavailable() -> str | None:
     if not has_connector:
         return f"the installed hs-connectors {version} has no fp8 hidden-states connector (hs-connectors>=0.9.0 has it)"
     return None
+
+
+def is_valid_file(path: Path, token_ids: list[int], dtype: str | None = None) -> bool:
+    """A file that opens, has both keys, the right length and finite values (fp8: once
+    dequantized, as the trainer reads it), in `dtype` when given (a run whose
+    hidden_states.dtype changed rewrites the files of the other dtype)."""
+    from safetensors.torch import load_file
+    from speculators.data_generation.offline import check_hidden_states
+
+    try:
+        tensors = load_file(str(path))
+        if dtype is not None and dtype_of(tensors) != dtype:
+            return False
+        check_hidden_states(readable(tensors), token_ids)
+        return True
+    except Exception:  # noqa: BLE001 - any unreadable file is simply regenerated
+        return False

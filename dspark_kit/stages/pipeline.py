@@ -177,7 +177,7 @@ def highlights(workdir: Path) -> list[str]:
         e = json.loads(ev.read_text())
         pos = ", ".join(f"{p:.3f}" for p in e.get("per_position_acceptance", []))
         lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
-    from dspark_kit.stages.evaluation.served_gate import side_by_side
+    from dspark_kit.measure.served_gate import side_by_side
 
     for b in sorted(run.bench.glob("bench_*.json")):
         result = json.loads(b.read_text())
@@ -192,7 +192,7 @@ def highlights(workdir: Path) -> list[str]:
     measured = json.loads(ev.read_text()) if ev.exists() else {}
     categories = measured.get("categories")
     if categories:  # last: the figure to compare drafts by
-        from dspark_kit.stages.evaluation.evaluate import category_markdown, temperature_words
+        from dspark_kit.stages.evaluation.eval_outputs import category_markdown, temperature_words
 
         lines += [f"eval: acceptance per category, {temperature_words(measured.get('temperature'))}",
                   *category_markdown(categories)[3:]]

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from dspark_kit import atomic
 
 if TYPE_CHECKING:
-    from dspark_kit.engines import ServerPlan
-    from dspark_kit.stages.training.train import LaunchPlan
+    from dspark_kit.engines import LaunchPlan, ServerPlan
+    from dspark_kit.resolved import Resolved
 
 CHOSEN = "<chosen at start>"
 
@@ -71,6 +71,12 @@ class StagePlan:
     outputs: dict[str, str] = field(default_factory=dict)
     decisions: dict[str, Any] = field(default_factory=dict)  # Resolved.summary(): value + source each
     details: dict[str, Any] = field(default_factory=dict)  # the stage's own facts (e.g. regen's endpoints)
+
+    @classmethod
+    def of(cls, res: Resolved, stage: str, lines: list[str], processes: list[Process] | None = None,
+           inputs: dict | None = None, outputs: dict | None = None) -> StagePlan:
+        """A stage's plan with the decided values it runs with (DECIDED[stage]) taken from `res`."""
+        return cls(stage, lines, processes or [], inputs or {}, outputs or {}, decisions=res.summary(DECIDED[stage]))
 
     def process(self, role: str) -> Process | None:
         return next((p for p in self.processes if p.role == role), None)

@@ -39,7 +39,6 @@ reasoning with thinking off, nothing trainable within seq_length).
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import tempfile
@@ -51,24 +50,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_kit.data import mode_rule
-from dspark_kit.data.chat import render
 from dspark_kit.data.conversations import (
     ConversationError,
     has_reasoning,
     normalize,
     row_format,
     row_tools,
-    template_messages,
-    truncation,
 )
 from dspark_kit.data.mode_rule import REASONING_WITH_THINKING_OFF, ModeCounts  # noqa: F401 (the rule's reason, re-exported)
-from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.data.speculators_dataset import DatasetWriter
+from dspark_kit.data.template_rows import (
+    NOTHING_IN_SEQ_LENGTH,
+    TurnRows,
+    conversation_texts,
+    encode_batch,
+    generated_ids,
+    reply_length_fn,
+    row_thinking,
+    rows_from_ids,
+    suffix_encoder,
+)
 from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
-from dspark_kit.recipe.mixture import THINKING, choose
 from dspark_kit.recipe.schema import DataCfg
-from dspark_kit.stages.dataset.prepare_rows import TurnRows, reply_length_fn, rows_from_ids
+from dspark_kit.resolved import Resolved
+from dspark_kit.resolved.prepare_input import prepare_input_rows, prepare_source
+from dspark_kit.stages.plan import StagePlan
 
 _TOKENIZER = None
 _REPLY_LEN = None
@@ -136,115 +143,6 @@ class PrepareSummary:
 
 MODE_BUDGET = DataCfg.model_fields["max_mode_mismatch_fraction"].default  # the recipe's default, not a second one
 DROPPED_BY_REGEN = " (decided by regen: metadata.mode_check)"
-NO_MODE_TO_DRAW = ("no recorded thinking mode (metadata.thinking) and no metadata.idx to draw one from the "
-                   "verifier.thinking mixture (regen records both)")
-NOTHING_IN_SEQ_LENGTH = "no assistant token within data.seq_length (prompt too long)"
-TEMPLATE_DROPS_TOOLS = ("the chat template does not render the row's `tools` (verifier.tokenizer's template has "
-                        "no tools branch: use the model's own template, or drop the row's tools)")
-TEMPLATE_DROPS_CALLS = ("the chat template does not render an assistant's `tool_calls` (it would train an "
-                        "empty reply: use the model's own template)")
-TEMPLATE_DROPS_RESULTS = "the chat template does not render a `tool` turn's result"
-
-
-def row_thinking(row: object, thinking: bool | dict[bool, float], mixture_seed: int | None) -> bool:
-    """The thinking mode a row is rendered in: the one regen generated it in (`metadata.thinking`),
-    else `thinking` (verifier.thinking), a mixture's draw for the row's `metadata.idx` (its index in
-    the data source; `mixture_seed`: regen.seed) by recipe.mixture.choose, as regen draws it."""
-    meta = row.get("metadata") if isinstance(row, dict) else None
-    meta = meta if isinstance(meta, dict) else {}
-    if isinstance(meta.get("thinking"), bool):
-        return meta["thinking"]
-    if not isinstance(thinking, dict):
-        return thinking
-    idx = meta.get("idx")
-    if not isinstance(idx, int) or isinstance(idx, bool):
-        raise ConversationError(NO_MODE_TO_DRAW)
-    return choose(thinking, mixture_seed, THINKING, idx)
-
-
-def _check_tool_render(tok, msgs: list[dict], tools: list[dict] | None, thinking: bool, texts: list[str],
-                       turns: list[int]) -> None:
-    """A template without tool branches renders a call as an empty reply and drops the schema
-    silently: refuse the row instead (its reason names which part went missing). Each check renders
-    again without the part: a template that renders it changes the text."""
-    if tools and render(tok, msgs[: turns[0]], thinking, add_generation_prompt=True) == texts[0]:
-        raise ConversationError(TEMPLATE_DROPS_TOOLS)
-    for k, j in enumerate(turns):
-        if msgs[j].get("tool_calls"):
-            bare = {key: v for key, v in msgs[j].items() if key != "tool_calls"}
-            if render(tok, [*msgs[:j], bare], thinking, tools=tools) == texts[2 * k + 1]:
-                raise ConversationError(f"turn {j}: {TEMPLATE_DROPS_CALLS}")
-    if any(m["role"] == "tool" and m["content"] not in texts[-1] for m in msgs[: turns[-1] + 1]):
-        raise ConversationError(TEMPLATE_DROPS_RESULTS)
-
-
-def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False,
-                       tools: list[dict] | None = None) -> list[str]:
-    """The renders the loss mask needs: per assistant turn j, the prompt (msgs[:j] + generation
-    prompt, exactly what the verifier saw) then the text up to and including turn j. Every render
-    gets the row's `tools`; turn j's span is then its text and tool calls, and tool results and
-    the schema stay context (they are never an assistant turn's span).
-
-    Raises ConversationError (the reason) for a truncated reply (unless keep_truncated),
-    reasoning with thinking off, or a template that does not render turn j right after its
-    generation prompt: such a row is not what the verifier generated."""
-    turns = [j for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
-    if not turns:
-        raise ConversationError("no assistant turn after a user turn")
-    msgs = msgs[: turns[-1] + 1]  # trailing user turns have nothing to learn
-    if not keep_truncated and (why := truncation(msgs)):
-        raise ConversationError(why)
-    if (decision := mode_rule.decide(msgs, thinking)) != mode_rule.AGREES:  # no render reproduces such a row
-        raise ConversationError(decision)
-    msgs = template_messages(msgs)
-    texts = []
-    for j in turns:
-        prompt = render(tok, msgs[:j], thinking, add_generation_prompt=True, tools=tools)
-        upto = render(tok, msgs[: j + 1], thinking, tools=tools)
-        if not upto.startswith(prompt):
-            raise ConversationError(f"turn {j}: the template does not render the reply right after its "
-                                    "generation prompt (thinking mode and data disagree?)")
-        texts += [prompt, upto]
-    if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in msgs):
-        _check_tool_render(tok, msgs, tools, thinking, texts, turns)
-    return texts
-
-
-def _encode_batch(tok, texts: list[str]) -> list[list[int]]:
-    """chat.encode over many texts at once (no special tokens added: the template holds them);
-    text they share is encoded once (data/piece_encoder.py)."""
-    return _encoder(tok)(texts)
-
-
-@functools.lru_cache(maxsize=4)
-def _encoder(tok) -> PieceEncoder:
-    return PieceEncoder(tok)
-
-
-def generated_ids(msgs: list[dict]) -> list[list[int] | None]:
-    """The verifier's own token ids per assistant turn (regen keeps them), in conversation_texts' turn order."""
-    return [m.get("token_ids") for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
-
-
-def turn_rows(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False,
-              tools: list[dict] | None = None) -> TurnRows:
-    """Rows of (input_ids, loss_mask) for one conversation (prepare_rows.rows_from_ids)."""
-    texts = conversation_texts(tok, msgs, thinking, keep_truncated, tools)
-    return rows_from_ids(_encode_batch(tok, texts), reply_length_fn(tok), _suffix_encoder(tok, texts),
-                         generated_ids(msgs))
-
-
-def tokenize_conversation(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False,
-                          tools: list[dict] | None = None) -> tuple[list[tuple[list[int], list[int]]], bool]:
-    """Rows of (input_ids, loss_mask) for one conversation, and whether it fanned out per turn."""
-    t = turn_rows(tok, msgs, thinking, keep_truncated, tools)
-    return t.rows, t.fanned
-
-
-def _suffix_encoder(tok, texts: list[str]):
-    return lambda k: _encode_batch(tok, [texts[2 * k + 1][len(texts[2 * k]) :]])[0]
-
-
 def _init_worker(tokenizer_path: str, trust_remote_code: bool) -> None:
     global _TOKENIZER, _REPLY_LEN
     from transformers import AutoTokenizer
@@ -293,14 +191,14 @@ def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - a template that cannot render this row is a rejected row
             out.append({**fmt, "error": f"template failed: {type(e).__name__}: {e}"})
     try:
-        ids = _encode_batch(_TOKENIZER, [t for _, texts in planned for t in texts])
+        ids = encode_batch(_TOKENIZER, [t for _, texts in planned for t in texts])
     except Exception:  # noqa: BLE001 - one bad text must not sink the chunk: encode row by row
         ids = None
     pos = 0
     for i, texts in planned:
         try:
-            row_ids = ids[pos : pos + len(texts)] if ids is not None else _encode_batch(_TOKENIZER, texts)
-            t = rows_from_ids(row_ids, _REPLY_LEN, _suffix_encoder(_TOKENIZER, texts), out[i].pop("generated"))
+            row_ids = ids[pos : pos + len(texts)] if ids is not None else encode_batch(_TOKENIZER, texts)
+            t = rows_from_ids(row_ids, _REPLY_LEN, suffix_encoder(_TOKENIZER, texts), out[i].pop("generated"))
             out[i] = {**out[i], **_row_result(t, seq_length)}
         except ConversationError as e:
             out[i] = {**_judged(out[i]), "error": str(e)}
@@ -438,3 +336,27 @@ def _replace_dir(staged: Path, out_dir: Path) -> None:
     staged.rename(out_dir)
     if old.exists():
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- the stage ---------------------------------------------------------------
+
+
+def plan(res: Resolved) -> StagePlan:
+    src, out = prepare_source(res), res.run.prepared
+    return StagePlan.of(res, "prepare", [f"# in-process: tokenize {src} with {res.recipe.verifier.path}'s chat template -> {out}"],
+                        inputs={"rows": src, "verifier": res.recipe.verifier.path}, outputs={"prepared": str(out)})
+
+
+def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
+    recipe = res.recipe
+    rows, total, unusable, source = prepare_input_rows(res)
+    s = prepare(
+        rows, res.verifier_path, plan.outputs["prepared"],
+        seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking,
+        num_workers=recipe.data.num_workers, seed=recipe.train.seed,
+        trust_remote_code=recipe.verifier.trust_remote_code, total=total,
+        keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable,
+        meta={"verifier": recipe.verifier.path, "source": source}, reporter=reporter, mixture_seed=recipe.mixture_seed,
+        mode_budget=recipe.data.max_mode_mismatch_fraction,
+    )
+    return s.as_dict()

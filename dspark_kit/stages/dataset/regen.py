@@ -58,12 +58,13 @@ from dspark_kit.engines.chat_client import (
     discover_model,
 )
 from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, keys_in, open_for_resume
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.mixture import TEMPERATURE, THINKING, choose
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.plan import DECIDED, Process, StagePlan
 
 if TYPE_CHECKING:
     from dspark_kit.engines import ServerPlan
-    from dspark_kit.stages.plan import StagePlan
 
 
 @dataclass
@@ -477,7 +478,6 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     from urllib.parse import urlparse
 
     from dspark_kit.engines.servers import regen_server_plan, server_plan
-    from dspark_kit.stages.plan import DECIDED, Process, StagePlan
 
     recipe = res.recipe
     outfile = Path(outfile or res.run.regen_jsonl)
@@ -506,3 +506,35 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
                      decisions=res.summary(DECIDED["regen"]),
                      details={"endpoints": endpoints, "machines": machines,
                               "concurrency_per_endpoint": recipe.regen.concurrency})
+
+
+# ---- the stage ---------------------------------------------------------------
+
+
+def plan(res: Resolved) -> StagePlan:
+    """The chat server(s) regen starts (or the recipe's endpoints), the rows and the output."""
+    if not res.recipe.regen.enabled:
+        return StagePlan.of(res, "regen", ["# regen disabled (regen.enabled: false)"])
+    # the key a run would take from the environment, so the dry run shows the same (masked) env
+    return regen_plan(res, outfile=res.run.regen_jsonl, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
+
+
+def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
+    """Regenerate into DIR/regen.jsonl (resuming), then judge the failures against the budgets."""
+    note = reporter.note
+    chat = plan.process("chat server")
+    with reporter.bar("regen", total=res.recipe.data.limit, unit="row") as bar:
+        s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
+                      engine_log=res.run.server_log("chat"), server_plan=chat.server if chat else None)
+    note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
+         f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
+         f"of {s['source_rows']} source rows")
+    for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
+        note(f"  {n}: {reason}")
+    for line in (tools_line(s), mode_line(s)):
+        if line:
+            note(f"  {line}")
+    verdict = failure_verdict(s, res.recipe.regen.max_failed_fraction, res.recipe.data.max_mode_mismatch_fraction)
+    if verdict:
+        raise RuntimeError(verdict)
+    return s

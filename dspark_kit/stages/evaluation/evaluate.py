@@ -13,43 +13,23 @@ KV window can win it back (docs/CONCEPTS.md#long-context, docs/CONCEPTS.md#dspar
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 from dspark_kit import atomic
+from dspark_kit.measure.eval_prompts import (
+    EvalError,
+    build_prompts,
+    load_eval_prompts,
+    plan_line,
+)
+from dspark_kit.measure.served_gate import checkpoint_identity
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.checkpoints import ks_outside_slots, slots_error
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
-from dspark_kit.stages.evaluation.heldout import (
-    EvalError,
-    load_eval_prompts,
-    until_last_user,
-)
-from dspark_kit.stages.evaluation.served_gate import checkpoint_identity
-
-# ---- prompts ------------------------------------------------------------------
-
-
-def build_prompts(tokenizer, chats: list[list[dict]], num_prompts: int, thinking: bool,
-                  context_length: int = 0, seed: int = 0) -> list[list[int]]:
-    """Prompt token ids; with context_length > 0, earlier chats are prepended as history."""
-    from dspark_kit.data.chat import prompt_ids
-
-    rng = random.Random(seed)
-    out = []
-    for i, chat in enumerate(chats[:num_prompts]):
-        msgs = until_last_user(chat)
-        history: list[dict] = []
-        others = [c for j, c in enumerate(chats) if j != i] or [chat]
-        while context_length and len(prompt_ids(tokenizer, history + msgs, thinking)) < context_length:
-            history = list(rng.choice(others)) + history
-        ids = prompt_ids(tokenizer, history + msgs, thinking)
-        if context_length and len(ids) > context_length:  # trim history from the left, keep the prompt whole
-            keep = max(context_length, len(prompt_ids(tokenizer, msgs, thinking)))
-            ids = ids[-keep:]
-        out.append(ids)
-    return out
-
+from dspark_kit.stages.evaluation.eval_outputs import write_outputs
+from dspark_kit.stages.plan import StagePlan
+from dspark_kit.stages.server_plan import spec_server_lines
 
 # ---- running ----------------------------------------------------------------
 
@@ -152,7 +132,7 @@ def verify_budget(session: EvalSession, prompts: list[list[int]], max_new_tokens
                            for t in thresholds]}
 
 
-def run_eval(res: Resolved, *, prompts_file: Path | None = None, from_data: bool = False,
+def evaluate_checkpoint(res: Resolved, *, prompts_file: Path | None = None, from_data: bool = False,
              num_prompts: int | None = None, max_new_tokens: int | None = None,
              context_lengths: list[int] | None = None, out_dir: Path | None = None,
              categories: list[str] | None = None, log=lambda _msg: None) -> dict:
@@ -215,7 +195,7 @@ def measure_categories(session: EvalSession, res: Resolved, specs: list[str], nu
                        window: int | None, thr: float | None, log=lambda _msg: None) -> list[dict]:
     """Acceptance per named prompt set (data.categories), each aggregated as the headline is."""
     from dspark_kit.data.categories import CategoryError, parse_categories
-    from dspark_kit.stages.evaluation.heldout import category_prompts
+    from dspark_kit.measure.eval_prompts import category_prompts
 
     try:
         sets = category_prompts(res, parse_categories(specs), num_prompts, session.tokenizer,
@@ -244,101 +224,6 @@ def measure_categories(session: EvalSession, res: Resolved, specs: list[str], nu
             prompts += more
         out.append({**found.record(), **session.figures(results, prompts, window)})
     return out
-
-
-def stage_eval(res: Resolved) -> dict:
-    """Pipeline stage hook for in-process eval (stages.steps.run_eval chooses it or the served one)."""
-    s = run_eval(res)
-    return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
-
-
-# ---- outputs ----------------------------------------------------------------
-
-
-def markdown(summary: dict) -> str:
-    how = f"Served eval ({summary['engine']} engine)" if summary.get("mode") == "served" else "Offline eval"
-    lines = [
-        f"# {how}: {summary['checkpoint']}",
-        "",
-        (f"K={summary['num_speculative_tokens']}, max_new_tokens={summary['max_new_tokens']}, "
-         f"draft window={summary['draft_window_size']}, {temperature_words(summary.get('temperature'))}"),
-        "",
-        "| context | prompt tokens | window | acceptance length | per-position | tokens/verifier fwd | wall s |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in summary["runs"]:
-        per = ", ".join(f"{x:.3f}" for x in r["per_position_acceptance"])
-        lines.append(f"| {r['context_length'] or 'short'} | {r['mean_prompt_tokens']} | {r['window'] or 'off'} | "
-                     f"{r['acceptance_length']} | {per} | {r['tokens_per_verifier_forward']} | {r['wall_s']} |")
-    lines += category_markdown(summary.get("categories"), summary.get("temperature"))
-    lines += budget_markdown(summary.get("verify_budget"))
-    return "\n".join(lines) + "\n"
-
-
-def temperature_words(t: float | None) -> str:
-    """How a table names the temperature it measured at (None: recorded before eval.temperature existed)."""
-    if t is None:
-        return "temperature 0 (greedy)"
-    return "temperature 0 (greedy)" if t == 0 else f"temperature {t:g} (speculative sampling)"
-
-
-def category_markdown(rows: list[dict] | None, temperature: float | None = None) -> list[str]:
-    """Acceptance length and per-position acceptance, one row per category, at the measured temperature."""
-    if not rows:
-        return []
-    k = max(len(r.get("per_position_acceptance") or []) for r in rows)
-    out = ["", f"## Acceptance per category, {temperature_words(temperature)}", "",
-           "| category | prompts | acceptance length | " + " | ".join(f"pos{i}" for i in range(k)) + " |",
-           "|---|---|---|" + "---|" * k]
-    for r in rows:
-        per = list(r.get("per_position_acceptance") or [])
-        cells = [f"{x:.3f}" for x in per] + ["–"] * (k - len(per))
-        al = r.get("acceptance_length")
-        out.append(f"| {r['category']} | {r.get('count', '–')} | {'–' if al is None else f'{al:.3f}'} | "
-                   + " | ".join(cells) + " |")
-    return out
-
-
-def budget_markdown(budget: dict | None) -> list[str]:
-    """The fixed K beside confidence-threshold verify budgets (what adaptive verification trades)."""
-    if not budget:
-        return []
-    out = ["", "## Verify budget from the confidence head", "",
-           ("What serving with `serve.adaptive_verification` trades: fewer draft tokens verified per step for "
-            "the acceptance length they keep (offline, short prompts)."), "",
-           "| verify budget | acceptance length | draft tokens verified / step | tokens / verifier forward |",
-           "|---|---|---|---|"]
-    f = budget["fixed"]
-    out.append(f"| fixed K={budget['k']} | {f['acceptance_length']} | {f['mean_verified_per_step']} | "
-               f"{f['tokens_per_verifier_forward']} |")
-    for t in budget["thresholds"]:
-        out.append(f"| confidence >= {t['threshold']} | {t['acceptance_length']} | {t['mean_verified_per_step']} | "
-                   f"{t['tokens_per_verifier_forward']} |")
-    return out
-
-
-def write_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
-    from dspark_kit.stages.reporting.plots import category_bars, grouped_bars, lines
-
-    files = {"json": out_dir / "eval.json", "markdown": out_dir / "eval.md", "positions_png": out_dir / "eval_positions.png"}
-    grouped_bars(files["positions_png"], {"acceptance": summary["per_position_acceptance"]},
-                 title="Per-position acceptance (short prompts)", xlabel="draft position", ylabel="accepted / drafts")
-    if summary.get("categories"):
-        files["categories_png"] = out_dir / "eval_categories.png"
-        category_bars(files["categories_png"], {"": summary["categories"]})
-    long_runs = [r for r in summary["runs"] if r["context_length"]]
-    if long_runs:
-        series = {}
-        for w in dict.fromkeys(r["window"] for r in long_runs):
-            pts = sorted((r["context_length"], r["acceptance_length"] or 1.0) for r in long_runs if r["window"] == w)
-            series[f"window {w}" if w else "no window"] = ([x for x, _ in pts], [y for _, y in pts])
-        files["context_png"] = out_dir / "eval_context.png"
-        lines(files["context_png"], series, title="Acceptance length vs context length",
-              xlabel="context tokens", ylabel="acceptance length", markers=True)
-    names = {k: str(v) for k, v in files.items()}
-    atomic.write_text(files["markdown"], markdown(summary))
-    atomic.write_text(files["json"], json.dumps({**summary, "files": names}, indent=2))
-    return names
 
 
 # ---- window tuning --------------------------------------------------------------
@@ -476,3 +361,41 @@ def pick_window(table: dict[str, dict[str, float | None]], context_lengths: list
         if long_mean(key) > best_score:
             best, best_score = int(key), long_mean(key)
     return best
+
+
+# ---- the stage ---------------------------------------------------------------
+
+
+def plan(res: Resolved) -> StagePlan:
+    """In-process when the verifier fits the eval device, else through the serving engine (Resolved.eval_mode)."""
+    t = res.recipe.measured_temperature
+    at = "greedy" if t == 0 else f"sampled at temperature {t:g} (eval.temperature)"
+    mode, where = res.eval_mode, f"{plan_line(res)}, {at} -> {res.run.eval}"
+    device = f"{res.eval_device.value} ({res.eval_dtype.value})"
+    outputs = {"eval": str(res.run.eval_json)}
+    if mode.value == "served":  # the server is sized at start for the longest eval prompt (its max_model_len)
+        lines, _ = spec_server_lines(res, "eval")
+        plan = StagePlan.of(res, "eval", [(f"# served: acceptance through the {res.engine} engine at the bench "
+                                           f"concurrency, {where} (why: {mode.source})"), *lines], outputs=outputs)
+        plan.details["server"] = "chosen at start: a spec server with room for the longest eval prompt"
+        return plan
+    if res.eval_fit.value is None:  # cannot tell on this machine: the run decides
+        lines, _ = spec_server_lines(res, "eval if served")
+        return StagePlan.of(res, "eval", [(f"# decided when it runs: in-process on {device} if the verifier fits "
+                                           f"there, else served through the {res.engine} engine (the server below); "
+                                           f"{where}; {res.eval_fit.source}"), *lines], outputs=outputs)
+    return StagePlan.of(res, "eval", [f"# in-process: offline acceptance on {device}, {where} (why: {mode.source})"],
+                        outputs=outputs)
+
+
+def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
+    if res.eval_mode.value == "served":
+        from dspark_kit.stages.evaluation.served_tune import served_eval
+
+        with reporter.doing("eval", "served: starting the spec server, then timing the eval prompts"):
+            s = served_eval(res)
+    else:
+        with reporter.doing("eval", f"in-process: loading the verifier and draft, then decoding "
+                                    f"{res.recipe.eval.num_prompts} prompts with speculation"):
+            s = evaluate_checkpoint(res)
+    return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}

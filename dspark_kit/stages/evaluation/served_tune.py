@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dspark_kit.measure.eval_prompts import EvalError, EvalPrompts, build_prompts, load_eval_prompts
 from dspark_kit.recipe import Recipe, apply_overrides, recipe_from_dict
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.verifier_facts import language_model_config
 from dspark_kit.stages.evaluation import served_sweep as sweep
-from dspark_kit.stages.evaluation.evaluate import build_prompts
-from dspark_kit.stages.evaluation.heldout import EvalError, EvalPrompts, load_eval_prompts
 
 REQUEST_TIMEOUT_S = 600.0  # one streamed request's wait for its next bytes: a hang, not a slow machine
 
@@ -42,7 +41,7 @@ async def measure(url: str, model: str, prompts: list[list[int]], concurrency: i
     """Stream every prompt (token ids) at `concurrency` and `temperature` (eval.temperature); the point's figures."""
     from dspark_kit.engines.chat_client import ChatClient
     from dspark_kit.engines.prom import spec_decode_delta
-    from dspark_kit.stages.serving.bench import chat_request, summarize
+    from dspark_kit.measure.served_load import chat_request, summarize
 
     async with ChatClient(url, concurrency=concurrency + 2, timeout=REQUEST_TIMEOUT_S, streaming=True) as client:
         before = await client.get_text("/metrics")
@@ -223,7 +222,7 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
     """`run`'s eval when the verifier does not fit the eval device: the serving engine (role spec,
     the resolved K and window) answers the eval prompts (short and eval.context_lengths) at the
     bench concurrency; writes eval.json / eval.md as in-process eval does, with "mode": "served"."""
-    from dspark_kit.stages.evaluation.evaluate import write_outputs
+    from dspark_kit.stages.evaluation.eval_outputs import write_outputs
 
     recipe = res.recipe
     n, new = recipe.eval.num_prompts, recipe.eval.max_new_tokens
@@ -268,7 +267,7 @@ def served_categories(res: Resolved, num_prompts: int) -> list[tuple]:
     from transformers import AutoTokenizer
 
     from dspark_kit.data.categories import CategoryError, parse_categories
-    from dspark_kit.stages.evaluation.heldout import category_prompts
+    from dspark_kit.measure.eval_prompts import category_prompts
 
     if not res.recipe.eval.categories:
         return []

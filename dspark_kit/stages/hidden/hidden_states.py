@@ -21,13 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from dspark_kit.progress import STANDALONE, Reporter
+from dspark_kit.resolved import Resolved
+from dspark_kit.resolved.storage_plan import human, offline_bytes, written_bytes
 from dspark_kit.rundir import hidden_state_file, hidden_states_dir
 from dspark_kit.specdec import hidden_state_files
-from dspark_kit.specdec.verifier import LayerTap, load_verifier
-from dspark_kit.stages.hidden.storage_plan import human, offline_bytes, written_bytes
+from dspark_kit.stages.plan import StagePlan
 
 
 @dataclass
@@ -44,23 +43,6 @@ class HiddenStatesSummary:
         d = dict(self.__dict__)
         d["tokens_per_s"] = None
         return d
-
-
-def is_valid_file(path: Path, token_ids: list[int], dtype: str | None = None) -> bool:
-    """A file that opens, has both keys, the right length and finite values (fp8: once
-    dequantized, as the trainer reads it), in `dtype` when given (a run whose
-    hidden_states.dtype changed rewrites the files of the other dtype)."""
-    from safetensors.torch import load_file
-    from speculators.data_generation.offline import check_hidden_states
-
-    try:
-        tensors = load_file(str(path))
-        if dtype is not None and hidden_state_files.dtype_of(tensors) != dtype:
-            return False
-        check_hidden_states(hidden_state_files.readable(tensors), token_ids)
-        return True
-    except Exception:  # noqa: BLE001 - any unreadable file is simply regenerated
-        return False
 
 
 class _Writer(threading.Thread):
@@ -146,7 +128,10 @@ def generate_offline(
     """One forward per group of equal-length rows (`length_groups`): a short row's forward is
     mostly per-call overhead, and same-length rows batch without padding or masks. Rows are read
     per group, never the whole dataset; files are named by row index, so the order is free."""
+    import torch  # here, not at import: the stage's plan needs no torch
     from datasets import load_from_disk
+
+    from dspark_kit.specdec.verifier import LayerTap, load_verifier
 
     log = log or reporter.note
     t0 = time.time()
@@ -176,7 +161,7 @@ def generate_offline(
                 for b, i in enumerate(group):
                     path = hidden_state_file(out, i)
                     if path.exists():
-                        if is_valid_file(path, ids[b].tolist(), out_dtype):
+                        if hidden_state_files.is_valid_file(path, ids[b].tolist(), out_dtype):
                             skipped += 1
                             continue
                         corrupt += 1
@@ -194,3 +179,43 @@ def generate_offline(
     finally:
         writer.close()
     return HiddenStatesSummary(len(lengths), generated, skipped, corrupt, list(layer_ids), estimate, time.time() - t0)
+
+
+# ---- the stage ---------------------------------------------------------------
+
+
+def plan(res: Resolved) -> StagePlan:
+    """The bytes offline files take (or would), what each node needs for hidden states, and the
+    processes backend vllm starts."""
+    from dspark_kit.resolved.storage_plan import plan_lines
+    from dspark_kit.stages.hidden.hidden_states_vllm import node_notes, offline_processes
+
+    hs, lines, processes = res.recipe.hidden_states, plan_lines(res), []
+    outputs = {"hidden_states": str(res.run.hidden_states)} if hs.mode == "offline" else {}
+    inputs = {"prepared": str(res.run.prepared), "verifier": res.verifier_path}
+    if hs.backend == "local" and hs.mode == "offline":
+        lines += [*node_notes(res), (f"# nothing to launch: hidden_states backend=local runs in-process on "
+                                     f"{res.train_device.value} in {res.hidden_states_dtype.value} (once; every "
+                                     "node reads DIR/prepared/hidden_states)")]
+    elif hs.mode == "online" and hs.backend == "local":
+        lines.append("# online, backend local: `dspark-kit train` starts the kit's own extraction server on each node")
+    else:
+        more, processes = offline_processes(res)
+        lines += more
+    return StagePlan.of(res, "hidden-states", lines, processes, inputs, outputs)
+
+
+def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
+    recipe = res.recipe
+    if recipe.hidden_states.mode == "online":
+        return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
+    if recipe.hidden_states.backend != "local":
+        from dspark_kit.stages.hidden.hidden_states_vllm import run_offline_vllm
+
+        return run_offline_vllm(res, plan, reporter)
+    s = generate_offline(
+        res.run.prepared, res.verifier_path, res.exported_layer_ids, device=res.train_device.value,
+        dtype=res.hidden_states_dtype.value, out_dtype=res.hidden_states_out_dtype.value,
+        trust_remote_code=recipe.verifier.trust_remote_code, reporter=reporter,
+    )
+    return s.as_dict()

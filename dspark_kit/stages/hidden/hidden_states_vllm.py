@@ -73,9 +73,9 @@ def node_notes(res: Resolved) -> list[str]:
 def offline_processes(res: Resolved) -> tuple[list[str], list[Process]]:
     """The extraction server (unless hidden_states.endpoint) and generate-offline-data, one per node
     (train.nnodes): the dry run's lines, and the processes this node's run starts."""
+    from dspark_kit.engines import LaunchPlan
     from dspark_kit.engines.servers import server_plan
     from dspark_kit.stages.plan import Process
-    from dspark_kit.stages.training.train import LaunchPlan
 
     recipe = res.recipe
     hs, n = recipe.hidden_states, recipe.train.nnodes
@@ -135,7 +135,7 @@ def check_written(res: Resolved, rows: list[int], url: str) -> None:
         return
     from datasets import load_from_disk
 
-    from dspark_kit.stages.hidden.hidden_states import is_valid_file
+    from dspark_kit.specdec.hidden_state_files import is_valid_file
 
     data = load_from_disk(str(res.run.prepared)).with_format(None)
     dtype = res.hidden_states_out_dtype.value

@@ -156,7 +156,7 @@ def _undecided_mode_counts(rows: list[dict], thinking, mixture_seed) -> ModeCoun
     same rule and budget (data/mode_rule.py), applied ahead of the hours before it; recorded
     decisions are never judged again."""
     from dspark_kit.data.conversations import ConversationError, has_reasoning, normalize
-    from dspark_kit.stages.dataset.prepare import row_thinking
+    from dspark_kit.data.template_rows import row_thinking
 
     counts = ModeCounts()
     for r in rows:
@@ -358,8 +358,8 @@ def check_hidden_dtype(ctx: _Context) -> list[Finding]:
 
 
 def check_storage(ctx: _Context) -> list[Finding]:
-    """Offline hidden states must fit where they go (the plan: stages/hidden/storage_plan.py)."""
-    from dspark_kit.stages.hidden.storage_plan import human, plan_storage
+    """Offline hidden states must fit where they go (the plan: resolved/storage_plan.py)."""
+    from dspark_kit.resolved.storage_plan import human, plan_storage
 
     if ctx.recipe.hidden_states.mode != "offline":
         return []

@@ -15,163 +15,28 @@ from pathlib import Path
 from typing import Any
 
 from dspark_kit import atomic
-from dspark_kit.engines.prom import MetricsError, import_vllm_bench, read_json
+from dspark_kit.engines.prom import MetricsError
+from dspark_kit.measure.bench_tables import (
+    NA,
+    bench_markdown,
+    category_png,
+    fmt,
+    load_bench_result,
+    per_position_png,
+    table,
+)
+from dspark_kit.progress import STANDALONE, Reporter
+from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import RunDir
 from dspark_kit.specdec.acceptance import per_position
+from dspark_kit.stages.plan import StagePlan
 
-NA = "–"
 TRAIN_LOSS_TAG = "train/loss"
 VAL_PREFIX = "val/"
 # speculators 0.9.0 (train/trainer.py val_epoch, models/dspark/metrics.py): `<metric>_epoch`
 VAL_ROWS = [("loss_epoch", "val loss"), ("accept_len_epoch", "accept_len"),
             ("accept_rate_epoch", "accept_rate"), ("full_acc_epoch", "full_acc"),
             ("eal_epoch", "greedy accept_len (eal)")]
-
-
-def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return NA
-    if isinstance(v, float):
-        return f"{v:.{digits}f}" if abs(v) >= 0.01 or v == 0 else f"{v:.2g}"
-    return str(v)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-# ---- bench results -----------------------------------------------------------
-
-
-def load_bench_result(path: str | Path) -> dict[str, Any]:
-    """Our bench JSON or a `vllm bench serve --save-result` JSON, as our schema."""
-    path = Path(path)
-    raw = read_json(path, "bench")
-    if isinstance(raw, dict) and str(raw.get("schema", "")).startswith("dspark-kit.bench/"):
-        return raw
-    return import_vllm_bench(path, raw)
-
-
-def _temperature(r: dict[str, Any]) -> str:
-    t = r.get("temperature")
-    return NA if t is None else f"{t:g}"
-
-
-def _server_latency(r: dict[str, Any]) -> str:
-    m = r.get("server_metrics") or {}
-    return f"{_fmt(m.get('mean_tpot_ms'), 1)} / {_fmt(m.get('mean_ttft_ms'), 1)}" if m else NA
-
-
-def bench_markdown(results: list[dict[str, Any]]) -> str:
-    """One row per metric, one column per result."""
-    specs = [r.get("spec_decode") or {} for r in results]
-    n_pos = max((len(per_position(s)) for s in specs), default=0)
-
-    def row(name: str, values: list[str]) -> list[str]:
-        return [name, *values]
-
-    def rate_pct(s: dict) -> str:
-        return _fmt(s["acceptance_rate"] * 100, 2) if s.get("acceptance_rate") is not None else NA
-
-    rows = [
-        row("temperature", [_temperature(r) for r in results]),
-        row("acceptance length", [_fmt(s.get("acceptance_length")) for s in specs]),
-        row("acceptance rate (%)", [rate_pct(s) for s in specs]),
-    ]
-    for k in range(n_pos):
-        vals = [per_position(s) for s in specs]
-        rows.append(row(f"pos{k} rate", [_fmt(v[k], 4) if k < len(v) else NA for v in vals]))
-    if any(r.get("in_process") for r in results):  # the run's served-acceptance gate
-        gate = [r.get("in_process") or {} for r in results]
-        rows.append(row("in-process eval acceptance length", [_fmt(g.get("in_process_acceptance_length")) for g in gate]))
-        rows.append(row("served / in-process", [_fmt(g.get("fraction")) + (" (gated)" if g.get("comparable") else "")
-                                                 if g.get("fraction") is not None else NA for g in gate]))
-    rows += [
-        row("output throughput (tok/s)", [_fmt(r.get("output_throughput"), 1) for r in results]),
-        row("mean TPOT (ms)", [_fmt(r.get("mean_tpot_ms"), 1) for r in results]),
-        row("mean TTFT (ms)", [_fmt(r.get("mean_ttft_ms"), 1) for r in results]),
-        row("server: output tok/s", [_fmt((r.get("server_metrics") or {}).get("output_throughput"), 1)
-                                     for r in results]),
-        row("server: mean TPOT / TTFT (ms)", [_server_latency(r) for r in results]),
-        row("drafts / accepted", [f"{s['num_drafts']} / {s['num_accepted_tokens']}" if s else NA
-                                  for s in specs]),
-        row("requests ok / failed", [f"{r.get('completed', NA)} / {r.get('failed', NA)}" for r in results]),
-        row("concurrency", [_fmt(r.get("concurrency")) for r in results]),
-    ]
-    labels = [str(r.get("label", f"run{i}")) for i, r in enumerate(results)]
-    table = _table(["metric", *labels], rows)
-    per_category = category_table(dict(zip(labels, (r.get("categories") or [] for r in results), strict=True)))
-    if per_category:
-        temps = ", ".join(dict.fromkeys(_temperature(r) for r in results))
-        table += (f"\n\n**Acceptance per category** at temperature {temps} (acceptance length; per-position "
-                  "acceptance)\n\n" + per_category)
-    notes = []
-    if any(not r.get("spec_decode") for r in results):
-        notes.append(f"{NA} in acceptance rows: the server reported no speculative drafts "
-                     "(no draft configured, or /metrics unavailable).")
-    if any(r.get("streamed") is False for r in results):
-        notes.append("A server that did not stream: TTFT = full latency, TPOT = latency / output tokens.")
-    return table + "".join(f"\n\n{n}" for n in notes)
-
-
-def category_table(results: dict[str, list[dict]]) -> str | None:
-    """One row per category, one column per result (checkpoint): `AL (pos0, pos1, ...)`; None
-    when no result measured categories."""
-    names = list(dict.fromkeys(r["category"] for rows in results.values() for r in rows))
-    if not names:
-        return None
-
-    def cell(row: dict | None) -> str:
-        if not row or row.get("acceptance_length") is None:
-            return NA
-        return f"{_fmt(row['acceptance_length'])} ({', '.join(_fmt(x, 2) for x in per_position(row))})"
-
-    by = {label: {r["category"]: r for r in rows} for label, rows in results.items()}
-    return _table(["category", *results], [[n, *[cell(by[label].get(n)) for label in results]] for n in names])
-
-
-def category_png(results: dict[str, list[dict]], path: Path, title: str) -> Path | None:
-    from dspark_kit.stages.reporting.plots import category_bars
-
-    results = {k: v for k, v in results.items() if v}
-    return category_bars(path, results, title=title) if results else None
-
-
-def per_position_png(results: list[dict[str, Any]], path: Path) -> Path | None:
-    from dspark_kit.stages.reporting.plots import grouped_bars
-
-    series = {str(r.get("label")): per_position(r.get("spec_decode") or {})
-              for r in results}
-    series = {k: v for k, v in series.items() if v}
-    if not series:
-        return None
-    return grouped_bars(path, series, title="Per-position acceptance (serving)",
-                        xlabel="draft position", ylabel="accepted / drafts")
-
-
-def compare(paths: list[str | Path], out: str | Path | None = None) -> tuple[str, list[Path]]:
-    """Markdown comparison of bench results; with `out` also writes it (+ PNG). Returns (md, files)."""
-    results = [load_bench_result(p) for p in paths]
-    seen: dict[str, int] = {}
-    for r in results:  # two files with one label would make columns ambiguous
-        n = seen[r["label"]] = seen.get(r["label"], 0) + 1
-        if n > 1:
-            r["label"] = f"{r['label']}#{n}"
-    md = bench_markdown(results)
-    if out is None:
-        return md, []
-    out = Path(out)
-    md_path = out if out.suffix == ".md" else out / "compare.md"
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    png = per_position_png(results, md_path.with_suffix(".png"))
-    cats = category_png({str(r["label"]): r.get("categories") or [] for r in results},
-                        md_path.with_name(md_path.stem + "_categories.png"), "Acceptance length per category")
-    body = md + (f"\n\n![per-position acceptance]({png.name})" if png else "")
-    body += f"\n\n![acceptance per category]({cats.name})" if cats else ""
-    atomic.write_text(md_path, body + "\n")
-    return md, [md_path, *(p for p in (png, cats) if p)]
 
 
 # ---- training logs -----------------------------------------------------------
@@ -217,13 +82,13 @@ def epoch_markdown(epochs: dict[int, dict[str, float]], best: str | None = None)
     """One row per metric, one column per epoch."""
     cols = sorted(epochs)
     header = ["metric", *[f"epoch {e}" + (" (best)" if best == str(e) else "") for e in cols]]
-    rows = [[name, *[_fmt(epochs[e].get(key)) for e in cols]] for key, name in VAL_ROWS
+    rows = [[name, *[fmt(epochs[e].get(key)) for e in cols]] for key, name in VAL_ROWS
             if any(key in epochs[e] for e in cols)]
     positions = sorted({int(k.split("_")[1]) for e in cols for k in epochs[e]
                         if k.startswith("position_") and k.endswith("_acc_epoch")})
-    rows += [[f"pos{p} acc", *[_fmt(epochs[e].get(f"position_{p}_acc_epoch")) for e in cols]]
+    rows += [[f"pos{p} acc", *[fmt(epochs[e].get(f"position_{p}_acc_epoch")) for e in cols]]
              for p in positions]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 # ---- eval results ------------------------------------------------------------
@@ -248,7 +113,7 @@ def tune_line(run: RunDir) -> str | None:
             continue
         if tune is not None:
             window = tune.window if tune.window is not None else "none (windows did not help)"
-            lines.append(f"{what} (`eval/{path.name}`): recommended K {_fmt(tune.k)}, draft window {window}."
+            lines.append(f"{what} (`eval/{path.name}`): recommended K {fmt(tune.k)}, draft window {window}."
                          + (f" Note: {tune.note}." if tune.note else ""))
     return " ".join(lines) or None
 
@@ -279,9 +144,9 @@ def eval_markdown(files: list[Path]) -> str | None:
             rows.append((f.stem, {"acceptance_length": "unreadable"}))
     if not rows:
         return None
-    body = [[n, _fmt(d.get("acceptance_length")),
-             ", ".join(_fmt(x) for x in per_position(d)) or NA] for n, d in rows]
-    return _table(["eval", "acceptance length", "per-position acceptance"], body)
+    body = [[n, fmt(d.get("acceptance_length")),
+             ", ".join(fmt(x) for x in per_position(d)) or NA] for n, d in rows]
+    return table(["eval", "acceptance length", "per-position acceptance"], body)
 
 
 def context_series(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -323,7 +188,7 @@ def context_series(run_dir: Path) -> dict[str, dict[int, float]]:
 
 def context_png(run_dir: Path, path: Path) -> Path | None:
     """Line plot of AL vs context length per window; None when no long context was measured."""
-    from dspark_kit.stages.reporting.plots import lines
+    from dspark_kit.measure.charts import lines
 
     series = context_series(run_dir)
     if not any(c > 0 for pts in series.values() for c in pts):
@@ -365,7 +230,7 @@ def training_stopped_line(run: RunDir) -> str | None:
 
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write `run_dir/report/report.md` (or `out`) with PNGs in run_dir/report; returns its path."""
-    from dspark_kit.stages.reporting.plots import lines
+    from dspark_kit.measure.charts import lines
 
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
@@ -445,6 +310,13 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return md_path
 
 
-def stage_report(recipe, workdir: Path) -> dict[str, Any]:
-    """Pipeline stage: the report of the recipe's run directory."""
-    return {"path": str(build_report(workdir))}
+# ---- the stage ---------------------------------------------------------------
+
+
+def plan(res: Resolved) -> StagePlan:
+    return StagePlan.of(res, "report", [f"# in-process: report -> {res.run.report_md}"],
+                        outputs={"report": str(res.run.report_md)})
+
+
+def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict[str, Any]:
+    return {"path": str(build_report(res.run.root))}

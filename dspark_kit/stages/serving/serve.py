@@ -1,8 +1,6 @@
-"""Serving: plan a server for a role (checks first), and the serve stage of a run.
+"""The serve stage of a run: the spec server's command, checked.
 
-`plan_server` is what `dspark-kit serve` and the pipeline share: role and
-engine checked, the spec checkpoint resolved and judged by the resolver's one
-checkpoint check, the whole-recipe preflight, then the engine's plan. The
+The server's plan is stages/server_plan.py's (what `dspark-kit serve` starts too). The
 stage records the exact command in `DIR/serve/serve_command.txt` (what you
 run on the Ascend/CUDA box); on the local engine it also starts the server,
 sends one chat request and stops it, so a broken checkpoint fails here rather
@@ -11,79 +9,12 @@ than in bench.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from dspark_kit import atomic
 from dspark_kit.engines import ServerPlan
-from dspark_kit.recipe import ROLES
+from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
-
-
-class ServeError(ValueError):
-    """One line naming the setting (or checkpoint finding) and the fix."""
-
-
-@dataclass
-class ServePlan:
-    plan: ServerPlan
-    resolved: Resolved
-    findings: list = field(default_factory=list)  # checkpoint findings (spec)
-    warnings: list[str] = field(default_factory=list)  # checkpoint + preflight warnings, plan notes
-    mooncake_master: ServerPlan | None = None  # role hidden-states, transport mooncake: started first
-
-    @property
-    def decisions(self) -> list[str]:
-        """What the plan decided and why (engine gate, K, window, adaptive verification): not warnings."""
-        return self.plan.decisions
-
-
-def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: str | None = None) -> ServePlan:
-    """`res` carries the command's --engine and --checkpoint (and planning for --dry-run); the
-    checks below and the preflight all judge that one resolution."""
-    from dspark_kit.engines.servers import server_plan
-    from dspark_kit.specdec.checkpoints import CheckpointError, errors
-    from dspark_kit.stages.preflight.checks import PreflightError, enforce, label
-
-    if role not in ROLES:
-        raise ServeError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
-    if res.checkpoint_choice is not None and role != "spec":
-        raise ServeError(f"--checkpoint: only role spec loads a draft (got --role {role})")
-    if res.engine == "vllm":  # before the checkpoint checks: vLLM's CPU build has no role spec
-        from dspark_kit.engines.vllm import cpu_refusal
-
-        refused = cpu_refusal(res, role)
-        if refused:
-            raise ServeError(refused)
-    findings, warnings, preflight = [], [], []
-    if role == "spec":
-        try:
-            exists = res.checkpoint_exists
-        except CheckpointError as e:
-            raise ServeError(str(e)) from None
-        if exists:
-            findings = res.checkpoint_findings()
-            bad = errors(findings)
-            if bad:
-                raise ServeError("; ".join(f"{f.code}: {f.message}" for f in bad))
-            warnings += [f"{f.code}: {f.message}" for f in findings]
-            try:  # the whole-recipe pitfalls; the checkpoint's own were judged just above
-                preflight = enforce(res, "serve", log=lambda _line: None, checkpoint_checked=True)
-            except PreflightError as e:
-                raise ServeError(str(e)) from None
-    try:
-        plan = server_plan(res, role, port=port, api_key=api_key)
-    except ValueError as e:
-        raise ServeError(str(e)) from None
-    # each warning once: a window risk is both a plan note and a preflight finding
-    warnings += [f"preflight warning ({label(f)}): {f.message}" for f in preflight
-                 if f.level == "warning" and f.message not in plan.notes]
-    master = None
-    mc = res.mooncake
-    if role == "hidden-states" and mc is not None and mc.start_on_node == res.recipe.train.node_rank:
-        from dspark_kit.engines.servers import mooncake_master_plan
-
-        master = mooncake_master_plan(mc)  # the store the server joins: this host runs its master
-    return ServePlan(plan, res, findings, warnings + plan.notes, master)
+from dspark_kit.stages.plan import StagePlan
+from dspark_kit.stages.server_plan import ServeError, plan_server, spec_server_lines
 
 
 async def smoke_reply(url: str) -> str:
@@ -100,7 +31,7 @@ async def smoke_reply(url: str) -> str:
     return out["text"]
 
 
-def stage_serve_check(res: Resolved, server: ServerPlan | None = None) -> dict:
+def serve_check(res: Resolved, server: ServerPlan | None = None) -> dict:
     """Check the checkpoint serves: write the spec server's command, and with the local engine start
     that server (`server`: the stage plan's) and get one reply from it."""
     import asyncio
@@ -119,3 +50,20 @@ def stage_serve_check(res: Resolved, server: ServerPlan | None = None) -> dict:
         with running_server(res, "spec", plan=server) as url:
             result["smoke_reply"] = asyncio.run(smoke_reply(url))
     return result
+
+
+# ---- the stage ---------------------------------------------------------------
+
+
+def plan(res: Resolved) -> StagePlan:
+    lines, procs = spec_server_lines(res, "serve check")
+    if res.engine != "local":  # nothing starts here: the command is written for the serving host
+        lines.append(f"# written to {res.run.serve_command}; a non-local engine is not started by the serve check")
+        procs = []
+    return StagePlan.of(res, "serve", lines, procs, outputs={"command": str(res.run.serve_command)})
+
+
+def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
+    spec = plan.process("spec server")
+    with reporter.doing("serve", "starting the spec server and checking that it answers"):
+        return serve_check(res, spec.server if spec else None)

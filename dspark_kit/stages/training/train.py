@@ -15,28 +15,18 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_kit.devices import train_flags
-from dspark_kit.engines import openai_base_url
+from dspark_kit.engines import LaunchPlan, openai_base_url
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe import Recipe, RecipeError
-from dspark_kit.resolved import device_env
+from dspark_kit.resolved import Resolved, device_env
 from dspark_kit.rundir import RunDir
-from dspark_kit.specdec.checkpoints import set_aside_incomplete_checkpoints  # noqa: F401 - the stage's own API
-
-
-@dataclass
-class LaunchPlan:
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-
-    def shell_line(self) -> str:
-        from dspark_kit.engines import shell_line
-
-        return shell_line(self.argv, self.env)
+from dspark_kit.specdec.checkpoints import set_aside_incomplete_checkpoints
+from dspark_kit.stages.plan import Process, StagePlan
 
 
 def _override(flags: list[str], name: str, value: str) -> list[str]:
@@ -329,3 +319,127 @@ def read_val_metrics(checkpoints: Path) -> dict | None:
         if f.exists():
             return {"checkpoint": str(c.resolve()), **json.loads(f.read_text())}
     return None
+
+
+# ---- the stage ---------------------------------------------------------------
+
+
+def plan(res: Resolved) -> StagePlan:
+    """The hidden-state server and Mooncake master train starts (online mode), and the exact
+    training command(s), one per node with the rendezvous decision (raises RecipeError or
+    RuntimeError when unplannable)."""
+    from dspark_kit.distributed.rendezvous import rendezvous_for
+    from dspark_kit.engines import shell_line
+
+    recipe, hs = res.recipe, res.recipe.hidden_states
+    lines: list[str] = []
+    processes: list[Process] = []
+    endpoint = hs.endpoint
+    if hs.mode == "online" and not hs.endpoint:  # train starts the extraction server itself
+        from dspark_kit.engines.servers import server_plan
+
+        server = server_plan(res, "hidden-states")
+        endpoint = server.base_url
+        if res.mooncake is not None:
+            from dspark_kit.engines.servers import mooncake_master_plan
+
+            mc = res.mooncake
+            master = mooncake_master_plan(mc)
+            if mc.start_on_node == recipe.train.node_rank:
+                processes.append(Process("mooncake master", master))
+            lines += [*mc.node_lines(), "# mooncake master (node 0)", shell_line(master.argv, {})]
+        processes.append(Process("hidden-state server", server))
+        lines += ["# hidden-state server train starts (online mode)", server.shell_line()]
+    device = res.train_device.value
+    args = build_train_args(recipe, res.run.root, verifier_path=res.verifier_path, device=device,
+                            hidden_states_dtype=res.hidden_states_out_dtype.value,
+                            num_hidden_layers=res.num_hidden_layers, hidden_states_endpoint=endpoint,
+                            mooncake=res.mooncake)
+    rdzv = rendezvous_for(recipe, device)
+    trainers = node_plans(recipe, args, device, rdzv)
+    if res.mooncake is not None and hs.mode == "online":
+        for t in trainers:
+            t.env.update(res.mooncake.env())  # the address this node's trainer joins the store as
+    processes += [Process("trainer", t, node=i) for i, t in enumerate(trainers)]
+    from dspark_kit.resolved.memory_plan import plan_lines as memory_lines
+
+    lines += memory_lines(res)  # before the command(s): a dry run's last line stays the trainer's
+    if len(trainers) == 1:
+        lines.append(trainers[0].shell_line())
+    else:
+        lines += [f"# {rdzv.summary()}", *(f"# warning: {w}" for w in rdzv.warnings)]
+        lines.append("# on node K run `dspark-kit train --set train.node_rank=K` (or its line below): it resolves "
+                     "that node's own interface" + (" and address (--local-addr); node 0 hosts the c10d store"
+                                                    if rdzv.backend == "c10d" else ""))
+        here = "" if rdzv.same_host else " (this machine)"
+        lines += [line for i, t in enumerate(trainers)
+                  for line in (f"# node {i}{here if i == rdzv.this_rank else ''}", t.shell_line())]
+    inputs = {"prepared": str(res.run.prepared), "verifier": res.verifier_path}
+    if hs.mode == "offline":
+        inputs["hidden_states"] = str(res.run.hidden_states)
+    elif endpoint:
+        inputs["hidden_states_endpoint"] = endpoint
+    return StagePlan.of(res, "train", lines, processes, inputs, {"checkpoints": str(res.run.checkpoints)})
+
+
+def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
+    from contextlib import ExitStack
+
+    from dspark_kit.distributed.rendezvous import (
+        MasterWatch,
+        rendezvous_for,
+        store_failure,
+        wait_for_store,
+    )
+    from dspark_kit.logs import log_since
+    from dspark_kit.specdec.checkpoints import adopt_interrupted
+    from dspark_kit.stages.manifest import update_manifest
+    from dspark_kit.stages.preflight.checks import enforce
+
+    recipe, run = res.recipe, res.run
+    enforce(res, "train", log=reporter.note)
+    for d in set_aside_incomplete_checkpoints(run.checkpoints):
+        reporter.note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
+    if (adopted := adopt_interrupted(run.checkpoints)) is not None:
+        reporter.note(f"train: {adopted}")
+    t0 = time.time()
+    trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
+    rdzv = rendezvous_for(recipe, res.train_device.value) if recipe.train.nnodes > 1 else None
+    if rdzv is not None:
+        wait_for_store(rdzv)  # node K > 0: node 0's store answers within rdzv_timeout, else one line
+    with ExitStack() as stack:
+        endpoint = None  # offline: nothing to watch
+        master, server = plan.process("mooncake master"), plan.process("hidden-state server")
+        if master is not None:  # before the server that joins it (transport mooncake)
+            from dspark_kit.engines.servers import started
+
+            stack.enter_context(started(master.server, run.mooncake_log, recipe.serve.startup_timeout))
+        if server is not None or (recipe.hidden_states.mode == "online" and recipe.hidden_states.endpoint):
+            from dspark_kit.engines.servers import hidden_state_server
+
+            # the one started here, or the recipe's endpoint: both watched while training uses them
+            endpoint = stack.enter_context(hidden_state_server(res, server.server if server else None))
+        update_manifest(run.root, recipe, "train", resolved=res, argv=trainer.argv, env=trainer.env)
+        run.logs.mkdir(parents=True, exist_ok=True)
+        log = run.train_log
+        since = log.stat().st_size if log.exists() else 0
+        store = MasterWatch(rdzv) if rdzv is not None else None  # node 0's rendezvous store, from node K
+        watches = [w for w in (endpoint.gone if endpoint else None, store.gone if store and store.active else None)
+                   if w is not None]
+        code, gone = run_training(trainer, log, watch=_first_reason(watches) if watches else None, reporter=reporter)
+    res.checkpoints_changed()
+    if gone and store is not None and store.silent_since is not None:
+        raise RuntimeError(gone)  # names the lost master and the fix
+    if gone:
+        raise RuntimeError(f"{gone}; training stopped. Rerun the same command to resume (from the checkpoint "
+                           "speculators saves when stopped, else the last whole epoch)")
+    if code != 0:
+        lost = store_failure(log_since(log, since), rdzv) if rdzv is not None else None
+        raise RuntimeError(lost or training_failure(code, log, since, endpoint.url if endpoint else None))
+    metrics = read_val_metrics(run.checkpoints) or {}
+    return {"seconds": round(time.time() - t0, 1), **metrics}
+
+
+def _first_reason(watches):
+    """One watch from several: the first reason any of them gives."""
+    return lambda: next((why for w in watches if (why := w()) is not None), None)

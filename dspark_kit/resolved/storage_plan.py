@@ -150,10 +150,10 @@ def _tokens(res: Resolved) -> tuple[int | None, int | None, str]:
 
 def _input(res: Resolved):
     """(conversations prepare will read or None, what they are, their rows or None when they
-    cannot be read here). The rows are prepare's own (stages/dataset/prepare_input.py); before regen
+    cannot be read here). The rows are prepare's own (resolved/prepare_input.py); before regen
     has run, the data source's replies stand in for the ones regen will write."""
     from dspark_kit.data.sources import PRESETS, iter_rows, source_size
-    from dspark_kit.stages.dataset.prepare_input import prepare_input_rows
+    from dspark_kit.resolved.prepare_input import prepare_input_rows
 
     recipe, data = res.recipe, res.recipe.data
     before_regen = recipe.regen.enabled and not res.run.regen_jsonl.exists()
@@ -177,8 +177,8 @@ def _sample(res: Resolved, rows) -> tuple[int, int, int] | None:
     """(conversations read, tokens and rows prepare would write for them) for up to SAMPLE
     conversations, with the verifier's tokenizer when this machine has it."""
     from dspark_kit.data.conversations import normalize, row_tools
+    from dspark_kit.data.template_rows import row_thinking, tokenize_conversation
     from dspark_kit.jsonl import BadLine
-    from dspark_kit.stages.dataset.prepare import row_thinking, tokenize_conversation
 
     if not Path(res.verifier_path).is_dir():
         return None

@@ -19,6 +19,7 @@ rows start a reply from.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,8 +178,8 @@ def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalP
 
 
 def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPrompts:
-    from dspark_kit.stages.dataset.prepare import row_thinking
-    from dspark_kit.stages.dataset.prepare_input import prepare_input_rows
+    from dspark_kit.data.template_rows import row_thinking
+    from dspark_kit.resolved.prepare_input import prepare_input_rows
 
     ratio = res.recipe.train.train_data_ratio
     if keys is None or not 0 < ratio < 1:
@@ -235,4 +236,25 @@ def category_prompts(res: Resolved, specs: list[str], per_category: int, tokeniz
                 group.chats.append(until_last_user(chat))
                 group.ids.append(i)
         out += [g for g in by_kind.values() if g.chats]
+    return out
+
+
+def build_prompts(tokenizer, chats: list[list[dict]], num_prompts: int, thinking: bool,
+                  context_length: int = 0, seed: int = 0) -> list[list[int]]:
+    """Prompt token ids; with context_length > 0, earlier chats are prepended as history."""
+    from dspark_kit.data.chat import prompt_ids
+
+    rng = random.Random(seed)
+    out = []
+    for i, chat in enumerate(chats[:num_prompts]):
+        msgs = until_last_user(chat)
+        history: list[dict] = []
+        others = [c for j, c in enumerate(chats) if j != i] or [chat]
+        while context_length and len(prompt_ids(tokenizer, history + msgs, thinking)) < context_length:
+            history = list(rng.choice(others)) + history
+        ids = prompt_ids(tokenizer, history + msgs, thinking)
+        if context_length and len(ids) > context_length:  # trim history from the left, keep the prompt whole
+            keep = max(context_length, len(prompt_ids(tokenizer, msgs, thinking)))
+            ids = ids[-keep:]
+        out.append(ids)
     return out

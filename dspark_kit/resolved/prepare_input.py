@@ -32,7 +32,7 @@ def prepare_input_rows(res: Resolved):
     skipped: Counter = Counter()  # fills as the rows are read: prepare adds it in at the end
     # the rows as read (prepare normalizes them, keeps their `tools` and names their format); streamed:
     # a 200k-row source is never held. metadata.idx: the row's index, as regen's, for a thinking
-    # mixture's draw (prepare.row_thinking) when the row records no mode of its own
+    # mixture's draw (data/template_rows.row_thinking) when the row records no mode of its own
     rows = ({**row, "id": f"{recipe.data.source}#{i}", "metadata": _with_idx(row.get("metadata"), i)}
             if isinstance(row, dict) else row for i, row in iter_rows(recipe.data, skipped=skipped))
     return rows, source_size(recipe.data), skipped, recipe.data.source
