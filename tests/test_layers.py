@@ -175,3 +175,13 @@ def test_no_module_is_over_600_lines():
     long = {str(f.relative_to(PKG)): n for f in PKG.rglob("*.py")
             if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_every_package_says_what_it_holds_and_may_import():
+    """Each package's docstring names what lives there and what it may import (what `look` shows)."""
+    silent = []
+    for f in PKG.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(f.read_text())) or ""
+        if len(doc.splitlines()) < 2 or "import" not in doc.lower():
+            silent.append(str(f.relative_to(PKG)))
+    assert not silent, f"packages whose docstring does not say what they hold and may import: {silent}"

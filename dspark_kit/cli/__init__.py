@@ -2,6 +2,9 @@
 
 Each module listed in COMMAND_MODULES defines `register(app)`; keep the list
 in pipeline order so `--help` reads like the pipeline.
+
+Layer 7, the top: may import every layer; nothing imports cli/. A command module parses its
+options, calls one library function (a stage's plan or run, a tool) and prints.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ same way. Roles: `chat` (regen / bench without a draft), `hidden-states`
 (verifier hidden-state extraction, docs/CONCEPTS.md#the-hidden-state-server), `spec` (verifier + DSpark
 draft). Engines: `local` (our FastAPI server, CPU/CUDA/NPU via transformers),
 `vllm` (CUDA), `vllm-ascend` (NPU).
+
+Layer 4: may import core, data/, specdec/, compat/, resolved/ and distributed/; never measure/,
+stages/ or cli/. local/ holds the local engine.
 """
 
 from __future__ import annotations

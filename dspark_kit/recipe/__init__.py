@@ -2,6 +2,9 @@
 
 schema.py holds the sections and what follows from the recipe alone; load.py
 reads a file with `--set` overrides into a `Recipe`. Import from here.
+
+Part of the core (layer 0): may import the other core modules only (atomic, ...); every other
+folder imports the recipe, the recipe imports none of them.
 """
 
 from dspark_kit.recipe.load import (

@@ -37,6 +37,10 @@ A command builds one `Resolved` at its entry point and passes it down; the
 pipeline builds one for the whole run (training re-reads the checkpoint
 decisions through `checkpoints_changed`). `planning=True` never builds or
 trains anything: the tiny verifier is named by its cache path, not built.
+
+Layer 3 (beside distributed/): may import core, data/, specdec/, compat/ and distributed/; never
+engines/, measure/, stages/ or cli/. Besides this module: rules.py (the decisions' rules),
+memory_plan.py, storage_plan.py, prepare_input.py and draft_topk.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
-"""Regen (on-policy replies from the verifier) and prepare (chat template, loss mask, speculators' Arrow rows).
+"""Regen and prepare: the training dataset.
 
-Stage folder (layer 5): may import the layers below (core, dspark_kit.data, specdec/, compat/,
-resolved/, engines/) and stages/plan.py; not another stage folder.
+- regen.py: the regen stage (`plan`, `run`): on-policy replies from the verifier through chat
+  servers, resumable and sharded (`run_regen`, which `dspark-kit regen` calls with its flags);
+- prepare.py: the prepare stage (`plan`, `run`): rows rendered by data/template_rows.py written
+  as speculators' Arrow dataset + token_freq.pt (`prepare`).
+
+Stage folder (a floor of stages/ above stages/plan.py, manifest.py, preflight/ and server_plan.py):
+may import those and the layers below (core, data/, specdec/, compat/, resolved/, distributed/,
+engines/, measure/); never another stage folder (tests/test_layers.py), steps.py or pipeline.py.
 """

@@ -1,6 +1,11 @@
-"""Verifier hidden states: in-process extraction, speculators generate-offline-data against a server, storage.
+"""Verifier hidden states.
 
-Stage folder (layer 5): may import the layers below (core, data/, specdec/, compat/, resolved/,
-engines/) and stages/plan.py; not another stage folder (today it still imports stages/data and
-stages/training, issue 37).
+- hidden_states.py: the hidden-states stage (`plan`, `run`) and in-process extraction
+  (`generate_offline`);
+- hidden_states_vllm.py: backend vllm: speculators' generate-offline-data against the engine's
+  extraction server, one command per node.
+
+Stage folder (a floor of stages/ above stages/plan.py, manifest.py, preflight/ and server_plan.py):
+may import those and the layers below (core, data/, specdec/, compat/, resolved/, distributed/,
+engines/, measure/); never another stage folder (tests/test_layers.py), steps.py or pipeline.py.
 """

@@ -1,5 +1,9 @@
-"""`dspark-kit init`: a commented recipe for your own verifier.
+"""`dspark-kit init`: a commented recipe for your own verifier (no stage of the pipeline).
 
-Stage folder (layer 5): may import the layers below (core, data/, specdec/, compat/, resolved/,
-engines/) and stages/plan.py and stages/preflight; not another stage folder.
+- init_recipe.py: the recipe's values from the verifier, the machine and the data;
+- commented_yaml.py: the YAML with a comment per key.
+
+Stage folder (a floor of stages/ above stages/plan.py, manifest.py, preflight/ and server_plan.py):
+may import those and the layers below (core, data/, specdec/, compat/, resolved/, distributed/,
+engines/, measure/); never another stage folder (tests/test_layers.py), steps.py or pipeline.py.
 """

@@ -1,5 +1,8 @@
-"""Report.md and its plots.
+"""The report.
 
-Stage folder (layer 5): may import the layers below (core, data/, specdec/, compat/, resolved/,
-engines/) and stages/plan.py; not another stage folder.
+- report.py: the report stage (`plan`, `run`): report.md and its charts from what a run left.
+
+Stage folder (a floor of stages/ above stages/plan.py, manifest.py, preflight/ and server_plan.py):
+may import those and the layers below (core, data/, specdec/, compat/, resolved/, distributed/,
+engines/, measure/); never another stage folder (tests/test_layers.py), steps.py or pipeline.py.
 """
