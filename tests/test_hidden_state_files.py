@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from dspark_kit.cli import app
 from dspark_kit.recipe import RecipeError, load_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.specdec import hidden_state_files as hsf
 from dspark_kit.resolved import storage_plan as sp
+from dspark_kit.specdec import hidden_state_files as hsf
 from dspark_kit.stages.preflight.checks import run_preflight
 
 SEED = REPO / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml"

@@ -59,10 +59,10 @@ def test_trainer_flags_parse_with_speculators_own_resolver(tmp_path):
 
 
 def test_dry_run_prints_one_line_per_node(vllm_cpu_stub, tmp_path):
-    from dspark_kit.stages.hidden.hidden_states_vllm import dry_run_lines
+    from dspark_kit.stages.hidden.hidden_states_vllm import offline_processes
 
     r = recipe(device="cuda", nnodes=3)
-    lines = [line for line in dry_run_lines(Resolved(r, tmp_path, planning=True)) if line.startswith("# node ")]
+    lines = [line for line in offline_processes(Resolved(r, tmp_path, planning=True))[0] if line.startswith("# node ")]
     assert len(lines) == 3 and all("10.0.0.5:50051" in line for line in lines)
     assert "starts mooncake_master" in lines[0] and "starts mooncake_master" not in lines[1]
 

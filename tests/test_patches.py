@@ -14,11 +14,18 @@ import torch
 from dspark_kit.compat import patches
 
 
+def revert_all() -> None:
+    """Undo every patch applied in this process (the patches module records each original)."""
+    while patches._ORIGINALS:
+        owner, attr, original = patches._ORIGINALS.pop()
+        setattr(owner, attr, original)
+
+
 @pytest.fixture()
 def mp(monkeypatch):
     """monkeypatch whose undo runs after our patches are reverted (ordering matters)."""
     yield monkeypatch
-    patches.revert_all()
+    revert_all()
 
 
 def _probe(name: str, device: str = "cpu") -> patches.ProbeResult:
@@ -131,7 +138,7 @@ def test_cpu_device_patches_are_exactly_the_reference_set(mp):
     assert trainer.get_local_rank() == "cpu"
     assert checkpointer.get_current_device() == "cpu"
     torch.accelerator.synchronize()  # no-op instead of an error
-    patches.revert_all()
+    revert_all()
     assert not _probe("device-local-rank").ok
 
 

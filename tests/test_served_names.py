@@ -73,10 +73,10 @@ def test_without_a_served_name_every_server_answers_to_the_verifier_path(tmp_pat
 
 def test_hidden_states_dry_run_pairs_the_server_with_generate_offline_data(tmp_path):
     """backend vllm, offline: the printed server and generate-offline-data agree on the model."""
-    from dspark_kit.stages.hidden.hidden_states_vllm import dry_run_lines
+    from dspark_kit.stages.hidden.hidden_states_vllm import offline_processes
 
     res = seed_resolved(tmp_path, "hidden_states.mode=offline")
-    lines = dry_run_lines(res)
+    lines = offline_processes(res)[0]
     server = shlex.split(next(line for line in lines if " vllm serve " in line))
     offline = shlex.split(next(line for line in lines if "generate-offline-data" in line))
     assert served_model_names(server)[0] == flag(offline, "--model") == SEED_VERIFIER

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from dspark_kit.cli import app
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.specdec.hidden_state_files import header_bytes
 from dspark_kit.resolved import storage_plan as sp
+from dspark_kit.specdec.hidden_state_files import header_bytes
 from dspark_kit.stages.preflight.checks import run_preflight
 
 SEED = REPO / "recipes" / "qwen3-30b-a3b-ultrachat-ascend.yaml"

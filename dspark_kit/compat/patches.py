@@ -87,13 +87,6 @@ def _replace(owner: object, attr: str, value: object) -> None:
     setattr(owner, attr, value)
 
 
-def revert_all() -> None:
-    """Undo every patch applied in this process (tests; a fresh probe run)."""
-    while _ORIGINALS:
-        owner, attr, original = _ORIGINALS.pop()
-        setattr(owner, attr, original)
-
-
 _DEVICE_ONLY = ("cpu", "npu")  # cuda is what speculators was written for
 FIXES: list[Fix] = [
     Fix("pos0-decay", "(a) slot-0 loss weight 1 under sample_from_anchor (PR#798)",

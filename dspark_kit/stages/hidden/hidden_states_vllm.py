@@ -100,10 +100,6 @@ def offline_processes(res: Resolved) -> tuple[list[str], list[Process]]:
     return lines, processes
 
 
-def dry_run_lines(res: Resolved) -> list[str]:
-    return offline_processes(res)[0]
-
-
 # generate-offline-data's own line when a row fails under --fail-on-error
 _FATAL = re.compile(r"Fatal: sample (\d+) aborted with --fail-on-error: (.*)")
 
