@@ -166,6 +166,24 @@ def test_cli_modules_hold_no_stage_logic():
     assert not heavy, heavy
 
 
+def nested_in_register(source: str) -> list[str]:
+    """Functions (and classes) defined inside a module's `register`: commands as closures."""
+    return [f"{node.name} (line {node.lineno})" for reg in ast.parse(source).body
+            if isinstance(reg, ast.FunctionDef) and reg.name == "register"
+            for node in ast.walk(reg) if node is not reg
+            and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def test_cli_commands_are_module_functions():
+    """One module-level function per command; `register(app)` only registers them."""
+    nested = {f.name: found for f in (PKG / "cli").glob("*.py") if (found := nested_in_register(f.read_text()))}
+    assert not nested, f"commands defined inside register (make them module-level functions): {nested}"
+    # the check can fail: a closure command is seen
+    closure = "def register(app):\n    @app.command()\n    def prepare():\n        pass\n"
+    assert nested_in_register(closure) == ["prepare (line 3)"]
+    assert nested_in_register("def prepare():\n    pass\n\n\ndef register(app):\n    app.command()(prepare)\n") == []
+
+
 MAX_MODULE_LINES = 600
 
 

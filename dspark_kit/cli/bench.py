@@ -7,91 +7,125 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import (
-    DEFAULT_RECIPE_PATH,
-    JsonOpt,
-    RecipeOpt,
-    SetOpt,
-    TemperatureOpt,
-    WorkdirOpt,
-    emit_json,
-    fail,
-    load,
-    resolve,
-    with_temperature,
-)
+from dspark_kit.cli import common
 from dspark_kit.cli.vocabulary import option
 
 
+def bench(
+    files: Annotated[list[Path] | None, typer.Argument(
+        help="With --compare: bench JSON files (ours or `vllm bench serve --save-result`).")] = None,
+    recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH,
+    set_: common.SetOpt = None,
+    workdir: common.WorkdirOpt = None,
+    base_url: Annotated[str | None, option(
+        "endpoint", help="Running server, e.g. http://127.0.0.1:8000 (default: recipe serve.host:port).")] = None,
+    num_prompts: Annotated[int | None, option("num_prompts", min=1, help="Default: bench.num_prompts.")] = None,
+    concurrency: Annotated[int | None, option("concurrency", min=1, help="Requests in flight (default: bench.concurrency).")] = None,
+    max_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Per request (default: bench.max_tokens).")] = None,
+    dataset: Annotated[str, option(
+        "prompts", help="'builtin' (the tiny corpus's held-out prompts, eval's default on tiny data, in eval's order) "
+        "or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
+    categories: Annotated[str | None, option(
+        "categories", help="Also benchmark these prompt sets one after another, acceptance per category from "
+        "/metrics deltas (default: bench.categories).")] = None,
+    temperature: common.TemperatureOpt = None,
+    label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
+    out: Annotated[Path | None, option(
+        "out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Compare result files instead of benchmarking: prints a markdown table; --out also writes it + a per-position PNG.")] = False,
+    dry_run: common.DryRunOpt = False,
+    json_out: common.JsonOpt = False,
+) -> None:
+    """Benchmark a running chat server: throughput, TTFT/TPOT/ITL and spec-decode acceptance.
+
+    Acceptance comes from /metrics counter deltas (vllm:spec_decode_*), scraped
+    before and after: acceptance length = 1 + accepted / drafts. Start the server
+    first (`dspark-kit serve`), then e.g.:
+
+      dspark-kit bench -r recipes/tiny-cpu.yaml --label ckpt1
+
+      dspark-kit bench --compare runs/x/bench/bench_ckpt0.json runs/x/bench/bench_ckpt1.json --out cmp.md
+
+    --dry-run prints the bench stage's plan as this command runs it: the server it measures (it
+    starts none), the prompts, how many and how many in flight, the temperature, the categories
+    and the result file; it sends no request.
+    """
+    from dspark_kit.engines.prom import MetricsError
+    from dspark_kit.stages.serving.bench import BenchError, bench_endpoint
+
+    if compare:
+        _compare(files, out, dry_run, json_out)
+        return
+    if files:
+        common.fail(f"unexpected arguments {[str(f) for f in files]}: result files need --compare")
+    r = common.load(recipe, common.with_temperature(set_, temperature))
+    res = common.resolve(r, workdir, planning=True)  # the model name and K to record: nothing to build or train
+    out_dir = out or res.run.bench
+    if dry_run:
+        chosen = common.prompt_categories(categories, r.bench.categories, "bench.categories")
+        common.show_plan(_plan(res, base_url, label, out_dir, num_prompts, concurrency, max_tokens, dataset, chosen),
+                         json_out)
+        return
+    try:
+        result = bench_endpoint(res, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
+                           max_tokens=max_tokens, dataset=dataset, categories=categories)
+    except (BenchError, MetricsError) as e:
+        common.fail(str(e))
+    if json_out:
+        common.emit_json(result)
+        return
+    from dspark_kit.measure.bench_tables import bench_markdown
+
+    typer.echo(bench_markdown([result]))
+    typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)
+
+
+def _plan(res, base_url: str | None, label: str | None, out_dir: Path, num_prompts: int | None,
+          concurrency: int | None, max_tokens: int | None, dataset: str, categories: list[str]):
+    """The bench stage's plan as this command runs it. The pipeline's bench starts a spec server and
+    stops it after; this command starts none: it measures the server at --endpoint, else at the
+    recipe's serve.host:port."""
+    r, b = res.recipe, res.recipe.bench
+    plan = common.stage_plan("bench", res)
+    url = (base_url or f"http://{r.serve.host}:{r.serve.port}").rstrip("/")
+    n, conc, new = num_prompts or b.num_prompts, concurrency or b.concurrency, max_tokens or b.max_tokens
+    result = Path(out_dir) / f"bench_{label or r.name}.json"
+    plan.processes, plan.inputs, plan.outputs = [], {"server": url}, {"bench": str(result)}
+    plan.details.update(base_url=url, num_prompts=n, concurrency=conc, max_tokens=new, prompts=dataset,
+                        categories=categories)
+    where = "--endpoint" if base_url else "serve.host:port"
+    plan.lines = [(f"# no server started: bench measures the running server at {url} ({where}; start one "
+                   "with `dspark-kit serve --role spec`)")]
+    if not base_url and r.serve.port == 0:  # the port a recipe server takes is known only once it starts
+        plan.lines.append("# serve.port is 0 (a free port at start): pass --endpoint with the URL `dspark-kit "
+                          "serve` printed")
+    plan.lines.append(f"# in-process: {n} prompts ({dataset}), {conc} in flight, up to {new} new tokens each, "
+                      f"temperature {r.measured_temperature:g} -> {result} (and .md)")
+    if categories:
+        plan.lines.append(f"# then per category: {', '.join(categories)} ({n} prompts each)")
+    return plan
+
+
+def _compare(files: list[Path] | None, out: Path | None, dry_run: bool, json_out: bool) -> None:
+    from dspark_kit.engines.prom import MetricsError
+    from dspark_kit.measure.bench_tables import compare as compare_results
+
+    if not files:
+        common.fail("--compare: pass one or more bench JSON files, e.g. --compare A.json B.json")
+    if dry_run:
+        common.fail("--dry-run: not with --compare (it starts nothing and writes only --out)")
+    try:
+        md, written = compare_results(files, out)
+    except MetricsError as e:
+        common.fail(str(e))
+    if json_out:
+        common.emit_json({"markdown": md, "written": [str(p) for p in written]})
+        return
+    typer.echo(md)
+    for p in written:
+        typer.echo(f"wrote {p}", err=True)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("bench")
-    def bench(
-        files: Annotated[list[Path] | None, typer.Argument(
-            help="With --compare: bench JSON files (ours or `vllm bench serve --save-result`).")] = None,
-        recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
-        set_: SetOpt = None,
-        workdir: WorkdirOpt = None,
-        base_url: Annotated[str | None, option(
-            "endpoint", help="Running server, e.g. http://127.0.0.1:8000 (default: recipe serve.host:port).")] = None,
-        num_prompts: Annotated[int | None, option("num_prompts", min=1, help="Default: bench.num_prompts.")] = None,
-        concurrency: Annotated[int | None, option("concurrency", min=1, help="Requests in flight (default: bench.concurrency).")] = None,
-        max_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Per request (default: bench.max_tokens).")] = None,
-        dataset: Annotated[str, option(
-            "prompts", help="'builtin' (the tiny corpus's held-out prompts, eval's default on tiny data, in eval's order) "
-            "or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
-        categories: Annotated[str | None, option(
-            "categories", help="Also benchmark these prompt sets one after another, acceptance per category from "
-            "/metrics deltas (default: bench.categories).")] = None,
-        temperature: TemperatureOpt = None,
-        label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
-        out: Annotated[Path | None, option(
-            "out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,
-        compare: Annotated[bool, typer.Option(
-            "--compare", help="Compare result files instead of benchmarking: prints a markdown table; --out also writes it + a per-position PNG.")] = False,
-        json_out: JsonOpt = False,
-    ) -> None:
-        """Benchmark a running chat server: throughput, TTFT/TPOT/ITL and spec-decode acceptance.
-
-        Acceptance comes from /metrics counter deltas (vllm:spec_decode_*), scraped
-        before and after: acceptance length = 1 + accepted / drafts. Start the server
-        first (`dspark-kit serve`), then e.g.:
-
-          dspark-kit bench -r recipes/tiny-cpu.yaml --label ckpt1
-
-          dspark-kit bench --compare runs/x/bench/bench_ckpt0.json runs/x/bench/bench_ckpt1.json --out cmp.md
-        """
-        from dspark_kit.engines.prom import MetricsError
-        from dspark_kit.measure.bench_tables import compare as compare_results
-        from dspark_kit.stages.serving.bench import BenchError, bench_endpoint
-
-        if compare:
-            if not files or len(files) < 1:
-                fail("--compare: pass one or more bench JSON files, e.g. --compare A.json B.json")
-            try:
-                md, written = compare_results(files, out)
-            except MetricsError as e:
-                fail(str(e))
-            if json_out:
-                emit_json({"markdown": md, "written": [str(p) for p in written]})
-                return
-            typer.echo(md)
-            for p in written:
-                typer.echo(f"wrote {p}", err=True)
-            return
-        if files:
-            fail(f"unexpected arguments {[str(f) for f in files]}: result files need --compare")
-        r = load(recipe, with_temperature(set_, temperature))
-        res = resolve(r, workdir, planning=True)  # the model name and K to record: nothing to build or train
-        out_dir = out or res.run.bench
-        try:
-            result = bench_endpoint(res, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
-                               max_tokens=max_tokens, dataset=dataset, categories=categories)
-        except (BenchError, MetricsError) as e:
-            fail(str(e))
-        if json_out:
-            emit_json(result)
-            return
-        from dspark_kit.measure.bench_tables import bench_markdown
-
-        typer.echo(bench_markdown([result]))
-        typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)
+    app.command("bench")(bench)

@@ -56,11 +56,12 @@ def resolve(recipe: Recipe, workdir: Path | None = None, **choices):
         fail(str(e))
 
 
-def one_recipe(positional: Path | None, option: Path | None) -> Path:
-    """`CMD RECIPE` and `CMD -r RECIPE` name the same thing; two different files is an error."""
+def one_path(positional: Path | None, option: Path | None, what: str, flag: str) -> Path | None:
+    """`CMD X` and `CMD FLAG X` name the same thing (`run RECIPE` / `-r`, `report RUN_DIR` / `-w`);
+    two different paths is an error."""
     if positional is not None and option is not None and positional.resolve() != option.resolve():
-        fail(f"recipe given twice: {positional} and -r {option}; pass one (positionally or with -r)")
-    return positional or option or DEFAULT_RECIPE_PATH
+        fail(f"{what} given twice: {positional} and {flag} {option}; pass one (positionally or with {flag})")
+    return positional or option
 
 
 def load(recipe: Path, sets: list[str] | None, require_run_keys: bool = False) -> Recipe:
@@ -73,3 +74,33 @@ def load(recipe: Path, sets: list[str] | None, require_run_keys: bool = False) -
 
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def stage_plan(name: str, res):
+    """The stage's plan (stages/steps.py REGISTRY): what a run of it executes; one that cannot be
+    made is one line."""
+    from dspark_kit.stages.steps import REGISTRY
+
+    try:
+        return REGISTRY[name].plan(res)
+    except (RecipeError, ValueError, RuntimeError) as e:
+        fail(str(e))
+
+
+def show_plan(plan, json_out: bool) -> None:
+    """What --dry-run prints: the plan's lines (commands and `# ` notes), or with --json the plan as data."""
+    if json_out:
+        emit_json(plan.as_dict())
+    else:
+        typer.echo("\n".join(plan.lines))
+
+
+def prompt_categories(given: str | None, default: list[str] | str, key: str) -> list[str]:
+    """--categories, else the recipe's `key`, parsed: a misspelt name fails before anything loads."""
+    from dspark_kit.data.categories import CategoryError, parse_categories
+
+    try:
+        return parse_categories(given if given is not None else default)
+    except CategoryError as e:
+        fail(f"{'--categories' if given is not None else key}: {e}")
+        raise  # unreachable

@@ -7,20 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import (
-    DEFAULT_RECIPE_PATH,
-    JsonOpt,
-    RecipeOpt,
-    SetOpt,
-    TemperatureOpt,
-    WorkdirOpt,
-    console,
-    emit_json,
-    fail,
-    load,
-    resolve,
-    with_temperature,
-)
+from dspark_kit.cli import common
 from dspark_kit.cli.vocabulary import option
 
 
@@ -30,80 +17,127 @@ def parse_int_list(value: str | None, flag: str) -> list[int] | None:
     try:
         items = [int(x) for x in value.replace(" ", "").split(",") if x]
     except ValueError:
-        fail(f"{flag} {value!r}: expected comma-separated integers, e.g. {flag} 512,1024")
+        common.fail(f"{flag} {value!r}: expected comma-separated integers, e.g. {flag} 512,1024")
     if any(x < 0 for x in items):
-        fail(f"{flag} {value!r}: values must be >= 0")
+        common.fail(f"{flag} {value!r}: values must be >= 0")
     return items
 
 
+def eval_cmd(
+    recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH,
+    set_: common.SetOpt = None,
+    workdir: common.WorkdirOpt = None,
+    checkpoint: Annotated[str | None, option("checkpoint")] = None,
+    prompts: Annotated[Path | None, option(
+        "prompts", help="jsonl of chats (conversations/messages/prompt) or plain text lines.")] = None,
+    from_data: Annotated[bool, typer.Option(
+        "--from-data", help="Take prompts from the first rows of the recipe's data source (they may be "
+                            "training rows). Default: prompts the draft never trained on.")] = False,
+    num_prompts: Annotated[int | None, option("num_prompts", min=1, help="Default: eval.num_prompts.")] = None,
+    max_new_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Default: eval.max_new_tokens.")] = None,
+    context_lengths: Annotated[str | None, option(
+        "context_lengths", help="Also measure at these prompt lengths (earlier chats prepended), e.g. 512,1024.")] = None,
+    draft_window_size: Annotated[str | None, option(
+        "draft_window_size", help="N, auto (window_tune.json, else the training window) or off. Default: serve.draft_window_size.")] = None,
+    eval_device: Annotated[str | None, option(
+        "eval_device", help="auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft. Default: where "
+                            "training runs (train.device); float32 on cpu, verifier.dtype on accelerators.")] = None,
+    categories: Annotated[str | None, option("categories", help="Default: eval.categories.")] = None,
+    temperature: common.TemperatureOpt = None,
+    out: Annotated[Path | None, option("out", help="Output dir (default <workdir>/eval).")] = None,
+    dry_run: common.DryRunOpt = False,
+    json_out: common.JsonOpt = False,
+) -> None:
+    """Measure acceptance offline with the reference DSpark decoder (lossless: greedy, or speculative
+    sampling at --temperature / eval.temperature, each prompt seeded by its index).
+
+    Prompts, by default, are ones the draft never trained on: the tiny corpus's held-out set
+    for builtin:tiny-chat, else the conversations of speculators' validation split of
+    DIR/prepared (train.train_data_ratio); eval.json records their source and ids.
+
+    Reports what a vLLM server's /metrics would: acceptance length
+    (1 + accepted / drafts), per-position acceptance, tokens per verifier
+    forward and wall time; writes eval.json, eval.md and PNG plots. With
+    --context-lengths it also plots acceptance vs context length with and
+    without the draft KV window. A verifier too large for the device is refused
+    before loading (measure it served: `dspark-kit tune --served`). Example:
+
+      dspark-kit eval -r recipes/tiny-cpu.yaml --context-lengths 512,1024
+
+      dspark-kit eval -r recipes/tiny-cpu.yaml --temperature 0.7
+
+    With --categories (eval.categories) it also measures named prompt sets one by one and
+    writes a table of acceptance per category, e.g. --categories gsm8k,humaneval=he.jsonl,tiny.
+
+    --dry-run prints the eval stage's plan with this command's choices (device and dtype, the
+    checkpoint, K and window, which prompts and how many, context lengths, categories, where it
+    writes) and loads nothing.
+    """
+    from dspark_kit.specdec.checkpoints import CheckpointError
+    from dspark_kit.specdec.draft_model import DraftLoadError
+    from dspark_kit.stages.evaluation.evaluate import EvalError, evaluate_checkpoint
+
+    # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
+    res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir,
+                         checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device, planning=dry_run)
+    chosen = common.prompt_categories(categories, res.recipe.eval.categories, "eval.categories")
+    lengths = parse_int_list(context_lengths, "--context-lengths")
+    if dry_run:
+        common.show_plan(_plan(res, prompts, from_data, num_prompts, max_new_tokens, lengths, chosen, out), json_out)
+        return
+    try:
+        summary = evaluate_checkpoint(
+            res, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,
+            max_new_tokens=max_new_tokens, context_lengths=lengths,
+            out_dir=out, categories=chosen, log=lambda m: common.console.print(m, highlight=False),
+        )
+    except (EvalError, CheckpointError, DraftLoadError) as e:
+        common.fail(str(e))
+    if json_out:
+        common.emit_json(summary)
+        return
+    typer.echo(Path(summary["files"]["markdown"]).read_text())
+    typer.echo(f"acceptance length {summary['acceptance_length']}; files in {Path(summary['files']['json']).parent}")
+
+
+def _plan(res, prompts: Path | None, from_data: bool, num_prompts: int | None, max_new_tokens: int | None,
+          lengths: list[int] | None, categories: list[str], out: Path | None):
+    """The eval stage's plan as this command runs it: always in-process (the pipeline's eval serves a
+    verifier too large for the device; this command refuses it), with its prompts, counts and output."""
+    e = res.recipe.eval
+    device = f"{res.eval_device.value} ({res.eval_dtype.value})"
+    if res.eval_fit.value is False:  # what the run says, before it loads anything
+        common.fail(f"eval on {device}: {res.eval_fit.source}; `eval` would refuse before loading: measure "
+                    "through the serving engine (`dspark-kit tune --served`, or `dspark-kit run --stages eval`), "
+                    "or choose another --eval-device")
+    plan = common.stage_plan("eval", res)
+    if res.eval_fit.value is None:  # the stage's lines add a server for the case it proves too large: not here
+        plan.processes = []
+        plan.lines = [(f"# in-process: offline acceptance on {device}; {res.eval_fit.source} (`eval` loads it "
+                       "there regardless; the pipeline's eval would serve it if too large)")]
+    out_dir = out or res.run.eval
+    plan.outputs = {"eval": str(out_dir / "eval.json")}
+    plan.inputs = {"checkpoint": str(res.checkpoint), "verifier": res.verifier_path}
+    if out is not None:
+        plan.lines.append(f"# --out: eval.json, eval.md and the plots go to {out_dir} instead")
+    if prompts is not None:  # as the run reads them: --prompts first, then --from-data
+        plan.inputs["prompts"] = str(prompts)
+        plan.lines.append(f"# --prompts: prompts from {prompts} instead")
+    elif from_data:
+        plan.inputs["prompts"] = res.recipe.data.source
+        plan.lines.append(f"# --from-data: prompts from the first rows of {res.recipe.data.source} instead "
+                          "(they may be training rows)")
+    n, new = num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens
+    lengths = sorted(set(lengths if lengths is not None else e.context_lengths))
+    plan.details.update(num_prompts=n, max_new_tokens=new, context_lengths=lengths, categories=categories)
+    plan.lines.append(f"# checkpoint {res.checkpoint}: K {res.k.value}, window {res.window.value} "
+                      f"({res.window.source}); {n} prompts, up to {new} new tokens each")
+    if lengths:
+        plan.lines.append(f"# also at context lengths {', '.join(map(str, lengths))}, with and without the window")
+    if categories:
+        plan.lines.append(f"# and per category: {', '.join(categories)} ({n} prompts each)")
+    return plan
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("eval")
-    def eval_cmd(
-        recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
-        set_: SetOpt = None,
-        workdir: WorkdirOpt = None,
-        checkpoint: Annotated[str | None, option("checkpoint")] = None,
-        prompts: Annotated[Path | None, option(
-            "prompts", help="jsonl of chats (conversations/messages/prompt) or plain text lines.")] = None,
-        from_data: Annotated[bool, typer.Option(
-            "--from-data", help="Take prompts from the first rows of the recipe's data source (they may be "
-                                "training rows). Default: prompts the draft never trained on.")] = False,
-        num_prompts: Annotated[int | None, option("num_prompts", min=1, help="Default: eval.num_prompts.")] = None,
-        max_new_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Default: eval.max_new_tokens.")] = None,
-        context_lengths: Annotated[str | None, option(
-            "context_lengths", help="Also measure at these prompt lengths (earlier chats prepended), e.g. 512,1024.")] = None,
-        draft_window_size: Annotated[str | None, option(
-            "draft_window_size", help="N, auto (window_tune.json, else the training window) or off. Default: serve.draft_window_size.")] = None,
-        eval_device: Annotated[str | None, option(
-            "eval_device", help="auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft. Default: where "
-                                "training runs (train.device); float32 on cpu, verifier.dtype on accelerators.")] = None,
-        categories: Annotated[str | None, option("categories", help="Default: eval.categories.")] = None,
-        temperature: TemperatureOpt = None,
-        out: Annotated[Path | None, option("out", help="Output dir (default <workdir>/eval).")] = None,
-        json_out: JsonOpt = False,
-    ) -> None:
-        """Measure acceptance offline with the reference DSpark decoder (lossless: greedy, or speculative
-        sampling at --temperature / eval.temperature, each prompt seeded by its index).
-
-        Prompts, by default, are ones the draft never trained on: the tiny corpus's held-out set
-        for builtin:tiny-chat, else the conversations of speculators' validation split of
-        DIR/prepared (train.train_data_ratio); eval.json records their source and ids.
-
-        Reports what a vLLM server's /metrics would: acceptance length
-        (1 + accepted / drafts), per-position acceptance, tokens per verifier
-        forward and wall time; writes eval.json, eval.md and PNG plots. With
-        --context-lengths it also plots acceptance vs context length with and
-        without the draft KV window. A verifier too large for the device is refused
-        before loading (measure it served: `dspark-kit tune --served`). Example:
-
-          dspark-kit eval -r recipes/tiny-cpu.yaml --context-lengths 512,1024
-
-          dspark-kit eval -r recipes/tiny-cpu.yaml --temperature 0.7
-
-        With --categories (eval.categories) it also measures named prompt sets one by one and
-        writes a table of acceptance per category, e.g. --categories gsm8k,humaneval=he.jsonl,tiny.
-        """
-        from dspark_kit.data.categories import CategoryError, parse_categories
-        from dspark_kit.specdec.checkpoints import CheckpointError
-        from dspark_kit.specdec.draft_model import DraftLoadError
-        from dspark_kit.stages.evaluation.evaluate import EvalError, evaluate_checkpoint
-
-        # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
-        res = resolve(load(recipe, with_temperature(set_, temperature)), workdir, checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device)
-        try:  # a misspelt name fails before the models load
-            chosen = parse_categories(categories if categories is not None else res.recipe.eval.categories)
-        except CategoryError as e:
-            fail(f"{'--categories' if categories is not None else 'eval.categories'}: {e}")
-        try:
-            summary = evaluate_checkpoint(
-                res, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,
-                max_new_tokens=max_new_tokens, context_lengths=parse_int_list(context_lengths, "--context-lengths"),
-                out_dir=out, categories=chosen, log=lambda m: console.print(m, highlight=False),
-            )
-        except (EvalError, CheckpointError, DraftLoadError) as e:
-            fail(str(e))
-        if json_out:
-            emit_json(summary)
-            return
-        typer.echo(Path(summary["files"]["markdown"]).read_text())
-        typer.echo(f"acceptance length {summary['acceptance_length']}; files in {Path(summary['files']['json']).parent}")
+    app.command("eval")(eval_cmd)

@@ -6,71 +6,65 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import (
-    DEFAULT_RECIPE_PATH,
-    JsonOpt,
-    RecipeOpt,
-    SetOpt,
-    WorkdirOpt,
-    emit_json,
-    load,
-    resolve,
-)
+from dspark_kit.cli import common
 from dspark_kit.recipe import dump_recipe
+
+recipe_app = typer.Typer(help="Inspect and validate recipes.", no_args_is_help=True)
+
+
+def show(recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH, set_: common.SetOpt = None,
+         workdir: common.WorkdirOpt = None, json_out: common.JsonOpt = False) -> None:
+    """Print the fully resolved recipe (defaults + overrides) and the derived values with
+    where each came from (the run folder's checkpoint and tune result count)."""
+    r = common.load(recipe, set_)
+    res = common.resolve(r, workdir, planning=True)  # builds and trains nothing
+    k, window = res.k, res.window
+    derived = {
+        "workdir": str(res.run.root),
+        "full_attention_indices": r.full_attention_indices,
+        "training_window": r.training_window,
+        "served_model_name": res.served_name,
+        "hidden_states_served_model_names": res.served_names("hidden-states"),
+        "checkpoint": str(res.checkpoint) + ("" if res.checkpoint_exists else " (not trained yet)"),
+        "num_speculative_tokens": k.value,
+        "num_speculative_tokens_source": k.source,
+        "draft_window_size": window.value,
+        "draft_window_size_source": f"{window.source} (engine {res.engine})",
+    }
+    for name in ("train_device", "serve_device", "eval_device", "hidden_states_dtype", "serve_dtype", "eval_dtype"):
+        d = getattr(res, name)
+        derived[name], derived[f"{name}_source"] = d.value, d.source
+    if json_out:
+        common.emit_json({"recipe": r.model_dump(mode="json"), "derived": derived})
+        return
+    typer.echo(dump_recipe(r))
+    typer.echo("# derived")
+    for k, v in derived.items():
+        typer.echo(f"# {k}: {v}")
+
+
+def validate(recipes: Annotated[list[str], typer.Argument(help="Recipe files.")]) -> None:
+    """Validate recipe files; exit 2 with a field-named error on the first bad one.
+
+    Beyond the schema, a recipe must be a UTF-8 file with no key given twice, and must set
+    what a run needs itself: data.source and verifier.path.
+    """
+    from pathlib import Path
+
+    for p in recipes:
+        common.load(Path(p), None, require_run_keys=True)
+        typer.echo(f"ok  {p}")
+
+
+def reference() -> None:
+    """Print every recipe key with its default and help (markdown; docs/RECIPES.md)."""
+    from dspark_kit.recipe import reference_markdown
+
+    typer.echo(reference_markdown(), nl=False)
 
 
 def register(app: typer.Typer) -> None:
-    sub = typer.Typer(help="Inspect and validate recipes.", no_args_is_help=True)
-
-    @sub.command("show")
-    def show(recipe: RecipeOpt = DEFAULT_RECIPE_PATH, set_: SetOpt = None, workdir: WorkdirOpt = None,
-             json_out: JsonOpt = False) -> None:
-        """Print the fully resolved recipe (defaults + overrides) and the derived values with
-        where each came from (the run folder's checkpoint and tune result count)."""
-        r = load(recipe, set_)
-        res = resolve(r, workdir, planning=True)  # builds and trains nothing
-        k, window = res.k, res.window
-        derived = {
-            "workdir": str(res.run.root),
-            "full_attention_indices": r.full_attention_indices,
-            "training_window": r.training_window,
-            "served_model_name": res.served_name,
-            "hidden_states_served_model_names": res.served_names("hidden-states"),
-            "checkpoint": str(res.checkpoint) + ("" if res.checkpoint_exists else " (not trained yet)"),
-            "num_speculative_tokens": k.value,
-            "num_speculative_tokens_source": k.source,
-            "draft_window_size": window.value,
-            "draft_window_size_source": f"{window.source} (engine {res.engine})",
-        }
-        for name in ("train_device", "serve_device", "eval_device", "hidden_states_dtype", "serve_dtype", "eval_dtype"):
-            d = getattr(res, name)
-            derived[name], derived[f"{name}_source"] = d.value, d.source
-        if json_out:
-            emit_json({"recipe": r.model_dump(mode="json"), "derived": derived})
-            return
-        typer.echo(dump_recipe(r))
-        typer.echo("# derived")
-        for k, v in derived.items():
-            typer.echo(f"# {k}: {v}")
-
-    @sub.command("validate")
-    def validate(recipes: Annotated[list[str], typer.Argument(help="Recipe files.")]) -> None:
-        """Validate recipe files; exit 2 with a field-named error on the first bad one.
-
-        Beyond the schema, a recipe must be a UTF-8 file with no key given twice, and must set
-        what a run needs itself: data.source and verifier.path.
-        """
-        from pathlib import Path
-
-        for p in recipes:
-            load(Path(p), None, require_run_keys=True)
-            typer.echo(f"ok  {p}")
-
-    @sub.command("reference")
-    def reference() -> None:
-        """Print every recipe key with its default and help (markdown; docs/RECIPES.md)."""
-        from dspark_kit.recipe import reference_markdown
-
-        typer.echo(reference_markdown(), nl=False)
-
-    app.add_typer(sub, name="recipe")
+    recipe_app.command("show")(show)
+    recipe_app.command("validate")(validate)
+    recipe_app.command("reference")(reference)
+    app.add_typer(recipe_app, name="recipe")

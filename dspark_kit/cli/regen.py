@@ -8,122 +8,107 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import (
-    DEFAULT_RECIPE_PATH,
-    DryRunOpt,
-    JsonOpt,
-    RecipeOpt,
-    SetOpt,
-    WorkdirOpt,
-    console,
-    emit_json,
-    fail,
-    load,
-    resolve,
-)
+from dspark_kit.cli import common
 from dspark_kit.cli.vocabulary import option
 from dspark_kit.progress import progress_bar
 
 
-def _dry_run(res, endpoints: list[str] | None, json_out: bool, outfile: Path | None = None) -> None:
-    """Where requests would go; with no endpoint, the engine command regen would start."""
-    from dspark_kit.stages.dataset.regen import regen_plan
+def regen(
+    recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH,
+    set_: common.SetOpt = None,
+    workdir: common.WorkdirOpt = None,
+    outfile: Annotated[Path | None, option("out", help="Output jsonl, one row per conversation (default DIR/regen.jsonl, where prepare reads it).")] = None,
+    dataset: Annotated[str | None, option("data", help="Override data.source: builtin:tiny-chat, builtin:tiny-tools, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
+    endpoint: Annotated[list[str] | None, option("endpoint", help="OpenAI base URL, e.g. http://10.0.0.5:8000/v1 (repeat for several servers; none = start a local engine).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model id to request (default: first id from GET /v1/models).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Read at most N source rows.")] = None,
+    concurrency: Annotated[int | None, option("concurrency", min=1, help="In-flight requests per endpoint (default regen.concurrency).")] = None,
+    max_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Max new tokens per reply (default regen.max_tokens).")] = None,
+    temperature: Annotated[float | None, typer.Option(min=0.0, help="Sampling temperature for every row (0 = greedy). Default: regen.temperature (a mixture draws one per row).")] = None,
+    top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Base seed (per request: seed + 1000*idx + turn; each row's draw from a mixture too).")] = None,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip rows already in the output (and repair a cut last line); --no-resume starts over (needs --overwrite when the output holds rows).")] = True,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="With --no-resume: empty an existing output and its errors file.")] = False,
+    dry_run: common.DryRunOpt = False,
+    json_out: common.JsonOpt = False,
+) -> None:
+    """Stage 0: regenerate every assistant turn with the verifier (same model and thinking mode that training and serving use, docs/PITFALLS.md).
 
-    plan = regen_plan(res, endpoints, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
+    User turns are kept, original replies dropped, each reply regenerated in order with the new replies as history. Rows are shared over all --endpoint servers (scale with more servers, not more concurrency); a server that keeps refusing connections is dropped and its rows go to the others. Failed rows (after retries with backoff) are listed in OUT.errors.jsonl; re-running with --resume retries exactly those.
+
+    Reasoning (a server's reasoning_content/reasoning, or inline <think>) is stored per reply as reasoning_content. A server that refuses connections is waited for up to regen.unavailable_timeout seconds; every source row is reported as written, failed, not attempted or unusable.
+
+    Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
+    """
+    from dspark_kit.data.sources import SourceError
+    from dspark_kit.stages.dataset.regen import (
+        OutputExists,
+        RowProgress,
+        failure_verdict,
+        regen_plan,
+        run_regen,
+    )
+
+    r = common.load(recipe, set_)
+    res = common.resolve(r, workdir, planning=dry_run)
+    outfile = outfile or res.run.regen_jsonl
+    # where requests go; with no endpoint, the engine command regen starts
+    plan = regen_plan(res, endpoint, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
+    if dry_run:
+        common.show_plan(plan, json_out)
+        return
+    plan.record(res.run.plan_file("regen"))
+    chat = plan.process("chat server")
+    try:
+        with progress_bar("regen", limit or r.data.limit, unit="row", enabled=not json_out) as bar:
+            summary = run_regen(
+                res, outfile, endpoints=endpoint, limit=limit, resume=resume, overwrite=overwrite, dataset=dataset,
+                model=model, concurrency=concurrency, max_tokens=max_tokens,
+                temperature=temperature, top_p=top_p, seed=seed, on_row=RowProgress(bar),
+                server_plan=chat.server if chat else None)
+    except (SourceError, OutputExists) as e:
+        common.fail(str(e))
+    except RuntimeError as e:  # e.g. the local engine did not start
+        common.fail(str(e).splitlines()[0] + " (full log tail below)\n" + str(e), code=1)
     if json_out:
-        emit_json(plan.as_dict())
+        common.emit_json(summary)
     else:
-        typer.echo("\n".join(plan.lines))
+        _show(summary)
+    if summary["all_endpoints_dead"]:
+        raise typer.Exit(1)
+    verdict = failure_verdict(summary, r.regen.max_failed_fraction, r.data.max_mode_mismatch_fraction)
+    if verdict:
+        common.fail(verdict, code=1)
+
+
+def _show(summary: dict) -> None:
+    """The summary's lines on stderr: rows, each endpoint, failures and why, unusable rows."""
+    from dspark_kit.stages.dataset.regen import mode_line, tools_line
+
+    def say(line: str) -> None:
+        common.console.print(line, highlight=False)
+
+    say(f"regen: {summary['written']} rows written, {summary['failed']} failed, "
+        f"{summary['not_attempted']} not attempted, "
+        f"{summary['already_done']} already done -> {summary['outfile']} "
+        f"({summary['rows_per_min']} rows/min, {summary['tokens_per_s']} tok/s)")
+    for ep in summary["endpoints"]:
+        state = f"DEAD: {ep['dead']}" if ep["dead"] else ("ok" if not ep["errors"] else "up")
+        say(f"  {ep['url']}: {ep['rows']} rows, {ep['errors']} errors, {state}")
+    if summary["failed"]:
+        say(f"  failures: {summary['errors_file']} (re-run with --resume to retry them)")
+        for reason, n in summary["failed_reasons"].items():
+            say(f"    {n}: {reason}")
+    if summary["not_attempted"]:
+        say(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
+    if summary["skipped_rows"]:
+        say(f"  unusable source rows: {summary['skipped_rows']}")
+    for line in (tools_line(summary), mode_line(summary)):
+        if line:
+            say(f"  {line}")
+    for reason, n in summary["tool_chains_cut"].items():
+        say(f"  {n} rows end early: {reason}")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def regen(
-        recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
-        set_: SetOpt = None,
-        workdir: WorkdirOpt = None,
-        outfile: Annotated[Path | None, option("out", help="Output jsonl, one row per conversation (default DIR/regen.jsonl, where prepare reads it).")] = None,
-        dataset: Annotated[str | None, option("data", help="Override data.source: builtin:tiny-chat, builtin:tiny-tools, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
-        endpoint: Annotated[list[str] | None, option("endpoint", help="OpenAI base URL, e.g. http://10.0.0.5:8000/v1 (repeat for several servers; none = start a local engine).")] = None,
-        model: Annotated[str | None, typer.Option(help="Model id to request (default: first id from GET /v1/models).")] = None,
-        limit: Annotated[int | None, typer.Option(min=1, help="Read at most N source rows.")] = None,
-        concurrency: Annotated[int | None, option("concurrency", min=1, help="In-flight requests per endpoint (default regen.concurrency).")] = None,
-        max_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Max new tokens per reply (default regen.max_tokens).")] = None,
-        temperature: Annotated[float | None, typer.Option(min=0.0, help="Sampling temperature for every row (0 = greedy). Default: regen.temperature (a mixture draws one per row).")] = None,
-        top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = None,
-        seed: Annotated[int | None, typer.Option(help="Base seed (per request: seed + 1000*idx + turn; each row's draw from a mixture too).")] = None,
-        resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Skip rows already in the output (and repair a cut last line); --no-resume starts over (needs --overwrite when the output holds rows).")] = True,
-        overwrite: Annotated[bool, typer.Option("--overwrite", help="With --no-resume: empty an existing output and its errors file.")] = False,
-        dry_run: DryRunOpt = False,
-        json_out: JsonOpt = False,
-    ) -> None:
-        """Stage 0: regenerate every assistant turn with the verifier (same model and thinking mode that training and serving use, docs/PITFALLS.md).
-
-        User turns are kept, original replies dropped, each reply regenerated in order with the new replies as history. Rows are shared over all --endpoint servers (scale with more servers, not more concurrency); a server that keeps refusing connections is dropped and its rows go to the others. Failed rows (after retries with backoff) are listed in OUT.errors.jsonl; re-running with --resume retries exactly those.
-
-        Reasoning (a server's reasoning_content/reasoning, or inline <think>) is stored per reply as reasoning_content. A server that refuses connections is waited for up to regen.unavailable_timeout seconds; every source row is reported as written, failed, not attempted or unusable.
-
-        Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
-        """
-        from dspark_kit.data.sources import SourceError
-        from dspark_kit.stages.dataset.regen import (
-            OutputExists,
-            RowProgress,
-            failure_verdict,
-            mode_line,
-            run_regen,
-            tools_line,
-        )
-
-        r = load(recipe, set_)
-        res = resolve(r, workdir, planning=dry_run)
-        outfile = outfile or res.run.regen_jsonl
-        if dry_run:
-            _dry_run(res, endpoint, json_out, outfile)
-            return
-        from dspark_kit.stages.dataset.regen import regen_plan
-
-        total = limit or r.data.limit
-        plan = regen_plan(res, endpoint, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
-        plan.record(res.run.plan_file("regen"))
-        chat = plan.process("chat server")
-        try:
-            with progress_bar("regen", total, unit="row", enabled=not json_out) as bar:
-                summary = run_regen(
-                    res, outfile, endpoints=endpoint, limit=limit, resume=resume, overwrite=overwrite, dataset=dataset,
-                    model=model, concurrency=concurrency, max_tokens=max_tokens,
-                    temperature=temperature, top_p=top_p, seed=seed, on_row=RowProgress(bar),
-                    server_plan=chat.server if chat else None)
-        except (SourceError, OutputExists) as e:
-            fail(str(e))
-        except RuntimeError as e:  # e.g. the local engine did not start
-            fail(str(e).splitlines()[0] + " (full log tail below)\n" + str(e), code=1)
-        if json_out:
-            emit_json(summary)
-        else:
-            console.print(
-                f"regen: {summary['written']} rows written, {summary['failed']} failed, "
-                f"{summary['not_attempted']} not attempted, "
-                f"{summary['already_done']} already done -> {summary['outfile']} "
-                f"({summary['rows_per_min']} rows/min, {summary['tokens_per_s']} tok/s)", highlight=False)
-            for ep in summary["endpoints"]:
-                state = f"DEAD: {ep['dead']}" if ep["dead"] else ("ok" if not ep["errors"] else "up")
-                console.print(f"  {ep['url']}: {ep['rows']} rows, {ep['errors']} errors, {state}", highlight=False)
-            if summary["failed"]:
-                console.print(f"  failures: {summary['errors_file']} (re-run with --resume to retry them)")
-                for reason, n in summary["failed_reasons"].items():
-                    console.print(f"    {n}: {reason}", highlight=False)
-            if summary["not_attempted"]:
-                console.print(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
-            if summary["skipped_rows"]:
-                console.print(f"  unusable source rows: {summary['skipped_rows']}", highlight=False)
-            for line in (tools_line(summary), mode_line(summary)):
-                if line:
-                    console.print(f"  {line}", highlight=False)
-            for reason, n in summary["tool_chains_cut"].items():
-                console.print(f"  {n} rows end early: {reason}", highlight=False)
-        if summary["all_endpoints_dead"]:
-            raise typer.Exit(1)
-        verdict = failure_verdict(summary, r.regen.max_failed_fraction, r.data.max_mode_mismatch_fraction)
-        if verdict:
-            fail(verdict, code=1)
+    app.command()(regen)

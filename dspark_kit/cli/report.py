@@ -7,49 +7,60 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import (
-    DEFAULT_RECIPE_PATH,
-    JsonOpt,
-    RecipeOpt,
-    SetOpt,
-    WorkdirOpt,
-    emit_json,
-    fail,
-    load,
-)
+from dspark_kit.cli import common
 from dspark_kit.cli.vocabulary import option
 
 
+def report(
+    run_dir: Annotated[Path | None, typer.Argument(
+        help="Run directory, the same as -w (default: the recipe's workdir).")] = None,
+    recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH,
+    set_: common.SetOpt = None,
+    workdir: common.WorkdirOpt = None,
+    out: Annotated[Path | None, option(
+        "out", help="Markdown file to write (default RUN_DIR/report/report.md; PNGs stay in RUN_DIR/report).")] = None,
+    dry_run: common.DryRunOpt = False,
+    json_out: common.JsonOpt = False,
+) -> None:
+    """Summarise a run as markdown + PNGs: training, eval and bench tables.
+
+    Reads tensorboard events under RUN_DIR/logs and checkpoints/*/val_metrics.json
+    (per-epoch validation table, loss and accept_len curves), eval/*.json and
+    bench/*.json. Stages that have not run are listed as "not run". Prints the path.
+    --dry-run prints the report stage's plan for this run directory: what it reads and the
+    markdown file and PNG folder it would write; it writes nothing.
+    """
+    from dspark_kit.stages.reporting.report import build_report
+
+    run_dir = common.one_path(run_dir, workdir, "run directory", "-w")
+    if dry_run:
+        common.show_plan(_plan(common.resolve(common.load(recipe, set_), run_dir, planning=True), out), json_out)
+        return
+    try:
+        path = build_report(run_dir or common.load(recipe, set_).workdir_path(), out)
+    except FileNotFoundError as e:
+        common.fail(str(e))
+    if json_out:
+        common.emit_json({"report": str(path)})
+    else:
+        typer.echo(str(path))
+
+
+def _plan(res, out: Path | None):
+    """The report stage's plan for RUN_DIR, its markdown at --out when given."""
+    run = res.run
+    if not run.root.is_dir():  # the run stops here too, before writing anything
+        common.fail(f"RUN_DIR {run.root}: not a directory (pass the recipe's workdir)")
+    plan = common.stage_plan("report", res)
+    md = out.resolve() if out is not None else run.report_md
+    plan.inputs = {"logs": str(run.logs), "checkpoints": str(run.checkpoints), "eval": str(run.eval),
+                   "bench": str(run.bench)}
+    plan.outputs = {"report": str(md), "plots": str(run.report)}
+    plan.lines = [f"# in-process: report -> {md} (PNGs in {run.report})"]
+    plan.lines.append(f"# reads {run.logs} (tensorboard), {run.checkpoints}/*/val_metrics.json, {run.eval}/*.json "
+                      f"and {run.bench}/*.json; a stage not run yet is listed as \"not run\"")
+    return plan
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("report")
-    def report(
-        run_dir: Annotated[Path | None, typer.Argument(
-            help="Run directory, the same as -w (default: the recipe's workdir).")] = None,
-        recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
-        set_: SetOpt = None,
-        workdir: WorkdirOpt = None,
-        out: Annotated[Path | None, option(
-            "out", help="Markdown file to write (default RUN_DIR/report/report.md; PNGs stay in RUN_DIR/report).")] = None,
-        json_out: JsonOpt = False,
-    ) -> None:
-        """Summarise a run as markdown + PNGs: training, eval and bench tables.
-
-        Reads tensorboard events under RUN_DIR/logs and checkpoints/*/val_metrics.json
-        (per-epoch validation table, loss and accept_len curves), eval/*.json and
-        bench/*.json. Stages that have not run are listed as "not run". Prints the path.
-        """
-        from dspark_kit.stages.reporting.report import build_report
-
-        if run_dir is not None and workdir is not None and run_dir.resolve() != workdir.resolve():
-            fail(f"run directory given twice: {run_dir} and -w {workdir}; pass one (positionally or with -w)")
-        run_dir = run_dir or workdir
-        if run_dir is None:
-            run_dir = load(recipe, set_).workdir_path()
-        try:
-            path = build_report(run_dir, out)
-        except FileNotFoundError as e:
-            fail(str(e))
-        if json_out:
-            emit_json({"report": str(path)})
-        else:
-            typer.echo(str(path))
+    app.command("report")(report)

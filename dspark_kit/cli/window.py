@@ -7,21 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dspark_kit.cli.common import (
-    DEFAULT_RECIPE_PATH,
-    DryRunOpt,
-    JsonOpt,
-    RecipeOpt,
-    SetOpt,
-    TemperatureOpt,
-    WorkdirOpt,
-    console,
-    emit_json,
-    fail,
-    load,
-    resolve,
-    with_temperature,
-)
+from dspark_kit.cli import common
 from dspark_kit.cli.eval import parse_int_list
 from dspark_kit.cli.vocabulary import option
 
@@ -43,7 +29,7 @@ def plan_cmd(
     method: Annotated[str, typer.Option(
         "--method", help="dspark | dflash (seq = context + K, future_offset 0) or eagle3 "
                          "(seq = context, future_offset K).")] = "dspark",
-    json_out: JsonOpt = False,
+    json_out: common.JsonOpt = False,
 ) -> None:
     """Show what the draft attends to, as vllm-ascend computes it.
 
@@ -56,16 +42,16 @@ def plan_cmd(
     """
     from dspark_kit.specdec.window import draft_seq_len, future_offset, plan_window
 
-    lens = parse_int_list(context_lens, "--context-lengths") or fail(
+    lens = parse_int_list(context_lens, "--context-lengths") or common.fail(
         "--context-lengths: give at least one length, e.g. --context-lengths 10,60")
     try:
         seqs = [draft_seq_len(method, n, num_speculative_tokens) for n in lens]
         offset = future_offset(method, num_speculative_tokens)
         plan = plan_window(seqs, window, kv_block_size, offset)
     except ValueError as e:
-        fail(str(e))
+        common.fail(str(e))
     if json_out:
-        emit_json({"method": method, "context_lens": lens, "num_speculative_tokens": num_speculative_tokens,
+        common.emit_json({"method": method, "context_lens": lens, "num_speculative_tokens": num_speculative_tokens,
                    **plan.as_dict()})
         return
     typer.echo(f"method={method} W={window} b={kv_block_size} K={num_speculative_tokens} "
@@ -77,9 +63,9 @@ def plan_cmd(
 
 
 def tune_cmd(
-    recipe: RecipeOpt = DEFAULT_RECIPE_PATH,
-    set_: SetOpt = None,
-    workdir: WorkdirOpt = None,
+    recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH,
+    set_: common.SetOpt = None,
+    workdir: common.WorkdirOpt = None,
     checkpoint: Annotated[str | None, option("checkpoint")] = None,
     ks: Annotated[str | None, typer.Option(
         "--ks", help="num_speculative_tokens to compare (default: the draft's block size and one less).")] = None,
@@ -101,9 +87,9 @@ def tune_cmd(
     eval_device: Annotated[str | None, option(
         "eval_device", help="In-process: auto, cpu, cuda or npu (cuda:1 ...) for the verifier and draft "
                             "(default: where training runs).")] = None,
-    temperature: TemperatureOpt = None,
-    dry_run: DryRunOpt = False,
-    json_out: JsonOpt = False,
+    temperature: common.TemperatureOpt = None,
+    dry_run: common.DryRunOpt = False,
+    json_out: common.JsonOpt = False,
 ) -> None:
     """Sweep K x draft window across context lengths and recommend both (at eval.temperature / --temperature).
 
@@ -124,28 +110,28 @@ def tune_cmd(
     from dspark_kit.stages.evaluation.evaluate import EvalError, tune_window
 
     if served and eval_device:
-        fail("--eval-device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
+        common.fail("--eval-device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
              "drop --eval-device or the --served flag")
     # a served dry run plans (before training: the checkpoint path training will write); it starts nothing
-    res = resolve(load(recipe, with_temperature(set_, temperature)), workdir, checkpoint=checkpoint,
+    res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir, checkpoint=checkpoint,
                   eval_device=eval_device, planning=served and dry_run)
     if served:
         return served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts, max_new_tokens,
                                prompts, concurrency, dry_run, json_out)
     if dry_run:
-        fail("--dry-run: only with --served (the in-process tune starts nothing)")
+        common.fail("--dry-run: only with --served (the in-process tune starts nothing)")
     try:
         result = tune_window(
             res, candidates=parse_int_list(windows, "--windows"),
             context_lengths=parse_int_list(context_lengths, "--context-lengths"), allow_below=allow_below,
             ks=parse_int_list(ks, "--ks"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, prompts_file=prompts,
-            log=lambda m: console.print(m, highlight=False),
+            log=lambda m: common.console.print(m, highlight=False),
         )
     except (EvalError, CheckpointError, DraftLoadError) as e:
-        fail(str(e))
+        common.fail(str(e))
     if json_out:
-        emit_json(result)
+        common.emit_json(result)
         return
     ctx = ["0", *map(str, result["context_lengths"])]
     typer.echo("K  window  " + "  ".join(f"{'short' if c == '0' else c:>7}" for c in ctx))
@@ -168,7 +154,7 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
     from dspark_kit.stages.evaluation.served_tune import prompt_sets, run_served_tune
 
     def say(m: str) -> None:
-        console.print(m, highlight=False, soft_wrap=True)
+        common.console.print(m, highlight=False, soft_wrap=True)
 
     r = res.recipe
     try:
@@ -182,9 +168,9 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
                                  max_new_tokens=max_new_tokens or r.eval.max_new_tokens, dry_run=dry_run, log=say,
                                  prompts_source=found.source)
     except (EvalError, CheckpointError, ResolveError, ValueError) as e:
-        fail(str(e))
+        common.fail(str(e))
     if json_out:
-        emit_json(result)
+        common.emit_json(result)
         return
     plan = result["plan"]
     if dry_run:
