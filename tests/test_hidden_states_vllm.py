@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.hidden.hidden_states_vllm import dry_run_lines
+from dspark_kit.stages.hidden.hidden_states_vllm import offline_processes
 from dspark_kit.stages.steps import run_stage
 
 
@@ -32,7 +32,7 @@ def test_server_backend_matches_local_backend(tmp_path, tiny_recipe, tiny_verifi
 def test_dry_run_prints_one_command_per_node(tiny_recipe, tmp_path):
     tiny_recipe.hidden_states.backend = "vllm"
     tiny_recipe.train.nnodes = 3
-    lines = [line for line in dry_run_lines(Resolved(tiny_recipe, tmp_path, planning=True)) if "generate-offline-data" in line]
+    lines = [line for line in offline_processes(Resolved(tiny_recipe, tmp_path, planning=True))[0] if "generate-offline-data" in line]
     ranks = [shlex.split(line)[shlex.split(line).index("--rank") + 1] for line in lines]
     assert ranks == ["0", "1", "2"] and all("--world-size 3" in line for line in lines)
 

@@ -197,13 +197,13 @@ def test_seed_recipe_two_nodes_loopback_dry_run_fails():
 
 
 def test_hidden_states_dry_run_says_what_each_node_needs(tmp_path):
-    from dspark_kit.stages.hidden.hidden_states_vllm import dry_run_lines
+    from dspark_kit.stages.hidden.hidden_states_vllm import offline_processes
 
-    per_node = dry_run_lines(Resolved(_recipe("train.nnodes=2", "hidden_states.mode=offline"), tmp_path, planning=True))
+    per_node = offline_processes(Resolved(_recipe("train.nnodes=2", "hidden_states.mode=offline"), tmp_path, planning=True))[0]
     text = "\n".join(per_node)
     assert "run dir" in text and "shared storage" in text and "one extraction server per node" in text
     assert "--world-size 2 --rank 1" in text
-    shared = "\n".join(dry_run_lines(Resolved(_recipe("train.nnodes=2", "hidden_states.endpoint=http://10.0.0.1:9736"), tmp_path, planning=True)))
+    shared = "\n".join(offline_processes(Resolved(_recipe("train.nnodes=2", "hidden_states.endpoint=http://10.0.0.1:9736"), tmp_path, planning=True))[0])
     assert "one extraction server for all 2 nodes at http://10.0.0.1:9736" in shared
     assert "hidden_states.storage_shared" in shared and "vllm serve" not in shared  # nothing to start per node
 
