@@ -52,7 +52,7 @@ def bench(
     and the result file; it sends no request.
     """
     from dspark_kit.engines.prom import MetricsError
-    from dspark_kit.stages.serving.bench import BenchError, bench_endpoint
+    from dspark_kit.stages.serving.bench import BenchError, bench_endpoint, endpoint_plan
 
     if compare:
         _compare(files, out, dry_run, json_out)
@@ -64,8 +64,11 @@ def bench(
     out_dir = out or res.run.bench
     if dry_run:
         chosen = common.prompt_categories(categories, r.bench.categories, "bench.categories")
-        common.show_plan(_plan(res, base_url, label, out_dir, num_prompts, concurrency, max_tokens, dataset, chosen),
-                         json_out)
+        try:
+            common.show_plan(endpoint_plan(res, base_url, label, out_dir, num_prompts, concurrency, max_tokens,
+                                           dataset, chosen), json_out)
+        except (BenchError, ValueError, OSError) as e:
+            common.fail(str(e))
         return
     try:
         result = bench_endpoint(res, base_url, label, out_dir, num_prompts=num_prompts, concurrency=concurrency,
@@ -79,32 +82,6 @@ def bench(
 
     typer.echo(bench_markdown([result]))
     typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)
-
-
-def _plan(res, base_url: str | None, label: str | None, out_dir: Path, num_prompts: int | None,
-          concurrency: int | None, max_tokens: int | None, dataset: str, categories: list[str]):
-    """The bench stage's plan as this command runs it. The pipeline's bench starts a spec server and
-    stops it after; this command starts none: it measures the server at --endpoint, else at the
-    recipe's serve.host:port."""
-    r, b = res.recipe, res.recipe.bench
-    plan = common.stage_plan("bench", res)
-    url = (base_url or f"http://{r.serve.host}:{r.serve.port}").rstrip("/")
-    n, conc, new = num_prompts or b.num_prompts, concurrency or b.concurrency, max_tokens or b.max_tokens
-    result = Path(out_dir) / f"bench_{label or r.name}.json"
-    plan.processes, plan.inputs, plan.outputs = [], {"server": url}, {"bench": str(result)}
-    plan.details.update(base_url=url, num_prompts=n, concurrency=conc, max_tokens=new, prompts=dataset,
-                        categories=categories)
-    where = "--endpoint" if base_url else "serve.host:port"
-    plan.lines = [(f"# no server started: bench measures the running server at {url} ({where}; start one "
-                   "with `dspark-kit serve --role spec`)")]
-    if not base_url and r.serve.port == 0:  # the port a recipe server takes is known only once it starts
-        plan.lines.append("# serve.port is 0 (a free port at start): pass --endpoint with the URL `dspark-kit "
-                          "serve` printed")
-    plan.lines.append(f"# in-process: {n} prompts ({dataset}), {conc} in flight, up to {new} new tokens each, "
-                      f"temperature {r.measured_temperature:g} -> {result} (and .md)")
-    if categories:
-        plan.lines.append(f"# then per category: {', '.join(categories)} ({n} prompts each)")
-    return plan
 
 
 def _compare(files: list[Path] | None, out: Path | None, dry_run: bool, json_out: bool) -> None:

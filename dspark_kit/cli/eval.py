@@ -75,7 +75,11 @@ def eval_cmd(
     """
     from dspark_kit.specdec.checkpoints import CheckpointError
     from dspark_kit.specdec.draft_model import DraftLoadError
-    from dspark_kit.stages.evaluation.evaluate import EvalError, evaluate_checkpoint
+    from dspark_kit.stages.evaluation.evaluate import (
+        EvalError,
+        checkpoint_plan,
+        evaluate_checkpoint,
+    )
 
     # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
     res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir,
@@ -83,7 +87,11 @@ def eval_cmd(
     chosen = common.prompt_categories(categories, res.recipe.eval.categories, "eval.categories")
     lengths = parse_int_list(context_lengths, "--context-lengths")
     if dry_run:
-        common.show_plan(_plan(res, prompts, from_data, num_prompts, max_new_tokens, lengths, chosen, out), json_out)
+        try:
+            common.show_plan(checkpoint_plan(res, prompts, from_data, num_prompts, max_new_tokens, lengths, chosen, out),
+                             json_out)
+        except (EvalError, ValueError, OSError) as e:
+            common.fail(str(e))
         return
     try:
         summary = evaluate_checkpoint(
@@ -98,45 +106,6 @@ def eval_cmd(
         return
     typer.echo(Path(summary["files"]["markdown"]).read_text())
     typer.echo(f"acceptance length {summary['acceptance_length']}; files in {Path(summary['files']['json']).parent}")
-
-
-def _plan(res, prompts: Path | None, from_data: bool, num_prompts: int | None, max_new_tokens: int | None,
-          lengths: list[int] | None, categories: list[str], out: Path | None):
-    """The eval stage's plan as this command runs it: always in-process (the pipeline's eval serves a
-    verifier too large for the device; this command refuses it), with its prompts, counts and output."""
-    e = res.recipe.eval
-    device = f"{res.eval_device.value} ({res.eval_dtype.value})"
-    if res.eval_fit.value is False:  # what the run says, before it loads anything
-        common.fail(f"eval on {device}: {res.eval_fit.source}; `eval` would refuse before loading: measure "
-                    "through the serving engine (`dspark-kit tune --served`, or `dspark-kit run --stages eval`), "
-                    "or choose another --eval-device")
-    plan = common.stage_plan("eval", res)
-    if res.eval_fit.value is None:  # the stage's lines add a server for the case it proves too large: not here
-        plan.processes = []
-        plan.lines = [(f"# in-process: offline acceptance on {device}; {res.eval_fit.source} (`eval` loads it "
-                       "there regardless; the pipeline's eval would serve it if too large)")]
-    out_dir = out or res.run.eval
-    plan.outputs = {"eval": str(out_dir / "eval.json")}
-    plan.inputs = {"checkpoint": str(res.checkpoint), "verifier": res.verifier_path}
-    if out is not None:
-        plan.lines.append(f"# --out: eval.json, eval.md and the plots go to {out_dir} instead")
-    if prompts is not None:  # as the run reads them: --prompts first, then --from-data
-        plan.inputs["prompts"] = str(prompts)
-        plan.lines.append(f"# --prompts: prompts from {prompts} instead")
-    elif from_data:
-        plan.inputs["prompts"] = res.recipe.data.source
-        plan.lines.append(f"# --from-data: prompts from the first rows of {res.recipe.data.source} instead "
-                          "(they may be training rows)")
-    n, new = num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens
-    lengths = sorted(set(lengths if lengths is not None else e.context_lengths))
-    plan.details.update(num_prompts=n, max_new_tokens=new, context_lengths=lengths, categories=categories)
-    plan.lines.append(f"# checkpoint {res.checkpoint}: K {res.k.value}, window {res.window.value} "
-                      f"({res.window.source}); {n} prompts, up to {new} new tokens each")
-    if lengths:
-        plan.lines.append(f"# also at context lengths {', '.join(map(str, lengths))}, with and without the window")
-    if categories:
-        plan.lines.append(f"# and per category: {', '.join(categories)} ({n} prompts each)")
-    return plan
 
 
 def register(app: typer.Typer) -> None:

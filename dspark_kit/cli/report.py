@@ -30,11 +30,15 @@ def report(
     --dry-run prints the report stage's plan for this run directory: what it reads and the
     markdown file and PNG folder it would write; it writes nothing.
     """
-    from dspark_kit.stages.reporting.report import build_report
+    from dspark_kit.stages.reporting.report import build_report, report_plan
 
     run_dir = common.one_path(run_dir, workdir, "run directory", "-w")
     if dry_run:
-        common.show_plan(_plan(common.resolve(common.load(recipe, set_), run_dir, planning=True), out), json_out)
+        try:
+            common.show_plan(report_plan(common.resolve(common.load(recipe, set_), run_dir, planning=True), out),
+                             json_out)
+        except (FileNotFoundError, ValueError) as e:
+            common.fail(str(e))
         return
     try:
         path = build_report(run_dir or common.load(recipe, set_).workdir_path(), out)
@@ -44,22 +48,6 @@ def report(
         common.emit_json({"report": str(path)})
     else:
         typer.echo(str(path))
-
-
-def _plan(res, out: Path | None):
-    """The report stage's plan for RUN_DIR, its markdown at --out when given."""
-    run = res.run
-    if not run.root.is_dir():  # the run stops here too, before writing anything
-        common.fail(f"RUN_DIR {run.root}: not a directory (pass the recipe's workdir)")
-    plan = common.stage_plan("report", res)
-    md = out.resolve() if out is not None else run.report_md
-    plan.inputs = {"logs": str(run.logs), "checkpoints": str(run.checkpoints), "eval": str(run.eval),
-                   "bench": str(run.bench)}
-    plan.outputs = {"report": str(md), "plots": str(run.report)}
-    plan.lines = [f"# in-process: report -> {md} (PNGs in {run.report})"]
-    plan.lines.append(f"# reads {run.logs} (tensorboard), {run.checkpoints}/*/val_metrics.json, {run.eval}/*.json "
-                      f"and {run.bench}/*.json; a stage not run yet is listed as \"not run\"")
-    return plan
 
 
 def register(app: typer.Typer) -> None:

@@ -399,3 +399,43 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
                                     f"{res.recipe.eval.num_prompts} prompts with speculation"):
             s = evaluate_checkpoint(res)
     return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
+
+
+def checkpoint_plan(res: Resolved, prompts: Path | None, from_data: bool, num_prompts: int | None,
+                    max_new_tokens: int | None, lengths: list[int] | None, categories: list[str],
+                    out: Path | None) -> StagePlan:
+    """The eval stage's plan as this command runs it: always in-process (the pipeline's eval serves a
+    verifier too large for the device; this command refuses it), with its prompts, counts and output."""
+    e = res.recipe.eval
+    device = f"{res.eval_device.value} ({res.eval_dtype.value})"
+    if res.eval_fit.value is False:  # what the run says, before it loads anything
+        raise EvalError(f"eval on {device}: {res.eval_fit.source}; `eval` would refuse before loading: measure "
+                         "through the serving engine (`dspark-kit tune --served`, or `dspark-kit run --stages eval`), "
+                         "or choose another --eval-device")
+    staged = plan(res)  # the stage's own plan, then this command's choices
+    if res.eval_fit.value is None:  # the stage's lines add a server for the case it proves too large: not here
+        staged.processes = []
+        staged.lines = [(f"# in-process: offline acceptance on {device}; {res.eval_fit.source} (`eval` loads it "
+                         "there regardless; the pipeline's eval would serve it if too large)")]
+    out_dir = out or res.run.eval
+    staged.outputs = {"eval": str(out_dir / "eval.json")}
+    staged.inputs = {"checkpoint": str(res.checkpoint), "verifier": res.verifier_path}
+    if out is not None:
+        staged.lines.append(f"# --out: eval.json, eval.md and the plots go to {out_dir} instead")
+    if prompts is not None:  # as the run reads them: --prompts first, then --from-data
+        staged.inputs["prompts"] = str(prompts)
+        staged.lines.append(f"# --prompts: prompts from {prompts} instead")
+    elif from_data:
+        staged.inputs["prompts"] = res.recipe.data.source
+        staged.lines.append(f"# --from-data: prompts from the first rows of {res.recipe.data.source} instead "
+                            "(they may be training rows)")
+    n, new = num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens
+    lengths = sorted(set(lengths if lengths is not None else e.context_lengths))
+    staged.details.update(num_prompts=n, max_new_tokens=new, context_lengths=lengths, categories=categories)
+    staged.lines.append(f"# checkpoint {res.checkpoint}: K {res.k.value}, window {res.window.value} "
+                        f"({res.window.source}); {n} prompts, up to {new} new tokens each")
+    if lengths:
+        staged.lines.append(f"# also at context lengths {', '.join(map(str, lengths))}, with and without the window")
+    if categories:
+        staged.lines.append(f"# and per category: {', '.join(categories)} ({n} prompts each)")
+    return staged

@@ -210,3 +210,29 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     spec = plan.process("spec server")
     with reporter.doing("bench", "starting the spec server, then benchmarking it"):
         return bench_spec_server(res, spec.server if spec else None)
+
+
+def endpoint_plan(res: Resolved, base_url: str | None, label: str | None, out_dir: Path, num_prompts: int | None,
+                  concurrency: int | None, max_tokens: int | None, dataset: str, categories: list[str]) -> StagePlan:
+    """The bench stage's plan as this command runs it. The pipeline's bench starts a spec server and
+    stops it after; this command starts none: it measures the server at --endpoint, else at the
+    recipe's serve.host:port."""
+    r, b = res.recipe, res.recipe.bench
+    staged = plan(res)  # the stage's own plan, then this command's choices
+    url = (base_url or f"http://{r.serve.host}:{r.serve.port}").rstrip("/")
+    n, conc, new = num_prompts or b.num_prompts, concurrency or b.concurrency, max_tokens or b.max_tokens
+    result = Path(out_dir) / f"bench_{label or r.name}.json"
+    staged.processes, staged.inputs, staged.outputs = [], {"server": url}, {"bench": str(result)}
+    staged.details.update(base_url=url, num_prompts=n, concurrency=conc, max_tokens=new, prompts=dataset,
+                        categories=categories)
+    where = "--endpoint" if base_url else "serve.host:port"
+    staged.lines = [(f"# no server started: bench measures the running server at {url} ({where}; start one "
+                   "with `dspark-kit serve --role spec`)")]
+    if not base_url and r.serve.port == 0:  # the port a recipe server takes is known only once it starts
+        staged.lines.append("# serve.port is 0 (a free port at start): pass --endpoint with the URL `dspark-kit "
+                          "serve` printed")
+    staged.lines.append(f"# in-process: {n} prompts ({dataset}), {conc} in flight, up to {new} new tokens each, "
+                      f"temperature {r.measured_temperature:g} -> {result} (and .md)")
+    if categories:
+        staged.lines.append(f"# then per category: {', '.join(categories)} ({n} prompts each)")
+    return staged
