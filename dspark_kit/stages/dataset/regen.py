@@ -61,7 +61,7 @@ from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, keys_in, open_for_r
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.mixture import TEMPERATURE, THINKING, choose
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.plan import DECIDED, Process, StagePlan
+from dspark_kit.stages.plan import Process, StagePlan
 
 if TYPE_CHECKING:
     from dspark_kit.engines import ServerPlan
@@ -501,11 +501,10 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
             port = u.port or recipe.serve.port
             lines.append(f"#   {u.hostname or e}: {server_plan(res, 'chat', port=port, host='0.0.0.0').shell_line()}")
     lines += [f"endpoint {e}" for e in endpoints]
-    return StagePlan("regen", lines, processes, inputs={"data.source": recipe.data.source},
-                     outputs={"regen": str(outfile), "errors": str(outfile.with_name(outfile.name + ".errors.jsonl"))},
-                     decisions=res.summary(DECIDED["regen"]),
-                     details={"endpoints": endpoints, "machines": machines,
-                              "concurrency_per_endpoint": recipe.regen.concurrency})
+    plan = StagePlan.of(res, "regen", lines, processes, inputs={"data.source": recipe.data.source},
+                        outputs={"regen": str(outfile), "errors": str(outfile.with_name(outfile.name + ".errors.jsonl"))})
+    plan.details.update(endpoints=endpoints, machines=machines, concurrency_per_endpoint=recipe.regen.concurrency)
+    return plan
 
 
 # ---- the stage ---------------------------------------------------------------
