@@ -53,19 +53,30 @@ def pytest_configure(config):
 # `make test` runs two pytest-xdist workers with --dist loadgroup: a group runs whole on one
 # worker. Each module is its own group, so its module fixtures (a vLLM server, a prepared run)
 # start once; every module that takes the session's `trained_run` joins one group, so the run is
-# trained once. Groups start heaviest first (measured serially: seconds), so the last to finish
-# is a short one; the rest keep their file order. Serial runs use the same order.
+# trained once. Groups start longest first (seconds: `make test` on a quiet 2-core machine, the
+# group's tests summed), so the last to finish is a short one and neither worker waits on the other
+# at the end; the rest keep their file order. Serial runs use the same order.
 TRAINED_RUN_GROUP = "trained_run"
 HEAVY_FIRST = (
-    TRAINED_RUN_GROUP,  # ~220 s: test_cli_run, test_served_tune, test_storage_plan, test_vllm_real_parse, ...
-    "test_vllm_real_hidden_states.py",  # ~140 s
-    "test_hidden_state_faults.py",  # ~120 s
-    "test_vllm_real.py",  # ~90 s
-    "test_console.py",  # ~80 s
+    TRAINED_RUN_GROUP,  # ~510 s: test_cli_run, test_served_tune, test_storage_plan, test_vllm_real_parse, ...
+    "test_vllm_real_hidden_states.py",  # ~240 s
+    "test_two_hosts_online.py",  # ~230 s
+    "test_two_hosts.py",  # ~220 s
+    "test_hidden_state_faults.py",  # ~155 s
+    "test_tools_smoke.py",  # ~130 s
+    "test_other_kernels.py",  # ~115 s
+    "test_tool_pipeline.py",  # ~105 s
+    "test_console.py",  # ~100 s
+    "test_vllm_real.py",  # ~85 s
     "test_vllm_real_mooncake.py",  # ~80 s
-    "test_multinode.py",  # ~65 s
-    "test_online.py",  # ~60 s
-    "test_init.py",  # ~40 s
+    "test_multinode.py",  # ~70 s
+    "test_vllm_real_fp8.py",  # ~70 s
+    "test_vllm_real_tools.py",  # ~55 s
+    "test_run_resume.py",  # ~45 s
+    "test_memory_plan.py",  # ~40 s
+    "test_compat_survey.py",  # ~37 s
+    "test_init.py",  # ~35 s
+    "test_online.py",  # ~33 s
 )
 
 

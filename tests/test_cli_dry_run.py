@@ -104,6 +104,9 @@ def test_bench_dry_run_starts_no_server_and_sends_nothing(tmp_path, monkeypatch)
     assert not wd.exists()
     both = invoke("bench", "--compare", "a.json", "--dry-run")
     assert both.exit_code == 2 and "--dry-run" in both.output
+    # a label that cannot name the result file: the dry run refuses it as the run would (one rule: bench_load)
+    bad = invoke("bench", "-r", TINY, "-w", str(wd), "--dry-run", "--label", "a/b")
+    assert bad.exit_code == 2 and "--label 'a/b'" in bad.output, bad.output
 
 
 def test_report_dry_run_names_what_it_reads_and_writes_nothing(tmp_path, monkeypatch):

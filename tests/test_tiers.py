@@ -75,3 +75,13 @@ def test_a_slow_test_may_use_them_and_runs_unguarded():
             setup.send(None)
     finally:
         tiers.PROCESS_GUARD.nodeid = guarded
+
+
+def test_every_group_started_first_is_a_test_module_here():
+    """A renamed module in conftest.HEAVY_FIRST would silently fall back to file order (a long tail)."""
+    from tests.conftest import HEAVY_FIRST, TRAINED_RUN_GROUP
+
+    here = Path(__file__).parent
+    missing = [g for g in HEAVY_FIRST if g != TRAINED_RUN_GROUP and not (here / g).is_file()]
+    assert not missing, f"conftest.HEAVY_FIRST names no test module: {missing}"
+    assert len(set(HEAVY_FIRST)) == len(HEAVY_FIRST)

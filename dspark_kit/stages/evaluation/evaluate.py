@@ -13,6 +13,7 @@ KV window can win it back (docs/CONCEPTS.md#long-context, docs/CONCEPTS.md#dspar
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_kit import atomic
@@ -32,6 +33,24 @@ from dspark_kit.stages.plan import StagePlan
 from dspark_kit.stages.server_plan import spec_server_lines
 
 # ---- running ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalSizes:
+    """How many prompts an eval decodes, how far, and at which extra context lengths."""
+
+    num_prompts: int
+    max_new_tokens: int
+    context_lengths: list[int]
+
+
+def eval_sizes(res: Resolved, num_prompts: int | None = None, max_new_tokens: int | None = None,
+               context_lengths: list[int] | None = None) -> EvalSizes:
+    """The one rule for an eval's sizes: each an option given to the command, else the recipe's eval
+    section (the run, its --dry-run and `window tune` all ask it)."""
+    e = res.recipe.eval
+    lengths = context_lengths if context_lengths is not None else e.context_lengths
+    return EvalSizes(num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens, sorted(set(lengths)))
 
 
 def aggregate(results, k: int) -> dict:
@@ -140,9 +159,8 @@ def evaluate_checkpoint(res: Resolved, *, prompts_file: Path | None = None, from
     source and ids), eval.md and plots under out_dir (default <workdir>/eval). `categories`
     (default eval.categories): named prompt sets measured one by one, num_prompts each."""
     recipe = res.recipe
-    num_prompts = num_prompts or recipe.eval.num_prompts
-    max_new = max_new_tokens or recipe.eval.max_new_tokens
-    ctx_lens = sorted(set(context_lengths if context_lengths is not None else recipe.eval.context_lengths))
+    sizes = eval_sizes(res, num_prompts, max_new_tokens, context_lengths)
+    num_prompts, max_new, ctx_lens = sizes.num_prompts, sizes.max_new_tokens, sizes.context_lengths
     session = EvalSession(res)
     window = res.window.value
     found = load_eval_prompts(res, session.tokenizer, prompts_file, from_data, limit=max(num_prompts, 16))
@@ -283,8 +301,8 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
     ks, cands, ctx_lens = sweep_inputs(res, ks=ks, windows=candidates, context_lengths=context_lengths,
                                        allow_below=allow_below)
     session = EvalSession(res, sweep=True)
-    num_prompts = num_prompts or recipe.eval.num_prompts
-    max_new = max_new_tokens or recipe.eval.max_new_tokens
+    sizes = eval_sizes(res, num_prompts, max_new_tokens)
+    num_prompts, max_new = sizes.num_prompts, sizes.max_new_tokens
     found = load_eval_prompts(res, session.tokenizer, prompts_file, limit=max(num_prompts, 16))
     chats = found.chats
     thinking = recipe.measured_thinking
@@ -396,7 +414,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
             s = served_eval(res)
     else:
         with reporter.doing("eval", f"in-process: loading the verifier and draft, then decoding "
-                                    f"{res.recipe.eval.num_prompts} prompts with speculation"):
+                                    f"{eval_sizes(res).num_prompts} prompts with speculation"):
             s = evaluate_checkpoint(res)
     return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
 
@@ -406,7 +424,6 @@ def checkpoint_plan(res: Resolved, prompts: Path | None, from_data: bool, num_pr
                     out: Path | None) -> StagePlan:
     """The eval stage's plan as this command runs it: always in-process (the pipeline's eval serves a
     verifier too large for the device; this command refuses it), with its prompts, counts and output."""
-    e = res.recipe.eval
     device = f"{res.eval_device.value} ({res.eval_dtype.value})"
     if res.eval_fit.value is False:  # what the run says, before it loads anything
         raise EvalError(f"eval on {device}: {res.eval_fit.source}; `eval` would refuse before loading: measure "
@@ -429,8 +446,8 @@ def checkpoint_plan(res: Resolved, prompts: Path | None, from_data: bool, num_pr
         staged.inputs["prompts"] = res.recipe.data.source
         staged.lines.append(f"# --from-data: prompts from the first rows of {res.recipe.data.source} instead "
                             "(they may be training rows)")
-    n, new = num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens
-    lengths = sorted(set(lengths if lengths is not None else e.context_lengths))
+    sizes = eval_sizes(res, num_prompts, max_new_tokens, lengths)
+    n, new, lengths = sizes.num_prompts, sizes.max_new_tokens, sizes.context_lengths
     staged.details.update(num_prompts=n, max_new_tokens=new, context_lengths=lengths, categories=categories)
     staged.lines.append(f"# checkpoint {res.checkpoint}: K {res.k.value}, window {res.window.value} "
                         f"({res.window.source}); {n} prompts, up to {new} new tokens each")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,29 @@ BUILTIN_DATASET = "builtin"  # eval's held-out prompts of the tiny corpus (measu
 
 class BenchError(RuntimeError):
     """One line naming the flag / server problem and the fix."""
+
+
+@dataclass(frozen=True)
+class BenchLoad:
+    """What one bench sends, and where: each an option given to the command, else the recipe's."""
+
+    base_url: str
+    label: str
+    num_prompts: int
+    concurrency: int
+    max_tokens: int
+
+
+def bench_load(res: Resolved, base_url: str | None = None, label: str | None = None, num_prompts: int | None = None,
+               concurrency: int | None = None, max_tokens: int | None = None) -> BenchLoad:
+    """The one rule for a bench's server, label and load (the run and its --dry-run both ask it)."""
+    r, b = res.recipe, res.recipe.bench
+    label = label or r.name
+    if not label.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise BenchError(f"--label {label!r}: use letters, digits, '-', '_' or '.' (it names the output file)")
+    return BenchLoad(base_url=(base_url or f"http://{r.serve.host}:{r.serve.port}").rstrip("/"), label=label,
+                     num_prompts=num_prompts or b.num_prompts, concurrency=concurrency or b.concurrency,
+                     max_tokens=max_tokens or b.max_tokens)
 
 
 # ---- prompts ---------------------------------------------------------------
@@ -84,13 +108,8 @@ def bench_endpoint(res: Resolved, base_url: str | None = None, label: str | None
     main load, each with its own /metrics window, so each gets its own acceptance figures."""
     recipe = res.recipe
     b = recipe.bench
-    base_url = (base_url or f"http://{recipe.serve.host}:{recipe.serve.port}").rstrip("/")
-    label = label or recipe.name
-    if not label.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise BenchError(f"--label {label!r}: use letters, digits, '-', '_' or '.' (it names the output file)")
-    n = num_prompts or b.num_prompts
-    conc = concurrency or b.concurrency
-    max_tok = max_tokens or b.max_tokens
+    load = bench_load(res, base_url, label, num_prompts, concurrency, max_tokens)
+    base_url, label, n, conc, max_tok = load.base_url, load.label, load.num_prompts, load.concurrency, load.max_tokens
     prompts = load_prompts(dataset, n, res)
     sets = _category_sets(res, b.categories if categories is None else categories, n,
                           "--categories" if categories is not None else "bench.categories")
@@ -217,11 +236,11 @@ def endpoint_plan(res: Resolved, base_url: str | None, label: str | None, out_di
     """The bench stage's plan as this command runs it. The pipeline's bench starts a spec server and
     stops it after; this command starts none: it measures the server at --endpoint, else at the
     recipe's serve.host:port."""
-    r, b = res.recipe, res.recipe.bench
+    r = res.recipe
     staged = plan(res)  # the stage's own plan, then this command's choices
-    url = (base_url or f"http://{r.serve.host}:{r.serve.port}").rstrip("/")
-    n, conc, new = num_prompts or b.num_prompts, concurrency or b.concurrency, max_tokens or b.max_tokens
-    result = Path(out_dir) / f"bench_{label or r.name}.json"
+    load = bench_load(res, base_url, label, num_prompts, concurrency, max_tokens)
+    url, n, conc, new = load.base_url, load.num_prompts, load.concurrency, load.max_tokens
+    result = Path(out_dir) / f"bench_{load.label}.json"
     staged.processes, staged.inputs, staged.outputs = [], {"server": url}, {"bench": str(result)}
     staged.details.update(base_url=url, num_prompts=n, concurrency=conc, max_tokens=new, prompts=dataset,
                         categories=categories)
