@@ -237,7 +237,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise FileNotFoundError(f"RUN_DIR {run_dir}: not a directory (pass the recipe's workdir)")
     run = RunDir.at(run_dir)
     rep = run.report
-    md_path = Path(out).resolve() if out else rep / "report.md"
+    md_path = Path(out).resolve() if out else run.report_md
     link = lambda p: os.path.relpath(p, md_path.parent)
     parts = [f"# dspark-kit report: {run_dir.name}", f"Run directory: `{run_dir}`"]
 
