@@ -40,6 +40,7 @@ def refuse(monkeypatch, module: str, name: str) -> None:
 def test_eval_dry_run_shows_its_choices_and_loads_nothing(tmp_path, monkeypatch):
     refuse(monkeypatch, "dspark_kit.stages.evaluation.evaluate", "evaluate_checkpoint")
     wd, out, prompts = tmp_path / "run", tmp_path / "evalout", tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Count to three."}\n')
     args = ["eval", "-r", TINY, "-w", str(wd), "--dry-run", "--prompts", str(prompts), "--num-prompts", "3",
             "--context-lengths", "512,1024", "--categories", "tiny", "--out", str(out), "--temperature", "0.5"]
     r = invoke(*args)
@@ -69,6 +70,9 @@ def test_eval_dry_run_shows_its_choices_and_loads_nothing(tmp_path, monkeypatch)
 def test_eval_dry_run_fails_where_the_run_would(tmp_path, monkeypatch):
     bad = invoke("eval", "-r", TINY, "-w", str(tmp_path / "w"), "--dry-run", "--categories", "nope")
     assert bad.exit_code == 2 and "--categories" in bad.output
+    missing = tmp_path / "no-such.jsonl"  # the run's own check of --prompts (check_prompts_file)
+    gone = invoke("eval", "-r", TINY, "-w", str(tmp_path / "w"), "--dry-run", "--prompts", str(missing))
+    assert gone.exit_code == 2 and f"--prompts {missing}: file not found" in gone.output, gone.output
     # a verifier too large for the eval device: `eval` refuses it before loading, so its dry run does too
     from dspark_kit.resolved import Resolved
     from dspark_kit.resolved.rules import Decision

@@ -98,11 +98,16 @@ def _chats(rows) -> Iterator[tuple[str, list[dict], dict]]:
             continue
 
 
+def check_prompts_file(path: Path) -> None:
+    """--prompts names a file (the run reads it; its --dry-run checks it so)."""
+    if not path.is_file():
+        raise EvalError(f"--prompts {path}: file not found (jsonl rows with conversations/messages/prompt)")
+
+
 def _file_rows(path: Path) -> list[dict]:
     from dspark_kit.jsonl import BadLine, read_jsonl
 
-    if not path.is_file():
-        raise EvalError(f"--prompts {path}: file not found (jsonl rows with conversations/messages/prompt)")
+    check_prompts_file(path)
     try:  # strict: a file that is not UTF-8 text is refused, never read as prompts of replacement characters
         rows = list(read_jsonl(path, errors="strict"))
     except (OSError, UnicodeDecodeError) as e:

@@ -20,6 +20,7 @@ from dspark_kit import atomic
 from dspark_kit.measure.eval_prompts import (
     EvalError,
     build_prompts,
+    check_prompts_file,
     load_eval_prompts,
     plan_line,
 )
@@ -440,6 +441,7 @@ def checkpoint_plan(res: Resolved, prompts: Path | None, from_data: bool, num_pr
     if out is not None:
         staged.lines.append(f"# --out: eval.json, eval.md and the plots go to {out_dir} instead")
     if prompts is not None:  # as the run reads them: --prompts first, then --from-data
+        check_prompts_file(prompts)
         staged.inputs["prompts"] = str(prompts)
         staged.lines.append(f"# --prompts: prompts from {prompts} instead")
     elif from_data:
