@@ -125,6 +125,13 @@ def test_report_dry_run_names_what_it_reads_and_writes_nothing(tmp_path, monkeyp
     assert plan["stage"] == "report" and plan["processes"] == []
     assert plan["outputs"] == {"report": str(out), "plots": str(wd / "report")}
     assert list(wd.iterdir()) == [] and not out.exists()
+    # RUN_DIR alone plans it, as it runs: no recipe read (none at the default path from another folder)
+    monkeypatch.chdir(tmp_path)
+    alone = invoke("report", str(wd), "--dry-run")
+    assert alone.exit_code == 0 and f"report -> {wd / 'report' / 'report.md'}" in alone.stdout, alone.output
+    from dspark_kit.stages.plan import DECIDED
+
+    assert DECIDED["report"] == ()  # report_plan takes no decided values; one would go through StagePlan.of
     # what the run refuses, the dry run refuses: a missing run folder, two different ones
     missing = invoke("report", str(tmp_path / "nope"), "-r", TINY, "--dry-run")
     assert missing.exit_code == 2 and "not a directory" in missing.output

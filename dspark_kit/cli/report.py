@@ -30,18 +30,19 @@ def report(
     --dry-run prints the report stage's plan for this run directory: what it reads and the
     markdown file and PNG folder it would write; it writes nothing.
     """
+    from dspark_kit.rundir import RunDir
     from dspark_kit.stages.reporting.report import build_report, report_plan
 
     run_dir = common.one_path(run_dir, workdir, "run directory", "-w")
+    run_dir = run_dir or common.load(recipe, set_).workdir_path()  # the recipe only names the folder
     if dry_run:
         try:
-            common.show_plan(report_plan(common.resolve(common.load(recipe, set_), run_dir, planning=True), out),
-                             json_out)
+            common.show_plan(report_plan(RunDir.at(run_dir), out), json_out)
         except (FileNotFoundError, ValueError) as e:
             common.fail(str(e))
         return
     try:
-        path = build_report(run_dir or common.load(recipe, set_).workdir_path(), out)
+        path = build_report(run_dir, out)
     except FileNotFoundError as e:
         common.fail(str(e))
     if json_out:

@@ -322,17 +322,16 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     return {"path": str(build_report(res.run.root))}
 
 
-def report_plan(res: Resolved, out: Path | None) -> StagePlan:
-    """The report stage's plan for a run folder (`dspark-kit report`), its markdown at `out` when given."""
-    run = res.run
+def report_plan(run: RunDir, out: Path | None) -> StagePlan:
+    """The report stage's plan for a run folder (`dspark-kit report`), its markdown at `out` when given.
+    Like build_report it needs only the folder: the report decides nothing from a recipe
+    (DECIDED["report"] is empty), so RUN_DIR alone plans it wherever the command runs."""
     if not run.root.is_dir():  # the run stops here too, before writing anything
         raise FileNotFoundError(f"RUN_DIR {run.root}: not a directory (pass the recipe's workdir)")
-    staged = plan(res)
     md = out.resolve() if out is not None else run.report_md
-    staged.inputs = {"logs": str(run.logs), "checkpoints": str(run.checkpoints), "eval": str(run.eval),
-                     "bench": str(run.bench)}
-    staged.outputs = {"report": str(md), "plots": str(run.report)}
-    staged.lines = [f"# in-process: report -> {md} (PNGs in {run.report})",
-                    (f"# reads {run.logs} (tensorboard), {run.checkpoints}/*/val_metrics.json, {run.eval}/*.json "
-                     f"and {run.bench}/*.json; a stage not run yet is listed as \"not run\"")]
-    return staged
+    lines = [f"# in-process: report -> {md} (PNGs in {run.report})",
+             (f"# reads {run.logs} (tensorboard), {run.checkpoints}/*/val_metrics.json, {run.eval}/*.json "
+              f"and {run.bench}/*.json; a stage not run yet is listed as \"not run\"")]
+    return StagePlan("report", lines, inputs={"logs": str(run.logs), "checkpoints": str(run.checkpoints),
+                                              "eval": str(run.eval), "bench": str(run.bench)},
+                     outputs={"report": str(md), "plots": str(run.report)})
