@@ -43,9 +43,11 @@ def import_cmd(
     json_out: common.JsonOpt = False,
 ) -> None:
     """Read a released DSpark draft (deepseek-ai/dspark_qwen3_*) into the layout the kit trains,
-    evaluates and serves, with sample_from_anchor written as the draft was trained (the DSpark
-    layout's default, true, when its config leaves it out: vLLM's speculators loader would read a
-    missing key as false). Tensors are copied byte for byte. Example:
+    evaluates and serves.
+
+    sample_from_anchor is written as the draft was trained (the DSpark layout's default, true,
+    when its config leaves it out: vLLM's speculators loader would read a missing key as false).
+    Tensors are copied byte for byte. Example:
 
       dspark-kit import ./dspark_qwen3_8b_block7 ./imported --verifier Qwen/Qwen3-8B
     """
@@ -62,9 +64,10 @@ def export_cmd(
     dest: Annotated[Path, typer.Argument(help="A new folder: the draft in DSpark's own layout.")],
     json_out: common.JsonOpt = False,
 ) -> None:
-    """Write a checkpoint the kit trained in DSpark's own layout (Qwen3DSparkModel config,
-    target_layer_ids = aux_hidden_state_layer_ids - 1, sample_from_anchor explicit); `import`
-    gives back the same config.json and tensors. Example:
+    """Write a checkpoint the kit trained in DSpark's own layout, the one released drafts use.
+
+    Qwen3DSparkModel config, target_layer_ids = aux_hidden_state_layer_ids - 1, sample_from_anchor
+    explicit; `import` gives back the same config.json and tensors. Example:
 
       dspark-kit export runs/tiny-cpu/checkpoints/checkpoint_best ./exported
     """
