@@ -128,3 +128,11 @@ def test_report_takes_the_run_dir_as_every_command_does(tmp_path):
     assert by_flag.exit_code == 2 and str(missing) in by_flag.output  # -w is read, not the recipe's workdir
     twice = runner.invoke(app, ["report", str(tmp_path / "a"), "-w", str(tmp_path / "b")])
     assert twice.exit_code == 2 and "run directory given twice" in twice.output
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_command_list_shows_a_whole_sentence(name):
+    """`dspark-kit --help` lists each command by its help's first paragraph: a sentence, not a
+    paragraph cut at its example."""
+    first = " ".join((COMMANDS[name].help or "").split("\n\n")[0].split())
+    assert first and not first.endswith(":"), f"{name}: {first!r}"
