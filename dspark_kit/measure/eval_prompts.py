@@ -98,6 +98,24 @@ def _chats(rows) -> Iterator[tuple[str, list[dict], dict]]:
             continue
 
 
+@dataclass(frozen=True)
+class EvalSizes:
+    """How many prompts an eval decodes, how far, and at which extra context lengths."""
+
+    num_prompts: int
+    max_new_tokens: int
+    context_lengths: list[int]
+
+
+def eval_sizes(res: Resolved, num_prompts: int | None = None, max_new_tokens: int | None = None,
+               context_lengths: list[int] | None = None) -> EvalSizes:
+    """The one rule for an eval's sizes: each an option given to the command, else the recipe's eval
+    section (eval, its --dry-run, `tune` and the pipeline's served eval all ask it)."""
+    e = res.recipe.eval
+    lengths = context_lengths if context_lengths is not None else e.context_lengths
+    return EvalSizes(num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens, sorted(set(lengths)))
+
+
 def check_prompts_file(path: Path) -> None:
     """--prompts names a file (the run reads it; its --dry-run checks it so)."""
     if not path.is_file():

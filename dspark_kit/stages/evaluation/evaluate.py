@@ -13,7 +13,6 @@ KV window can win it back (docs/CONCEPTS.md#long-context, docs/CONCEPTS.md#dspar
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_kit import atomic
@@ -21,6 +20,7 @@ from dspark_kit.measure.eval_prompts import (
     EvalError,
     build_prompts,
     check_prompts_file,
+    eval_sizes,
     load_eval_prompts,
     plan_line,
 )
@@ -34,24 +34,6 @@ from dspark_kit.stages.plan import StagePlan
 from dspark_kit.stages.server_plan import spec_server_lines
 
 # ---- running ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EvalSizes:
-    """How many prompts an eval decodes, how far, and at which extra context lengths."""
-
-    num_prompts: int
-    max_new_tokens: int
-    context_lengths: list[int]
-
-
-def eval_sizes(res: Resolved, num_prompts: int | None = None, max_new_tokens: int | None = None,
-               context_lengths: list[int] | None = None) -> EvalSizes:
-    """The one rule for an eval's sizes: each an option given to the command, else the recipe's eval
-    section (the run, its --dry-run and `window tune` all ask it)."""
-    e = res.recipe.eval
-    lengths = context_lengths if context_lengths is not None else e.context_lengths
-    return EvalSizes(num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens, sorted(set(lengths)))
 
 
 def aggregate(results, k: int) -> dict:

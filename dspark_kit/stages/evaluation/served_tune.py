@@ -18,7 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dspark_kit.measure.eval_prompts import EvalError, EvalPrompts, build_prompts, load_eval_prompts
+from dspark_kit.measure.eval_prompts import (
+    EvalError,
+    EvalPrompts,
+    build_prompts,
+    eval_sizes,
+    load_eval_prompts,
+)
 from dspark_kit.recipe import Recipe, apply_overrides, recipe_from_dict
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.verifier_facts import language_model_config
@@ -225,8 +231,9 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
     from dspark_kit.stages.evaluation.eval_outputs import write_outputs
 
     recipe = res.recipe
-    n, new = recipe.eval.num_prompts, recipe.eval.max_new_tokens
-    sets, found = prompt_sets(res, sorted(set(recipe.eval.context_lengths)), n)
+    sizes = eval_sizes(res)
+    n, new = sizes.num_prompts, sizes.max_new_tokens
+    sets, found = prompt_sets(res, sizes.context_lengths, n)
     categories = served_categories(res, n)
     sets.update({c.name: ids for c, ids in categories})
     k, window = res.k.value, res.window.value
