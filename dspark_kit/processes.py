@@ -238,7 +238,8 @@ def run_logged(argv: list[str], env: dict[str, str], log_path, *, watch=None, ec
 
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as log:
+    # line-buffered: the log is live (`tail -f`, and whoever waits for a line in it), not 8 KB behind
+    with log_path.open("a", buffering=1) as log:
         proc = start(argv, {**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                      text=True)
         assert proc.stdout is not None

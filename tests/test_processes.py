@@ -239,3 +239,28 @@ def test_each_process_gets_sigterm_once_when_the_kit_is_stopped(tmp_path):
         assert _gone(worker)
     finally:
         _reap(proc, [])
+
+
+@pytest.mark.slow
+def test_a_logged_commands_lines_reach_its_log_as_they_are_printed(tmp_path):
+    """run_logged's log is live: a line is in the file while the command still runs (a user's
+    `tail -f`, and tests that act on a trainer's line, e.g. test_train_interrupt's SIGTERM)."""
+    import threading
+
+    from dspark_kit.processes import run_logged
+
+    log, go = tmp_path / "cmd.log", tmp_path / "go"
+    waits = f"import os, time\nprint('first line')\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(run_logged([sys.executable, "-c", waits], dict(os.environ), log)))
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "first line" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = "first line" in log.read_text()
+    finally:
+        go.touch()
+        t.join(60)
+    assert seen, "the line reached the log only when the command ended"
+    assert result == [(0, None)]
