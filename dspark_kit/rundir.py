@@ -27,6 +27,11 @@ def hidden_state_file(folder: Path, row: int) -> Path:
     return Path(folder) / f"{HS_PREFIX}{row}{HS_SUFFIX}"
 
 
+def bench_result_file(folder: Path, label: str) -> Path:
+    """A bench's result (`bench --out` may name another folder than the run's bench/)."""
+    return Path(folder) / f"bench_{label}.json"
+
+
 def hidden_state_row(name: str) -> int | None:
     """The row index a file name stands for (`hs_12.safetensors` -> 12); None for any other file."""
     if not (name.startswith(HS_PREFIX) and name.endswith(HS_SUFFIX)):
@@ -154,4 +159,4 @@ class RunDir:
         return self.logs / f"serve-{role}.log"
 
     def bench_file(self, label: str) -> Path:
-        return self.bench / f"bench_{label}.json"
+        return bench_result_file(self.bench, label)

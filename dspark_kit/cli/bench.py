@@ -79,9 +79,10 @@ def bench(
         common.emit_json(result)
         return
     from dspark_kit.measure.bench_tables import bench_markdown
+    from dspark_kit.rundir import bench_result_file
 
     typer.echo(bench_markdown([result]))
-    typer.echo(f"wrote {Path(out_dir) / ('bench_' + result['label'] + '.json')}", err=True)
+    typer.echo(f"wrote {bench_result_file(out_dir, result['label'])}", err=True)
 
 
 def _compare(files: list[Path] | None, out: Path | None, dry_run: bool, json_out: bool) -> None:

@@ -24,6 +24,7 @@ from dspark_kit.jsonl import BadLine, read_jsonl
 from dspark_kit.measure.served_load import LoadError, run_load, summarize
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
+from dspark_kit.rundir import bench_result_file
 from dspark_kit.stages.plan import StagePlan
 from dspark_kit.stages.server_plan import spec_server_lines
 
@@ -186,7 +187,7 @@ def write_result(result: dict[str, Any], out_dir: Path) -> Path:
     from dspark_kit.measure.bench_tables import bench_markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"bench_{result['label']}.json"
+    path = bench_result_file(out_dir, result["label"])
     atomic.write_text(path, json.dumps(result, indent=2) + "\n")
     atomic.write_text(path.with_suffix(".md"), bench_markdown([result]) + "\n")
     return path
@@ -240,7 +241,7 @@ def endpoint_plan(res: Resolved, base_url: str | None, label: str | None, out_di
     staged = plan(res)  # the stage's own plan, then this command's choices
     load = bench_load(res, base_url, label, num_prompts, concurrency, max_tokens)
     url, n, conc, new = load.base_url, load.num_prompts, load.concurrency, load.max_tokens
-    result = Path(out_dir) / f"bench_{load.label}.json"
+    result = bench_result_file(out_dir, load.label)
     staged.processes, staged.inputs, staged.outputs = [], {"server": url}, {"bench": str(result)}
     staged.details.update(base_url=url, num_prompts=n, concurrency=conc, max_tokens=new, prompts=dataset,
                         categories=categories)
