@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,7 @@ import typer
 
 from dspark_kit.cli import common
 from dspark_kit.cli.vocabulary import option
+from dspark_kit.engines import api_key_from_env
 from dspark_kit.progress import progress_bar
 
 
@@ -53,7 +53,7 @@ def regen(
     res = common.resolve(r, workdir, planning=dry_run)
     outfile = outfile or res.run.regen_jsonl
     # where requests go; with no endpoint, the engine command regen starts
-    plan = regen_plan(res, endpoint, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
+    plan = regen_plan(res, endpoint, outfile, api_key=api_key_from_env())
     if dry_run:
         common.show_plan(plan, json_out)
         return

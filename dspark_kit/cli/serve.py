@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from dspark_kit.cli import common
-from dspark_kit.cli.vocabulary import option
+from dspark_kit.cli.vocabulary import CHECKPOINT_CHOICES, option
+from dspark_kit.engines import API_KEY_ENV
 
 
 def _warn(message: str) -> None:
@@ -27,7 +28,7 @@ def serve(
                          "build from `make vllm-cpu`: roles chat, hidden-states) | vllm-ascend (NPU). "
                          "Default: serve.engine.")] = None,
     checkpoint: Annotated[str | None, option(
-        "checkpoint", help="spec only: checkpoint_best | latest | epoch number | epochN_end | PATH, "
+        "checkpoint", help=f"spec only: {CHECKPOINT_CHOICES}, "
                            "relative to DIR/checkpoints (default: serve.checkpoint).")] = None,
     port: Annotated[int | None, typer.Option(
         "--port", min=1, max=65535, help="Default: serve.port (role hidden-states: serve.hidden_states_port); a recipe port 0 "
@@ -35,7 +36,7 @@ def serve(
                                  "model loads.")] = None,
     workdir: common.WorkdirOpt = None,
     api_key: Annotated[str | None, typer.Option(
-        "--api-key", envvar="DSPARK_KIT_API_KEY", show_envvar=True,
+        "--api-key", envvar=API_KEY_ENV, show_envvar=True,
         help="Require `Authorization: Bearer KEY` on every route but /health. Passed to the server "
              "in its environment, never on its command line; printed commands show ***.")] = None,
     dry_run: common.DryRunOpt = False,

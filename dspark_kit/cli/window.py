@@ -10,6 +10,7 @@ import typer
 from dspark_kit.cli import common
 from dspark_kit.cli.eval import parse_int_list
 from dspark_kit.cli.vocabulary import option
+from dspark_kit.specdec.window import ASCEND_KV_BLOCK_SIZE
 
 window_app = typer.Typer(
     help="Draft KV window (vLLM-Ascend draft_window_size): plan the arithmetic, tune the size.",
@@ -23,7 +24,7 @@ def plan_cmd(
         "context_lengths", help="Comma-separated context lengths (tokens already in the draft's KV cache).")],
     window: Annotated[int, option("draft_window_size", min=1, help="draft_window_size W.")],
     kv_block_size: Annotated[int, typer.Option(
-        "--kv-block-size", min=1, help="KV-cache (kernel) block size b; not the draft's block_size.")] = 128,
+        "--kv-block-size", min=1, help="KV-cache (kernel) block size b (default: vllm-ascend's); not the draft's block_size.")] = ASCEND_KV_BLOCK_SIZE,
     num_speculative_tokens: Annotated[int, typer.Option(
         "--num-speculative-tokens", min=0, help="K, the drafted tokens per step.")] = 0,
     method: Annotated[str, typer.Option(
@@ -161,7 +162,7 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
         k_list, w_list, ctx = sweep_inputs(res, ks=parse_int_list(ks, "--ks"),
                                            windows=parse_int_list(windows, "--windows"),
                                            context_lengths=parse_int_list(context_lengths, "--context-lengths"),
-                                           allow_below=allow_below, what="tune --served")
+                                           allow_below=allow_below, what="tune --served", served=True)
         n = num_prompts or r.eval.num_prompts
         sets, found = prompt_sets(res, ctx, n, prompts)
         result = run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=concurrency or r.bench.concurrency,

@@ -19,7 +19,7 @@ from dspark_kit import atomic
 from dspark_kit.progress import StageDisplay
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.rundir import RunDir
+from dspark_kit.rundir import RunDir, bench_result_files
 from dspark_kit.stages.plan import StagePlan
 from dspark_kit.stages.steps import REGISTRY, STAGES, Stage, execute
 
@@ -179,8 +179,11 @@ def highlights(workdir: Path) -> list[str]:
         lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
     from dspark_kit.measure.served_gate import side_by_side
 
-    for b in sorted(run.bench.glob("bench_*.json")):
-        result = json.loads(b.read_text())
+    for b in bench_result_files(run.bench):
+        try:
+            result = json.loads(b.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # the report names what it cannot read
         spec = result.get("spec_decode") or {}
         if spec:
             lines.append(f"bench: {b.name}: acceptance length {spec['acceptance_length']:.3f} from /metrics")

@@ -251,14 +251,17 @@ def candidate_ks(block_size: int, slots: int | None) -> list[int]:
 
 def sweep_inputs(res: Resolved, *, ks: list[int] | None, windows: list[int] | None,
                  context_lengths: list[int] | None, allow_below: bool,
-                 what: str = "tune") -> tuple[list[int], list[int], list[int]]:
+                 what: str = "tune", served: bool = False) -> tuple[list[int], list[int], list[int]]:
     """K values, candidate windows and long contexts of a sweep, in-process (`tune`) or served
     (`tune --served`) alike. None = the default; an empty window list sweeps K alone (window off).
-    K is bounded by the slots the checkpoint trained (its config, else draft.block_size)."""
+    K is bounded by the slots the checkpoint trained (its config, else draft.block_size). Default
+    windows are multiples of the KV block they run at: the serving engine's when served, else
+    the local engine's (the in-process eval's)."""
     recipe = res.recipe
+    block = (res.kv_block_size.value if served else None) or LOCAL_KV_BLOCK_SIZE
     tw = recipe.training_window
     ctx = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw, 8 * tw]))
-    cands = sorted(set(windows if windows is not None else candidate_windows(tw, max(ctx), allow_below=allow_below)))
+    cands = sorted(set(windows if windows is not None else candidate_windows(tw, max(ctx), block, allow_below=allow_below)))
     below = [w for w in cands if w < tw]
     if below and not allow_below:
         raise EvalError(f"{what} --windows {below}: below the draft's training window {tw} "
