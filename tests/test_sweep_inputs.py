@@ -8,7 +8,7 @@ import pytest
 
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.evaluation.evaluate import EvalError, sweep_inputs
+from dspark_kit.stages.evaluation.sweep_rules import EvalError, sweep_inputs
 
 TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
 
