@@ -105,6 +105,58 @@ def stage_result(stage: Stage, summary: dict) -> str:
     return f"{RESULT_LABELS.get(stage.key, stage.key)} {shown}"
 
 
+def stage_fingerprint(res: Resolved, name: str, state: dict) -> str:
+    """The fingerprint `run` gives stage `name` when the stages before it stand as `state` records
+    them (a finished one by its recorded fingerprint, any other by today's recipe)."""
+    upstream = ""
+    for s in STAGES:
+        fp = fingerprint(res.recipe, REGISTRY[s], upstream)
+        if s == name:
+            return fp
+        prev = state.get(s, {})
+        upstream = prev.get("fingerprint", fp) if prev.get("status") == "done" else fp
+    raise ValueError(f"unknown stage {name!r}; choose from {', '.join(STAGES)}")
+
+
+def record_stage(res: Resolved, state: dict, name: str, fp: str, summary: dict | None, seconds: float) -> None:
+    """A stage's end, the one way `run` and every stage command record it: DIR/state.json (status,
+    fingerprint, time and key figure: a later `run` skips a finished, unchanged stage) and the
+    manifest. `summary` None: the stage failed (state says so; the manifest is left as it was)."""
+    from dspark_kit.stages.manifest import update_manifest
+
+    if summary is None:
+        state[name] = {**state.get(name, {}), "status": "failed"}
+        save_state(res.run.root, state)
+        return
+    state[name] = {"status": "done", "fingerprint": fp, "seconds": seconds, "figure": summary.get(REGISTRY[name].key)}
+    save_state(res.run.root, state)
+    update_manifest(res.run.root, res.recipe, name, resolved=res, seconds=seconds, summary=summary)
+
+
+def _started(res: Resolved, state: dict, name: str, fp: str) -> None:
+    state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
+    save_state(res.run.root, state)
+
+
+def run_one_stage(res: Resolved, name: str, reporter=None) -> dict:
+    """A stage command (`dspark-kit train`, ...): the stage's plan, run as `run` runs it and recorded
+    as `run` records it (record_stage), so a later `run` on the folder skips it when unchanged."""
+    from dspark_kit.progress import STANDALONE
+
+    res.run.root.mkdir(parents=True, exist_ok=True)
+    state = load_state(res.run.root)
+    fp = stage_fingerprint(res, name, state)
+    _started(res, state, name, fp)
+    t0 = time.time()
+    try:
+        summary = execute(REGISTRY[name], res, reporter or STANDALONE)
+    except BaseException:
+        record_stage(res, state, name, fp, None, 0.0)
+        raise
+    record_stage(res, state, name, fp, summary, round(time.time() - t0, 1))
+    return summary
+
+
 def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | None = None,
                  force: bool = False, display: StageDisplay | None = None) -> list[dict]:
     """Run stages in order, each with the run's one `res`, shown by `display` (one line per stage;
@@ -141,22 +193,17 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
             upstream = fp
             continue
         dirty = True  # everything downstream of a rerun stage reruns
-        state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
-        save_state(workdir, state)
+        _started(res, state, name, fp)
         t0 = time.time()
         try:
             with display.stage(name, res.run.stage_log(name)):
                 summary = execute(stage, res, display.reporter)
         except BaseException:
-            state[name]["status"] = "failed"
-            save_state(workdir, state)
+            record_stage(res, state, name, fp, None, 0.0)
             raise
         secs = round(time.time() - t0, 1)
-        figure = summary.get(stage.key)
-        state[name] = {"status": "done", "fingerprint": fp, "seconds": secs, "figure": figure}
-        save_state(workdir, state)
-        update_manifest(workdir, recipe, name, resolved=res, seconds=secs, summary=summary)
-        rows.append({"stage": name, "status": "done", "seconds": secs, "figure": figure})
+        record_stage(res, state, name, fp, summary, secs)
+        rows.append({"stage": name, "status": "done", "seconds": secs, "figure": summary.get(stage.key)})
         display.result(name, stage_result(stage, summary), secs)
         upstream = fp
     return rows
