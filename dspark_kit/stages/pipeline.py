@@ -133,6 +133,13 @@ def record_stage(res: Resolved, state: dict, name: str, fp: str, summary: dict |
     update_manifest(res.run.root, res.recipe, name, resolved=res, seconds=seconds, summary=summary)
 
 
+def record_standalone(res: Resolved, name: str, summary: dict, seconds: float) -> None:
+    """A stage command that ran the stage as `run` would (e.g. `dspark-kit regen` with no option that
+    changes its rows) records it as `run` does."""
+    state = load_state(res.run.root)
+    record_stage(res, state, name, stage_fingerprint(res, name, state), summary, seconds)
+
+
 def _started(res: Resolved, state: dict, name: str, fp: str) -> None:
     state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
     save_state(res.run.root, state)
@@ -144,7 +151,7 @@ def run_one_stage(res: Resolved, name: str, reporter=None) -> dict:
     from dspark_kit.progress import STANDALONE
 
     res.run.root.mkdir(parents=True, exist_ok=True)
-    state = load_state(res.run.root)
+    state = load_state(res.run.root)  # read before the stage: its fingerprint is the one `run` gives it
     fp = stage_fingerprint(res, name, state)
     _started(res, state, name, fp)
     t0 = time.time()

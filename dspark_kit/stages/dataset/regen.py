@@ -508,6 +508,42 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     return plan
 
 
+# ---- `dspark-kit regen`: the stage with the command's options --------------------
+
+
+def command_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path | None = None) -> StagePlan:
+    """The plan `dspark-kit regen` runs (and prints with --dry-run): the stage's, with the command's
+    endpoints and output; the API key from the environment, as the run takes it."""
+    return regen_plan(res, endpoints, outfile or res.run.regen_jsonl, api_key=api_key_from_env())
+
+
+def rows_to_regen(res: Resolved, limit: int | None = None) -> int:
+    """How many source rows a regen reads: --limit, else data.limit (a progress bar's total)."""
+    return limit or res.recipe.data.limit
+
+
+def as_the_stage(res: Resolved, outfile: Path | None, resume: bool, options: dict[str, Any]) -> bool:
+    """Whether `dspark-kit regen` ran exactly the stage `run` would (its output, resuming, no option
+    that changes the rows): only then does it count as the regen stage done."""
+    return (outfile is None or Path(outfile).resolve() == res.run.regen_jsonl) and resume and \
+        not any(v is not None for v in options.values())
+
+
+def run_command(res: Resolved, plan: StagePlan, *, outfile: Path | None = None, endpoints: list[str] | None = None,
+                on_row: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> dict[str, Any]:
+    """`dspark-kit regen`: record the plan, run it with the command's options (run_regen's), then judge
+    the result: the summary, with "verdict" (None: within regen.max_failed_fraction and
+    data.max_mode_mismatch_fraction; else why the regen failed as a whole)."""
+    plan.record(res.run.plan_file("regen"))
+    chat = plan.process("chat server")
+    t0 = time.time()
+    s = run_regen(res, outfile or res.run.regen_jsonl, endpoints=endpoints, on_row=on_row,
+                  server_plan=chat.server if chat else None, **options)
+    s["command_seconds"] = round(time.time() - t0, 1)
+    s["verdict"] = failure_verdict(s, res.recipe.regen.max_failed_fraction, res.recipe.data.max_mode_mismatch_fraction)
+    return s
+
+
 # ---- the stage ---------------------------------------------------------------
 
 
