@@ -80,7 +80,7 @@ def test_init_on_a_real_shaped_config_folder_writes_a_recipe_whose_preflight_pas
     assert "memory:" in r.output and "shape from the verifier's config.json" in r.output
     # the draft layer gets the verifier's dense intermediate_size (speculators' rule), not an expert's
     assert f"intermediate {config['intermediate_size']}" in r.output
-    if family.model_extra.get("num_experts"):  # every expert counted in the verifier's size
-        assert param_count(config) > 30e9
+    if family.model_extra.get("num_experts"):  # every expert counted in the server's weights
+        assert param_count(config) > 30e9 and f"{param_count(config):,} parameters, every expert" in r.output
     findings = run_preflight(Resolved(load_recipe(out, require_run_keys=True), tmp_path / "run"), probes=False)
     assert [f for f in findings if f.level == "error"] == [], findings
