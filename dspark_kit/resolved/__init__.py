@@ -274,13 +274,15 @@ class Resolved:
     @cached_property
     def engine_gate(self) -> versions.Gate:
         """Does the serving engine serve this checkpoint in its trained layout? Judged on the
-        checkpoint's sample_from_anchor (None: the key is absent), or, before training, on what the
+        layout the checkpoint was trained in (specdec/anchor.py; None: unknown), or, before training, on what the
         kit's trainer writes. serve's plan, preflight and the served-acceptance gate all read this."""
         try:
             cfg = self.checkpoint_config
         except ValueError:  # CheckpointError: nothing trained to read yet
             cfg = None
-        anchor = cfg.get("sample_from_anchor") if cfg else versions.KIT_SAMPLE_FROM_ANCHOR
+        from dspark_kit.specdec.anchor import anchor_layout
+
+        anchor = anchor_layout(cfg).sample_from_anchor if cfg else versions.KIT_SAMPLE_FROM_ANCHOR
         return self.engine_support.serves(anchor)
 
     @cached_property
