@@ -144,7 +144,9 @@ class Harness:
         _need("vllm.v1.worker.cpu_model_runner", "_set_torch_accelerator_to_noop")()
         patch_prepare_kernel()
         self.torch, self.fault = torch, fault
-        self.cfg = contract.engine_config(ckpt, verifier, k, max_model_len)
+        # one request: small batch buffers keep the interpreted prepare kernel's padding loops short
+        self.cfg = contract.engine_config(ckpt, verifier, k, max_model_len, max_num_seqs=1,
+                                          max_num_batched_tokens=max_model_len)
         from vllm.config import set_current_vllm_config
 
         self._ctx = set_current_vllm_config(self.cfg)
@@ -291,6 +293,7 @@ class Harness:
         torch, spec = self.torch, self.spec
         dflash = sys.modules["vllm.v1.worker.gpu.spec_decode.dflash.speculator"]
         n = len(positions)
+        valid = n - num_rejected  # the rows whose K/V vLLM writes (rejected rows go to PAD slots)
         self.rec = {}
         with torch.inference_mode():
             hidden = self.model.combine_hidden_states(torch.cat(aux, dim=-1))
@@ -320,8 +323,9 @@ class Harness:
             spec._sample_sequential(1, head)
         out = {"input_ids": spec.input_buffers.input_ids[:q].tolist(),
                "query_positions": spec.input_buffers.positions[:q].tolist(),
-               "tokens": spec.draft_tokens[0].tolist(), "context": hidden.clone(),
-               "context_k": self.rec.get("context_k"), "base": self.rec.get("base"),
+               "tokens": spec.draft_tokens[0].tolist(), "context": hidden[:valid].clone(),
+               "context_k": None if self.rec.get("context_k") is None else self.rec["context_k"][:, :valid],
+               "base": self.rec.get("base"),
                "logits": torch.stack(self.rec["logits"]) if self.rec.get("logits") else None,
                "confidence": (spec.draft_token_confidence_probs[0].tolist()
                               if spec.use_confidence_head else None)}
