@@ -111,7 +111,7 @@ def kit_traces(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[
 # ---- vLLM's side -------------------------------------------------------------------------------
 def run_probe(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[int]], max_new: int,
               stop_ids: frozenset[int], topks: list[int | None], temperature: float = 1.0,
-              knorm_workaround: bool = True, fault: str | None = None, python: Path | None = None,
+              knorm_workaround: bool = True, faults: tuple[str, ...] = (), python: Path | None = None,
               timeout: float = 900) -> tuple[dict, dict | None]:
     """(the probe's JSON, its trace) from vLLM's interpreter."""
     python = python or probe_python()
@@ -126,7 +126,7 @@ def run_probe(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[i
         argv += [a for s in sorted(stop_ids) for a in ("--stop", str(s))]
         argv += [a for t in topks for a in ("--topk", str(t or 0))]
         argv += [] if knorm_workaround else ["--no-knorm-workaround"]
-        argv += ["--fault", fault] if fault else []
+        argv += [a for f in faults for a in ("--fault", f)]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
@@ -184,7 +184,8 @@ def _layer_of(v: torch.Tensor, kit: torch.Tensor, tol: float) -> int:
 
 
 def compare(result: dict, vtrace: dict, kit: list[Trace], k: int, tol: float) -> dict:
-    """Figures per prompt and the first difference as one Finding (None: the contract holds)."""
+    """Figures per prompt and the first difference as one Finding (None: the contract holds).
+    `result`: vLLM's layout (sample_from_anchor, num_query_per_req); `vtrace["decode"]`: its decodes."""
     vllm = result.get("vllm", "?")
     prompts, finding, first, max_dev = [], None, None, 0.0
     if result.get("sample_from_anchor") is not True or result.get("num_query_per_req") != k:
@@ -209,7 +210,8 @@ def compare(result: dict, vtrace: dict, kit: list[Trace], k: int, tol: float) ->
                 continue
             if first is None:
                 first = _divergence(i, j, vs, ks, bad)
-            break
+            if not same_ctx:
+                break
         n_v, n_k = len(v["steps"]), len(kt.steps)
         al_v = (sum(s["accepted"] for s in v["steps"]) + n_v) / max(n_v, 1)
         al_k = (sum(s["accepted"] for s in kt.steps) + n_k) / max(n_k, 1)
@@ -221,6 +223,8 @@ def compare(result: dict, vtrace: dict, kit: list[Trace], k: int, tol: float) ->
     acc_v = sum(p["acceptance_length_vllm"] * p["blocks_vllm"] for p in prompts) / max(sum(p["blocks_vllm"] for p in prompts), 1)
     acc_k = sum(p["acceptance_length_kit"] * p["blocks"] for p in prompts) / max(sum(p["blocks"] for p in prompts), 1)
     if finding is None and first is not None:
+        if first["stage"] == "context" and result.get("aux_layers") is not None:
+            first["what"] += f" (vLLM exports verifier layers {result['aux_layers']})"
         finding = _finding(first, vllm)
     elif finding is None and not tokens_equal:
         bad = next(p for p in prompts if not p["tokens_equal"])

@@ -30,6 +30,7 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -134,8 +135,7 @@ def per_layer_k_norm(inner) -> None:
 class Harness:
     """One verifier and one DSpark speculator, built by vLLM on the CPU, decoding one request."""
 
-    def __init__(self, verifier: str, ckpt: str, k: int, max_model_len: int, knorm_workaround: bool,
-                 fault: str | None):
+    def __init__(self, verifier: str, ckpt: str, k: int, max_model_len: int, knorm_workaround: bool):
         import torch
 
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -143,7 +143,7 @@ class Harness:
 
         _need("vllm.v1.worker.cpu_model_runner", "_set_torch_accelerator_to_noop")()
         patch_prepare_kernel()
-        self.torch, self.fault = torch, fault
+        self.torch = torch
         # one request: small batch buffers keep the interpreted prepare kernel's padding loops short
         self.cfg = contract.engine_config(ckpt, verifier, k, max_model_len, max_num_seqs=1,
                                           max_num_batched_tokens=max_model_len)
@@ -161,8 +161,6 @@ class Harness:
         self.target = get_model(vllm_config=self.cfg)
         set_aux(self.target, self.cfg.speculative_config)
         self.aux_layers = list(self.target.model.aux_hidden_state_layers)
-        if fault == "aux-layers":  # planted: the verifier exports the layers one later
-            self.target.set_aux_hidden_state_layers(tuple(i + 1 for i in self.aux_layers))
         self.spec = spec = DSparkSpeculator(self.cfg, torch.device("cpu"))
         spec.load_model(self.target)
         self.model, inner = spec.model, spec.model.model
@@ -172,29 +170,42 @@ class Harness:
             per_layer_k_norm(inner)
             self.patches.append(list(KNORM_PATCH))
         self.k = spec.num_speculative_steps
-        self._plant(fault)
         self._bind_caches()
         self._wrap_recorders()
 
     # ---- set-up --------------------------------------------------------------------------
-    def _plant(self, fault: str | None) -> None:
-        """Faults the kit's tests plant in vLLM's path, each to be found by the comparison."""
-        spec, inner = self.spec, self.model.model
-        if fault == "sample-from-anchor":
+    @contextlib.contextmanager
+    def planted(self, fault: str):
+        """A fault the kit's tests plant in vLLM's path (each to be found by the comparison), undone after."""
+        spec, inner, torch = self.spec, self.model.model, self.torch
+        saved = (spec.sample_from_anchor, spec.num_query_per_req, spec._anchor_idx, spec.parallel_drafting_token_id)
+        w1 = inner.markov_head.markov_w1.weight.data.clone()
+        head = inner.confidence_head
+        aux = tuple(self.aux_layers)
+        if fault == "sample-from-anchor":  # the other block layout: 1 + K query tokens, the anchor not sampled
             spec.sample_from_anchor = not spec.sample_from_anchor
             spec.num_query_per_req = self.k if spec.sample_from_anchor else self.k + 1
-            spec._anchor_idx = self.torch.arange(spec.max_num_reqs) * spec.num_query_per_req
-        elif fault == "markov-zero":
-            inner.markov_head.markov_w2.weight.data.zero_()
+            spec._anchor_idx = torch.arange(spec.max_num_reqs) * spec.num_query_per_req
+        elif fault == "markov-zero":  # W1[prev] = 0: no Markov bias (and a zero Markov embedding)
+            inner.markov_head.markov_w1.weight.data.zero_()
         elif fault == "mask-token":
             spec.parallel_drafting_token_id += 1
-        elif fault == "confidence-no-markov":
-            head = inner.confidence_head
-            if head is not None:
-                forward = head.forward
-                head.forward = lambda hidden, markov: forward(hidden, self.torch.zeros_like(markov))
-        elif fault not in (None, "aux-layers"):
-            raise SystemExit(f"--fault {fault}: one of {', '.join(FAULTS)}")
+        elif fault == "aux-layers":  # the verifier exports the layers one later
+            self.target.set_aux_hidden_state_layers(tuple(i + 1 for i in aux))
+        elif fault == "confidence-no-markov" and head is not None:
+            forward = head.forward
+            head.forward = lambda hidden, markov: forward(hidden, torch.zeros_like(markov))
+        try:
+            yield {"sample_from_anchor": bool(spec.sample_from_anchor), "num_query_per_req": spec.num_query_per_req,
+                   "mask_token_id": spec.parallel_drafting_token_id,
+                   "aux_layers": list(self.target.model.aux_hidden_state_layers)}
+        finally:
+            (spec.sample_from_anchor, spec.num_query_per_req, spec._anchor_idx,
+             spec.parallel_drafting_token_id) = saved
+            inner.markov_head.markov_w1.weight.data.copy_(w1)
+            self.target.set_aux_hidden_state_layers(aux)
+            if head is not None and "forward" in head.__dict__:
+                del head.forward
 
     def _bind_caches(self) -> None:
         torch = self.torch
@@ -388,7 +399,8 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="torch file for the trace")
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--no-knorm-workaround", action="store_true")
-    ap.add_argument("--fault", choices=FAULTS)
+    ap.add_argument("--fault", choices=FAULTS, action="append", default=[],
+                    help="also decode with this fault planted in vLLM's path (the kit's tests)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--topk", type=int, action="append", default=[], help="sampled-drafting checks (0: none)")
     a = ap.parse_args()
@@ -398,13 +410,16 @@ def main() -> int:
         import vllm
 
         result["vllm"] = vllm.__version__
-        h = Harness(a.verifier, a.checkpoint, a.k, a.max_model_len, not a.no_knorm_workaround, a.fault)
+        h = Harness(a.verifier, a.checkpoint, a.k, a.max_model_len, not a.no_knorm_workaround)
         result.update(patches=h.patches, aux_layers=h.aux_layers, num_speculative_tokens=h.k,
                       sample_from_anchor=bool(h.spec.sample_from_anchor), mask_token_id=h.spec.parallel_drafting_token_id,
                       num_query_per_req=h.spec.num_query_per_req, draft_layers=len(h.model.model.layers))
         prompts = json.loads(open(a.prompts).read())
         trace = {"decode": [h.decode(p, a.max_new, set(a.stop)) for p in prompts],
-                 "sampled": [h.sampled(prompts[0], a.temperature, k or None) for k in a.topk]}
+                 "sampled": [h.sampled(prompts[0], a.temperature, k or None) for k in a.topk], "faults": {}}
+        for fault in a.fault:
+            with h.planted(fault) as layout:
+                trace["faults"][fault] = {**layout, "decode": [h.decode(p, a.max_new, set(a.stop)) for p in prompts]}
         torch.save(trace, a.out + ".part")
         os.replace(a.out + ".part", a.out)
     except Incompatible as e:

@@ -14,10 +14,12 @@ CHECK_TOPK = 8  # sampled drafting is checked with this top-k when serve.draft_t
 
 
 def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: int | None = None,
-                    max_new_tokens: int | None = None, knorm_workaround: bool = True, fault: str | None = None,
-                    python: Path | None = None) -> dict:
+                    max_new_tokens: int | None = None, knorm_workaround: bool = True, faults: tuple[str, ...] = (),
+                    sampled: bool = True, python: Path | None = None) -> dict:
     """Decode eval's held-out prompts (eval_sizes: eval.num_prompts, eval.max_new_tokens) with vLLM's
-    DSpark path and with the kit's; the figures, vLLM's patches, and at most one finding."""
+    DSpark path and with the kit's; the figures, vLLM's patches, and at most one finding. `faults`
+    (the tests' planted faults, dspark_decode_probe.FAULTS): also decoded by vLLM with each planted,
+    and judged against the same kit decode: report["faults"][name] is its finding."""
     from transformers import AutoTokenizer
 
     ckpt = Path(checkpoint or res.checkpoint).resolve()
@@ -29,8 +31,8 @@ def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: 
     k = res.k.value
     topk = res.recipe.serve.draft_topk or CHECK_TOPK
     temperature = res.recipe.measured_temperature or 1.0
-    result, trace = dc.run_probe(res.verifier_path, ckpt, k, prompts, sizes.max_new_tokens, stop, [None, topk],
-                                 temperature, knorm_workaround, fault, python)
+    result, trace = dc.run_probe(res.verifier_path, ckpt, k, prompts, sizes.max_new_tokens, stop,
+                                 [None, topk] if sampled else [], temperature, knorm_workaround, faults, python)
     report = {"checkpoint": str(ckpt), "vllm": result.get("vllm", "?"), "prompts_source": found.source,
               "num_prompts": len(prompts), "max_new_tokens": sizes.max_new_tokens, "k": k, "dtype": DTYPE,
               "patches": result.get("patches", []), "draft_layers": result.get("draft_layers"),
@@ -48,6 +50,8 @@ def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: 
     tol = dc.DECODE_TOLERANCE[DTYPE]
     report |= dc.compare(result, trace, kit, k, tol)
     report["sampled"] = dc.compare_sampled(trace["sampled"], res.verifier_path, ckpt, tol)
+    report["faults"] = {name: dc.compare({**planted, "vllm": report["vllm"]}, planted, kit, k, tol)["finding"]
+                        for name, planted in trace.get("faults", {}).items()}
     if report["finding"] is None:
         bad = next((s for s in report["sampled"] if not (s["candidates_equal"] and s["logits_equal"])), None)
         if bad is not None:
