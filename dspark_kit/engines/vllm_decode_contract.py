@@ -142,19 +142,13 @@ def run_probe(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[i
 
 # ---- the comparison ------------------------------------------------------------------------------
 STAGES = (  # (field, finding code, what it points to), in the order the draft computes them
-    ("input_ids", "decode-mask-token", "the block's input ids [anchor, mask x (K-1)]: mask_token_id "
-                                       "(vLLM's parallel_drafting_token_id)"),
-    ("context", "decode-context", "the context features fc(aux hidden states): the verifier layers vLLM "
-                                  "exports (aux_hidden_state_layer_ids) or the fc weight"),
-    ("context_k", "decode-context-k", "the draft layers' context K after k_norm "
-                              "(DFlashQwen3Model._normalize_context_k)"),
-    ("base", "decode-backbone", "the base logits: the draft backbone's query-block forward (layers, norm, "
-                                "lm_head)"),
-    ("logits", "decode-markov", "the Markov-biased logits: markov_head (markov_w1 / markov_w2) or the "
-                                "previous-token chain"),
+    ("input_ids", "decode-mask-token", "the block's input ids [anchor, mask x (K-1)]: mask_token_id (vLLM's parallel_drafting_token_id)"),
+    ("context", "decode-context", "the context features fc(aux hidden states): the verifier layers vLLM exports (aux_hidden_state_layer_ids) or the fc weight"),
+    ("context_k", "decode-context-k", "the draft layers' context K after k_norm (DFlashQwen3Model._normalize_context_k)"),
+    ("base", "decode-backbone", "the base logits: the draft backbone's query-block forward (layers, norm, lm_head)"),
+    ("logits", "decode-markov", "the Markov-biased logits: markov_head (markov_w1 / markov_w2) or the previous-token chain"),
     ("tokens", "decode-tokens", "the drafted tokens (near-tied logits)"),
-    ("confidence", "decode-confidence", "the confidence head's input [hidden; markov_w1[prev]] "
-                                        "(confidence_head_with_markov)"),
+    ("confidence", "decode-confidence", "the confidence head's input [hidden; markov_w1[prev]] (confidence_head_with_markov)"),
 )
 
 

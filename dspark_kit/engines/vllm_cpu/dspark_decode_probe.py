@@ -29,12 +29,12 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton loads: the prepare kernel 
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import traceback  # noqa: E402
-import types  # noqa: E402
+import argparse
+import contextlib
+import json
+import sys
+import traceback
+import types
 
 BLOCK = 32  # the CPU attention backend's KV block size: a multiple of 32
 PATCHES = [
@@ -43,25 +43,20 @@ PATCHES = [
     ("vllm.config.vllm.HAS_TRITON",
      "set True for create_engine_config: the V2 runner (the only one with DSpark) asks for Triton"),
     ("vllm.v1.worker.gpu.spec_decode.dflash.speculator._prepare_dflash_inputs_kernel",
-     "re-wrapped with triton.jit under TRITON_INTERPRET=1 (with cp_utils.cp_local_slot): the CPU "
-     "build's Triton has no CPU backend, so vLLM left it a plain function"),
+     "re-wrapped with triton.jit under TRITON_INTERPRET=1 (with cp_utils.cp_local_slot): the CPU build's Triton has no CPU backend, so vLLM left it a plain function"),
     ("vllm.v1.worker.gpu.spec_decode.dflash.speculator.triton",
      "the real triton module (vLLM's placeholder lacks next_power_of_2, used by prepare_dflash_inputs)"),
     ("Attention.kv_cache (every target and draft layer)",
      f"bound by hand: CPU caches of {BLOCK}-token blocks, block 0 left as vLLM's null block"),
     ("vllm.v1.attention.backends.cpu_attn.CPUAttentionMetadataBuilder",
-     "built directly per layer group (target causal, draft non-causal) instead of by set_attn; "
-     "its constructor sets layer.isa, which the context K/V write needs"),
+     "built directly per layer group (target causal, draft non-causal) instead of by set_attn; its constructor sets layer.isa, which the context K/V write needs"),
     ("DSparkSpeculator._sample_logits",
-     "wrapped to record each slot's logits; at a temperature the Triton gumbel sampler is replaced "
-     "by a seeded torch draw (the check compares candidates and logits, not the RNG)"),
+     "wrapped to record each slot's logits; at a temperature the Triton gumbel sampler is replaced by a seeded torch draw (the check compares candidates and logits, not the RNG)"),
     ("DSparkSpeculator.use_confidence_head",
-     "set True when the draft has a confidence head, so compute_confidence runs (vLLM only runs it "
-     "with enable_adaptive_verification)"),
+     "set True when the draft has a confidence head, so compute_confidence runs (vLLM only runs it with enable_adaptive_verification)"),
 ]
 KNORM_PATCH = ("vllm.model_executor.models.qwen3_dflash.DFlashQwen3Model._normalize_context_k",
-               "per-layer ops.rms_norm: the CPU kernel applies row 0 of the grouped [L, head_dim] "
-               "k_norm weight to every layer (drafts of 2+ layers were normalized wrongly)")
+               "per-layer ops.rms_norm: the CPU kernel applies row 0 of the grouped [L, head_dim] k_norm weight to every layer (drafts of 2+ layers were normalized wrongly)")
 FAULTS = ("sample-from-anchor", "markov-zero", "mask-token", "aux-layers", "confidence-no-markov")
 
 
@@ -414,7 +409,8 @@ def main() -> int:
         result.update(patches=h.patches, aux_layers=h.aux_layers, num_speculative_tokens=h.k,
                       sample_from_anchor=bool(h.spec.sample_from_anchor), mask_token_id=h.spec.parallel_drafting_token_id,
                       num_query_per_req=h.spec.num_query_per_req, draft_layers=len(h.model.model.layers))
-        prompts = json.loads(open(a.prompts).read())
+        with open(a.prompts) as f:
+            prompts = json.load(f)
         trace = {"decode": [h.decode(p, a.max_new, set(a.stop)) for p in prompts],
                  "sampled": [h.sampled(prompts[0], a.temperature, k or None) for k in a.topk], "faults": {}}
         for fault in a.fault:

@@ -65,9 +65,10 @@ def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: 
 
 def summary_lines(report: dict) -> list[str]:
     """What `contract --decode` prints: the verdict, the figures, the patches, the finding."""
-    out = [f"{report['checkpoint']}: vLLM {report['vllm']} DSpark decode, {report['num_prompts']} held-out "
-           f"prompts x {report['max_new_tokens']} tokens, K={report['k']}, {report['draft_layers']} draft layer(s), "
-           f"{report['dtype']}"]
+    head = (f"{report['checkpoint']}: vLLM {report['vllm']} DSpark decode, {report['num_prompts']} held-out "
+            f"prompts x {report['max_new_tokens']} tokens, K={report['k']}, {report['draft_layers']} draft "
+            f"layer(s), {report['dtype']}")
+    out = [head]
     if "prompts" in report:
         al = report["acceptance_length"]
         blocks = sum(p["blocks"] for p in report["prompts"])
@@ -91,4 +92,13 @@ def summary_lines(report: dict) -> list[str]:
     f = report.get("finding")
     if f is not None:
         out.append(f"  {f.level} {f.code}: {f.message}")
+    return out
+
+
+def as_json(report: dict) -> dict:
+    """The report as --json prints it (the finding as a dict, the faults' findings too)."""
+    out = dict(report)
+    out["finding"] = report["finding"].as_dict() if report.get("finding") is not None else None
+    if "faults" in report:
+        out["faults"] = {n: (f.as_dict() if f is not None else None) for n, f in report["faults"].items()}
     return out
