@@ -126,10 +126,10 @@ def test_run_trains_across_the_two_hosts_under_sbatch_as_its_dry_run_printed(clu
     assert _job_ids(wd) == [job]
 
 
-def _wait(pred, what: str, timeout: float = 600, poll: float = 0.2):
+def _wait(pred, what, timeout: float = 600, poll: float = 0.2):
     end = time.monotonic() + timeout
     while not (got := pred()):
-        assert time.monotonic() < end, what
+        assert time.monotonic() < end, what() if callable(what) else what
         time.sleep(poll)
     return got
 
@@ -190,7 +190,9 @@ def test_a_killed_node_fails_the_job_in_one_line_ctrl_c_cancels_and_a_resubmissi
     errors = _errors(err)
     assert code == 130 and len(errors) == 1 and f"cancelled Slurm job {second} (scancel)" in errors[0], err[-3000:]
     _wait(lambda: not cluster.client("squeue", "-h").stdout.strip(), "the cancelled job is still queued", 30)
-    _wait(lambda: not any(_work_on(h) for h in cluster.hosts), "job steps left on the hosts", 30)
+    _wait(lambda: not any(_work_on(h) for h in cluster.hosts), lambda: [w for h in cluster.hosts for w in _work_on(h)], 30)
+    left = [w for h in cluster.hosts for w in _work_on(h)]
+    assert not left, left
     assert _scontrol(cluster, second)["JobState"] == "CANCELLED"
 
     t0 = time.monotonic()
@@ -215,6 +217,6 @@ def _work_on(host: slurm_bed.Host) -> list[str]:
             cmd = " ".join(psutil.Process(int(pid)).cmdline())
         except psutil.NoSuchProcess:
             continue
-        if not any(d in cmd for d in ("slurmctld", "slurmd")):
+        if not any(d in cmd for d in ("slurmctld", "slurmd", "slurmscriptd")):
             out.append(cmd)
     return out

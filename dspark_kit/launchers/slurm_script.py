@@ -156,7 +156,7 @@ def _spread_step(stage: str, topo: Topology, placement: list[str]) -> list[str]:
 def _extractor_step(r: Recipe, topo: Topology) -> tuple[list[str], list[str]]:
     """The extraction server on its own node, its health wait, and the placement the trainers get."""
     node = f"${{NODES[{topo.trainer_nodes}]}}"
-    url_file = f'"$LOGS/slurm-$SLURM_JOB_ID-hidden-states.url"'
+    url_file = '"$LOGS/slurm-$SLURM_JOB_ID-hidden-states.url"'
     what = "Mooncake master, then the hidden-state server" if topo.mooncake else "hidden-state server"
     sets = [f'--set serve.host="{node}"']
     placement = ['--set hidden_states.endpoint="$HS_URL"']
