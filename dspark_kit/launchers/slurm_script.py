@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_kit.recipe import Recipe, RecipeError
+from dspark_kit.rundir import RunDir
 
 SCRIPT_NAME = "slurm-job.sbatch"  # in the run folder: the script last submitted
 OUT_NAME = "slurm-%j.out"  # in DIR/logs: the job's own output (the kit's stage lines)
@@ -91,7 +92,7 @@ class SlurmJob:
 
 def sbatch_lines(job: SlurmJob, topo: Topology) -> list[str]:
     r, s = job.recipe, job.recipe.slurm
-    out = job.workdir / "logs" / OUT_NAME
+    out = RunDir.at(job.workdir).logs / OUT_NAME
     lines = [f"--job-name=dspark-{r.name}", f"--nodes={topo.nodes}", "--ntasks-per-node=1",
              f"--output={out}", "--open-mode=append"]
     for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),

@@ -340,6 +340,18 @@ class SlurmCfg(_Section):
                              "(e.g. module load, source a venv's activate)")
     poll_s: float = Field(2.0, gt=0, description="seconds between looks at the job while following it")
 
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem_number(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_text(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):  # YAML reads 3:00:00 as 10800: the unit is lost
+            raise ValueError(f"{v} is a number; write the time quoted, e.g. '03:00:00' or '2-00:00:00'")
+        return v
+
 
 class Recipe(_Section):
     name: str = "unnamed"
