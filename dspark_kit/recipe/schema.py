@@ -349,7 +349,7 @@ class SlurmCfg(_Section):
     @classmethod
     def _time_text(cls, v: Any) -> Any:
         if isinstance(v, int) and not isinstance(v, bool):  # YAML reads 3:00:00 as 10800: the unit is lost
-            raise ValueError(f"{v} is a number; write the time quoted, e.g. '03:00:00' or '2-00:00:00'")
+            raise ValueError(f"{v} is a number; write the time quoted, e.g. '03:00:00' or '2-00:00:00'")  # noqa: TRY004 - pydantic reports ValueError
         return v
 
 
