@@ -22,27 +22,11 @@ from dspark_kit.compat.engine_table import (
     first_serving,
     lookup,
 )
-from dspark_kit.devices import package_version
+from dspark_kit.devices import TRACKED_PACKAGES, tracked_version
 
-# distribution names as pip spells them, plus the spellings people type
-_DIST_ALIASES = {
-    "vllm": ("vllm",),
-    "vllm-ascend": ("vllm-ascend", "vllm_ascend"),
-    "torch": ("torch",),
-    "torch-npu": ("torch-npu", "torch_npu"),
-    "speculators": ("speculators",),
-    "transformers": ("transformers",),
-}
-TRACKED = tuple(_DIST_ALIASES)
+TRACKED = tuple(TRACKED_PACKAGES)  # devices owns the list and the spellings
 
 Support = Literal["yes", "no", "unknown"]
-
-
-def _canonical(name: str) -> str:
-    key = name.lower().replace("_", "-")
-    if key not in _DIST_ALIASES:
-        raise ValueError(f"versions: unknown package {name!r}; expected one of {', '.join(TRACKED)}")
-    return key
 
 
 def installed(name: str) -> str | None:
@@ -51,7 +35,7 @@ def installed(name: str) -> str | None:
     Reads through devices.package_version, the one metadata reader (doctor and the
     manifest report the same numbers the gates here decide on).
     """
-    return next((v for dist in _DIST_ALIASES[_canonical(name)] if (v := package_version(dist))), None)
+    return tracked_version(name)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dspark_kit.findings import Finding, errors  # noqa: F401 - errors: re-exported for callers
 from dspark_kit.recipe import Recipe
+from dspark_kit.rundir import BEST_CHECKPOINT, epoch_dirs
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -51,8 +52,7 @@ def complete_epochs(save_path: Path) -> list[int]:
     saved mid-epoch (what `latest` and the report count)."""
     if not save_path.is_dir():
         return []
-    return sorted(int(p.name) for p in save_path.iterdir()
-                  if p.name.isdigit() and p.is_dir() and not p.is_symlink() and is_complete(p) and not mid_epoch(p))
+    return [int(p.name) for p in epoch_dirs(save_path) if is_complete(p) and not mid_epoch(p)]
 
 
 def _available(save_path: Path) -> str:
@@ -62,7 +62,7 @@ def _available(save_path: Path) -> str:
     return ", ".join(listed) if listed else "none"
 
 
-def resolve_checkpoint(checkpoints: str | Path, which: str | int | Path = "checkpoint_best") -> Path:
+def resolve_checkpoint(checkpoints: str | Path, which: str | int | Path = BEST_CHECKPOINT) -> Path:
     """Absolute checkpoint directory (symlinks resolved) for a serve.checkpoint value.
 
     `which`: "checkpoint_best" / "epochN_end" (speculators symlinks), "latest"
@@ -72,7 +72,7 @@ def resolve_checkpoint(checkpoints: str | Path, which: str | int | Path = "check
     base = Path(checkpoints).expanduser()
     if isinstance(which, Path) or (isinstance(which, str) and ("/" in which or which.startswith("~"))):
         target = Path(which).expanduser()
-    elif is_complete(base) and which == "checkpoint_best":
+    elif is_complete(base) and which == BEST_CHECKPOINT:
         target = base  # already a checkpoint directory
     elif which == "latest":
         epochs = complete_epochs(base)
@@ -314,8 +314,8 @@ def set_aside_incomplete_checkpoints(checkpoints: Path) -> list[Path]:
     `incomplete-<epoch>`, which speculators' epoch scan ignores.
     """
     moved = []
-    for d in sorted(Path(checkpoints).glob("[0-9]*")):
-        if d.is_dir() and not d.is_symlink() and d.name.isdigit() and not (d / "training_state.json").exists():
+    for d in epoch_dirs(checkpoints):
+        if not (d / TRAINING_STATE).exists():
             target = d.with_name(f"incomplete-{d.name}")
             n = 1
             while target.exists():
@@ -366,8 +366,7 @@ def adopt_interrupted(checkpoints: Path) -> str | None:
     src = Path(checkpoints) / INTERRUPTED
     if not src.is_dir() or src.is_symlink():
         return None
-    numbered = sorted((p for p in Path(checkpoints).iterdir()
-                       if p.name.isdigit() and p.is_dir() and not p.is_symlink()), key=lambda p: int(p.name))
+    numbered = epoch_dirs(checkpoints)
     last = numbered[-1] if numbered else None
     state = training_state(last) if last is not None else {"epoch": -1, "local_step": 0, "global_step": 0}
     steps = _scheduler_steps(src) if is_complete(src) else None

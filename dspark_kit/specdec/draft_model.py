@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from dspark_kit.rundir import RunDir
 from dspark_kit.specdec.draft_cache import DraftKVCache
 from dspark_kit.specdec.spec_sampling import Sampling, draw, probs, topk_candidates
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE, draft_seq_len, window_start
@@ -64,7 +65,8 @@ def load_dspark_model(checkpoint: str | Path, verifier_path: str | Path, device:
 
     ckpt = Path(checkpoint)
     if not (ckpt / "config.json").exists():
-        raise DraftLoadError(f"checkpoint {ckpt}: no config.json (pass a checkpoint dir, e.g. WORKDIR/checkpoints/checkpoint_best)")
+        raise DraftLoadError(f"checkpoint {ckpt}: no config.json (pass a checkpoint dir, e.g. "
+                             f"{RunDir(Path('WORKDIR')).best_checkpoint})")
     raw = json.loads((ckpt / "config.json").read_text())
     if raw.get("speculators_model_type") != "dspark":
         raise DraftLoadError(
