@@ -392,7 +392,7 @@ def test_init_on_the_tiny_verifier_then_preflight_and_dry_run(tmp_path, tiny_ver
 def test_the_tokenizer_fixture_is_the_tiny_verifiers(tmp_path):
     """tests/fixtures/tiny_tokenizer is build_tokenizer's output minus the mask token; regenerate it
     with build_tokenizer(TinySpec()).save_pretrained(...) when the tiny verifier changes."""
-    from dspark_kit.data.tiny_verifier import TinySpec, build_tokenizer
+    from dspark_kit.data.tiny_builder import TinySpec, build_tokenizer
 
     build_tokenizer(TinySpec()).save_pretrained(tmp_path)
     for name in ("tokenizer.json", "chat_template.jinja"):

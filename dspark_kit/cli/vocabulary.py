@@ -79,6 +79,10 @@ VOCABULARY: dict[str, Flag] = {
                         dests=("eval_device",)),
     "probe_device": Flag(("--probe-device",), "auto, cpu, cuda or npu: the device whose speculators probes run.",
                          aliases=("--device",), dests=("probe_device",)),
+    "launcher": Flag(("--launcher",), "local (default): run here | slurm: write one batch script for the recipe's "
+                                      "whole topology (the recipe's slurm: section), sbatch it and follow the job; "
+                                      "with --dry-run, print that script as it would be submitted.",
+                     dests=("launcher",)),
     "overwrite": Flag(("--overwrite",), "Replace an existing output.", aliases=("--force",), dests=("overwrite",)),
 }
 

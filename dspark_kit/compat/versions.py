@@ -83,10 +83,11 @@ class EngineSupport:
     uncertain: tuple[str, ...] = ()  # features the table cannot place for this version
 
     def serves(self, sample_from_anchor: bool | None = KIT_SAMPLE_FROM_ANCHOR) -> Gate:
-        """Can this engine serve a checkpoint with this sample_from_anchor (None: key absent)?"""
+        """Can this engine serve a checkpoint trained with this sample_from_anchor (None: unknown)?"""
         pkg, f = self.engine, self.features
-        # a missing key is fixed in config.json; the version then needed is the explicit key's
-        need = first_serving(pkg, KIT_SAMPLE_FROM_ANCHOR if sample_from_anchor is None else sample_from_anchor)
+        if sample_from_anchor is None:  # no release can serve a layout nobody knows (specdec/anchor.py)
+            return Gate(False, f"{pkg}: {anchor_problem('default-false', None)}")
+        need = first_serving(pkg, sample_from_anchor)
         fix = f"{pkg}>={need} serves it" if need else f"no surveyed {pkg} release serves it"
         if self.version is None:
             return Gate(None, f"{pkg} is not installed here: the command needs {pkg} >= {need} on the "

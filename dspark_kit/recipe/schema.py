@@ -69,7 +69,7 @@ class _Section(BaseModel):
 
 class VerifierCfg(_Section):
     path: str = Field(TINY_VERIFIER, description="HF dir (relative: from the recipe file's folder) or hub id; "
-                                                 "builtin:tiny-qwen3 = embedded tiny model")
+                                                 "builtin:tiny-qwen3 (or -qwen3-moe, -llama3) = an embedded tiny model")
     served_name: str | None = Field(None, description="model id clients ask for (default: path; a hidden-states server lists path first, then this)")
     thinking: bool | dict[bool, float] = Field(
         False, description="chat template thinking mode of regen and prepare, or weights per row, e.g. {true: 0.7, "
@@ -331,6 +331,38 @@ class EvalCfg(_Section):
     categories: list[str] = Field(default_factory=list, description=_categories_help("eval.num_prompts"))
 
 
+class SlurmCfg(_Section):
+    """`--launcher slurm`: the batch job one run (or one stage) is submitted as (dspark_kit/launchers/slurm.py)."""
+
+    partition: str | None = Field(None, description="sbatch --partition (default: the cluster's default)")
+    account: str | None = Field(None, description="sbatch --account")
+    qos: str | None = Field(None, description="sbatch --qos")
+    time_limit: str | None = Field(None, pattern=r"^(\d+-)?\d+(:\d{2}){0,2}$",
+                                   description="sbatch --time: MM, HH:MM:SS or D-HH:MM:SS")
+    gpus_per_node: int | None = Field(None, ge=1, description="sbatch --gpus-per-node")
+    cpus_per_task: int | None = Field(None, ge=1, description="sbatch --cpus-per-task")
+    mem: str | None = Field(None, pattern=r"^\d+[KMGT]?$", description="sbatch --mem per node, e.g. 0 (all) or 200G")
+    exclusive: bool = Field(False, description="sbatch --exclusive")
+    extractor_nodes: int = Field(0, ge=0, le=1, description="online hidden states: nodes of their own for the "
+                                 "extraction server (and Mooncake master); 0 = train's node 0 starts it, as without Slurm")
+    sbatch_args: list[str] = Field(default_factory=list, description="more #SBATCH lines, verbatim (e.g. --constraint=h100)")
+    setup: list[str] = Field(default_factory=list, description="shell lines every job step runs first "
+                             "(e.g. module load, source a venv's activate)")
+    poll_s: float = Field(2.0, gt=0, description="seconds between looks at the job while following it")
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem_number(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_text(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):  # YAML reads 3:00:00 as 10800: the unit is lost
+            raise ValueError(f"{v} is a number; write the time quoted, e.g. '03:00:00' or '2-00:00:00'")  # noqa: TRY004 - pydantic reports ValueError
+        return v
+
+
 class Recipe(_Section):
     name: str = "unnamed"
     workdir: str = Field("runs/unnamed", description="run folder (-w overrides); `~` expands to your home "
@@ -344,6 +376,7 @@ class Recipe(_Section):
     serve: ServeCfg = Field(default_factory=ServeCfg)
     bench: BenchCfg = Field(default_factory=BenchCfg)
     eval: EvalCfg = Field(default_factory=EvalCfg)
+    slurm: SlurmCfg = Field(default_factory=SlurmCfg)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:

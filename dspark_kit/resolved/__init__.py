@@ -49,7 +49,7 @@ from functools import cached_property
 from pathlib import Path
 
 from dspark_kit.compat import versions
-from dspark_kit.recipe import ENGINES, TINY_VERIFIER, Recipe, RecipeError, parse_window
+from dspark_kit.recipe import ENGINES, Recipe, RecipeError, parse_window
 from dspark_kit.resolved.rules import (  # noqa: F401 - re-exported: callers import them from here
     TUNED,
     Decision,
@@ -135,10 +135,12 @@ class Resolved:
         from dspark_kit.specdec.verifier_facts import verifier_config
 
         found = verifier_config(self.verifier_path)
-        if found is None and self.planning and self.recipe.verifier.path == TINY_VERIFIER:
+        if found is None and self.planning:
+            from dspark_kit.data.families import family_of_builtin
             from dspark_kit.data.tiny_verifier import planned_config
 
-            return planned_config()
+            family = family_of_builtin(self.recipe.verifier.path)
+            return planned_config(family=family) if family else None
         return found
 
     @cached_property
@@ -272,13 +274,15 @@ class Resolved:
     @cached_property
     def engine_gate(self) -> versions.Gate:
         """Does the serving engine serve this checkpoint in its trained layout? Judged on the
-        checkpoint's sample_from_anchor (None: the key is absent), or, before training, on what the
+        layout the checkpoint was trained in (specdec/anchor.py; None: unknown), or, before training, on what the
         kit's trainer writes. serve's plan, preflight and the served-acceptance gate all read this."""
         try:
             cfg = self.checkpoint_config
         except ValueError:  # CheckpointError: nothing trained to read yet
             cfg = None
-        anchor = cfg.get("sample_from_anchor") if cfg else versions.KIT_SAMPLE_FROM_ANCHOR
+        from dspark_kit.specdec.anchor import anchor_layout
+
+        anchor = anchor_layout(cfg).sample_from_anchor if cfg else versions.KIT_SAMPLE_FROM_ANCHOR
         return self.engine_support.serves(anchor)
 
     @cached_property

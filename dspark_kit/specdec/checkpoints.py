@@ -107,15 +107,10 @@ def read_config(path: Path) -> dict:
 
 
 def trained_slots(cfg: dict) -> int | None:
-    """Draft positions the checkpoint was trained to propose."""
-    methods = (cfg.get("speculators_config") or {}).get("proposal_methods") or []
-    for m in methods:
-        if isinstance(m, dict) and isinstance(m.get("speculative_tokens"), int):
-            return m["speculative_tokens"]
-    block = cfg.get("block_size")
-    if not isinstance(block, int):
-        return None
-    return block if cfg.get("sample_from_anchor", True) else block - 1
+    """Draft positions the checkpoint was trained to propose (specdec/anchor.py decides)."""
+    from dspark_kit.specdec.anchor import anchor_layout
+
+    return anchor_layout(cfg).slots
 
 
 def ks_outside_slots(ks, slots: int) -> list[int]:
@@ -222,11 +217,13 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
             out.append(Finding("warning", "verifier-relative", f"checkpoint stores a relative verifier path "
                                                                f"{stored}; it breaks when loaded from elsewhere"))
 
-    if "sample_from_anchor" not in cfg:
-        out.append(Finding("error", "anchor-missing", f"{CONFIG} has no sample_from_anchor: every vLLM release that "
-                                                      "serves a speculators DSpark draft reads a missing key as false "
-                                                      "(bonus-anchor layout), and speculators trains true; add "
-                                                      "\"sample_from_anchor\": true to config.json"))
+    from dspark_kit.specdec.anchor import anchor_layout
+
+    anchor = anchor_layout(cfg)
+    problem = anchor.problem()
+    if problem:  # a missing key (each loader reads it its own way) or a layout the import measured wrong
+        code = "anchor-measured" if anchor.known else "anchor-missing"
+        out.append(Finding("error", code, problem))
     weights = _check_weights(path)
     if isinstance(weights, Finding):
         out.append(weights)
@@ -248,8 +245,11 @@ def init_from_problem(path: str | Path, recipe: Recipe, target_layer_ids: list[i
                 f"{cfg.get('speculators_model_type')!r}); a released DSpark draft: `dspark-kit import` it first")
     if not (path / WEIGHTS).is_file():
         return f"{name}: no {WEIGHTS}; point at an epoch folder or an imported draft"
-    if "sample_from_anchor" not in cfg:
-        return f"{name}: {CONFIG} has no sample_from_anchor; add the value it was trained with"
+    from dspark_kit.specdec.anchor import anchor_layout
+
+    problem = anchor_layout(cfg).problem()
+    if problem:
+        return f"{name}: {problem}"
     block = cfg.get("block_size")
     if block != recipe.draft.block_size:
         return f"{name}: block_size {block} != draft.block_size {recipe.draft.block_size}; set draft.block_size: {block}"

@@ -42,8 +42,19 @@ def pipeline_dry_run(res: Resolved, stages: list[str] | None = None, start: str 
 # ---- fingerprints and state -------------------------------------------------
 
 
+# Where a stage runs, not what it computes: the keys a multi-node launch sets per node or per
+# allocation (node rank, the rendezvous host, the address of a server on another node). A run
+# resubmitted onto other nodes is the same run: these never change a fingerprint.
+PLACEMENT_KEYS = {"train": ("node_rank", "master_addr"), "hidden_states": ("endpoint",),
+                  "regen": ("endpoints",)}
+
+
 def fingerprint(recipe: Recipe, stage: Stage, upstream: str) -> str:
     dump = recipe.model_dump(mode="json")
+    for section, keys in PLACEMENT_KEYS.items():
+        for k in keys:
+            dump[section].pop(k, None)
+    dump["hidden_states"]["mooncake"].pop("master_host", None)
     blob = json.dumps({k: dump[k] for k in stage.sections}, sort_keys=True) + upstream
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -108,14 +119,7 @@ def stage_result(stage: Stage, summary: dict) -> str:
 def stage_fingerprint(res: Resolved, name: str, state: dict) -> str:
     """The fingerprint `run` gives stage `name` when the stages before it stand as `state` records
     them (a finished one by its recorded fingerprint, any other by today's recipe)."""
-    upstream = ""
-    for s in STAGES:
-        fp = fingerprint(res.recipe, REGISTRY[s], upstream)
-        if s == name:
-            return fp
-        prev = state.get(s, {})
-        upstream = prev.get("fingerprint", fp) if prev.get("status") == "done" else fp
-    raise ValueError(f"unknown stage {name!r}; choose from {', '.join(STAGES)}")
+    return stage_decisions(res.recipe, state, [name])[0][2]
 
 
 def record_stage(res: Resolved, state: dict, name: str, fp: str, summary: dict | None, seconds: float) -> None:
@@ -175,31 +179,16 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
 
     recipe, workdir = res.recipe, res.run.root
     workdir.mkdir(parents=True, exist_ok=True)
-    chosen = resolve_stages(stages, start)
     state = load_state(workdir)
     update_manifest(workdir, recipe, resolved=res)
-    upstream, dirty, rows = "", force, []
-    forced_from = chosen[0] if start else None
-    for name in STAGES:
+    rows = []
+    for name, decision, fp in stage_decisions(recipe, state, stages, start, force):
         stage = REGISTRY[name]
-        fp = fingerprint(recipe, stage, upstream)
-        prev = state.get(name, {})
-        if name not in chosen:
-            # an unselected stage keeps its recorded fingerprint as the upstream of the next
-            upstream = prev.get("fingerprint", fp) if prev.get("status") == "done" else fp
+        if decision != "run":
+            figure = state.get(name, {}).get("figure") if decision == "skipped (unchanged)" else None
+            rows.append({"stage": name, "status": decision, "seconds": 0.0, "figure": figure})
+            display.result(name, decision)
             continue
-        dirty = dirty or name == forced_from
-        if name == "regen" and not recipe.regen.enabled:
-            rows.append({"stage": name, "status": "skipped (regen.enabled false)", "seconds": 0.0, "figure": None})
-            display.result(name, "skipped (regen.enabled false)")
-            continue
-        if not dirty and prev.get("status") == "done" and prev.get("fingerprint") == fp:
-            rows.append({"stage": name, "status": "skipped (unchanged)", "seconds": 0.0,
-                         "figure": prev.get("figure")})
-            display.result(name, "skipped (unchanged)")
-            upstream = fp
-            continue
-        dirty = True  # everything downstream of a rerun stage reruns
         _started(res, state, name, fp)
         t0 = time.time()
         try:
@@ -212,8 +201,37 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
         record_stage(res, state, name, fp, summary, secs)
         rows.append({"stage": name, "status": "done", "seconds": secs, "figure": summary.get(stage.key)})
         display.result(name, stage_result(stage, summary), secs)
-        upstream = fp
     return rows
+
+
+def stage_decisions(recipe: Recipe, state: dict, stages: list[str] | None = None, start: str | None = None,
+                    force: bool = False) -> list[tuple[str, str, str]]:
+    """(stage, decision, fingerprint) for each selected stage, in order: "run", "skipped (unchanged)"
+    or "skipped (regen.enabled false)". The one rule `run` follows, and `run --launcher slurm` asks
+    before it writes the job: finished stages with unchanged inputs are skipped; a changed or
+    unfinished one reruns, and everything downstream of it."""
+    chosen = resolve_stages(stages, start)
+    upstream, dirty, out = "", force, []
+    forced_from = chosen[0] if start else None
+    for name in STAGES:
+        stage = REGISTRY[name]
+        fp = fingerprint(recipe, stage, upstream)
+        prev = state.get(name, {})
+        if name not in chosen:
+            # an unselected stage keeps its recorded fingerprint as the upstream of the next
+            upstream = prev.get("fingerprint", fp) if prev.get("status") == "done" else fp
+            continue
+        dirty = dirty or name == forced_from
+        if name == "regen" and not recipe.regen.enabled:
+            out.append((name, "skipped (regen.enabled false)", fp))
+            continue
+        if not dirty and prev.get("status") == "done" and prev.get("fingerprint") == fp:
+            out.append((name, "skipped (unchanged)", fp))
+        else:
+            dirty = True  # everything downstream of a rerun stage reruns
+            out.append((name, "run", fp))
+        upstream = fp
+    return out
 
 
 def highlights(workdir: Path) -> list[str]:

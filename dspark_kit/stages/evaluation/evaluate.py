@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dspark_kit.data.chat import stop_token_ids
 from dspark_kit.measure.eval_prompts import (
     EvalError,
     build_prompts,
@@ -79,11 +80,11 @@ class EvalSession:
         self.draft = DSparkDraft.load(self.checkpoint, self.verifier_path, device)
         self.verifier = Verifier(self.verifier_path, self.draft.target_layer_ids, device, res.eval_dtype.value)
         self.tokenizer = AutoTokenizer.from_pretrained(self.verifier_path)
-        self.k = self.draft.block_size if sweep else self.resolved.k.value
-        if ks_outside_slots([self.k], self.draft.block_size):
-            raise EvalError(f"{slots_error('num_speculative_tokens', [self.k], self.draft.block_size)} "
+        self.k = self.draft.slots if sweep else self.resolved.k.value
+        if ks_outside_slots([self.k], self.draft.slots):
+            raise EvalError(f"{slots_error('num_speculative_tokens', [self.k], self.draft.slots)} "
                             f"({self.resolved.k.source}); set serve.num_speculative_tokens: auto")
-        self.stop_ids = frozenset(t for t in [self.tokenizer.eos_token_id] if t is not None)
+        self.stop_ids = stop_token_ids(self.tokenizer, self.verifier_path)
         self.temperature = res.recipe.measured_temperature
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,

@@ -195,7 +195,8 @@ def _decide(opts: InitOptions) -> _Decided:
                 raise InitError(f"--mask-token-id {opts.mask_token_id}: outside the embedding [0, {facts.vocab_size})")
             mask, mask_from = opts.mask_token_id, "--mask-token-id"
         else:
-            mask, mask_from = vf.mask_token_choice(facts.vocab_size, facts.tokenizer_len, facts.tokenizer_mask)
+            mask, mask_from = vf.mask_token_choice(facts.vocab_size, facts.tokenizer_len, facts.tokenizer_mask,
+                                               facts.reserved)
         targets, targets_from = vf.dflash_layer_ids(facts.num_layers, profile["draft"]["num_layers"])
     except vf.VerifierFactsError as e:
         raise InitError(str(e)) from None

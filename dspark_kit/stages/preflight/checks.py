@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_kit.data import mode_rule
+from dspark_kit.data import mask_emitted, mode_rule
 from dspark_kit.data.mode_rule import ModeCounts
 from dspark_kit.findings import (
     PITFALLS,  # noqa: F401 - the pitfall titles, re-exported
@@ -263,7 +263,8 @@ def check_mask(ctx: _Context) -> list[Finding]:
     stored = (ctx.checkpoint_config or {}).get("mask_token_id")
     if isinstance(stored, int) and stored != mask_id:
         return [pitfall(7, "error", f"checkpoint mask_token_id {stored} != resolved mask token id {mask_id}")]
-    return []
+    emitted = mask_emitted.refusal(ctx.run.regen_jsonl, mask_id, tok)  # a token the verifier generates
+    return [pitfall(7, "error", emitted)] if emitted else []
 
 
 def check_windows(ctx: _Context) -> list[Finding]:
