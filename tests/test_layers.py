@@ -170,13 +170,15 @@ def test_cli_modules_hold_no_stage_logic():
 # What a CLI module may import below stages/ and measure/ (the entry points it calls): the core it
 # parses and shows with, exception classes (to turn into one line), and these tools, each a command
 # of its own that is a function of a lower layer.
-CLI_CORE = {"cli", "stages", "measure", "recipe", "rundir", "redact", "progress", "devices"}
+CLI_CORE = {"cli", "stages", "launchers", "measure", "recipe", "rundir", "redact", "progress", "devices"}
 CLI_TOOLS = {
     "resolved": "common.resolve builds the command's one Resolved",
     "resolved.derived": "recipe show",
     "resolved.storage_plan": "preflight's storage line",
     "specdec.window": "window plan",
     "specdec.draft_layouts": "drafts import/export/slots",
+    "specdec.anchor": "drafts slots: a layout's draft tokens per block",
+    "specdec.anchor_measure": "drafts: the layouts measured side by side",
     "specdec.verifier": "drafts import: the verifier's config",
     "specdec.checkpoints": "contract: the checkpoints to judge",
     "engines.vllm_contract": "contract",
