@@ -164,7 +164,8 @@ def test_init_cpu_profile_is_the_tiny_recipe(tmp_path, tokenizer_dir):
                           "regen": ("concurrency", "max_tokens", "temperature"),
                           "train": ("epochs", "lr", "optimizer", "loss", "max_anchors", "train_data_ratio"),
                           "hidden_states": ("mode", "backend"), "bench": ("num_prompts", "concurrency", "max_tokens"),
-                          "eval": ("num_prompts", "max_new_tokens"), "serve": ("engine", "max_model_len")}.items():
+                          "eval": ("num_prompts", "max_new_tokens"),
+                          "serve": ("engine", "max_model_len", "port", "hidden_states_port")}.items():
         for key in keys:
             assert getattr(getattr(got, section), key) == getattr(getattr(tiny, section), key), f"{section}.{key}"
     assert got.train.device == "cpu" and got.verifier.dtype == "float32"

@@ -376,15 +376,10 @@ def check_storage(ctx: _Context) -> list[Finding]:
 def check_memory(ctx: _Context) -> list[Finding]:
     """On CPU the verifier sits in this machine's memory for regen's server, hidden states and eval:
     a verifier that does not fit fails the first stage, after minutes of loading."""
-    from dspark_kit.devices import device_memory_bytes
-    from dspark_kit.resolved.rules import eval_fit
-    from dspark_kit.specdec.verifier_facts import param_count
-
     res = ctx.res
     if res.train_device.value != "cpu" or ctx.verifier_config is None:
         return []
-    fit = eval_fit(param_count(ctx.verifier_config), res.hidden_states_dtype.value, "cpu",
-                   device_memory_bytes("cpu"), ctx.recipe.verifier.path)
+    fit = res.verifier_fit("cpu")
     if fit.value is not False:
         return []
     return [Finding("error", "verifier-memory", f"train.device cpu: {fit.source}; on CPU regen, hidden states and "
