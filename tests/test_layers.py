@@ -9,6 +9,7 @@
     6 stages   stages/, itself in floors (STAGE_FLOORS): the plan types and the run's manifest,
                preflight/, the checked server plan, then the stage folders (each its own room: none
                imports another), then the registry and the pipeline over them
+  6.5 launch   launchers/ (a run handed to a scheduler: the Slurm batch script, submit and follow)
     7 cli      cli/
 """
 
@@ -21,7 +22,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "dspark_kit"
 LAYERS = {"recipe": 0, "rundir": 0, "findings": 0, "redact": 0, "atomic": 0, "jsonl": 0, "jsonl_sink": 0, "logs": 0, "processes": 0, "progress": 0, "devices": 0, "data": 1, "specdec": 2, "compat": 2,
-          "resolved": 3, "distributed": 3, "engines": 4, "measure": 5, "stages": 6, "cli": 7, "__main__": 7}
+          "resolved": 3, "distributed": 3, "engines": 4, "measure": 5, "stages": 6, "launchers": 6.5, "cli": 7, "__main__": 7}
 
 
 def module_of(path: Path) -> str:

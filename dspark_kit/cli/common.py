@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +22,16 @@ SetOpt = Annotated[list[str] | None, option("set")]
 WorkdirOpt = Annotated[Path | None, option("workdir")]
 DryRunOpt = Annotated[bool, option("dry_run")]
 JsonOpt = Annotated[bool, option("json")]
+
+
+class Launcher(str, Enum):
+    """--launcher: where a command runs (here, or as a Slurm batch job)."""
+
+    local = "local"
+    slurm = "slurm"
+
+
+LauncherOpt = Annotated[Launcher, option("launcher")]
 TemperatureOpt = Annotated[float | None, typer.Option(
     "--temperature", min=0.0, max=100.0,
     help="Measure at this sampling temperature (lossless speculative sampling; 0 = greedy). Sets "

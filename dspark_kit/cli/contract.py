@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from dspark_kit.cli import common
-from dspark_kit.cli.vocabulary import option
+from dspark_kit.cli.vocabulary import CHECKPOINT_CHOICES, option
 
 
 def contract(
@@ -16,7 +16,7 @@ def contract(
     set_: common.SetOpt = None,
     workdir: common.WorkdirOpt = None,
     checkpoint: Annotated[list[str] | None, option(
-        "checkpoint", help="checkpoint_best | latest | epoch | PATH; repeat to judge several in one "
+        "checkpoint", help=f"{CHECKPOINT_CHOICES}; repeat to judge several in one "
                              "vLLM process (default: serve.checkpoint).")] = None,
     json_out: common.JsonOpt = False,
     decode: Annotated[bool, typer.Option(

@@ -13,8 +13,14 @@ from dspark_kit.cli.vocabulary import option
 
 
 def _stage_command(name: str, recipe: Path, set_: list[str] | None, workdir: Path | None, dry_run: bool,
-                   json_out: bool) -> None:
-    """One stage as its own command: its plan (--dry-run), else plan, record and run it."""
+                   json_out: bool, launcher: str = common.Launcher.local) -> None:
+    """One stage as its own command: its plan (--dry-run), else plan, record and run it (--launcher
+    slurm: as a batch job over the recipe's nodes)."""
+    if launcher == "slurm":
+        from dspark_kit.cli.slurm import launch
+
+        launch(name, recipe, set_, workdir, dry_run, json_out)
+        return
     res = common.resolve(common.load(recipe, set_), workdir, planning=dry_run)
     if dry_run:
         common.show_plan(common.stage_plan(name, res), json_out)
@@ -23,16 +29,14 @@ def _stage_command(name: str, recipe: Path, set_: list[str] | None, workdir: Pat
 
 
 def _run_one(name: str, res, json_out: bool) -> None:
-    from dspark_kit.stages.manifest import update_manifest
-    from dspark_kit.stages.pipeline import stage_result
-    from dspark_kit.stages.steps import REGISTRY, execute
+    from dspark_kit.stages.pipeline import run_one_stage, stage_result
+    from dspark_kit.stages.steps import REGISTRY
 
     try:
-        summary = execute(REGISTRY[name], res)
+        summary = run_one_stage(res, name)  # recorded as `run` records it: a later `run` skips it
     except (ValueError, OSError, RuntimeError) as e:
         message = str(e)  # the stage is named once, whether or not the error already names it
         common.fail(message if message.startswith(f"{name}:") else f"{name}: {message}", 1)
-    update_manifest(res.run.root, res.recipe, name, resolved=res, summary=summary)
     if json_out:
         common.emit_json(summary)
     else:  # the stage's one-line result, as `run` prints it; --json has every figure
@@ -53,7 +57,7 @@ def prepare(recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH, set_: common.
 
 def hidden_states(recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH, set_: common.SetOpt = None,
                   workdir: common.WorkdirOpt = None, dry_run: common.DryRunOpt = False,
-                  json_out: common.JsonOpt = False) -> None:
+                  json_out: common.JsonOpt = False, launcher: common.LauncherOpt = common.Launcher.local) -> None:
     """Verifier hidden states for every prepared row -> DIR/prepared/hidden_states/hs_{i}.safetensors.
 
     Resumable: valid files are skipped, corrupt ones regenerated. Layer ids: the recipe's
@@ -61,20 +65,21 @@ def hidden_states(recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH, set_: c
     recipe's engine serves extraction and speculators generate-offline-data writes the files
     (--dry-run prints the server and one command per node).
     """
-    _stage_command("hidden-states", recipe, set_, workdir, dry_run, json_out)
+    _stage_command("hidden-states", recipe, set_, workdir, dry_run, json_out, launcher)
 
 
 def train(recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH, set_: common.SetOpt = None,
           workdir: common.WorkdirOpt = None, dry_run: common.DryRunOpt = False,
-          json_out: common.JsonOpt = False) -> None:
+          json_out: common.JsonOpt = False, launcher: common.LauncherOpt = common.Launcher.local) -> None:
     """Train the DSpark draft with the real speculators trainer -> DIR/checkpoints.
 
     --dry-run prints the exact command (torchrun when train.nproc > 1 or nnodes > 1; one line
     per node), including device env such as ASCEND_RT_VISIBLE_DEVICES on Ascend and the network
-    interface collectives use. Across nodes (train.nnodes > 1) run it on every node with the same
+    interface collectives use. Across nodes (train.nnodes > 1): --launcher slurm submits one batch
+    job for every node (--dry-run prints its script), else run it on every node with the same
     recipe (shared storage for the work dir); see docs/MULTINODE.md.
     """
-    _stage_command("train", recipe, set_, workdir, dry_run, json_out)
+    _stage_command("train", recipe, set_, workdir, dry_run, json_out, launcher)
 
 
 def run(
@@ -90,6 +95,7 @@ def run(
                                                 "(its recipe and stages; --workdir for a fresh copy).")] = None,
     dry_run: common.DryRunOpt = False,
     json_out: common.JsonOpt = False,
+    launcher: common.LauncherOpt = common.Launcher.local,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Stream every stage's output (the trainer's "
                                           "records, servers' start-up) instead of one line per stage.")] = False,
 ) -> None:
@@ -104,6 +110,13 @@ def run(
     """
     recipe_path = common.one_path(recipe_arg, recipe, "recipe", "-r") or common.DEFAULT_RECIPE_PATH
     chosen = stages.split(",") if stages else None
+    if launcher == "slurm":
+        if replay is not None:
+            common.fail("--replay with --launcher slurm: replay the run here, or submit its recipe with -r")
+        from dspark_kit.cli.slurm import launch
+
+        launch("run", recipe_path, set_, workdir, dry_run, json_out, chosen, start, force)
+        return
     if replay is not None:
         r, recorded = _replayed(replay)
         chosen, wd = chosen or recorded, Path(workdir or replay).resolve()

@@ -19,7 +19,7 @@ from dspark_kit import atomic
 from dspark_kit.progress import StageDisplay
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.rundir import RunDir
+from dspark_kit.rundir import RunDir, bench_result_files
 from dspark_kit.stages.plan import StagePlan
 from dspark_kit.stages.steps import REGISTRY, STAGES, Stage, execute
 
@@ -42,8 +42,19 @@ def pipeline_dry_run(res: Resolved, stages: list[str] | None = None, start: str 
 # ---- fingerprints and state -------------------------------------------------
 
 
+# Where a stage runs, not what it computes: the keys a multi-node launch sets per node or per
+# allocation (node rank, the rendezvous host, the address of a server on another node). A run
+# resubmitted onto other nodes is the same run: these never change a fingerprint.
+PLACEMENT_KEYS = {"train": ("node_rank", "master_addr"), "hidden_states": ("endpoint",),
+                  "regen": ("endpoints",)}
+
+
 def fingerprint(recipe: Recipe, stage: Stage, upstream: str) -> str:
     dump = recipe.model_dump(mode="json")
+    for section, keys in PLACEMENT_KEYS.items():
+        for k in keys:
+            dump[section].pop(k, None)
+    dump["hidden_states"]["mooncake"].pop("master_host", None)
     blob = json.dumps({k: dump[k] for k in stage.sections}, sort_keys=True) + upstream
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -105,6 +116,58 @@ def stage_result(stage: Stage, summary: dict) -> str:
     return f"{RESULT_LABELS.get(stage.key, stage.key)} {shown}"
 
 
+def stage_fingerprint(res: Resolved, name: str, state: dict) -> str:
+    """The fingerprint `run` gives stage `name` when the stages before it stand as `state` records
+    them (a finished one by its recorded fingerprint, any other by today's recipe)."""
+    return stage_decisions(res.recipe, state, [name])[0][2]
+
+
+def record_stage(res: Resolved, state: dict, name: str, fp: str, summary: dict | None, seconds: float) -> None:
+    """A stage's end, the one way `run` and every stage command record it: DIR/state.json (status,
+    fingerprint, time and key figure: a later `run` skips a finished, unchanged stage) and the
+    manifest. `summary` None: the stage failed (state says so; the manifest is left as it was)."""
+    from dspark_kit.stages.manifest import update_manifest
+
+    if summary is None:
+        state[name] = {**state.get(name, {}), "status": "failed"}
+        save_state(res.run.root, state)
+        return
+    state[name] = {"status": "done", "fingerprint": fp, "seconds": seconds, "figure": summary.get(REGISTRY[name].key)}
+    save_state(res.run.root, state)
+    update_manifest(res.run.root, res.recipe, name, resolved=res, seconds=seconds, summary=summary)
+
+
+def record_standalone(res: Resolved, name: str, summary: dict, seconds: float) -> None:
+    """A stage command that ran the stage as `run` would (e.g. `dspark-kit regen` with no option that
+    changes its rows) records it as `run` does."""
+    state = load_state(res.run.root)
+    record_stage(res, state, name, stage_fingerprint(res, name, state), summary, seconds)
+
+
+def _started(res: Resolved, state: dict, name: str, fp: str) -> None:
+    state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
+    save_state(res.run.root, state)
+
+
+def run_one_stage(res: Resolved, name: str, reporter=None) -> dict:
+    """A stage command (`dspark-kit train`, ...): the stage's plan, run as `run` runs it and recorded
+    as `run` records it (record_stage), so a later `run` on the folder skips it when unchanged."""
+    from dspark_kit.progress import STANDALONE
+
+    res.run.root.mkdir(parents=True, exist_ok=True)
+    state = load_state(res.run.root)  # read before the stage: its fingerprint is the one `run` gives it
+    fp = stage_fingerprint(res, name, state)
+    _started(res, state, name, fp)
+    t0 = time.time()
+    try:
+        summary = execute(REGISTRY[name], res, reporter or STANDALONE)
+    except BaseException:
+        record_stage(res, state, name, fp, None, 0.0)
+        raise
+    record_stage(res, state, name, fp, summary, round(time.time() - t0, 1))
+    return summary
+
+
 def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | None = None,
                  force: bool = False, display: StageDisplay | None = None) -> list[dict]:
     """Run stages in order, each with the run's one `res`, shown by `display` (one line per stage;
@@ -116,10 +179,39 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
 
     recipe, workdir = res.recipe, res.run.root
     workdir.mkdir(parents=True, exist_ok=True)
-    chosen = resolve_stages(stages, start)
     state = load_state(workdir)
     update_manifest(workdir, recipe, resolved=res)
-    upstream, dirty, rows = "", force, []
+    rows = []
+    for name, decision, fp in stage_decisions(recipe, state, stages, start, force):
+        stage = REGISTRY[name]
+        if decision != "run":
+            figure = state.get(name, {}).get("figure") if decision == "skipped (unchanged)" else None
+            rows.append({"stage": name, "status": decision, "seconds": 0.0, "figure": figure})
+            display.result(name, decision)
+            continue
+        _started(res, state, name, fp)
+        t0 = time.time()
+        try:
+            with display.stage(name, res.run.stage_log(name)):
+                summary = execute(stage, res, display.reporter)
+        except BaseException:
+            record_stage(res, state, name, fp, None, 0.0)
+            raise
+        secs = round(time.time() - t0, 1)
+        record_stage(res, state, name, fp, summary, secs)
+        rows.append({"stage": name, "status": "done", "seconds": secs, "figure": summary.get(stage.key)})
+        display.result(name, stage_result(stage, summary), secs)
+    return rows
+
+
+def stage_decisions(recipe: Recipe, state: dict, stages: list[str] | None = None, start: str | None = None,
+                    force: bool = False) -> list[tuple[str, str, str]]:
+    """(stage, decision, fingerprint) for each selected stage, in order: "run", "skipped (unchanged)"
+    or "skipped (regen.enabled false)". The one rule `run` follows, and `run --launcher slurm` asks
+    before it writes the job: finished stages with unchanged inputs are skipped; a changed or
+    unfinished one reruns, and everything downstream of it."""
+    chosen = resolve_stages(stages, start)
+    upstream, dirty, out = "", force, []
     forced_from = chosen[0] if start else None
     for name in STAGES:
         stage = REGISTRY[name]
@@ -131,35 +223,15 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
             continue
         dirty = dirty or name == forced_from
         if name == "regen" and not recipe.regen.enabled:
-            rows.append({"stage": name, "status": "skipped (regen.enabled false)", "seconds": 0.0, "figure": None})
-            display.result(name, "skipped (regen.enabled false)")
+            out.append((name, "skipped (regen.enabled false)", fp))
             continue
         if not dirty and prev.get("status") == "done" and prev.get("fingerprint") == fp:
-            rows.append({"stage": name, "status": "skipped (unchanged)", "seconds": 0.0,
-                         "figure": prev.get("figure")})
-            display.result(name, "skipped (unchanged)")
-            upstream = fp
-            continue
-        dirty = True  # everything downstream of a rerun stage reruns
-        state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
-        save_state(workdir, state)
-        t0 = time.time()
-        try:
-            with display.stage(name, res.run.stage_log(name)):
-                summary = execute(stage, res, display.reporter)
-        except BaseException:
-            state[name]["status"] = "failed"
-            save_state(workdir, state)
-            raise
-        secs = round(time.time() - t0, 1)
-        figure = summary.get(stage.key)
-        state[name] = {"status": "done", "fingerprint": fp, "seconds": secs, "figure": figure}
-        save_state(workdir, state)
-        update_manifest(workdir, recipe, name, resolved=res, seconds=secs, summary=summary)
-        rows.append({"stage": name, "status": "done", "seconds": secs, "figure": figure})
-        display.result(name, stage_result(stage, summary), secs)
+            out.append((name, "skipped (unchanged)", fp))
+        else:
+            dirty = True  # everything downstream of a rerun stage reruns
+            out.append((name, "run", fp))
         upstream = fp
-    return rows
+    return out
 
 
 def highlights(workdir: Path) -> list[str]:
@@ -179,8 +251,11 @@ def highlights(workdir: Path) -> list[str]:
         lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
     from dspark_kit.measure.served_gate import side_by_side
 
-    for b in sorted(run.bench.glob("bench_*.json")):
-        result = json.loads(b.read_text())
+    for b in bench_result_files(run.bench):
+        try:
+            result = json.loads(b.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # the report names what it cannot read
         spec = result.get("spec_decode") or {}
         if spec:
             lines.append(f"bench: {b.name}: acceptance length {spec['acceptance_length']:.3f} from /metrics")
