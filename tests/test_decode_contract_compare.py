@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark_kit.engines.vllm_decode_contract import DECODE_TOLERANCE, Trace, compare
+from dspark_kit.engines.vllm_decode_contract import DECODE_TOLERANCE, Layout, Trace, compare
 
 K, V = 3, 12
 TOL = DECODE_TOLERANCE["float32"]
@@ -34,11 +34,12 @@ def traces():
 
 
 LAYOUT = {"vllm": "0.32.0", "sample_from_anchor": True, "num_query_per_req": K}
+KIT = Layout(sample_from_anchor=True, num_query_per_req=K)
 
 
 def test_equal_traces_hold_with_figures():
     vllm, kit = traces()
-    r = compare(LAYOUT, vllm, kit, K, TOL)
+    r = compare(LAYOUT, vllm, kit, KIT, TOL)
     assert r["finding"] is None and r["tokens_equal"] and r["blocks_equal"] and r["acceptance_equal"]
     assert r["prompts"][0]["blocks"] == r["prompts"][0]["blocks_equal"] == 2
     assert r["acceptance_length"]["vllm"] == r["acceptance_length"]["kit"] == (3 + 1 + 2) / 2
@@ -49,7 +50,7 @@ def test_markov_difference_is_one_line_with_slot_tokens_and_top5():
     s = vllm["decode"][0]["steps"][1]
     s["logits"][2, 10], s["logits"][2, 11] = 0.0, 11.0  # the base logits agree: the Markov bias differs
     s["tokens"][2] = 11
-    r = compare(LAYOUT, vllm, kit, K, TOL)
+    r = compare(LAYOUT, vllm, kit, KIT, TOL)
     f = r["finding"]
     assert f.code == "decode-markov" and "\n" not in f.message
     assert "prompt 0 step 1" in f.message and "slot 2: vLLM 11" in f.message and "kit 10" in f.message
@@ -65,17 +66,21 @@ def test_the_earliest_stage_names_the_finding():
     s["context_k"][1] += 1.0  # layer 1's K, and downstream everything
     s["base"] += 1.0
     s["logits"] += 1.0
-    f = compare(LAYOUT, vllm, kit, K, TOL)["finding"]
+    f = compare(LAYOUT, vllm, kit, KIT, TOL)["finding"]
     assert f.code == "decode-context-k" and "draft layer 1" in f.message
     vllm, kit = traces()
     vllm["decode"][0]["steps"][0]["input_ids"] = [7, 6, 6]
-    assert compare(LAYOUT, vllm, kit, K, TOL)["finding"].code == "decode-mask-token"
+    assert compare(LAYOUT, vllm, kit, KIT, TOL)["finding"].code == "decode-mask-token"
     vllm, kit = traces()
     vllm["decode"][0]["steps"][0]["confidence"][1] = 0.9
-    assert compare(LAYOUT, vllm, kit, K, TOL)["finding"].code == "decode-confidence"
+    assert compare(LAYOUT, vllm, kit, KIT, TOL)["finding"].code == "decode-confidence"
 
 
 def test_the_other_block_layout_is_named_before_any_block():
     vllm, kit = traces()
-    f = compare({**LAYOUT, "sample_from_anchor": False, "num_query_per_req": K + 1}, vllm, kit, K, TOL)["finding"]
+    f = compare({**LAYOUT, "sample_from_anchor": False, "num_query_per_req": K + 1}, vllm, kit, KIT, TOL)["finding"]
     assert f.code == "decode-anchor" and "sample_from_anchor=False" in f.message
+    # a bonus-anchor draft (K + 1 query tokens) drafted so by both holds
+    both = compare({**LAYOUT, "sample_from_anchor": False, "num_query_per_req": K + 1}, vllm, kit,
+                   Layout(False, K + 1), TOL)
+    assert both["finding"] is None
