@@ -64,6 +64,7 @@ HEAVY_FIRST = (
     "test_vllm_real_families.py",  # ~200 s: two vLLM servers per family
     "test_two_hosts_online.py",  # ~230 s
     "test_two_hosts.py",  # ~220 s
+    "test_vllm_real_decode_layers.py",  # ~180 s: trains a 2-layer draft, two vLLM decodes
     "test_hidden_state_faults.py",  # ~155 s
     "test_tools_smoke.py",  # ~130 s
     "test_other_kernels.py",  # ~115 s
