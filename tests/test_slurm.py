@@ -220,3 +220,41 @@ def _work_on(host: slurm_bed.Host) -> list[str]:
         if not any(d in cmd for d in ("slurmctld", "slurmd", "slurmscriptd")):
             out.append(cmd)
     return out
+
+
+ONLINE_SETS = ["serve.engine=vllm", "hidden_states.mode=online", "slurm.extractor_nodes=1", "train.epochs=1"]
+
+
+@pytest.mark.vllm_real
+def test_online_hidden_states_the_vllm_server_on_one_host_the_trainer_on_the_other(cluster, tiny_verifier,
+                                                                                  vllm_cpu_build, tmp_path):
+    """Node 0 (host A) trains; node 1 (host B) runs the vLLM CPU extraction server the job started first."""
+    wd = tmp_path / "run"
+    sets = [*SETS, *ONLINE_SETS, f"serve.hidden_states_port={free_port()}",
+            f"hidden_states.storage_path={tmp_path / 'storage'}"]
+    prep = subprocess.run([*KIT, "run", str(TINY), "--stages", "prepare", *_args(sets), "-w", str(wd), "--json"],
+                          capture_output=True, text=True, timeout=300, env=_env(), check=False)
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    args = ["run", str(TINY), "--stages", "prepare,hidden-states,train", *_args(sets), "-w", str(wd),
+            "--launcher", "slurm"]
+    dry = _kit(cluster, *args, "--dry-run", timeout=120)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    t0 = time.monotonic()
+    proc = _kit(cluster, *args, timeout=900)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (wd / "slurm-job.sbatch").read_text() == dry.stdout
+    [job] = _job_ids(wd)
+    assert _scontrol(cluster, job)["ExitCode"] == "0:0"
+    out = (wd / "logs" / f"slurm-{job}.out").read_text()
+    url = f"http://{cluster.b.node}:"
+    assert f"hidden-state server healthy at {url}" in out, out[-3000:]
+    manifest = json.loads((wd / "manifest.json").read_text())
+    argv = manifest["stages"]["train"]["argv"]
+    assert argv[argv.index("--vllm-endpoint") + 1].startswith(url), argv  # the trainer on A asked B's server
+    assert (wd / "logs" / "serve-hidden-states.log").exists()
+    assert (wd / "checkpoints" / "0" / "training_state.json").exists()
+    assert not list((wd / "prepared" / "hidden_states").glob("hs_*.safetensors"))  # none written ahead
+    state = json.loads((wd / "state.json").read_text())
+    assert state["train"]["status"] == "done"
+    print(f"[slurm] online: vLLM server on {cluster.b.node}, trainer on {cluster.a.node}: {took:.1f}s (job {job})")
