@@ -26,15 +26,18 @@ NPU_ENV_DEFAULTS = {
     "HCCL_OP_EXPANSION_MODE": "AIV",
 }
 VISIBLE_DEVICES_VAR = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
-VERSIONED_PACKAGES = (
-    "torch",
-    "torch_npu",
-    "speculators",
-    "transformers",
-    "vllm",
-    "vllm-ascend",
-    "triton",
-)
+# The packages whose versions the kit records (doctor, the manifest) and gates on (compat/versions):
+# pip's distribution name, then the spellings people type. The one list; everything else asks it.
+TRACKED_PACKAGES: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "torch-npu": ("torch-npu", "torch_npu"),
+    "speculators": ("speculators",),
+    "transformers": ("transformers",),
+    "vllm": ("vllm",),
+    "vllm-ascend": ("vllm-ascend", "vllm_ascend"),
+    "triton": ("triton",),
+}
+VERSIONED_PACKAGES = tuple(TRACKED_PACKAGES)
 
 
 def _installed(module: str) -> bool:
@@ -148,9 +151,22 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def tracked_name(name: str) -> str:
+    """A tracked package's distribution name from any of its spellings (ValueError for others)."""
+    key = name.lower().replace("_", "-")
+    if key not in TRACKED_PACKAGES:
+        raise ValueError(f"versions: unknown package {name!r}; expected one of {', '.join(TRACKED_PACKAGES)}")
+    return key
+
+
+def tracked_version(name: str) -> str | None:
+    """Installed version of a tracked package (any of its spellings), or None when absent."""
+    return next((v for dist in TRACKED_PACKAGES[tracked_name(name)] if (v := package_version(dist))), None)
+
+
 def versions() -> dict[str, str | None]:
     out = {"python": platform.python_version()}
-    out.update({name: package_version(name) for name in VERSIONED_PACKAGES})
+    out.update({name: tracked_version(name) for name in TRACKED_PACKAGES})
     return out
 
 

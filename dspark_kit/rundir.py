@@ -27,9 +27,50 @@ def hidden_state_file(folder: Path, row: int) -> Path:
     return Path(folder) / f"{HS_PREFIX}{row}{HS_SUFFIX}"
 
 
+# a bench's result file: `bench_<label>.json` (+ its `.md`); written by the bench stage, read by the
+# report and the run's summary
+BENCH_PREFIX, BENCH_SUFFIX = "bench_", ".json"
+
+
+def regen_errors_file(output: Path) -> Path:
+    """regen's failed rows, beside its output (`regen.jsonl` -> `regen.jsonl.errors.jsonl`)."""
+    output = Path(output)
+    return output.with_name(output.name + ".errors.jsonl")
+
+
+def regen_engine_log(output: Path) -> Path:
+    """The chat server regen starts, when not given a log (`regen.jsonl` -> `regen.jsonl.engine.log`)."""
+    output = Path(output)
+    return output.with_name(output.name + ".engine.log")
+
+
 def bench_result_file(folder: Path, label: str) -> Path:
     """A bench's result (`bench --out` may name another folder than the run's bench/)."""
-    return Path(folder) / f"bench_{label}.json"
+    return Path(folder) / f"{BENCH_PREFIX}{label}{BENCH_SUFFIX}"
+
+
+def bench_result_files(folder: Path) -> list[Path]:
+    """The bench results in `folder`, by name (empty when it does not exist): the kit's
+    `bench_<label>.json` and any other result put there (`vllm bench serve --save-result` json)."""
+    return sorted(Path(folder).glob(f"*{BENCH_SUFFIX}"))
+
+
+# speculators' save_path layout: one folder per epoch, named by its number (`0`, `1`, ...), beside
+# symlinks (`epochN_end`, `checkpoint_best`) and the kit's set-aside folders (`incomplete-3`, ...)
+BEST_CHECKPOINT = "checkpoint_best"
+
+
+def epoch_of(path: Path) -> int | None:
+    """The epoch a save_path entry holds (`3` -> 3); None for a symlink, a file or any other name."""
+    path = Path(path)
+    return int(path.name) if path.name.isdigit() and path.is_dir() and not path.is_symlink() else None
+
+
+def epoch_dirs(checkpoints: Path) -> list[Path]:
+    """The epoch folders under a save_path, in epoch order (empty when it does not exist)."""
+    folder = Path(checkpoints)
+    found = [p for p in folder.iterdir() if epoch_of(p) is not None] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name))
 
 
 def hidden_state_row(name: str) -> int | None:
@@ -74,6 +115,11 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def best_checkpoint(self) -> Path:
+        """speculators' symlink to the best epoch (by validation loss)."""
+        return self.checkpoints / BEST_CHECKPOINT
 
     @property
     def logs(self) -> Path:

@@ -19,7 +19,8 @@ TARGET_LAYER_IDS = [1, 2, 3]  # tiny verifier: 4 layers, ids 0..4 (vLLM conventi
 
 
 def fresh_draft(verifier_path: str | Path, block_size: int = 4, num_layers: int = 1, markov_rank: int = 32,
-                seed: int = 0, sliding_window: int | None = None, markov_head_type: str = "vanilla"):
+                seed: int = 0, sliding_window: int | None = None, markov_head_type: str = "vanilla",
+                draft_arch: str = "qwen3", mask_token_id: int | None = None):
     from speculators.models.dspark import DSparkDraftModel
     from speculators.train.cli import create_transformer_layer_config
     from transformers import AutoTokenizer
@@ -28,7 +29,7 @@ def fresh_draft(verifier_path: str | Path, block_size: int = 4, num_layers: int 
     tok = AutoTokenizer.from_pretrained(str(verifier_path))
     full = [] if sliding_window else list(range(num_layers))
     layer_cfg = create_transformer_layer_config(
-        str(verifier_path), num_layers, "qwen3", None, sliding_window or 2048, full
+        str(verifier_path), num_layers, draft_arch, None, sliding_window or 2048, full
     )
     return DSparkDraftModel.from_training_args(
         layer_cfg,
@@ -36,7 +37,7 @@ def fresh_draft(verifier_path: str | Path, block_size: int = 4, num_layers: int 
         draft_vocab_size=layer_cfg.vocab_size,
         block_size=block_size,
         target_layer_ids=TARGET_LAYER_IDS,
-        mask_token_id=tok.mask_token_id,
+        mask_token_id=tok.mask_token_id if mask_token_id is None else mask_token_id,
         draft_attn_impl="sdpa",
         markov_rank=markov_rank,
         markov_head_type=markov_head_type,

@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+from dspark_kit.specdec.anchor import RECORD, anchor_layout, layout_of, served_slots
 from dspark_kit.specdec.checkpoints import trained_slots
 from dspark_kit.specdec.draft_layouts import (
     LayoutError,
     export_draft,
     import_draft,
-    slots,
     to_speculators,
 )
 
@@ -50,60 +50,159 @@ def kit_checkpoint(path: Path, anchor: bool = True) -> Path:
     return path
 
 
-def native_draft(path: Path, **over) -> Path:
-    """Shaped as vLLM reads a released Qwen3 DSpark draft (no speculators keys)."""
+def _write(path: Path, cfg: dict) -> Path:
     path.mkdir(parents=True)
-    cfg = {**QWEN3, "architectures": ["DSparkDraftModel"], "block_size": 7, "target_layer_ids": [0, 1, 2],
-           "mask_token_id": 9, "draft_vocab_size": 256, "markov_rank": 8, "markov_head_type": "vanilla",
-           "enable_confidence_head": True, "confidence_head_with_markov": True, **over}
     (path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
     save_file(tensors(1), str(path / "model.safetensors"))
     return path
 
 
+def native_draft(path: Path, **over) -> Path:
+    """Shaped as DeepSeek's releases (deepseek-ai/dspark_*_block7) and as vLLM reads them."""
+    return _write(path, {**QWEN3, "architectures": ["DSparkDraftModel"], "block_size": 7, "target_layer_ids": [0, 1, 2],
+                         "mask_token_id": 9, "draft_vocab_size": 256, "markov_rank": 8, "markov_head_type": "vanilla",
+                         "enable_confidence_head": True, "confidence_head_with_markov": True, **over})
+
+
+SPECFORGE_BLOCK = {"mask_token_id": 9, "target_layer_ids": [0, 1, 2], "projector_type": "dspark", "markov_rank": 8,
+                   "markov_head_type": "gated", "confidence_head_alpha": 1.0, "enable_confidence_head": True,
+                   "confidence_head_with_markov": True}
+
+
+def specforge_draft(path: Path, block: dict | None = None, **over) -> Path:
+    """Shaped as SpecForge's configs/*-dspark.json: flat Qwen3 keys, a nested dflash_config, auto_map,
+    and no sample_from_anchor."""
+    return _write(path, {**QWEN3, "architectures": ["DSparkDraftModel"], "auto_map": {"AutoModel": "dspark.DSparkDraftModel"},
+                         "block_size": 7, "draft_vocab_size": 256, "dflash_config": {**SPECFORGE_BLOCK, **(block or {})},
+                         **over})
+
+
+def speculators_release(path: Path, **over) -> Path:
+    """Shaped as RedHatAI's speculators DSpark releases: sliding-window layers, an explicit anchor layout."""
+    layer = {**QWEN3, "architectures": ["Qwen3ForCausalLM"], "layer_types": ["sliding_attention"],
+             "sliding_window": 2048, "use_sliding_window": True}
+    return _write(path, {"architectures": ["DSparkDraftModel"], "speculators_model_type": "dspark",
+                         "speculators_version": "0.7.0.dev108", "transformer_layer_config": layer,
+                         "aux_hidden_state_layer_ids": [1, 2, 3], "block_size": 7, "mask_token_id": 9,
+                         "sample_from_anchor": True, "draft_vocab_size": 256, "markov_rank": 8,
+                         "markov_head_type": "vanilla", "enable_confidence_head": True,
+                         "confidence_head_with_markov": True,
+                         "speculators_config": {"algorithm": "dspark", "default_proposal_method": "greedy",
+                                                "proposal_methods": [{"proposal_type": "greedy",
+                                                                      "speculative_tokens": 7}],
+                                                "verifier": {"name_or_path": "zai-org/GLM-5.3",
+                                                             "architectures": ["Qwen3ForCausalLM"]}}, **over})
+
+
+@pytest.mark.parametrize("layout", ["native", "sglang"])
 @pytest.mark.parametrize("anchor", [True, False])
-def test_export_then_import_is_bit_identical(tmp_path: Path, anchor):
+def test_export_then_import_is_bit_identical(tmp_path: Path, anchor, layout):
     src = kit_checkpoint(tmp_path / "kit", anchor)
-    native = export_draft(src, tmp_path / "native")
-    assert native["architectures"] == ["Qwen3DSparkModel"] and native["model_type"] == "qwen3"
-    assert native["target_layer_ids"] == [0, 1, 2]  # aux_hidden_state_layer_ids - 1
-    assert native["sample_from_anchor"] is anchor  # explicit: the native default would be true
-    import_draft(tmp_path / "native", tmp_path / "back", verifier="/elsewhere")
+    out = export_draft(src, tmp_path / "out", layout)
+    assert layout_of(out) == layout
+    assert out["architectures"] == ["Qwen3DSparkModel"] and out["model_type"] == "qwen3"
+    assert out["target_layer_ids"] == [0, 1, 2]  # aux_hidden_state_layer_ids - 1
+    assert out["sample_from_anchor"] is anchor  # explicit: each loader reads a missing key its own way
+    if layout == "sglang":  # speculators issue 753: the DSpark keys in both blocks (and at the top)
+        for block in ("dflash_config", "dspark_config"):
+            assert out[block]["target_layer_ids"] == [0, 1, 2] and out[block]["block_size"] == 4
+            assert out[block]["mask_token_id"] == 5 and out[block]["markov_rank"] == 8
+        assert "transformer_layer_config" not in out and out["hidden_size"] == 64  # flattened
+    import_draft(tmp_path / "out", tmp_path / "back", verifier="/elsewhere")
     for name in ("config.json", "model.safetensors", "config.py"):
         assert (tmp_path / "back" / name).read_bytes() == (src / name).read_bytes(), name
 
 
-def test_import_writes_sample_from_anchor_as_trained_and_k_per_layout(tmp_path: Path):
-    out = import_draft(native_draft(tmp_path / "d"), tmp_path / "i", verifier="Qwen/Qwen3-8B")
-    assert out["sample_from_anchor"] is True  # absent in the native config: DSpark's runtime reads true
-    assert out["aux_hidden_state_layer_ids"] == [1, 2, 3]
-    assert out["speculators_model_type"] == "dspark" and out["block_size"] == 7 and out["mask_token_id"] == 9
-    assert out["speculators_config"]["verifier"]["name_or_path"] == "Qwen/Qwen3-8B"
-    assert trained_slots(out) == 7  # served K=7 on block 7, as vLLM's DSpark e2e test serves these drafts
-    assert (tmp_path / "i" / "model.safetensors").read_bytes() == (tmp_path / "d" / "model.safetensors").read_bytes()
-    # speculators itself reads the imported config (the kit trains and evaluates through it)
+def test_each_layout_is_recognized_by_its_own_markers(tmp_path: Path):
+    read = {name: json.loads((make(tmp_path / name) / "config.json").read_text())
+            for name, make in (("native", native_draft), ("specforge", specforge_draft),
+                               ("speculators", speculators_release))}
+    assert {name: layout_of(cfg) for name, cfg in read.items()} == {n: n for n in read}
+    assert layout_of({"architectures": ["DSparkDraftModel"], "auto_map": {"AutoModel": "dspark.DSparkDraftModel"}}) \
+        == "specforge"  # auto_map alone marks it too
+    assert layout_of({"architectures": ["LlamaForCausalLM"]}) is None
+
+
+def test_import_keeps_every_key_each_layout_carries(tmp_path: Path):
     from speculators.models.dspark.config import DSparkSpeculatorConfig
 
-    loaded = DSparkSpeculatorConfig.from_pretrained(str(tmp_path / "i"))
-    assert loaded.sample_from_anchor is True and loaded.transformer_layer_config.hidden_size == 64
+    for name, make in (("native", native_draft), ("specforge", specforge_draft), ("speculators", speculators_release)):
+        original = json.loads((make(tmp_path / name) / "config.json").read_text())
+        out, report = import_draft(tmp_path / name, tmp_path / f"{name}-in", verifier="/v", sample_from_anchor=True)
+        assert report["layout"] == name and report["notes"] == []
+        assert out[RECORD]["config"] == original and out[RECORD]["layout"] == name  # every key, as released
+        assert out["aux_hidden_state_layer_ids"] == [1, 2, 3] and out["block_size"] == 7 and out["mask_token_id"] == 9
+        assert out["speculators_config"]["verifier"]["name_or_path"] == "/v"
+        loaded = DSparkSpeculatorConfig.from_pretrained(str(tmp_path / f"{name}-in"))  # what the kit trains through
+        assert loaded.sample_from_anchor is True and loaded.markov_rank == 8
+        assert loaded.enable_confidence_head is True and loaded.confidence_head_with_markov is True
+        if name == "specforge":  # the Markov and confidence keys come from the nested dflash_config
+            assert loaded.markov_head_type == "gated"
+            assert "dflash_config" not in out["transformer_layer_config"]
+        if name == "speculators":  # the release's sliding-window layers stay as they were
+            layer = out["transformer_layer_config"]
+            assert layer["layer_types"] == ["sliding_attention"] and layer["sliding_window"] == 2048
+            assert loaded.transformer_layer_config.sliding_window == 2048
+        assert (tmp_path / f"{name}-in" / "model.safetensors").read_bytes() == \
+            (tmp_path / name / "model.safetensors").read_bytes()
 
-    bonus = import_draft(native_draft(tmp_path / "b", sample_from_anchor=False), tmp_path / "bi", verifier="v")
-    assert bonus["sample_from_anchor"] is False and trained_slots(bonus) == 6
+
+def test_a_field_the_kit_does_not_read_is_one_line_naming_it(tmp_path: Path):
+    src = specforge_draft(tmp_path / "d", block={"novel_knob": 3}, layer_scale_init=0.5)
+    out, report = import_draft(src, tmp_path / "i", verifier="v", sample_from_anchor=False)
+    assert len(report["notes"]) == 2 and all("\n" not in n for n in report["notes"])
+    assert "config field dflash_config.novel_knob" in report["notes"][1]
+    assert "config field layer_scale_init" in report["notes"][0]
+    assert out[RECORD]["config"]["dflash_config"]["novel_knob"] == 3  # kept, not dropped
 
 
-def test_k_semantics_differ_only_in_the_missing_keys_default():
-    assert slots({"block_size": 7}, "native") == 7  # DSpark runtime: missing = sample from the anchor
-    assert slots({"block_size": 7}, "speculators") == 6  # vLLM's speculators loader: missing = false
-    for layout in ("native", "speculators"):
-        assert slots({"block_size": 7, "sample_from_anchor": True}, layout) == 7
-        assert slots({"block_size": 7, "sample_from_anchor": False}, layout) == 6
-    assert slots({"dspark_block_size": 5}, "native") == 5
+def test_a_specforge_draft_without_its_anchor_layout_needs_a_verifier_or_the_flag(tmp_path: Path):
+    src = specforge_draft(tmp_path / "d")
+    with pytest.raises(LayoutError, match="--sample-from-anchor true\\|false") as e:
+        import_draft(src, tmp_path / "i", verifier="Qwen/Qwen3-8B")
+    assert "\n" not in str(e.value) and "no verifier is at hand" in str(e.value) and not (tmp_path / "i").exists()
+    out, report = import_draft(src, tmp_path / "i", verifier="v", sample_from_anchor=False)
+    assert out["sample_from_anchor"] is False and trained_slots(out) == 6  # the bonus anchor: B - 1
+    assert report["anchor"] == {"value": False, "source": "forced (--sample-from-anchor)"}
+
+
+def test_the_measured_layout_is_the_one_that_accepts_more(tmp_path: Path):
+    """The decision over the measurement (the measurement itself: test_anchor_measure.py)."""
+    seen = {}
+
+    def measure(dirs):
+        seen.update({v: json.loads((d / "config.json").read_text()) for v, d in dirs.items()})
+        return {"true": 1.02, "false": 3.5}
+
+    out, report = import_draft(specforge_draft(tmp_path / "d"), tmp_path / "i", verifier="v", measure=measure)
+    assert seen[True]["sample_from_anchor"] is True and seen[False]["sample_from_anchor"] is False
+    assert out["sample_from_anchor"] is False and report["anchor"]["source"] == "measured"
+    assert out[RECORD]["anchor"]["acceptance"] == {"true": 1.02, "false": 3.5}
+    assert anchor_layout(out).problem() is None
+    # forced the other way: written as told, and refused (one line) where it would be served
+    forced, _ = import_draft(tmp_path / "d", tmp_path / "f", verifier="v", sample_from_anchor=True, measure=measure)
+    problem = anchor_layout(forced).problem()
+    assert forced["sample_from_anchor"] is True and "\n" not in problem
+    assert "measured acceptance 1.020 with it and 3.500 with false" in problem
+
+
+def test_anchor_layout_per_layout_and_a_missing_key():
+    assert served_slots({"block_size": 7}, "native") == 7  # vLLM's DSpark runtime: missing = true
+    assert served_slots({"block_size": 7}, "speculators") == 6  # its speculators loader: missing = false
+    assert anchor_layout({"block_size": 7}, "native").slots == 7  # DeepSeek's layout: anchor-first by definition
+    for layout in ("speculators", "specforge", "sglang"):
+        assert anchor_layout({"block_size": 7}, layout).slots is None  # trained layout unknown: no guess
+    for layout in ("native", "speculators", "specforge", "sglang"):
+        assert anchor_layout({"block_size": 7, "sample_from_anchor": True}, layout).slots == 7
+        assert anchor_layout({"block_size": 7, "sample_from_anchor": False}, layout).slots == 6
+    assert anchor_layout({"dspark_block_size": 5, "sample_from_anchor": True}).slots == 5
+    assert anchor_layout({"dflash_config": {"block_size": 5}, "sample_from_anchor": False}).slots == 4
 
 
 def test_dflash_config_and_dspark_keys_take_precedence_as_in_vllm(tmp_path: Path):
     cfg = json.loads((native_draft(tmp_path / "d", dflash_config={"target_layer_ids": [4, 5], "mask_token_id": 3},
                                    dspark_target_layer_ids=[7]) / "config.json").read_text())
-    out = to_speculators(cfg, "v")
+    out = to_speculators(cfg, "v", sample_from_anchor=True)
     assert out["aux_hidden_state_layer_ids"] == [5, 6] and out["mask_token_id"] == 3
     assert "dflash_config" not in out["transformer_layer_config"]
 
@@ -119,26 +218,38 @@ def test_import_refuses_an_incomplete_draft_in_one_line(tmp_path: Path, over, wo
 
 def test_layouts_are_not_mixed_up(tmp_path: Path):
     kit = kit_checkpoint(tmp_path / "kit")
-    with pytest.raises(LayoutError, match="already in the speculators layout"):
-        import_draft(kit, tmp_path / "x", verifier="v")
+    import_draft(speculators_release(tmp_path / "r"), tmp_path / "once", verifier="v")
+    with pytest.raises(LayoutError, match="already imported"):
+        import_draft(tmp_path / "once", tmp_path / "twice", verifier="v")
     with pytest.raises(LayoutError, match="expected 'dspark'"):
         export_draft(native_draft(tmp_path / "d"), tmp_path / "y")
     with pytest.raises(LayoutError, match="exists"):
         export_draft(kit, tmp_path / "d")
+    with pytest.raises(LayoutError, match="one of native, sglang"):
+        export_draft(kit, tmp_path / "z", "specforge")
 
 
 def test_cli_round_trip(tmp_path: Path):
     from dspark_kit.cli import app
 
     kit = kit_checkpoint(tmp_path / "kit")
-    out = CliRunner().invoke(app, ["export", str(kit), str(tmp_path / "n")])
-    assert out.exit_code == 0, out.output
-    assert "block 4, sample_from_anchor true: 4 draft tokens" in out.stdout
-    back = CliRunner().invoke(app, ["import", str(tmp_path / "n"), str(tmp_path / "b"), "--verifier", "/v"])
-    assert back.exit_code == 0, back.output
-    assert (tmp_path / "b" / "config.json").read_bytes() == (kit / "config.json").read_bytes()
-    again = CliRunner().invoke(app, ["import", str(tmp_path / "n"), str(tmp_path / "b"), "--verifier", "/v"])
+    for layout in ("native", "sglang"):
+        out = CliRunner().invoke(app, ["export", str(kit), str(tmp_path / layout), "--layout", layout])
+        assert out.exit_code == 0, out.output
+        assert f"({layout} layout): block 4, sample_from_anchor true: 4 draft tokens" in out.stdout
+        back = CliRunner().invoke(app, ["import", str(tmp_path / layout), str(tmp_path / f"b-{layout}"),
+                                        "--verifier", "/v"])
+        assert back.exit_code == 0, back.output
+        assert (tmp_path / f"b-{layout}" / "config.json").read_bytes() == (kit / "config.json").read_bytes()
+    again = CliRunner().invoke(app, ["import", str(tmp_path / "native"), str(tmp_path / "b-native"), "--verifier", "/v"])
     assert again.exit_code != 0 and "exists" in again.output
+    sf = specforge_draft(tmp_path / "sf")
+    refused = CliRunner().invoke(app, ["import", str(sf), str(tmp_path / "sfi"), "--verifier", "Qwen/Qwen3-8B"])
+    assert refused.exit_code != 0 and "--sample-from-anchor" in refused.output
+    told = CliRunner().invoke(app, ["import", str(sf), str(tmp_path / "sfi"), "--verifier", "Qwen/Qwen3-8B",
+                                    "--sample-from-anchor", "false"])
+    assert told.exit_code == 0, told.output
+    assert "(specforge layout)" in told.stdout and "sample_from_anchor false: 6 draft tokens" in told.stdout
 
 
 # ---- train.init_from: fine-tune an imported (or earlier) draft ------------------------------

@@ -16,14 +16,9 @@ from dspark_kit.cli import app
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.decoder import SpecResult
-from dspark_kit.stages.evaluation.evaluate import (
-    EvalError,
-    aggregate,
-    candidate_windows,
-    evaluate_checkpoint,
-    pick_window,
-    tune_window,
-)
+from dspark_kit.stages.evaluation.evaluate import EvalError, aggregate, evaluate_checkpoint
+from dspark_kit.stages.evaluation.sweep_rules import candidate_windows, pick_window
+from dspark_kit.stages.evaluation.window_tune import tune_window
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-cpu.yaml"
 MARGIN = 1.8  # trained / untrained AL floor in the direction test (measured 2.235 / 1.000 = 2.24x)

@@ -122,14 +122,14 @@ def test_an_external_endpoint_means_the_master_runs_elsewhere(vllm_cpu_stub, tmp
 
 
 def test_serve_hidden_states_starts_the_master_first(vllm_cpu_stub, tmp_path):
-    from dspark_kit.stages.server_plan import plan_server
+    from dspark_kit.stages.server_plan import checked_server
 
-    sp = plan_server(Resolved(recipe(master_port=50111), tmp_path, planning=True), "hidden-states")
+    sp = checked_server(Resolved(recipe(master_port=50111), tmp_path, planning=True), "hidden-states")
     assert sp.mooncake_master is not None and "--rpc_port=50111" in sp.mooncake_master.argv
     assert sp.mooncake_master.port == 50112  # healthy when its HTTP port answers
     assert kv(sp.plan.argv)["kv_connector_extra_config"]["mooncake"]["master_server_address"] == "127.0.0.1:50111"
-    assert plan_server(Resolved(recipe(start_master=False), tmp_path, planning=True),
+    assert checked_server(Resolved(recipe(start_master=False), tmp_path, planning=True),
                        "hidden-states").mooncake_master is None
     no_mc = recipe()
     no_mc.hidden_states.transport = "file"
-    assert plan_server(Resolved(no_mc, tmp_path, planning=True), "hidden-states").mooncake_master is None
+    assert checked_server(Resolved(no_mc, tmp_path, planning=True), "hidden-states").mooncake_master is None

@@ -164,7 +164,8 @@ def test_init_cpu_profile_is_the_tiny_recipe(tmp_path, tokenizer_dir):
                           "regen": ("concurrency", "max_tokens", "temperature"),
                           "train": ("epochs", "lr", "optimizer", "loss", "max_anchors", "train_data_ratio"),
                           "hidden_states": ("mode", "backend"), "bench": ("num_prompts", "concurrency", "max_tokens"),
-                          "eval": ("num_prompts", "max_new_tokens"), "serve": ("engine", "max_model_len")}.items():
+                          "eval": ("num_prompts", "max_new_tokens"),
+                          "serve": ("engine", "max_model_len", "port", "hidden_states_port")}.items():
         for key in keys:
             assert getattr(getattr(got, section), key) == getattr(getattr(tiny, section), key), f"{section}.{key}"
     assert got.train.device == "cpu" and got.verifier.dtype == "float32"
@@ -391,7 +392,7 @@ def test_init_on_the_tiny_verifier_then_preflight_and_dry_run(tmp_path, tiny_ver
 def test_the_tokenizer_fixture_is_the_tiny_verifiers(tmp_path):
     """tests/fixtures/tiny_tokenizer is build_tokenizer's output minus the mask token; regenerate it
     with build_tokenizer(TinySpec()).save_pretrained(...) when the tiny verifier changes."""
-    from dspark_kit.data.tiny_verifier import TinySpec, build_tokenizer
+    from dspark_kit.data.tiny_builder import TinySpec, build_tokenizer
 
     build_tokenizer(TinySpec()).save_pretrained(tmp_path)
     for name in ("tokenizer.json", "chat_template.jinja"):

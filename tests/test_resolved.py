@@ -190,7 +190,7 @@ def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
     """Reproduced: layer ids [1,12,23,34,46] only warned in preflight (no verifier config here) but
     failed serve. Both now use Resolved.checkpoint_findings with verifier.num_hidden_layers."""
     from dspark_kit.stages.preflight.checks import run_preflight
-    from dspark_kit.stages.server_plan import ServeError, plan_server
+    from dspark_kit.stages.server_plan import ServeError, checked_server
 
     recipe, _ = seed_like(tmp_path)
     recipe.verifier.path = "/mnt/cephfs/models/Qwen3-30B-A3B"  # not on this machine
@@ -199,7 +199,7 @@ def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
     findings = run_preflight(Resolved(recipe), probes=False)
     assert any(f.level == "error" and "[1, 12, 23, 34, 46]" in f.message for f in findings)
     with pytest.raises(ServeError, match=r"layer-ids: .*\[1, 12, 23, 34, 46\]"):
-        plan_server(Resolved(recipe, tmp_path / "run", planning=True), "spec")
+        checked_server(Resolved(recipe, tmp_path / "run", planning=True), "spec")
 
 
 def test_the_users_hccl_env_survives_serving_and_training(tmp_path, monkeypatch):
@@ -229,11 +229,11 @@ def test_no_second_derivation_in_the_package():
                 # devices and dtypes: Resolved.train_device / serve_device / eval_device / *_dtype
                 r"\.train\.device\b", r'"float32" if', r"\.verifier\.dtype\b", r"\.hidden_states\.dtype\b"]
     allowed = {"rundir.py", "devices.py", "tiny_verifier.py", "rendezvous.py"}
-    # evaluate.candidate_ks lists the K values tune compares; it decides no served K
+    # sweep_rules.candidate_ks lists the K values tune compares; it decides no served K
     for f in pkg.rglob("*.py"):
         text = f.read_text()
         for p in patterns:
-            if f.name == "evaluate.py" and "block_size - 1" in p:
+            if f.name == "sweep_rules.py" and "block_size - 1" in p:
                 continue
             if re.search(p, text) and f.name not in allowed and f.parent.name != "resolved":
                 offenders.append(f"{f.relative_to(pkg)}: {p}")

@@ -111,7 +111,8 @@ def test_served_acceptance_equals_in_process_eval(swept, run):
     """The consistency check: every served point's AL is in-process eval's on the same ids (within
     0.05; greedy makes them equal), and the window changes long-context AL the same way."""
     from dspark_kit.measure.eval_prompts import build_prompts, load_eval_prompts
-    from dspark_kit.stages.evaluation.evaluate import EvalSession, tune_window
+    from dspark_kit.stages.evaluation.evaluate import EvalSession
+    from dspark_kit.stages.evaluation.window_tune import tune_window
 
     _, served = swept
     res = Resolved(_recipe(run), run)

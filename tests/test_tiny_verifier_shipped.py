@@ -12,6 +12,7 @@ import json
 import pytest
 
 from dspark_kit.data import tiny_verifier as tiny
+from dspark_kit.data.families import FAMILIES
 
 MANIFEST = json.loads((tiny.SHIPPED / tiny.SHIPPED_MANIFEST).read_text())
 # A rebuild's held-out loss may differ from the shipped one by this much (relative): measured across
@@ -19,18 +20,46 @@ MANIFEST = json.loads((tiny.SHIPPED / tiny.SHIPPED_MANIFEST).read_text())
 HELDOUT_BAND = 0.15
 
 
-def test_the_shipped_files_are_this_specs_build():
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_shipped_files_are_this_specs_build(name):
     """A change to the spec, the chat template or the corpus needs a re-ship (its spec hash moves)."""
-    assert MANIFEST["spec_hash"] == tiny.spec_hash(tiny.TinySpec()), (
-        "the tiny verifier's spec, template or corpus changed: run `python -m dspark_kit.data.tiny_verifier "
-        "--ship` and commit dspark_kit/data/assets/tiny_verifier")
+    family = FAMILIES[name]
+    shipped = tiny.shipped_manifest(tiny.shipped_dir(family))
+    assert shipped and shipped["spec_hash"] == tiny.spec_hash(tiny.TinySpec(), family), (
+        f"the tiny {name} verifier's spec, template or corpus changed: run `python -m dspark_kit.data.tiny_verifier "
+        f"--ship --family {name}` and commit dspark_kit/data/assets/{family.assets}")
 
 
-def test_every_shipped_file_is_the_one_the_manifest_records():
-    on_disk = {p.name for p in tiny.SHIPPED.iterdir() if p.is_file() and p.name != tiny.SHIPPED_MANIFEST}
-    assert on_disk == set(MANIFEST["files"])
-    for name, digest in MANIFEST["files"].items():
-        assert hashlib.sha256((tiny.SHIPPED / name).read_bytes()).hexdigest() == digest, name
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_shipped_file_is_the_one_the_manifest_records(name):
+    folder = tiny.shipped_dir(FAMILIES[name])
+    manifest = tiny.shipped_manifest(folder)
+    on_disk = {p.name for p in folder.iterdir() if p.is_file() and p.name != tiny.SHIPPED_MANIFEST}
+    assert on_disk == set(manifest["files"])
+    for file, digest in manifest["files"].items():
+        assert hashlib.sha256((folder / file).read_bytes()).hexdigest() == digest, file
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_plans_parameter_count_is_the_shipped_models(name):
+    """The memory plan sizes a server by param_count(config.json): every expert of an MoE counted."""
+    import struct
+
+    from dspark_kit.specdec.verifier_facts import param_count
+
+    folder = tiny.shipped_dir(FAMILIES[name])
+    raw = (folder / "model.safetensors").read_bytes()
+    header = json.loads(raw[8: 8 + struct.unpack("<Q", raw[:8])[0]])
+    stored = sum(_numel(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    norms = sum(_numel(v["shape"]) for k, v in header.items() if k.endswith("norm.weight"))
+    assert param_count(json.loads((folder / "config.json").read_text())) == stored - norms
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 @pytest.mark.slow

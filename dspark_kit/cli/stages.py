@@ -29,16 +29,14 @@ def _stage_command(name: str, recipe: Path, set_: list[str] | None, workdir: Pat
 
 
 def _run_one(name: str, res, json_out: bool) -> None:
-    from dspark_kit.stages.manifest import update_manifest
-    from dspark_kit.stages.pipeline import stage_result
-    from dspark_kit.stages.steps import REGISTRY, execute
+    from dspark_kit.stages.pipeline import run_one_stage, stage_result
+    from dspark_kit.stages.steps import REGISTRY
 
     try:
-        summary = execute(REGISTRY[name], res)
+        summary = run_one_stage(res, name)  # recorded as `run` records it: a later `run` skips it
     except (ValueError, OSError, RuntimeError) as e:
         message = str(e)  # the stage is named once, whether or not the error already names it
         common.fail(message if message.startswith(f"{name}:") else f"{name}: {message}", 1)
-    update_manifest(res.run.root, res.recipe, name, resolved=res, summary=summary)
     if json_out:
         common.emit_json(summary)
     else:  # the stage's one-line result, as `run` prints it; --json has every figure

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import typer
+
+from dspark_kit.rundir import BEST_CHECKPOINT
+
+# what a --checkpoint names (specdec.checkpoints.resolve_checkpoint reads each)
+CHECKPOINT_CHOICES = f"{BEST_CHECKPOINT} | latest | epoch number | epochN_end | PATH"
 from typer.core import TyperCommand
 
 
@@ -59,7 +64,7 @@ VOCABULARY: dict[str, Flag] = {
     "endpoint": Flag(("--endpoint", "-e"), "A running OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 "
                                            "(the /v1 is optional).", aliases=("--base-url",),
                      dests=("endpoint", "base_url")),
-    "checkpoint": Flag(("--checkpoint",), "checkpoint_best | latest | epoch number | epochN_end | PATH, relative "
+    "checkpoint": Flag(("--checkpoint",), f"{CHECKPOINT_CHOICES}, relative "
                                           "to DIR/checkpoints (default: serve.checkpoint).", dests=("checkpoint",)),
     "context_lengths": Flag(("--context-lengths",), "Comma-separated context lengths in tokens, e.g. 512,1024.",
                             aliases=("--context-lens",), dests=("context_lengths", "context_lens")),

@@ -10,6 +10,7 @@ import typer
 from dspark_kit.cli import common
 from dspark_kit.cli.eval import parse_int_list
 from dspark_kit.cli.vocabulary import option
+from dspark_kit.specdec.window import ASCEND_KV_BLOCK_SIZE
 
 window_app = typer.Typer(
     help="Draft KV window (vLLM-Ascend draft_window_size): plan the arithmetic, tune the size.",
@@ -23,7 +24,7 @@ def plan_cmd(
         "context_lengths", help="Comma-separated context lengths (tokens already in the draft's KV cache).")],
     window: Annotated[int, option("draft_window_size", min=1, help="draft_window_size W.")],
     kv_block_size: Annotated[int, typer.Option(
-        "--kv-block-size", min=1, help="KV-cache (kernel) block size b; not the draft's block_size.")] = 128,
+        "--kv-block-size", min=1, help="KV-cache (kernel) block size b (default: vllm-ascend's); not the draft's block_size.")] = ASCEND_KV_BLOCK_SIZE,
     num_speculative_tokens: Annotated[int, typer.Option(
         "--num-speculative-tokens", min=0, help="K, the drafted tokens per step.")] = 0,
     method: Annotated[str, typer.Option(
@@ -105,9 +106,10 @@ def tune_cmd(
     highest output throughput (ties within the measured spread: the higher acceptance),
     shown beside the acceptance-only choice. A rerun resumes; --dry-run prints the plan.
     """
+    from dspark_kit.measure.eval_prompts import EvalError
     from dspark_kit.specdec.checkpoints import CheckpointError
     from dspark_kit.specdec.draft_model import DraftLoadError
-    from dspark_kit.stages.evaluation.evaluate import EvalError, tune_window
+    from dspark_kit.stages.evaluation.window_tune import tune_window
 
     if served and eval_device:
         common.fail("--eval-device: the served tune measures where the recipe's engine serves (serve.*, train.device); "
@@ -150,23 +152,16 @@ def served_tune_cmd(res, ks, windows, context_lengths, allow_below, num_prompts,
                     concurrency, dry_run, json_out) -> None:
     from dspark_kit.resolved import ResolveError
     from dspark_kit.specdec.checkpoints import CheckpointError
-    from dspark_kit.stages.evaluation.evaluate import EvalError, sweep_inputs
-    from dspark_kit.stages.evaluation.served_tune import prompt_sets, run_served_tune
+    from dspark_kit.stages.evaluation.served_tune import EvalError, served_tune
 
     def say(m: str) -> None:
         common.console.print(m, highlight=False, soft_wrap=True)
 
-    r = res.recipe
     try:
-        k_list, w_list, ctx = sweep_inputs(res, ks=parse_int_list(ks, "--ks"),
-                                           windows=parse_int_list(windows, "--windows"),
-                                           context_lengths=parse_int_list(context_lengths, "--context-lengths"),
-                                           allow_below=allow_below, what="tune --served")
-        n = num_prompts or r.eval.num_prompts
-        sets, found = prompt_sets(res, ctx, n, prompts)
-        result = run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=concurrency or r.bench.concurrency,
-                                 max_new_tokens=max_new_tokens or r.eval.max_new_tokens, dry_run=dry_run, log=say,
-                                 prompts_source=found.source)
+        result = served_tune(res, ks=parse_int_list(ks, "--ks"), windows=parse_int_list(windows, "--windows"),
+                             context_lengths=parse_int_list(context_lengths, "--context-lengths"),
+                             allow_below=allow_below, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                             prompts_file=prompts, concurrency=concurrency, dry_run=dry_run, log=say)
     except (EvalError, CheckpointError, ResolveError, ValueError) as e:
         common.fail(str(e))
     if json_out:

@@ -192,7 +192,7 @@ def patch_markov_prev_token(device: str) -> Replacements:
         anchored = out[4]
         _block_tokens.value = (
             input_ids[0, anchored].view(-1, self.block_size)
-            if getattr(self.config, "sample_from_anchor", False)
+            if self.config.sample_from_anchor  # speculators' config object: always set
             else None
         )
         return out

@@ -97,18 +97,17 @@ def lookup(engine: str, version: str) -> Lookup:
 def anchor_problem(anchor: str, sample_from_anchor: bool | None) -> str | None:
     """Why an engine with this loader would serve the checkpoint in the wrong layout (None: fine).
 
-    `sample_from_anchor` is the checkpoint's config value, None when the key is absent (speculators
-    trains with True by default, so a missing key means True was trained)."""
-    trained = True if sample_from_anchor is None else sample_from_anchor
-    if anchor == "forced-bonus" and trained:
+    `sample_from_anchor` is the layout the checkpoint was trained in as specdec/anchor.py decides it
+    (None: unknown, its config.json lacks the key)."""
+    if anchor == "none":
+        return "it has no speculators DSpark loader"
+    if sample_from_anchor is None:
+        return ("the checkpoint's config.json has no sample_from_anchor, so which layout it was trained in is "
+                "unknown (this loader reads a missing key as false): add the trained value")
+    if anchor == "forced-bonus" and sample_from_anchor:
         return ("its loader rewrites every speculators DSpark checkpoint to the bonus-anchor layout "
                 "(sample_from_anchor ignored), so a draft trained with sample_from_anchor true is served "
                 "shifted by one slot")
-    if anchor == "default-false" and sample_from_anchor is None:
-        return ("its loader reads a missing sample_from_anchor as false (bonus-anchor layout), but "
-                "speculators trained it true: add \"sample_from_anchor\": true to the checkpoint's config.json")
-    if anchor == "none":
-        return "it has no speculators DSpark loader"
     return None
 
 

@@ -22,27 +22,11 @@ from dspark_kit.compat.engine_table import (
     first_serving,
     lookup,
 )
-from dspark_kit.devices import package_version
+from dspark_kit.devices import TRACKED_PACKAGES, tracked_version
 
-# distribution names as pip spells them, plus the spellings people type
-_DIST_ALIASES = {
-    "vllm": ("vllm",),
-    "vllm-ascend": ("vllm-ascend", "vllm_ascend"),
-    "torch": ("torch",),
-    "torch-npu": ("torch-npu", "torch_npu"),
-    "speculators": ("speculators",),
-    "transformers": ("transformers",),
-}
-TRACKED = tuple(_DIST_ALIASES)
+TRACKED = tuple(TRACKED_PACKAGES)  # devices owns the list and the spellings
 
 Support = Literal["yes", "no", "unknown"]
-
-
-def _canonical(name: str) -> str:
-    key = name.lower().replace("_", "-")
-    if key not in _DIST_ALIASES:
-        raise ValueError(f"versions: unknown package {name!r}; expected one of {', '.join(TRACKED)}")
-    return key
 
 
 def installed(name: str) -> str | None:
@@ -51,7 +35,7 @@ def installed(name: str) -> str | None:
     Reads through devices.package_version, the one metadata reader (doctor and the
     manifest report the same numbers the gates here decide on).
     """
-    return next((v for dist in _DIST_ALIASES[_canonical(name)] if (v := package_version(dist))), None)
+    return tracked_version(name)
 
 
 @dataclass(frozen=True)
@@ -99,10 +83,11 @@ class EngineSupport:
     uncertain: tuple[str, ...] = ()  # features the table cannot place for this version
 
     def serves(self, sample_from_anchor: bool | None = KIT_SAMPLE_FROM_ANCHOR) -> Gate:
-        """Can this engine serve a checkpoint with this sample_from_anchor (None: key absent)?"""
+        """Can this engine serve a checkpoint trained with this sample_from_anchor (None: unknown)?"""
         pkg, f = self.engine, self.features
-        # a missing key is fixed in config.json; the version then needed is the explicit key's
-        need = first_serving(pkg, KIT_SAMPLE_FROM_ANCHOR if sample_from_anchor is None else sample_from_anchor)
+        if sample_from_anchor is None:  # no release can serve a layout nobody knows (specdec/anchor.py)
+            return Gate(False, f"{pkg}: {anchor_problem('default-false', None)}")
+        need = first_serving(pkg, sample_from_anchor)
         fix = f"{pkg}>={need} serves it" if need else f"no surveyed {pkg} release serves it"
         if self.version is None:
             return Gate(None, f"{pkg} is not installed here: the command needs {pkg} >= {need} on the "

@@ -89,3 +89,20 @@ def encode(tokenizer, text: str) -> list[int]:
 def prompt_ids(tokenizer, messages: list[dict], thinking: bool) -> list[int]:
     """Token ids of the conversation so far plus the assistant generation prompt."""
     return encode(tokenizer, render(tokenizer, messages, thinking, add_generation_prompt=True))
+
+
+def stop_token_ids(tokenizer, model_dir: str | None = None) -> frozenset[int]:
+    """The ids that end a reply, decided as vLLM decides them: the tokenizer's eos token plus the
+    verifier's generation_config.json `eos_token_id` (an id or a list: Llama-3's <|end_of_text|>,
+    <|eom_id|> and <|eot_id|>; Qwen3's <|im_end|> and <|endoftext|>)."""
+    import json
+    from pathlib import Path
+
+    ids = [tokenizer.eos_token_id]
+    if model_dir:
+        try:
+            eos = json.loads((Path(model_dir) / "generation_config.json").read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            eos = None
+        ids += eos if isinstance(eos, list) else [eos]
+    return frozenset(i for i in ids if isinstance(i, int) and i >= 0)

@@ -93,6 +93,17 @@ class Rendezvous:
     def multi_node(self) -> bool:
         return self.nnodes > 1
 
+    def as_dict(self) -> dict:
+        """Plain data, as a stage plan records it (the run rebuilds the same decision: `from_dict`)."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Rendezvous:
+        d = dict(data)
+        return cls(**{**d, "errors": tuple(d.get("errors", ())), "warnings": tuple(d.get("warnings", ()))})
+
     def torchrun_args(self, node_rank: int) -> list[str]:
         """torchrun's flags for node `node_rank`. c10d assigns worker ranks itself; the flags differ only
         in who hosts the store (node 0) and, on this machine's own node, its --local-addr."""

@@ -22,6 +22,17 @@ from dspark_kit.recipe import ENGINES, ROLES
 if TYPE_CHECKING:
     from dspark_kit.engines.ports import Port
 
+# the environment variable a server's API key travels in (never argv: `ps` would show it); the local
+# server reads it, regen's client sends it, `serve --api-key` defaults to it
+API_KEY_ENV = "DSPARK_KIT_API_KEY"
+
+
+def api_key_from_env() -> str | None:
+    import os
+
+    return os.environ.get(API_KEY_ENV) or None
+
+
 Role = Literal[ROLES]
 EngineName = Literal[ENGINES]
 

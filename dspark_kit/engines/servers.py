@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +87,45 @@ def running_server(res: Resolved, role: Role, port: int | None = None,
 def mooncake_master_plan(mc) -> ServerPlan:
     """mooncake_master for `mc` (hs_transport.Mooncake): healthy when its HTTP port answers /health."""
     return ServerPlan(argv=mc.master_argv(), host="127.0.0.1", port=mc.admin_port, other_ports=mc.master_ports())
+
+
+class ServerStopped(RuntimeError):
+    """A server kept running (`keep_serving`) could not start or stopped by itself: one line."""
+
+
+def keep_serving(plan: ServerPlan, log: Path, timeout: float, *, ready: Callable[[str], None],
+                 say: Callable[[str], None] = lambda _m: None, poll_s: float = 0.5) -> None:
+    """`dspark-kit serve`: start `plan`, wait until healthy, hand its URL to `ready`, and keep it
+    until Ctrl-C (returns once it is stopped) or until it exits by itself (ServerStopped). An
+    expected start failure (a taken port, an exit, never healthy) is ServerStopped with its cause;
+    anything else (a bug) propagates as it is. The server is stopped on every way out."""
+    from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
+    from dspark_kit.engines.ports import PortBusy
+
+    server = ManagedServer(plan, log)
+    try:
+        start_checks(plan)  # a taken port fails here, not after the model has loaded
+        server.start()
+        say(f"starting server (log: {log}) ...")
+        server.wait_healthy(timeout)
+    except PortBusy as e:
+        raise ServerStopped(str(e)) from e
+    except (ServerStartError, OSError) as e:  # exited, never healthy, or could not be started
+        server.stop()
+        raise ServerStopped(f"server did not become healthy ({type(e).__name__}: {e}); see {log}") from e
+    except BaseException:  # a bug or Ctrl-C: stop the server, keep the traceback
+        server.stop()
+        raise
+    try:  # Ctrl-C may come as soon as the URL is out: inside the try, so it stops the server cleanly
+        ready(plan.base_url)
+        while server.alive():
+            time.sleep(poll_s)
+        code = server.stop()
+        raise ServerStopped(f"server exited with code {code}; see {log}")
+    except KeyboardInterrupt:
+        say("stopping ...")
+    finally:
+        server.stop()
 
 
 @contextmanager

@@ -116,6 +116,12 @@ def eval_sizes(res: Resolved, num_prompts: int | None = None, max_new_tokens: in
     return EvalSizes(num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens, sorted(set(lengths)))
 
 
+def served_concurrency(res: Resolved, concurrency: int | None = None) -> int:
+    """Requests in flight when a measure goes through a server (bench, `tune --served`, the served
+    eval): the command's option, else bench.concurrency."""
+    return concurrency or res.recipe.bench.concurrency
+
+
 def check_prompts_file(path: Path) -> None:
     """--prompts names a file (the run reads it; its --dry-run checks it so)."""
     if not path.is_file():

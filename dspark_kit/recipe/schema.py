@@ -23,6 +23,7 @@ from dspark_kit.recipe.mixture import (
     temperature_key,
     thinking_key,
 )
+from dspark_kit.rundir import BEST_CHECKPOINT
 
 TINY_VERIFIER = "builtin:tiny-qwen3"
 ENGINES = ("local", "vllm", "vllm-ascend")  # serve.engine values; the one list every module uses
@@ -68,7 +69,7 @@ class _Section(BaseModel):
 
 class VerifierCfg(_Section):
     path: str = Field(TINY_VERIFIER, description="HF dir (relative: from the recipe file's folder) or hub id; "
-                                                 "builtin:tiny-qwen3 = embedded tiny model")
+                                                 "builtin:tiny-qwen3 (or -qwen3-moe, -llama3) = an embedded tiny model")
     served_name: str | None = Field(None, description="model id clients ask for (default: path; a hidden-states server lists path first, then this)")
     thinking: bool | dict[bool, float] = Field(
         False, description="chat template thinking mode of regen and prepare, or weights per row, e.g. {true: 0.7, "
@@ -132,12 +133,21 @@ class RegenCfg(_Section):
         return parse_weights(v, temperature_key, "{0.0: 0.5, 0.7: 0.5}")
 
 
+# default ports (each server's own convention); a recipe's 0 takes a free port at start. Nothing else
+# in the package types these numbers: they are read from here or from the recipe.
+DEFAULT_SERVE_PORT = 8000  # vLLM's
+DEFAULT_HIDDEN_STATES_PORT = 9736
+DEFAULT_RDZV_PORT = 29500  # torchrun's
+DEFAULT_MOONCAKE_PORT = 50051  # mooncake_master's
+FREE_PORT = 0
+
+
 class MooncakeCfg(_Section):
     """The Mooncake store hidden states travel through between machines (transport: mooncake)."""
 
     master_host: str | None = Field(
         None, description="mooncake_master's address every node reaches; default train.master_addr (node 0)")
-    master_port: int = Field(50051, ge=1, le=65535)
+    master_port: int = Field(DEFAULT_MOONCAKE_PORT, ge=1, le=65535)
     start_master: bool = Field(True, description="the command that starts the extraction server (node 0's `dspark-kit "
                                "train`, or `serve --role hidden-states`) starts mooncake_master (else: running)")
     metadata_server: str = "P2PHANDSHAKE"
@@ -194,7 +204,7 @@ class TrainCfg(_Section):
     nnodes: int = Field(1, ge=1)
     node_rank: int = Field(0, ge=0, description="this node (node 0 hosts the rendezvous); dry runs print every node")
     master_addr: str = Field("127.0.0.1", description="node 0's address every node can reach (rendezvous endpoint)")
-    master_port: int = Field(29500, ge=1, le=65535)
+    master_port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535)
     rdzv_backend: Literal["auto", "c10d", "static"] = Field(
         "auto", description="auto: static on one node, c10d (elastic, restartable) across nodes")
     rdzv_id: str | None = Field(None, description="c10d job id, the same on every node (default: recipe name)")
@@ -228,8 +238,8 @@ class TrainCfg(_Section):
 class ServeCfg(_Section):
     engine: Literal[ENGINES] = "local"
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535, description="chat/spec server port; 0 = a free port taken at start")
-    hidden_states_port: int = Field(9736, ge=0, le=65535, description="hidden-state server port; 0 = a free port "
+    port: int = Field(DEFAULT_SERVE_PORT, ge=0, le=65535, description=f"chat/spec server port; {FREE_PORT} = a free port taken at start")
+    hidden_states_port: int = Field(DEFAULT_HIDDEN_STATES_PORT, ge=0, le=65535, description=f"hidden-state server port; {FREE_PORT} = a free port "
                                     "taken at start")
     tensor_parallel_size: int = Field(1, ge=1)
     max_model_len: int | None = Field(None, ge=1)
@@ -240,7 +250,7 @@ class ServeCfg(_Section):
     tool_call_parser: str | None = Field(
         None, description="chat/spec servers answer requests with tools: vLLM's --enable-auto-tool-choice "
                           "--tool-call-parser X (Qwen3: hermes; the local engine: hermes); regen of tool-calling chats needs it")
-    checkpoint: str = Field("checkpoint_best", description="checkpoint_best, latest, epoch number, or a path "
+    checkpoint: str = Field(BEST_CHECKPOINT, description=f"{BEST_CHECKPOINT}, latest, epoch number, or a path "
                                                            "(with a /; relative: from the recipe file's folder)")
     num_speculative_tokens: int | Literal["auto"] = Field(
         "auto", description="auto = tuned K, else the checkpoint's trained slots (= draft.block_size)")

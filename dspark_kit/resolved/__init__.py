@@ -49,7 +49,7 @@ from functools import cached_property
 from pathlib import Path
 
 from dspark_kit.compat import versions
-from dspark_kit.recipe import ENGINES, TINY_VERIFIER, Recipe, RecipeError, parse_window
+from dspark_kit.recipe import ENGINES, Recipe, RecipeError, parse_window
 from dspark_kit.resolved.rules import (  # noqa: F401 - re-exported: callers import them from here
     TUNED,
     Decision,
@@ -135,10 +135,12 @@ class Resolved:
         from dspark_kit.specdec.verifier_facts import verifier_config
 
         found = verifier_config(self.verifier_path)
-        if found is None and self.planning and self.recipe.verifier.path == TINY_VERIFIER:
+        if found is None and self.planning:
+            from dspark_kit.data.families import family_of_builtin
             from dspark_kit.data.tiny_verifier import planned_config
 
-            return planned_config()
+            family = family_of_builtin(self.recipe.verifier.path)
+            return planned_config(family=family) if family else None
         return found
 
     @cached_property
@@ -272,13 +274,15 @@ class Resolved:
     @cached_property
     def engine_gate(self) -> versions.Gate:
         """Does the serving engine serve this checkpoint in its trained layout? Judged on the
-        checkpoint's sample_from_anchor (None: the key is absent), or, before training, on what the
+        layout the checkpoint was trained in (specdec/anchor.py; None: unknown), or, before training, on what the
         kit's trainer writes. serve's plan, preflight and the served-acceptance gate all read this."""
         try:
             cfg = self.checkpoint_config
         except ValueError:  # CheckpointError: nothing trained to read yet
             cfg = None
-        anchor = cfg.get("sample_from_anchor") if cfg else versions.KIT_SAMPLE_FROM_ANCHOR
+        from dspark_kit.specdec.anchor import anchor_layout
+
+        anchor = anchor_layout(cfg).sample_from_anchor if cfg else versions.KIT_SAMPLE_FROM_ANCHOR
         return self.engine_support.serves(anchor)
 
     @cached_property
@@ -355,7 +359,7 @@ class Resolved:
     @cached_property
     def kv_block_size(self) -> Decision[int | None]:
         """The serving engine's KV-cache block: a draft window starts on one of its boundaries."""
-        from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
+        from dspark_kit.specdec.window import ASCEND_KV_BLOCK_SIZE, LOCAL_KV_BLOCK_SIZE
 
         if self.engine == "local":
             return Decision(LOCAL_KV_BLOCK_SIZE, "the local engine's KV block")
@@ -363,7 +367,7 @@ class Resolved:
             args = list(self.recipe.serve.extra_args)
             if "--block-size" in args[:-1]:
                 return Decision(int(args[args.index("--block-size") + 1]), "--block-size in serve.extra_args")
-            return Decision(128, "vllm-ascend's default KV block (no --block-size in serve.extra_args)")
+            return Decision(ASCEND_KV_BLOCK_SIZE, "vllm-ascend's default KV block (no --block-size in serve.extra_args)")
         return Decision(None, "engine vllm: no runtime draft window")
 
     @cached_property
@@ -442,7 +446,10 @@ class Resolved:
             out[10] = risk
         return out
 
-    SUMMARY = ("k", "window", "adaptive_verification", "train_device", "serve_device", "eval_device", "hidden_states_dtype",
+    # the decided values, by name: the one list dry runs, `recipe show`, plans and the manifest read
+    SPEC = ("k", "window", "adaptive_verification")  # what a spec server is started with
+    SERVED = (*SPEC, "serve_device", "serve_dtype")  # ... and where and how it serves
+    SUMMARY = (*SPEC, "train_device", "serve_device", "eval_device", "hidden_states_dtype",
                "hidden_states_out_dtype", "serve_dtype", "eval_dtype")
 
     def summary(self, names: tuple[str, ...] | None = None) -> dict:
@@ -539,12 +546,17 @@ class Resolved:
     def eval_fit(self) -> Decision[bool | None]:
         """Whether the verifier fits the eval device (its config's size x eval_dtype vs the device's
         memory); False sends eval through the serving engine (`tune --served`, `run`'s served eval)."""
+        return self.verifier_fit(self.eval_device.value)
+
+    def verifier_fit(self, device: str) -> Decision[bool | None]:
+        """Whether the verifier fits `device`'s memory at the dtype it runs with there (the one rule:
+        eval_fit asks it for the eval device, preflight for a CPU run's machine)."""
         from dspark_kit.devices import device_memory_bytes
         from dspark_kit.specdec.verifier_facts import param_count
 
-        device = self.eval_device.value
-        return eval_fit(param_count(self.verifier_config), self.eval_dtype.value, device,
-                        device_memory_bytes(device), self.recipe.verifier.path)
+        dtype = self._dtype_on(Decision(device, "")).value
+        return eval_fit(param_count(self.verifier_config), dtype, device, device_memory_bytes(device),
+                        self.recipe.verifier.path)
 
     @cached_property
     def eval_mode(self) -> Decision[str]:

@@ -373,13 +373,18 @@ def _server(res, device: str, capacity: int | None) -> tuple[DevicePlan | None, 
                           [Term("verifier weights", weights, f"{params:,} parameters x {dtype} {DTYPE_BYTES[dtype]} B")],
                           capacity, "the training device")
         return plan, weights
+    from dspark_kit.specdec.verifier import param_count
+
     util = serve.gpu_memory_utilization
     share = int(util * capacity) if capacity is not None else 0
     ids = serve.devices
+    params = param_count(res.verifier_config)  # an MoE's every expert: vLLM loads them all
+    held = (f"; of it the verifier's weights {human(params * DTYPE_BYTES[recipe.verifier.dtype] // max(1, serve.tensor_parallel_size))}"
+            f" per device ({params:,} parameters, every expert, x {recipe.verifier.dtype} / TP)") if params else ""
     plan = DevicePlan(f"hidden-state server (vLLM, serve.devices {ids or 'unset'}, tensor_parallel_size "
                       f"{serve.tensor_parallel_size})",
                       [Term("vLLM's share", share, f"serve.gpu_memory_utilization {util} x device memory "
-                                                   f"{human(capacity) if capacity else 'unknown'}")],
+                                                   f"{human(capacity) if capacity else 'unknown'}{held}")],
                       capacity, "as a training device")
     train_ids = recipe.train.devices
     overlap = (ids is None or train_ids is None

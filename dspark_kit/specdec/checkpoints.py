@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dspark_kit.findings import Finding, errors  # noqa: F401 - errors: re-exported for callers
 from dspark_kit.recipe import Recipe
+from dspark_kit.rundir import BEST_CHECKPOINT, epoch_dirs
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -51,8 +52,7 @@ def complete_epochs(save_path: Path) -> list[int]:
     saved mid-epoch (what `latest` and the report count)."""
     if not save_path.is_dir():
         return []
-    return sorted(int(p.name) for p in save_path.iterdir()
-                  if p.name.isdigit() and p.is_dir() and not p.is_symlink() and is_complete(p) and not mid_epoch(p))
+    return [int(p.name) for p in epoch_dirs(save_path) if is_complete(p) and not mid_epoch(p)]
 
 
 def _available(save_path: Path) -> str:
@@ -62,7 +62,7 @@ def _available(save_path: Path) -> str:
     return ", ".join(listed) if listed else "none"
 
 
-def resolve_checkpoint(checkpoints: str | Path, which: str | int | Path = "checkpoint_best") -> Path:
+def resolve_checkpoint(checkpoints: str | Path, which: str | int | Path = BEST_CHECKPOINT) -> Path:
     """Absolute checkpoint directory (symlinks resolved) for a serve.checkpoint value.
 
     `which`: "checkpoint_best" / "epochN_end" (speculators symlinks), "latest"
@@ -72,7 +72,7 @@ def resolve_checkpoint(checkpoints: str | Path, which: str | int | Path = "check
     base = Path(checkpoints).expanduser()
     if isinstance(which, Path) or (isinstance(which, str) and ("/" in which or which.startswith("~"))):
         target = Path(which).expanduser()
-    elif is_complete(base) and which == "checkpoint_best":
+    elif is_complete(base) and which == BEST_CHECKPOINT:
         target = base  # already a checkpoint directory
     elif which == "latest":
         epochs = complete_epochs(base)
@@ -107,15 +107,10 @@ def read_config(path: Path) -> dict:
 
 
 def trained_slots(cfg: dict) -> int | None:
-    """Draft positions the checkpoint was trained to propose."""
-    methods = (cfg.get("speculators_config") or {}).get("proposal_methods") or []
-    for m in methods:
-        if isinstance(m, dict) and isinstance(m.get("speculative_tokens"), int):
-            return m["speculative_tokens"]
-    block = cfg.get("block_size")
-    if not isinstance(block, int):
-        return None
-    return block if cfg.get("sample_from_anchor", True) else block - 1
+    """Draft positions the checkpoint was trained to propose (specdec/anchor.py decides)."""
+    from dspark_kit.specdec.anchor import anchor_layout
+
+    return anchor_layout(cfg).slots
 
 
 def ks_outside_slots(ks, slots: int) -> list[int]:
@@ -222,11 +217,13 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
             out.append(Finding("warning", "verifier-relative", f"checkpoint stores a relative verifier path "
                                                                f"{stored}; it breaks when loaded from elsewhere"))
 
-    if "sample_from_anchor" not in cfg:
-        out.append(Finding("error", "anchor-missing", f"{CONFIG} has no sample_from_anchor: every vLLM release that "
-                                                      "serves a speculators DSpark draft reads a missing key as false "
-                                                      "(bonus-anchor layout), and speculators trains true; add "
-                                                      "\"sample_from_anchor\": true to config.json"))
+    from dspark_kit.specdec.anchor import anchor_layout
+
+    anchor = anchor_layout(cfg)
+    problem = anchor.problem()
+    if problem:  # a missing key (each loader reads it its own way) or a layout the import measured wrong
+        code = "anchor-measured" if anchor.known else "anchor-missing"
+        out.append(Finding("error", code, problem))
     weights = _check_weights(path)
     if isinstance(weights, Finding):
         out.append(weights)
@@ -248,8 +245,11 @@ def init_from_problem(path: str | Path, recipe: Recipe, target_layer_ids: list[i
                 f"{cfg.get('speculators_model_type')!r}); a released DSpark draft: `dspark-kit import` it first")
     if not (path / WEIGHTS).is_file():
         return f"{name}: no {WEIGHTS}; point at an epoch folder or an imported draft"
-    if "sample_from_anchor" not in cfg:
-        return f"{name}: {CONFIG} has no sample_from_anchor; add the value it was trained with"
+    from dspark_kit.specdec.anchor import anchor_layout
+
+    problem = anchor_layout(cfg).problem()
+    if problem:
+        return f"{name}: {problem}"
     block = cfg.get("block_size")
     if block != recipe.draft.block_size:
         return f"{name}: block_size {block} != draft.block_size {recipe.draft.block_size}; set draft.block_size: {block}"
@@ -314,8 +314,8 @@ def set_aside_incomplete_checkpoints(checkpoints: Path) -> list[Path]:
     `incomplete-<epoch>`, which speculators' epoch scan ignores.
     """
     moved = []
-    for d in sorted(Path(checkpoints).glob("[0-9]*")):
-        if d.is_dir() and not d.is_symlink() and d.name.isdigit() and not (d / "training_state.json").exists():
+    for d in epoch_dirs(checkpoints):
+        if not (d / TRAINING_STATE).exists():
             target = d.with_name(f"incomplete-{d.name}")
             n = 1
             while target.exists():
@@ -366,8 +366,7 @@ def adopt_interrupted(checkpoints: Path) -> str | None:
     src = Path(checkpoints) / INTERRUPTED
     if not src.is_dir() or src.is_symlink():
         return None
-    numbered = sorted((p for p in Path(checkpoints).iterdir()
-                       if p.name.isdigit() and p.is_dir() and not p.is_symlink()), key=lambda p: int(p.name))
+    numbered = epoch_dirs(checkpoints)
     last = numbered[-1] if numbered else None
     state = training_state(last) if last is not None else {"epoch": -1, "local_step": 0, "global_step": 0}
     steps = _scheduler_steps(src) if is_complete(src) else None

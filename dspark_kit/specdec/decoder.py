@@ -195,8 +195,8 @@ class SpecGenerator:
         self.verifier, self.draft = verifier, draft
         self.draft_kv_cache = draft_kv_cache
         self.k = num_speculative_tokens  # decided by resolved.Resolved.k, never defaulted here
-        if ks_outside_slots([self.k], draft.block_size):
-            raise ValueError(slots_error("num_speculative_tokens", [self.k], draft.block_size))
+        if ks_outside_slots([self.k], draft.slots):
+            raise ValueError(slots_error("num_speculative_tokens", [self.k], draft.slots))
         self.window = draft_window_size
         self.kv_block_size = kv_block_size
         self.confidence_threshold = confidence_threshold

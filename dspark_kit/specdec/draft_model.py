@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from dspark_kit.rundir import RunDir
 from dspark_kit.specdec.draft_cache import DraftKVCache
 from dspark_kit.specdec.spec_sampling import Sampling, draw, probs, topk_candidates
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE, draft_seq_len, window_start
@@ -54,19 +55,30 @@ def chain_prev_tokens(anchor: int, chosen: list[int]) -> list[int]:
     return [anchor, *chosen]
 
 
-def load_dspark_model(checkpoint: str | Path, verifier_path: str | Path, device: str = "cpu"):
-    """speculators' DSparkDraftModel in float32, its verifier path resolved."""
+def load_dspark_model(checkpoint: str | Path, verifier_path: str | Path, device: str = "cpu",
+                      sample_from_anchor: bool | None = None):
+    """speculators' DSparkDraftModel in float32, its verifier path resolved, in the anchor layout
+    specdec/anchor.py decides (`sample_from_anchor` forces one: `dspark-kit import` measures both)."""
     from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
+
+    from dspark_kit.specdec.anchor import anchor_layout
 
     ckpt = Path(checkpoint)
     if not (ckpt / "config.json").exists():
-        raise DraftLoadError(f"checkpoint {ckpt}: no config.json (pass a checkpoint dir, e.g. WORKDIR/checkpoints/checkpoint_best)")
+        raise DraftLoadError(f"checkpoint {ckpt}: no config.json (pass a checkpoint dir, e.g. "
+                             f"{RunDir(Path('WORKDIR')).best_checkpoint})")
     raw = json.loads((ckpt / "config.json").read_text())
     if raw.get("speculators_model_type") != "dspark":
         raise DraftLoadError(
             f"checkpoint {ckpt}: speculators_model_type is {raw.get('speculators_model_type')!r}, expected 'dspark'"
         )
+    if sample_from_anchor is None:
+        anchor = anchor_layout(raw)
+        if anchor.sample_from_anchor is None:
+            raise DraftLoadError(f"checkpoint {ckpt}: {anchor.problem()}")
+        sample_from_anchor = anchor.sample_from_anchor
     config = DSparkSpeculatorConfig.from_pretrained(str(ckpt))
+    config.sample_from_anchor = sample_from_anchor  # speculators' class would read a missing key as true
     # The stored verifier path may be relative to wherever training ran.
     config.speculators_config.verifier.name_or_path = str(Path(verifier_path).resolve())
     # Explicit masks below; sdpa runs everywhere (flex attention needs a compiler).
@@ -82,9 +94,13 @@ class DSparkDraft:
         self.model = model
         cfg = model.config
         tl = cfg.transformer_layer_config
-        if not cfg.sample_from_anchor:
-            raise DraftLoadError("checkpoint: sample_from_anchor=false (DFlash layout) is not supported by this decoder")
         self.block_size: int = cfg.block_size
+        # false: the DFlash block layout, the anchor is the bonus token and mask position p+k predicts
+        # token p+k (block position 0's output is unused), so a block gives one token fewer
+        self.sample_from_anchor: bool = bool(cfg.sample_from_anchor)
+        from dspark_kit.specdec.anchor import draft_tokens
+
+        self.slots: int = draft_tokens(self.block_size, self.sample_from_anchor)
         self.mask_token_id: int = model.mask_token_id
         self.target_layer_ids: list[int] = list(model.target_layer_ids)
         self.sliding_window: int | None = model.sliding_window
@@ -94,8 +110,9 @@ class DSparkDraft:
         self.device = next(model.parameters()).device
 
     @classmethod
-    def load(cls, checkpoint: str | Path, verifier_path: str | Path, device: str = "cpu") -> DSparkDraft:
-        return cls(load_dspark_model(checkpoint, verifier_path, device))
+    def load(cls, checkpoint: str | Path, verifier_path: str | Path, device: str = "cpu",
+             sample_from_anchor: bool | None = None) -> DSparkDraft:
+        return cls(load_dspark_model(checkpoint, verifier_path, device, sample_from_anchor))
 
     # ---- vocabulary ---------------------------------------------------------
     def to_verifier_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -219,8 +236,16 @@ class DSparkDraft:
 
     # ---- drafting -------------------------------------------------------------
     def _check_slots(self, num_slots: int) -> None:
-        if not 1 <= num_slots <= self.block_size:
-            raise ValueError(f"num_speculative_tokens: {num_slots} outside 1..{self.block_size} (draft block_size)")
+        if not 1 <= num_slots <= self.slots:
+            raise ValueError(f"num_speculative_tokens: {num_slots} outside 1..{self.slots} (the draft's slots)")
+
+    def _block_positions(self, num_slots: int) -> int:
+        """Block positions one draft of num_slots tokens runs: one more with a bonus anchor."""
+        return num_slots if self.sample_from_anchor else num_slots + 1
+
+    def _slot_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The block positions whose outputs are the drafted tokens (a bonus anchor's is not one)."""
+        return hidden if self.sample_from_anchor else hidden[1:]
 
     @staticmethod
     def window_first_position(context_len: int, num_slots: int, window: int | None, kv_block_size: int) -> int:
@@ -248,8 +273,8 @@ class DSparkDraft:
         if window is not None:  # draft KV window: reads only, token level, as vllm-ascend starts it
             keep = ctx_pos >= self.window_first_position(ctx_pos.numel(), num_slots, window, kv_block_size)
             ctx_feats, ctx_pos = ctx_feats[keep], ctx_pos[keep]
-        hidden = self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, num_slots)
-        return self._propose(hidden, anchor, num_slots, with_confidence, sampling)
+        hidden = self.block_hidden(ctx_feats, ctx_pos, anchor, anchor_pos, self._block_positions(num_slots))
+        return self._propose(self._slot_hidden(hidden), anchor, num_slots, with_confidence, sampling)
 
     @torch.inference_mode()
     def draft_cached(
@@ -266,8 +291,8 @@ class DSparkDraft:
         self._check_slots(num_slots)
         # the window trims the context only: the block always attends to itself (as `draft` keeps it)
         start = min(self.window_first_position(cache.context_len, num_slots, window, kv_block_size), cache.context_len)
-        hidden = self.block_hidden_cached(cache, start, anchor, num_slots)
-        return self._propose(hidden, anchor, num_slots, with_confidence, sampling)
+        hidden = self.block_hidden_cached(cache, start, anchor, self._block_positions(num_slots))
+        return self._propose(self._slot_hidden(hidden), anchor, num_slots, with_confidence, sampling)
 
     def _propose(self, hidden: torch.Tensor, anchor: int, num_slots: int, with_confidence: bool = True,
                  sampling: Sampling | None = None) -> DraftBlock:

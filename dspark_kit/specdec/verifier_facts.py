@@ -48,6 +48,7 @@ class VerifierFacts:
     remote_code: bool  # config.json names custom modeling code (auto_map)
     tokenizer_len: int
     tokenizer_mask: tuple[int, str] | None  # the tokenizer's own mask token (id, text)
+    reserved: tuple[tuple[int, str], ...]  # reserved special tokens the chat template never writes (id, text)
     thinking_default: bool | None  # the template's mode when enable_thinking is not passed; None: no switch
     tokenizer: object  # the loaded tokenizer (token lengths of the data)
     warnings: tuple[str, ...] = ()  # what looks wrong but does not stop a recipe
@@ -187,6 +188,7 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
         vocab_size=sizes["vocab_size"], max_position_embeddings=lm.get("max_position_embeddings"),
         dtype=dtype if isinstance(dtype, str) else None, remote_code=remote, tokenizer_len=len(tok),
         tokenizer_mask=(mask_id, str(tok.mask_token)) if isinstance(mask_id, int) else None,
+        reserved=reserved_specials(tok, template),
         thinking_default=thinking_default(tok), tokenizer=tok, warnings=tuple(warnings),
     )
 
@@ -214,15 +216,32 @@ def dflash_layer_ids(num_layers: int, draft_layers: int) -> tuple[list[int], str
     return ids, f"one per draft layer, evenly from 1 to {hi} ({'N-3' if hi == n - 3 else 'N-1'}) of {n} layers"
 
 
-def mask_token_choice(vocab_size: int, tokenizer_len: int, tokenizer_mask: tuple[int, str] | None) -> tuple[int, str]:
+def reserved_specials(tok, template: str | None) -> tuple[tuple[int, str], ...]:
+    """The tokenizer's reserved special tokens (Llama-3's <|reserved_special_token_N|>, gpt-oss's
+    <|reserved_2000NN|>) that the chat template never writes, by id: placeholders a model is never
+    trained on, so it never emits them."""
+    added = getattr(tok, "added_tokens_decoder", {}) or {}
+    return tuple(sorted((i, t.content) for i, t in added.items()
+                        if getattr(t, "special", False) and "reserved" in t.content.lower()
+                        and t.content not in (template or "")))
+
+
+def mask_token_choice(vocab_size: int, tokenizer_len: int, tokenizer_mask: tuple[int, str] | None,
+                      reserved: tuple[tuple[int, str], ...] = ()) -> tuple[int, str]:
     """(mask_token_id, where it came from): the first spare embedding row, len(tokenizer), when the
-    embedding has one; else the tokenizer's own mask token; else refused."""
+    embedding has one; else the tokenizer's own mask token; else the first reserved special token
+    (a full vocabulary, as Llama-3's); else refused."""
     if vocab_size > tokenizer_len:
         return tokenizer_len, (f"first spare embedding row: len(tokenizer) {tokenizer_len} < "
                                f"vocab_size {vocab_size}")
     if tokenizer_mask is not None:
         return tokenizer_mask[0], (f"the tokenizer's mask token {tokenizer_mask[1]} (the embedding has no spare "
                                    f"row: vocab_size {vocab_size}, len(tokenizer) {tokenizer_len})")
+    if reserved:
+        return reserved[0][0], (f"the reserved special token {reserved[0][1]}: the embedding has no spare row "
+                                f"(vocab_size {vocab_size}, len(tokenizer) {tokenizer_len}) and the tokenizer no "
+                                "mask token; a reserved token is never trained on and the chat template never "
+                                "writes it, so the verifier never emits it")
     raise VerifierFactsError(f"mask token: the embedding has no spare row (vocab_size {vocab_size} <= "
                              f"len(tokenizer) {tokenizer_len}) and the tokenizer has no mask token; pass "
                              "--mask-token-id with a reserved special token id the verifier never emits")

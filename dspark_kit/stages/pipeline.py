@@ -19,7 +19,7 @@ from dspark_kit import atomic
 from dspark_kit.progress import StageDisplay
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
-from dspark_kit.rundir import RunDir
+from dspark_kit.rundir import RunDir, bench_result_files
 from dspark_kit.stages.plan import StagePlan
 from dspark_kit.stages.steps import REGISTRY, STAGES, Stage, execute
 
@@ -116,6 +116,58 @@ def stage_result(stage: Stage, summary: dict) -> str:
     return f"{RESULT_LABELS.get(stage.key, stage.key)} {shown}"
 
 
+def stage_fingerprint(res: Resolved, name: str, state: dict) -> str:
+    """The fingerprint `run` gives stage `name` when the stages before it stand as `state` records
+    them (a finished one by its recorded fingerprint, any other by today's recipe)."""
+    return stage_decisions(res.recipe, state, [name])[0][2]
+
+
+def record_stage(res: Resolved, state: dict, name: str, fp: str, summary: dict | None, seconds: float) -> None:
+    """A stage's end, the one way `run` and every stage command record it: DIR/state.json (status,
+    fingerprint, time and key figure: a later `run` skips a finished, unchanged stage) and the
+    manifest. `summary` None: the stage failed (state says so; the manifest is left as it was)."""
+    from dspark_kit.stages.manifest import update_manifest
+
+    if summary is None:
+        state[name] = {**state.get(name, {}), "status": "failed"}
+        save_state(res.run.root, state)
+        return
+    state[name] = {"status": "done", "fingerprint": fp, "seconds": seconds, "figure": summary.get(REGISTRY[name].key)}
+    save_state(res.run.root, state)
+    update_manifest(res.run.root, res.recipe, name, resolved=res, seconds=seconds, summary=summary)
+
+
+def record_standalone(res: Resolved, name: str, summary: dict, seconds: float) -> None:
+    """A stage command that ran the stage as `run` would (e.g. `dspark-kit regen` with no option that
+    changes its rows) records it as `run` does."""
+    state = load_state(res.run.root)
+    record_stage(res, state, name, stage_fingerprint(res, name, state), summary, seconds)
+
+
+def _started(res: Resolved, state: dict, name: str, fp: str) -> None:
+    state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
+    save_state(res.run.root, state)
+
+
+def run_one_stage(res: Resolved, name: str, reporter=None) -> dict:
+    """A stage command (`dspark-kit train`, ...): the stage's plan, run as `run` runs it and recorded
+    as `run` records it (record_stage), so a later `run` on the folder skips it when unchanged."""
+    from dspark_kit.progress import STANDALONE
+
+    res.run.root.mkdir(parents=True, exist_ok=True)
+    state = load_state(res.run.root)  # read before the stage: its fingerprint is the one `run` gives it
+    fp = stage_fingerprint(res, name, state)
+    _started(res, state, name, fp)
+    t0 = time.time()
+    try:
+        summary = execute(REGISTRY[name], res, reporter or STANDALONE)
+    except BaseException:
+        record_stage(res, state, name, fp, None, 0.0)
+        raise
+    record_stage(res, state, name, fp, summary, round(time.time() - t0, 1))
+    return summary
+
+
 def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | None = None,
                  force: bool = False, display: StageDisplay | None = None) -> list[dict]:
     """Run stages in order, each with the run's one `res`, shown by `display` (one line per stage;
@@ -137,22 +189,17 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
             rows.append({"stage": name, "status": decision, "seconds": 0.0, "figure": figure})
             display.result(name, decision)
             continue
-        state[name] = {"status": "running", "fingerprint": fp, "started": time.time()}
-        save_state(workdir, state)
+        _started(res, state, name, fp)
         t0 = time.time()
         try:
             with display.stage(name, res.run.stage_log(name)):
                 summary = execute(stage, res, display.reporter)
         except BaseException:
-            state[name]["status"] = "failed"
-            save_state(workdir, state)
+            record_stage(res, state, name, fp, None, 0.0)
             raise
         secs = round(time.time() - t0, 1)
-        figure = summary.get(stage.key)
-        state[name] = {"status": "done", "fingerprint": fp, "seconds": secs, "figure": figure}
-        save_state(workdir, state)
-        update_manifest(workdir, recipe, name, resolved=res, seconds=secs, summary=summary)
-        rows.append({"stage": name, "status": "done", "seconds": secs, "figure": figure})
+        record_stage(res, state, name, fp, summary, secs)
+        rows.append({"stage": name, "status": "done", "seconds": secs, "figure": summary.get(stage.key)})
         display.result(name, stage_result(stage, summary), secs)
     return rows
 
@@ -204,8 +251,11 @@ def highlights(workdir: Path) -> list[str]:
         lines.append(f"eval: acceptance length {e['acceptance_length']:.3f} (autoregressive), per position [{pos}]")
     from dspark_kit.measure.served_gate import side_by_side
 
-    for b in sorted(run.bench.glob("bench_*.json")):
-        result = json.loads(b.read_text())
+    for b in bench_result_files(run.bench):
+        try:
+            result = json.loads(b.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # the report names what it cannot read
         spec = result.get("spec_decode") or {}
         if spec:
             lines.append(f"bench: {b.name}: acceptance length {spec['acceptance_length']:.3f} from /metrics")

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dspark_kit import atomic
+from dspark_kit.resolved import Resolved
 
 if TYPE_CHECKING:
     from dspark_kit.engines import LaunchPlan, ServerPlan
-    from dspark_kit.resolved import Resolved
 
 CHOSEN = "<chosen at start>"
 
 # the decided values each stage runs with (Resolved.SUMMARY names), recorded in its plan
-SERVED = ("k", "window", "adaptive_verification", "serve_device", "serve_dtype")
+SERVED = Resolved.SERVED
 DECIDED: dict[str, tuple[str, ...]] = {
     "regen": ("serve_device", "serve_dtype"), "prepare": (),
     "hidden-states": ("train_device", "hidden_states_dtype", "hidden_states_out_dtype"),

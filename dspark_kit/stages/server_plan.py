@@ -1,7 +1,7 @@
 """A server's plan for a role, checked first: what `dspark-kit serve`, the serve check, bench and a
 served eval start.
 
-`plan_server` checks the role and engine, resolves the spec checkpoint and judges it by the
+`checked_server` checks the role and engine, resolves the spec checkpoint and judges it by the
 resolver's one checkpoint check, runs the whole-recipe preflight, then asks the engine for its
 plan. `spec_server_lines` is that plan as the lines a stage's dry run prints.
 
@@ -24,7 +24,10 @@ class ServeError(ValueError):
 
 
 @dataclass
-class ServePlan:
+class CheckedServer:
+    """A role's server once checked: the engine's launch plan (`plan`, an engines.ServerPlan) with
+    what the checks found and warned, and the mooncake master it needs first."""
+
     plan: ServerPlan
     resolved: Resolved
     findings: list = field(default_factory=list)  # checkpoint findings (spec)
@@ -37,7 +40,7 @@ class ServePlan:
         return self.plan.decisions
 
 
-def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: str | None = None) -> ServePlan:
+def checked_server(res: Resolved, role: str, *, port: int | None = None, api_key: str | None = None) -> CheckedServer:
     """`res` carries the command's --engine and --checkpoint (and planning for --dry-run); the
     checks below and the preflight all judge that one resolution."""
     from dspark_kit.engines.servers import server_plan
@@ -83,14 +86,14 @@ def plan_server(res: Resolved, role: str, *, port: int | None = None, api_key: s
         from dspark_kit.engines.servers import mooncake_master_plan
 
         master = mooncake_master_plan(mc)  # the store the server joins: this host runs its master
-    return ServePlan(plan, res, findings, warnings + plan.notes, master)
+    return CheckedServer(plan, res, findings, warnings + plan.notes, master)
 
 
 def spec_server_lines(res: Resolved, what: str) -> tuple[list[str], list[Process]]:
     """The spec server a stage starts, as dry-run lines and its one process; a spec server that
     cannot be planned yet (no checkpoint before train) is a note, not an error."""
     try:
-        sp = plan_server(res, "spec")
+        sp = checked_server(res, "spec")
     except (ServeError, ValueError, OSError) as e:
         return [f"# {what}: cannot plan the spec server ({e})"], []
     return ([f"# {what}: spec server on checkpoint {sp.resolved.checkpoint}", sp.plan.shell_line(),

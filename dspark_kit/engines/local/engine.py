@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import Request
 
+from dspark_kit.data.chat import stop_token_ids
 from dspark_kit.engines.local.api import (
     DISCONNECT_POLL_S,
     REQUEST_ID_RE,
@@ -52,8 +53,7 @@ class Engine:
         if getattr(args, "max_model_len", None):  # the recipe's serve.max_model_len, as vLLM's flag
             self.max_len = min(self.max_len, args.max_model_len)
         self.vocab = int(config.vocab_size)
-        stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
-        self.stop_ids = frozenset(i for i in stop if isinstance(i, int) and i >= 0)
+        self.stop_ids = stop_token_ids(tokenizer, args.model)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         # tokenizing a large prompt takes seconds: never on the event loop, never behind decoding
         self.tok_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from dspark_kit.engines import Role, ServerPlan, tool_call_flags
+from dspark_kit.engines import API_KEY_ENV, Role, ServerPlan, tool_call_flags
 from dspark_kit.resolved import Resolved
 
 
@@ -63,5 +63,5 @@ def plan_local(
     check_extra_args(extra)  # options the local engine has pass; others fail here, not silently
     argv += extra
     # the key travels in the environment, not argv, so `ps` does not show it
-    env = {"DSPARK_KIT_API_KEY": api_key} if api_key else {}
+    env = {API_KEY_ENV: api_key} if api_key else {}
     return ServerPlan(argv=argv, host=host, port=port, env=env, notes=notes, decisions=decisions)

@@ -31,6 +31,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from dspark_kit.engines import api_key_from_env
 from dspark_kit.engines.local.api import (
     ApiError,
     ChatRequest,
@@ -44,6 +45,7 @@ from dspark_kit.engines.local.engine import Engine, build_generator
 from dspark_kit.engines.local.stream import TextStream, stream_events
 from dspark_kit.engines.local.tools import PARSERS, refusal, split_tool_calls
 from dspark_kit.recipe import ROLES
+from dspark_kit.recipe.schema import DEFAULT_SERVE_PORT
 
 
 def split_reasoning_like_vllm(text: str) -> dict[str, str | None]:
@@ -200,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-path", default=None, help="hidden-state files go here (role hidden-states)")
     p.add_argument("--hidden-states-dtype", choices=["bfloat16", "float32", "fp8"], default="bfloat16")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=DEFAULT_SERVE_PORT)
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model ids to answer to, listed in this order by /v1/models (default: --model), as vLLM")
     p.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
@@ -209,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer requests with tools: calls parsed out of the reply (needs --tool-call-parser), as vLLM")
     p.add_argument("--tool-call-parser", choices=list(PARSERS), default=None,
                    help="hermes: <tool_call>{json}</tool_call> blocks (Qwen3's format) -> message.tool_calls")
-    p.add_argument("--api-key", default=os.environ.get("DSPARK_KIT_API_KEY"))
+    p.add_argument("--api-key", default=api_key_from_env())
     p.add_argument("--max-model-len", type=int, default=None,
                    help="prompt + max_tokens limit (default: the model's max_position_embeddings), as vLLM")
     p.add_argument("--max-concurrency", type=int, default=256, help="in-flight requests before 503")

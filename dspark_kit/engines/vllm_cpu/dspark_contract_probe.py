@@ -54,13 +54,14 @@ def read_config(ckpt: str) -> dict:
     return {a: getattr(cfg, a, None) for a in CONFIG_ATTRS}
 
 
-def engine_config(ckpt: str, verifier: str, k: int, max_model_len: int):
+def engine_config(ckpt: str, verifier: str, k: int, max_model_len: int, **engine_args):
     import vllm.config.vllm as vllm_config_module
     from vllm.engine.arg_utils import EngineArgs
 
     vllm_config_module.HAS_TRITON = True  # config only: nothing here runs a kernel
     args = EngineArgs(model=verifier, dtype="float32", enforce_eager=True, max_model_len=max_model_len,
-                      speculative_config={"method": "dspark", "model": ckpt, "num_speculative_tokens": k})
+                      speculative_config={"method": "dspark", "model": ckpt, "num_speculative_tokens": k},
+                      **engine_args)
     return args.create_engine_config()
 
 

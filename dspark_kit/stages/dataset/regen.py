@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_kit.data import mode_rule
 from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
+from dspark_kit.engines import api_key_from_env
 from dspark_kit.engines import openai_base_url as normalize_endpoint
 from dspark_kit.engines.chat_client import (
     ChatClient,
@@ -61,6 +61,7 @@ from dspark_kit.jsonl_sink import JsonlSink, compact_by_key, keys_in, open_for_r
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.mixture import TEMPERATURE, THINKING, choose
 from dspark_kit.resolved import Resolved
+from dspark_kit.rundir import regen_engine_log, regen_errors_file
 from dspark_kit.stages.plan import Process, StagePlan
 
 if TYPE_CHECKING:
@@ -269,7 +270,7 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
                      done: set[int], on_row=None) -> dict[str, Any]:
     """Regenerate `rows` ((idx, messages) or (idx, messages, tools) iterable) over `endpoints` into outfile."""
     eps = [Endpoint(normalize_endpoint(u), model=opts.model) for u in endpoints]
-    errors_file = outfile.with_name(outfile.name + ".errors.jsonl")
+    errors_file = regen_errors_file(outfile)
     run = _Run(opts, eps, JsonlSink(outfile, opts.fsync_every), JsonlSink(errors_file, 1), on_row,
                retrying=keys_in(errors_file, _error_idx))
     skipped_done = queued = 0
@@ -422,10 +423,10 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
         temperature=cfg.temperature if temperature is None else temperature,
         top_p=cfg.top_p if top_p is None else top_p, seed=cfg.seed if seed is None else seed,
         thinking=recipe.verifier.thinking, model=model, timeout=cfg.request_timeout,
-        max_retries=cfg.max_retries, api_key=api_key or os.environ.get("DSPARK_KIT_API_KEY"),
+        max_retries=cfg.max_retries, api_key=api_key or api_key_from_env(),
         **{"unavailable_timeout": cfg.unavailable_timeout, **opt_overrides})
     outfile = Path(outfile)
-    errors_file = outfile.with_name(outfile.name + ".errors.jsonl")
+    errors_file = regen_errors_file(outfile)
     skipped: Counter = Counter()
     source = iter_chats(data, skipped=skipped, limit=limit)
     first = next(source, None)  # a missing file / unknown preset fails here: before any output is touched
@@ -445,7 +446,7 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
 
         plan = server_plan or regen_server_plan(res, api_key=opts.api_key)
         start_checks(plan)
-        server = ManagedServer(plan, Path(engine_log or outfile.with_name(outfile.name + ".engine.log")))
+        server = ManagedServer(plan, Path(engine_log or regen_engine_log(outfile)))
         server.start()
         endpoints = [plan.base_url]
     try:
@@ -502,9 +503,45 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
             lines.append(f"#   {u.hostname or e}: {server_plan(res, 'chat', port=port, host='0.0.0.0').shell_line()}")
     lines += [f"endpoint {e}" for e in endpoints]
     plan = StagePlan.of(res, "regen", lines, processes, inputs={"data.source": recipe.data.source},
-                        outputs={"regen": str(outfile), "errors": str(outfile.with_name(outfile.name + ".errors.jsonl"))})
+                        outputs={"regen": str(outfile), "errors": str(regen_errors_file(outfile))})
     plan.details.update(endpoints=endpoints, machines=machines, concurrency_per_endpoint=recipe.regen.concurrency)
     return plan
+
+
+# ---- `dspark-kit regen`: the stage with the command's options --------------------
+
+
+def command_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path | None = None) -> StagePlan:
+    """The plan `dspark-kit regen` runs (and prints with --dry-run): the stage's, with the command's
+    endpoints and output; the API key from the environment, as the run takes it."""
+    return regen_plan(res, endpoints, outfile or res.run.regen_jsonl, api_key=api_key_from_env())
+
+
+def rows_to_regen(res: Resolved, limit: int | None = None) -> int:
+    """How many source rows a regen reads: --limit, else data.limit (a progress bar's total)."""
+    return limit or res.recipe.data.limit
+
+
+def as_the_stage(res: Resolved, outfile: Path | None, resume: bool, options: dict[str, Any]) -> bool:
+    """Whether `dspark-kit regen` ran exactly the stage `run` would (its output, resuming, no option
+    that changes the rows): only then does it count as the regen stage done."""
+    return (outfile is None or Path(outfile).resolve() == res.run.regen_jsonl) and resume and \
+        not any(v is not None for v in options.values())
+
+
+def run_command(res: Resolved, plan: StagePlan, *, outfile: Path | None = None, endpoints: list[str] | None = None,
+                on_row: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> dict[str, Any]:
+    """`dspark-kit regen`: record the plan, run it with the command's options (run_regen's), then judge
+    the result: the summary, with "verdict" (None: within regen.max_failed_fraction and
+    data.max_mode_mismatch_fraction; else why the regen failed as a whole)."""
+    plan.record(res.run.plan_file("regen"))
+    chat = plan.process("chat server")
+    t0 = time.time()
+    s = run_regen(res, outfile or res.run.regen_jsonl, endpoints=endpoints, on_row=on_row,
+                  server_plan=chat.server if chat else None, **options)
+    s["command_seconds"] = round(time.time() - t0, 1)
+    s["verdict"] = failure_verdict(s, res.recipe.regen.max_failed_fraction, res.recipe.data.max_mode_mismatch_fraction)
+    return s
 
 
 # ---- the stage ---------------------------------------------------------------
@@ -515,7 +552,7 @@ def plan(res: Resolved) -> StagePlan:
     if not res.recipe.regen.enabled:
         return StagePlan.of(res, "regen", ["# regen disabled (regen.enabled: false)"])
     # the key a run would take from the environment, so the dry run shows the same (masked) env
-    return regen_plan(res, outfile=res.run.regen_jsonl, api_key=os.environ.get("DSPARK_KIT_API_KEY"))
+    return regen_plan(res, outfile=res.run.regen_jsonl, api_key=api_key_from_env())
 
 
 def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:

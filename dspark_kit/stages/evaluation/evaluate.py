@@ -12,10 +12,9 @@ KV window can win it back (docs/CONCEPTS.md#long-context, docs/CONCEPTS.md#dspar
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from dspark_kit import atomic
+from dspark_kit.data.chat import stop_token_ids
 from dspark_kit.measure.eval_prompts import (
     EvalError,
     build_prompts,
@@ -81,11 +80,11 @@ class EvalSession:
         self.draft = DSparkDraft.load(self.checkpoint, self.verifier_path, device)
         self.verifier = Verifier(self.verifier_path, self.draft.target_layer_ids, device, res.eval_dtype.value)
         self.tokenizer = AutoTokenizer.from_pretrained(self.verifier_path)
-        self.k = self.draft.block_size if sweep else self.resolved.k.value
-        if ks_outside_slots([self.k], self.draft.block_size):
-            raise EvalError(f"{slots_error('num_speculative_tokens', [self.k], self.draft.block_size)} "
+        self.k = self.draft.slots if sweep else self.resolved.k.value
+        if ks_outside_slots([self.k], self.draft.slots):
+            raise EvalError(f"{slots_error('num_speculative_tokens', [self.k], self.draft.slots)} "
                             f"({self.resolved.k.source}); set serve.num_speculative_tokens: auto")
-        self.stop_ids = frozenset(t for t in [self.tokenizer.eos_token_id] if t is not None)
+        self.stop_ids = stop_token_ids(self.tokenizer, self.verifier_path)
         self.temperature = res.recipe.measured_temperature
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, window: int | None,
@@ -225,143 +224,6 @@ def measure_categories(session: EvalSession, res: Resolved, specs: list[str], nu
             prompts += more
         out.append({**found.record(), **session.figures(results, prompts, window)})
     return out
-
-
-# ---- window tuning --------------------------------------------------------------
-
-
-def candidate_windows(training_window: int, max_context: int, block: int = LOCAL_KV_BLOCK_SIZE,
-                      allow_below: bool = False) -> list[int]:
-    """Multiples of the kernel block from the training window (or a quarter of it) up to the longest context."""
-    floor = max(block, training_window // 4) if allow_below else training_window
-    first = -(-floor // block) * block
-    out, w = [], first
-    while w < max_context:
-        out.append(w)
-        w *= 2
-    return out or [first]
-
-
-def candidate_ks(block_size: int, slots: int | None) -> list[int]:
-    """K values worth comparing: block - 1 (the reference Ascend run's choice) and block (every trained slot)."""
-    top = min(block_size, slots or block_size)
-    both = {block_size - 1, block_size}
-    return sorted(both - set(ks_outside_slots(both, top)))
-
-
-def sweep_inputs(res: Resolved, *, ks: list[int] | None, windows: list[int] | None,
-                 context_lengths: list[int] | None, allow_below: bool,
-                 what: str = "tune") -> tuple[list[int], list[int], list[int]]:
-    """K values, candidate windows and long contexts of a sweep, in-process (`tune`) or served
-    (`tune --served`) alike. None = the default; an empty window list sweeps K alone (window off).
-    K is bounded by the slots the checkpoint trained (its config, else draft.block_size)."""
-    recipe = res.recipe
-    tw = recipe.training_window
-    ctx = sorted(set(context_lengths or recipe.eval.context_lengths or [2 * tw, 4 * tw, 8 * tw]))
-    cands = sorted(set(windows if windows is not None else candidate_windows(tw, max(ctx), allow_below=allow_below)))
-    below = [w for w in cands if w < tw]
-    if below and not allow_below:
-        raise EvalError(f"{what} --windows {below}: below the draft's training window {tw} "
-                        "(pass --allow-below to try them anyway)")
-    slots = res.trained_slots or recipe.draft.block_size
-    ks = sorted(set(ks or candidate_ks(recipe.draft.block_size, res.trained_slots)))
-    bad = ks_outside_slots(ks, slots)
-    if bad:
-        raise EvalError(slots_error(f"{what} --ks", bad, slots))
-    return ks, cands, ctx
-
-
-def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_lengths: list[int] | None = None,
-                ks: list[int] | None = None, allow_below: bool = False, num_prompts: int | None = None,
-                max_new_tokens: int | None = None, prompts_file: Path | None = None, tolerance: float = 0.02,
-                log=lambda _msg: None) -> dict:
-    """Sweep K x draft window over context lengths; write DIR/eval/window_tune.json.
-
-    serve.num_speculative_tokens: auto and serve.draft_window_size: auto read
-    `recommended_k` and `recommended_window` from it (through the resolver).
-    """
-    recipe, tw = res.recipe, res.recipe.training_window
-    ks, cands, ctx_lens = sweep_inputs(res, ks=ks, windows=candidates, context_lengths=context_lengths,
-                                       allow_below=allow_below)
-    session = EvalSession(res, sweep=True)
-    sizes = eval_sizes(res, num_prompts, max_new_tokens)
-    num_prompts, max_new = sizes.num_prompts, sizes.max_new_tokens
-    found = load_eval_prompts(res, session.tokenizer, prompts_file, limit=max(num_prompts, 16))
-    chats = found.chats
-    thinking = recipe.measured_thinking
-    prompt_sets = {0: build_prompts(session.tokenizer, chats, num_prompts, thinking)}
-    prompt_sets |= {n: build_prompts(session.tokenizer, chats, num_prompts, thinking, n) for n in ctx_lens}
-    tables: dict[int, dict[str, dict[str, float | None]]] = {}
-    measurements = []
-    short_runs: dict[tuple[int, int | None], dict] = {}  # (K, window) -> the short prompts' measure
-    for k in ks:
-        tables[k] = {}
-        for w in [None, *cands]:
-            key = str(w or "off")
-            tables[k][key] = {}
-            for n, prompts in prompt_sets.items():
-                log(f"tune: K {k} window {key} context {n or 'short'}")
-                m = session.measure(prompts, max_new, w, k=k)
-                if n == 0:
-                    short_runs[(k, w)] = m
-                tables[k][key][str(n)] = m["acceptance_length"]
-                measurements.append({"k": k, "window": w, "context_length": n,
-                                     "mean_prompt_tokens": m["mean_prompt_tokens"],
-                                     "acceptance_length": m["acceptance_length"]})
-    by_k = {}
-    for k, table in tables.items():
-        w = pick_window(table, ctx_lens, tolerance)
-        key = str(w or "off")
-        by_k[k] = {"recommended_window": w, "mean_acceptance_length": round(
-            sum((table[key][str(n)] or 1.0) for n in prompt_sets) / len(prompt_sets), 4)}
-    best_k = max(ks, key=lambda k: (by_k[k]["mean_acceptance_length"], k))
-    result = {
-        "recommended_window": by_k[best_k]["recommended_window"],
-        "recommended_k": best_k,
-        "training_window": tw,
-        "kv_block_size": LOCAL_KV_BLOCK_SIZE,
-        "context_lengths": ctx_lens,
-        "candidates": cands,
-        "ks": ks,
-        "by_k": {str(k): v for k, v in by_k.items()},
-        "acceptance_length": tables[best_k],
-        "acceptance_length_by_k": {str(k): t for k, t in tables.items()},
-        "measurements": measurements,
-        "num_prompts": num_prompts,
-        "prompts": found.record(num_prompts),
-        "checkpoint_identity": checkpoint_identity(session.checkpoint),  # which checkpoint was measured
-        "max_new_tokens": max_new,
-        "temperature": session.temperature,
-        "checkpoint": str(session.checkpoint),
-        "rule": f"per K: the window with max mean AL over contexts > window, short-context AL within {tolerance} "
-                f"of no window, gain over no window > {tolerance}, else null (no window); then the K whose "
-                "mean AL over all contexts (with its window) is highest",
-    }
-    best_w = result["recommended_window"]
-    result["verify_budget"] = verify_budget(session, prompt_sets[0], max_new, best_w, best_k,
-                                            fixed=short_runs.get((best_k, best_w)))
-    path = res.run.tune_file
-    atomic.write_text(path, json.dumps(result, indent=2))
-    result["file"] = str(path)
-    return result
-
-
-def pick_window(table: dict[str, dict[str, float | None]], context_lengths: list[int], tolerance: float) -> int | None:
-    """The window with the best long-context AL that keeps short-context AL; None when windows do not help."""
-    def al(key: str, n: int) -> float:
-        return table[key].get(str(n)) or 1.0
-
-    def long_mean(key: str) -> float:
-        return sum(al(key, n) for n in context_lengths) / len(context_lengths)
-
-    base_short, base_long = al("off", 0), long_mean("off")
-    best, best_score = None, base_long + tolerance
-    for key in table:
-        if key == "off" or al(key, 0) < base_short - tolerance:
-            continue
-        if long_mean(key) > best_score:
-            best, best_score = int(key), long_mean(key)
-    return best
 
 
 # ---- the stage ---------------------------------------------------------------

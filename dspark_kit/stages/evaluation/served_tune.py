@@ -24,6 +24,7 @@ from dspark_kit.measure.eval_prompts import (
     build_prompts,
     eval_sizes,
     load_eval_prompts,
+    served_concurrency,
 )
 from dspark_kit.recipe import Recipe, apply_overrides, recipe_from_dict
 from dspark_kit.resolved import Resolved
@@ -148,6 +149,23 @@ def prompt_sets(res: Resolved, context_lengths: list[int], num_prompts: int,
     return {n: build_prompts(tok, found.chats, num_prompts, thinking, n) for n in [0, *context_lengths]}, found
 
 
+def served_tune(res: Resolved, *, ks: list[int] | None = None, windows: list[int] | None = None,
+                context_lengths: list[int] | None = None, allow_below: bool = False, num_prompts: int | None = None,
+                max_new_tokens: int | None = None, prompts_file: Path | None = None, concurrency: int | None = None,
+                dry_run: bool = False, log=lambda _m: None) -> dict:
+    """`tune --served`: its inputs (the sweep's K values, windows at the serving engine's KV block and
+    contexts; the eval sizes; the bench concurrency; the prompt sets), then the sweep (`run_served_tune`).
+    None = the default each rule gives."""
+    from dspark_kit.stages.evaluation.sweep_rules import sweep_inputs
+
+    k_list, w_list, ctx = sweep_inputs(res, ks=ks, windows=windows, context_lengths=context_lengths,
+                                       allow_below=allow_below, what="tune --served", served=True)
+    sizes = eval_sizes(res, num_prompts, max_new_tokens, ctx)
+    sets, found = prompt_sets(res, ctx, sizes.num_prompts, prompts_file)
+    return run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=served_concurrency(res, concurrency),
+                           max_new_tokens=sizes.max_new_tokens, dry_run=dry_run, log=log, prompts_source=found.source)
+
+
 def run_served_tune(res: Resolved, prompt_sets: dict[int, list[list[int]]], *, ks: list[int], windows: list[int],
                     concurrency: int, max_new_tokens: int, dry_run: bool = False, log=lambda _m: None,
                     prompts_source: str = "") -> dict:
@@ -239,7 +257,7 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
     k, window = res.k.value, res.window.value
     longest = max(len(p) for ps in sets.values() for p in ps)
     points: list[dict] = []
-    run_server_point(res, sweep.ServerPoint(k, window), sets, recipe.bench.concurrency, new,
+    run_server_point(res, sweep.ServerPoint(k, window), sets, served_concurrency(res), new,
                      max(recipe.serve.max_model_len or 0, longest + new + 1), log, points.append)
     # prompts go as token ids here: a later turn (MT-Bench's second) needs the reply's text, which
     # `eval` in-process and `bench` have; served eval says it asked the first turn only
@@ -261,7 +279,7 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
                "checkpoint": str(res.checkpoint), "verifier": res.verifier_path, "num_speculative_tokens": k,
                "num_speculative_tokens_source": res.k.source, "max_new_tokens": new,
                "temperature": recipe.measured_temperature, "draft_window_size": window,
-               "draft_window_size_source": res.window.source, "concurrency": recipe.bench.concurrency,
+               "draft_window_size_source": res.window.source, "concurrency": served_concurrency(res),
                "prompts": found.record(n), "acceptance_length": head["acceptance_length"],
                "per_position_acceptance": head["per_position_acceptance"], "tokens_per_verifier_forward": None,
                "num_drafts": None, "runs": runs, "categories": per_category}

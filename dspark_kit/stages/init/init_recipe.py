@@ -19,6 +19,13 @@ from typing import Any
 
 from dspark_kit import atomic
 from dspark_kit.recipe import RecipeError, load_recipe
+from dspark_kit.recipe.schema import (
+    DEFAULT_HIDDEN_STATES_PORT,
+    DEFAULT_RDZV_PORT,
+    DEFAULT_SERVE_PORT,
+    FREE_PORT,
+)
+from dspark_kit.rundir import BEST_CHECKPOINT
 from dspark_kit.stages.init.commented_yaml import CommentedYaml
 
 ENGINE_BY_DEVICE = {"cpu": "local", "cuda": "vllm", "npu": "vllm-ascend"}
@@ -33,7 +40,7 @@ CPU_PROFILE = {
     "data": {"source": "builtin:tiny-chat", "limit": 256, "seq_length": 256, "num_workers": 1},
     "regen": {"concurrency": 8, "max_tokens": 64},
     "train": {"epochs": 8, "lr": 0.003, "max_anchors": 64, "num_workers": 0, "train_data_ratio": 0.875},
-    "serve": {"port": 8765, "hidden_states_port": 8766},
+    "serve": {"port": FREE_PORT, "hidden_states_port": FREE_PORT},  # as the demo: never collides
     "bench": {"num_prompts": 8, "concurrency": 4, "max_tokens": 48},
     "eval": {"num_prompts": 8, "max_new_tokens": 48},
 }
@@ -42,7 +49,7 @@ ACCELERATOR_PROFILE = {
     "data": {"source": "ultrachat", "limit": 20000, "seq_length": 8192, "num_workers": 8},
     "regen": {"concurrency": 64},
     "train": {"epochs": 2, "lr": 0.0003, "max_anchors": 256, "num_workers": 4, "train_data_ratio": 0.9},
-    "serve": {"port": 8000, "hidden_states_port": 9736},
+    "serve": {"port": DEFAULT_SERVE_PORT, "hidden_states_port": DEFAULT_HIDDEN_STATES_PORT},
     "bench": {"num_prompts": 10, "concurrency": 10, "max_tokens": 1024},
     "eval": {"num_prompts": 8, "max_new_tokens": 64},
 }
@@ -188,7 +195,8 @@ def _decide(opts: InitOptions) -> _Decided:
                 raise InitError(f"--mask-token-id {opts.mask_token_id}: outside the embedding [0, {facts.vocab_size})")
             mask, mask_from = opts.mask_token_id, "--mask-token-id"
         else:
-            mask, mask_from = vf.mask_token_choice(facts.vocab_size, facts.tokenizer_len, facts.tokenizer_mask)
+            mask, mask_from = vf.mask_token_choice(facts.vocab_size, facts.tokenizer_len, facts.tokenizer_mask,
+                                               facts.reserved)
         targets, targets_from = vf.dflash_layer_ids(facts.num_layers, profile["draft"]["num_layers"])
     except vf.VerifierFactsError as e:
         raise InitError(str(e)) from None
@@ -306,7 +314,7 @@ def _train(w: CommentedYaml, d: _Decided) -> None:
         w.key("nnodes", opts.nodes, "--nodes: one recipe; node K runs train with --set train.node_rank=K (docs/MULTINODE.md)",
               show="--nodes")
         w.key("master_addr", addr, addr_from, show=addr_from.split(":")[0])
-        w.key("master_port", 29500)
+        w.key("master_port", DEFAULT_RDZV_PORT)
         w.key("rdzv_backend", "auto", "c10d across nodes: elastic, restarts resume from the last epoch")
         w.key("max_restarts", 0, "raise to survive a worker failure")
 
@@ -329,7 +337,7 @@ def _serve_bench_eval(w: CommentedYaml, d: _Decided) -> None:
     max_len = d.max_model_len
     w.key("max_model_len", max_len, ("= data.seq_length; longer contexts need a draft window "
                                      "(docs/CONCEPTS.md#long-context)") if d.accel else "2x data.seq_length")
-    w.key("checkpoint", "checkpoint_best")
+    w.key("checkpoint", BEST_CHECKPOINT)
     w.key("num_speculative_tokens", "auto", "the tune's K, else the trained slots "
                                             "(docs/CONCEPTS.md#k-and-the-draft-window)", show="decided at serve time")
     w.key("draft_window_size", "auto", "the tune's window, else the training window; none on CUDA vLLM",

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_kit.data import mode_rule
+from dspark_kit.data import mask_emitted, mode_rule
 from dspark_kit.data.mode_rule import ModeCounts
 from dspark_kit.findings import (
     PITFALLS,  # noqa: F401 - the pitfall titles, re-exported
@@ -263,7 +263,8 @@ def check_mask(ctx: _Context) -> list[Finding]:
     stored = (ctx.checkpoint_config or {}).get("mask_token_id")
     if isinstance(stored, int) and stored != mask_id:
         return [pitfall(7, "error", f"checkpoint mask_token_id {stored} != resolved mask token id {mask_id}")]
-    return []
+    emitted = mask_emitted.refusal(ctx.run.regen_jsonl, mask_id, tok)  # a token the verifier generates
+    return [pitfall(7, "error", emitted)] if emitted else []
 
 
 def check_windows(ctx: _Context) -> list[Finding]:
@@ -375,15 +376,10 @@ def check_storage(ctx: _Context) -> list[Finding]:
 def check_memory(ctx: _Context) -> list[Finding]:
     """On CPU the verifier sits in this machine's memory for regen's server, hidden states and eval:
     a verifier that does not fit fails the first stage, after minutes of loading."""
-    from dspark_kit.devices import device_memory_bytes
-    from dspark_kit.resolved.rules import eval_fit
-    from dspark_kit.specdec.verifier_facts import param_count
-
     res = ctx.res
     if res.train_device.value != "cpu" or ctx.verifier_config is None:
         return []
-    fit = eval_fit(param_count(ctx.verifier_config), res.hidden_states_dtype.value, "cpu",
-                   device_memory_bytes("cpu"), ctx.recipe.verifier.path)
+    fit = res.verifier_fit("cpu")
     if fit.value is not False:
         return []
     return [Finding("error", "verifier-memory", f"train.device cpu: {fit.source}; on CPU regen, hidden states and "

@@ -27,7 +27,7 @@ from dspark_kit.measure.bench_tables import (
 )
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
-from dspark_kit.rundir import RunDir
+from dspark_kit.rundir import RunDir, bench_result_files, epoch_dirs
 from dspark_kit.specdec.acceptance import per_position
 from dspark_kit.stages.plan import StagePlan
 
@@ -67,9 +67,9 @@ def val_by_epoch(run_dir: Path, scalars: dict[str, list]) -> dict[int, dict[str,
                 epochs.setdefault(i, {})[tag[len(VAL_PREFIX):]] = v
     ckpts = RunDir.at(run_dir).checkpoints
     if ckpts.is_dir():
-        for d in ckpts.iterdir():
+        for d in epoch_dirs(ckpts):
             f = d / "val_metrics.json"
-            if d.name.isdigit() and not d.is_symlink() and f.is_file():
+            if f.is_file():
                 try:
                     epochs[int(d.name)] = {k: float(v) for k, v in json.loads(f.read_text()).items()
                                            if isinstance(v, (int, float))}
@@ -243,7 +243,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     scalars = read_scalars(run.logs)
     epochs = val_by_epoch(run_dir, scalars)
-    best_link = run.checkpoints / "checkpoint_best"
+    best_link = run.best_checkpoint
     best = os.readlink(best_link) if best_link.is_symlink() else None
     parts.append("## Training (teacher-forced validation per epoch)")
     stopped = training_stopped_line(run)
@@ -287,7 +287,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         parts.append(f"![AL vs context]({link(png)})")
 
     parts.append("## Serving benchmark")
-    bench_files = sorted(run.bench.glob("*.json"))
+    bench_files = bench_result_files(run.bench)
     results, bad = [], []
     for f in bench_files:
         try:

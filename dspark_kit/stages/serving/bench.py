@@ -21,6 +21,7 @@ from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.engines import ServerPlan
 from dspark_kit.engines.prom import MetricsError
 from dspark_kit.jsonl import BadLine, read_jsonl
+from dspark_kit.measure.eval_prompts import served_concurrency
 from dspark_kit.measure.served_load import LoadError, run_load, summarize
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
@@ -55,7 +56,7 @@ def bench_load(res: Resolved, base_url: str | None = None, label: str | None = N
     if not label.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise BenchError(f"--label {label!r}: use letters, digits, '-', '_' or '.' (it names the output file)")
     return BenchLoad(base_url=(base_url or f"http://{r.serve.host}:{r.serve.port}").rstrip("/"), label=label,
-                     num_prompts=num_prompts or b.num_prompts, concurrency=concurrency or b.concurrency,
+                     num_prompts=num_prompts or b.num_prompts, concurrency=served_concurrency(res, concurrency),
                      max_tokens=max_tokens or b.max_tokens)
 
 

@@ -14,7 +14,12 @@ from dspark_kit.engines import ServerPlan
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.plan import StagePlan
-from dspark_kit.stages.server_plan import ServeError, plan_server, spec_server_lines
+from dspark_kit.stages.server_plan import (
+    CheckedServer,
+    ServeError,
+    checked_server,
+    spec_server_lines,
+)
 
 
 async def smoke_reply(url: str) -> str:
@@ -39,7 +44,7 @@ def serve_check(res: Resolved, server: ServerPlan | None = None) -> dict:
     from dspark_kit.engines.servers import running_server
 
     run = res.run
-    sp = plan_server(res, "spec")  # its findings, warnings and decisions
+    sp = checked_server(res, "spec")  # its findings, warnings and decisions
     server = server or sp.plan
     atomic.write_text(run.serve_command, server.shell_line() + "\n")
     result = {"engine": res.engine, "checkpoint": str(res.checkpoint), "command_file": str(run.serve_command),
@@ -50,6 +55,29 @@ def serve_check(res: Resolved, server: ServerPlan | None = None) -> dict:
         with running_server(res, "spec", plan=server) as url:
             result["smoke_reply"] = asyncio.run(smoke_reply(url))
     return result
+
+
+# ---- `dspark-kit serve`: one server kept until Ctrl-C --------------------------------
+
+
+def keep_serving(res: Resolved, checked: CheckedServer, role: str, *, ready, say=lambda _m: None) -> None:
+    """`dspark-kit serve --role ROLE`: the checked server (its mooncake master first, when it needs
+    one) kept running until Ctrl-C; its log is DIR/logs/serve-<role>.log. A start failure or a
+    server that exits is engines.servers.ServerStopped, one line with its cause."""
+    from contextlib import ExitStack
+
+    from dspark_kit.engines import servers
+
+    run, timeout = res.run, res.recipe.serve.startup_timeout
+    with ExitStack() as stack:
+        if checked.mooncake_master is not None:  # first: the server joins its store at start
+            try:
+                stack.enter_context(servers.started(checked.mooncake_master, run.mooncake_log, timeout))
+            except Exception as e:
+                raise servers.ServerStopped(f"mooncake_master did not start ({type(e).__name__}: {e}); "
+                                            f"see {run.mooncake_log}") from e
+            say(f"mooncake_master started (log: {run.mooncake_log})")
+        servers.keep_serving(checked.plan, run.serve_log(role), timeout, ready=ready, say=say)
 
 
 # ---- the stage ---------------------------------------------------------------

@@ -24,7 +24,7 @@ from dspark_kit.engines import LaunchPlan, openai_base_url
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe import Recipe, RecipeError
 from dspark_kit.resolved import Resolved, device_env
-from dspark_kit.rundir import RunDir
+from dspark_kit.rundir import BEST_CHECKPOINT, RunDir, epoch_dirs
 from dspark_kit.specdec.checkpoints import set_aside_incomplete_checkpoints
 from dspark_kit.stages.plan import Process, StagePlan
 
@@ -311,9 +311,8 @@ _BREAKER = re.compile(r"circuit breaker tripped.*?file index (\d+) \(attempt [^)
 
 def read_val_metrics(checkpoints: Path) -> dict | None:
     """val metrics of the best (else latest) checkpoint, as speculators saved them."""
-    best = checkpoints / "checkpoint_best"
-    cands = [best] if best.exists() else sorted(
-        (p for p in checkpoints.glob("[0-9]*") if p.is_dir()), key=lambda p: int(p.name))[-1:]
+    best = checkpoints / BEST_CHECKPOINT
+    cands = [best] if best.exists() else epoch_dirs(checkpoints)[-1:]
     for c in cands:
         f = c / "val_metrics.json"
         if f.exists():
@@ -379,7 +378,10 @@ def plan(res: Resolved) -> StagePlan:
         inputs["hidden_states"] = str(res.run.hidden_states)
     elif endpoint:
         inputs["hidden_states_endpoint"] = endpoint
-    return StagePlan.of(res, "train", lines, processes, inputs, {"checkpoints": str(res.run.checkpoints)})
+    staged = StagePlan.of(res, "train", lines, processes, inputs, {"checkpoints": str(res.run.checkpoints)})
+    if recipe.train.nnodes > 1:  # the run waits on and watches this decision, not a second reading of the host
+        staged.details["rendezvous"] = rdzv.as_dict()
+    return staged
 
 
 def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
@@ -387,7 +389,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
 
     from dspark_kit.distributed.rendezvous import (
         MasterWatch,
-        rendezvous_for,
+        Rendezvous,
         store_failure,
         wait_for_store,
     )
@@ -404,7 +406,8 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         reporter.note(f"train: {adopted}")
     t0 = time.time()
     trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
-    rdzv = rendezvous_for(recipe, res.train_device.value) if recipe.train.nnodes > 1 else None
+    recorded = plan.details.get("rendezvous")
+    rdzv = Rendezvous.from_dict(recorded) if recorded else None  # the plan's decision: the host is not re-read
     if rdzv is not None:
         wait_for_store(rdzv)  # node K > 0: node 0's store answers within rdzv_timeout, else one line
     with ExitStack() as stack:
