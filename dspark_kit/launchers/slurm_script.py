@@ -10,10 +10,10 @@ The topology (`topology`), in node order of the allocation (`scontrol show hostn
   train.node_rank=$SLURM_NODEID --set train.master_addr=<node 0>`), so its torchrun line, device
   environment and network interface are decided on that node by the same functions as a local
   multi-node run (distributed/rendezvous.py: node 0 hosts the c10d store, each node its own
-  interface and --local-addr). Node 0 runs it as `run --stages train`, which records the stage in
-  the run folder's state; `--kill-on-bad-exit` ends every node's task when one fails.
+  interface and --local-addr). Each records the stage in the run folder's state as the stage
+  command does; `--kill-on-bad-exit` ends every node's task when one fails.
 - offline hidden states with backend vllm across nodes: each trainer node extracts its shard
-  (the stage's own --world-size/--rank split), node 0 recording the stage.
+  (the stage's own --world-size/--rank split).
 - online hidden states with slurm.extractor_nodes 1: the extraction server has the next node to
   itself (`dspark-kit serve --role hidden-states`, which starts the Mooncake master first when the
   transport is Mooncake); the trainers start after the server printed its URL (it does once
@@ -144,12 +144,11 @@ def _trainer_nodes(n: int) -> str:
 
 
 def _spread_step(stage: str, topo: Topology, placement: list[str]) -> list[str]:
-    """Every trainer node runs the stage as node $SLURM_NODEID; node 0 records it (run --stages)."""
+    """Every trainer node runs the stage command as node $SLURM_NODEID (each records the stage as
+    that command does; where a node runs never enters the fingerprint, so the records agree)."""
     n = topo.trainer_nodes
-    per_node = ('rank="$SLURM_NODEID"; if [ "$rank" = 0 ]; then words=(run --stages ' + stage +
-                ' --force); else words=(' + stage + '); fi; exec "$KIT" -m dspark_kit "${words[@]}" "$@" '
-                '--set train.node_rank="$rank"')
-    args = ['-r "$RECIPE" -w "$WORKDIR" "${SETS[@]}"', '--set train.master_addr="$MASTER"', *placement]
+    per_node = 'exec "$KIT" -m dspark_kit "$@" --set train.node_rank="$SLURM_NODEID"'
+    args = [stage, '-r "$RECIPE" -w "$WORKDIR" "${SETS[@]}"', '--set train.master_addr="$MASTER"', *placement]
     return [f"# {stage} on {n} node(s) ({_trainer_nodes(n)}): each resolves its own interface and torchrun line",
             " ".join([_on(_trainer_nodes(n), n), "bash -c", _q(per_node), stage, *args])]
 
