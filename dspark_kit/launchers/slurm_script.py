@@ -190,6 +190,9 @@ def steps(job: SlurmJob, topo: Topology) -> list[str]:
         if stage == "train" and topo.extractor_nodes:
             server, placement = _extractor_step(r, topo)
             out += server
+        elif stage == "train" and r.hidden_states.mode == "online" and not r.hidden_states.endpoint:
+            out.append("# online hidden states: each trainer node's `train` starts its own extraction server "
+                       "(slurm.extractor_nodes 1: one node of its own)")
         out += _spread_step(stage, topo, placement)
     flush()
     return out
