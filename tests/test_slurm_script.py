@@ -140,3 +140,14 @@ def test_follow_relays_the_jobs_lines_and_returns_its_exit_code(tmp_path, monkey
     assert end.exit_code == 128 + 9 and end.state == "FAILED"
     assert seen == ["slurm: job 3 PENDING (Resources)", "train: epoch 1/2", "slurm: job 3 RUNNING on n[1-2]",
                     "train: epoch 1/2", "slurm: job 3 FAILED"]
+
+
+def test_regen_on_several_nodes_starts_a_chat_server_on_each_and_waits_for_all(tmp_path):
+    script = batch_script(_job(tmp_path, ["train.nnodes=2"]))
+    servers = [s for s in _steps(script) if "serve --role chat" in s]
+    assert [f'--nodelist="${{NODES[{i}]}}"' in s for i, s in enumerate(servers)] == [True, True]
+    regen = next(s for s in _steps(script) if "--stages regen" in s)
+    assert script.index('URL1="$(wait_url') < script.index(regen) < script.index("--stages prepare")
+    assert '--set "regen.endpoints=[${ENDPOINTS%,}]"' in regen
+    one = batch_script(_job(tmp_path, []))  # one node: regen starts its own server, as without Slurm
+    assert "serve --role chat" not in one and "--stages regen,prepare,hidden-states" in one

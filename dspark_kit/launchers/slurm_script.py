@@ -19,6 +19,8 @@ The topology (`topology`), in node order of the allocation (`scontrol show hostn
   transport is Mooncake); the trainers start after the server printed its URL (it does once
   healthy) and read hidden states from that URL (hidden_states.endpoint, the Mooncake master on
   that node).
+- regen with no regen.endpoints on several nodes: a chat server on every node (`dspark-kit serve
+  --role chat`), regen on node 0 over all of them once each is healthy, then the servers stop.
 - every other stage runs on node 0 (`run --stages ...`), in pipeline order.
 
 A step that fails fails the job (`set -e`); background servers are stopped when the script exits.
@@ -171,6 +173,33 @@ def _extractor_step(r: Recipe, topo: Topology) -> tuple[list[str], list[str]]:
     return lines, placement
 
 
+def regen_servers(recipe: Recipe, topo: Topology) -> bool:
+    """regen with no regen.endpoints on an allocation of several nodes: a chat server on every node."""
+    return recipe.regen.enabled and not recipe.regen.endpoints and topo.nodes > 1
+
+
+def _regen_step(r: Recipe, topo: Topology) -> list[str]:
+    """A chat server on every node, their health waits, regen on node 0 over all of them, then the
+    servers stop (the devices are the next stage's)."""
+    n = topo.nodes
+    lines = [(f"# regen: a chat server on each of the {n} nodes, started together; regen on node 0 shares the rows "
+              "over them once each printed its URL (healthy)"), "CHAT=()"]
+    for i in range(n):
+        node = f"${{NODES[{i}]}}"
+        lines += [" ".join([_on(node, 1), _kit("serve --role chat"), f'--set serve.host="{node}"',
+                            f'> "$LOGS/slurm-$SLURM_JOB_ID-chat-{i}.url" &']),
+                  "CHAT+=($!)", "BACKGROUND+=($!)"]
+    # one assignment each: under `set -e` a failed wait ends the job (an array of several would not)
+    lines += [f'URL{i}="$(wait_url "$LOGS/slurm-$SLURM_JOB_ID-chat-{i}.url" "${{CHAT[{i}]}}" '
+              f'{r.serve.startup_timeout:g} "the chat server on ${{NODES[{i}]}}")"' for i in range(n)]
+    lines += ["URLS=(" + " ".join(f'"$URL{i}"' for i in range(n)) + ")",
+              'ENDPOINTS="$(printf \'"%s",\' "${URLS[@]}")"',
+              'echo "chat servers healthy at ${URLS[*]}"',
+              " ".join([_on("${NODES[0]}", 1), _kit("run --stages regen"), '--set "regen.endpoints=[${ENDPOINTS%,}]"']),
+              'for pid in "${CHAT[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done']
+    return lines
+
+
 def steps(job: SlurmJob, topo: Topology) -> list[str]:
     """The job's steps in start-up order: node-0 stages grouped, spread stages on every trainer node."""
     r, out, group = job.recipe, [], []
@@ -182,6 +211,10 @@ def steps(job: SlurmJob, topo: Topology) -> list[str]:
             group.clear()
 
     for stage in job.stages:
+        if stage == "regen" and regen_servers(r, topo):
+            flush()
+            out += _regen_step(r, topo)
+            continue
         if not spread(r, stage):
             group.append(stage)
             continue
