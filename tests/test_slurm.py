@@ -155,7 +155,7 @@ def _kill_training_on(host: slurm_bed.Host) -> int:
 def test_a_killed_node_fails_the_job_in_one_line_ctrl_c_cancels_and_a_resubmission_resumes(cluster, prepared_run,
                                                                                           tmp_path):
     wd = _copy(prepared_run, tmp_path / "run")
-    args = ["run", str(TINY), "--stages", STAGES, *_args(_train_sets(cluster, "train.epochs=4")), "-w", str(wd),
+    args = ["run", str(TINY), "--stages", STAGES, *_args(_train_sets(cluster, "train.epochs=3")), "-w", str(wd),
             "--launcher", "slurm"]
     epoch0 = wd / "checkpoints" / "0" / "training_state.json"
     kit = _popen(cluster, *args, err=tmp_path / "first.err")
@@ -200,7 +200,7 @@ def test_a_killed_node_fails_the_job_in_one_line_ctrl_c_cancels_and_a_resubmissi
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = (wd / "logs" / "train.log").read_text()
     assert "Resuming training on epoch" in log, log[-3000:]
-    assert all((wd / "checkpoints" / str(e) / "training_state.json").exists() for e in range(4))
+    assert all((wd / "checkpoints" / str(e) / "training_state.json").exists() for e in range(3))
     assert json.loads((wd / "state.json").read_text())["train"]["status"] == "done"
     print(f"[slurm] resubmitted after the failure and the Ctrl-C: resumed and finished in "
           f"{time.monotonic() - t0:.1f}s")
@@ -220,3 +220,41 @@ def _work_on(host: slurm_bed.Host) -> list[str]:
         if not any(d in cmd for d in ("slurmctld", "slurmd", "slurmscriptd")):
             out.append(cmd)
     return out
+
+
+ONLINE_SETS = ["serve.engine=vllm", "hidden_states.mode=online", "slurm.extractor_nodes=1", "train.epochs=1"]
+
+
+@pytest.mark.vllm_real
+def test_online_hidden_states_the_vllm_server_on_one_host_the_trainer_on_the_other(cluster, tiny_verifier,
+                                                                                  vllm_cpu_build, tmp_path):
+    """Node 0 (host A) trains; node 1 (host B) runs the vLLM CPU extraction server the job started first."""
+    wd = tmp_path / "run"
+    sets = [*SETS, *ONLINE_SETS, f"serve.hidden_states_port={free_port()}",
+            f"hidden_states.storage_path={tmp_path / 'storage'}"]
+    prep = subprocess.run([*KIT, "run", str(TINY), "--stages", "prepare", *_args(sets), "-w", str(wd), "--json"],
+                          capture_output=True, text=True, timeout=300, env=_env(), check=False)
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    args = ["run", str(TINY), "--stages", "prepare,hidden-states,train", *_args(sets), "-w", str(wd),
+            "--launcher", "slurm"]
+    dry = _kit(cluster, *args, "--dry-run", timeout=120)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    t0 = time.monotonic()
+    proc = _kit(cluster, *args, timeout=900)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (wd / "slurm-job.sbatch").read_text() == dry.stdout
+    [job] = _job_ids(wd)
+    assert _scontrol(cluster, job)["ExitCode"] == "0:0"
+    out = (wd / "logs" / f"slurm-{job}.out").read_text()
+    url = f"http://{cluster.b.node}:"
+    assert f"hidden-state server healthy at {url}" in out, out[-3000:]
+    manifest = json.loads((wd / "manifest.json").read_text())
+    argv = manifest["stages"]["train"]["argv"]
+    assert argv[argv.index("--vllm-endpoint") + 1].startswith(url), argv  # the trainer on A asked B's server
+    assert (wd / "logs" / "serve-hidden-states.log").exists()
+    assert (wd / "checkpoints" / "0" / "training_state.json").exists()
+    assert not list((wd / "prepared" / "hidden_states").glob("hs_*.safetensors"))  # none written ahead
+    state = json.loads((wd / "state.json").read_text())
+    assert state["train"]["status"] == "done"
+    print(f"[slurm] online: vLLM server on {cluster.b.node}, trainer on {cluster.a.node}: {took:.1f}s (job {job})")

@@ -36,9 +36,8 @@ def test_two_trainer_nodes_take_rank_and_master_from_the_allocation(tmp_path):
     pre, train, post = _steps(script)
     assert "--stages prepare,hidden-states" in pre and '--nodelist="${NODES[0]}"' in pre
     assert '--nodes=2' in train and '--nodelist="${NODES[0]},${NODES[1]}"' in train and "--kill-on-bad-exit=1" in train
-    assert 'rank="$SLURM_NODEID"' in train and '--set train.node_rank="$rank"' in train
+    assert '--set train.node_rank="$SLURM_NODEID"' in train and "' train train -r" in train
     assert '--set train.master_addr="$MASTER"' in train and 'MASTER="${NODES[0]}"' in script
-    assert "words=(run --stages train --force)" in train  # node 0 records the stage in the run folder's state
     assert "--stages eval,serve,bench,report" in post
     assert "export KIT=" in script  # the steps' bash -c reads it
 
@@ -141,3 +140,14 @@ def test_follow_relays_the_jobs_lines_and_returns_its_exit_code(tmp_path, monkey
     assert end.exit_code == 128 + 9 and end.state == "FAILED"
     assert seen == ["slurm: job 3 PENDING (Resources)", "train: epoch 1/2", "slurm: job 3 RUNNING on n[1-2]",
                     "train: epoch 1/2", "slurm: job 3 FAILED"]
+
+
+def test_regen_on_several_nodes_starts_a_chat_server_on_each_and_waits_for_all(tmp_path):
+    script = batch_script(_job(tmp_path, ["train.nnodes=2"]))
+    servers = [s for s in _steps(script) if "serve --role chat" in s]
+    assert [f'--nodelist="${{NODES[{i}]}}"' in s for i, s in enumerate(servers)] == [True, True]
+    regen = next(s for s in _steps(script) if "--stages regen" in s)
+    assert script.index('URL1="$(wait_url') < script.index(regen) < script.index("--stages prepare")
+    assert '--set "regen.endpoints=[${ENDPOINTS%,}]"' in regen
+    one = batch_script(_job(tmp_path, []))  # one node: regen starts its own server, as without Slurm
+    assert "serve --role chat" not in one and "--stages regen,prepare,hidden-states" in one

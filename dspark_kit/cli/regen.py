@@ -30,6 +30,7 @@ def regen(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="With --no-resume: empty an existing output and its errors file.")] = False,
     dry_run: common.DryRunOpt = False,
     json_out: common.JsonOpt = False,
+    launcher: common.LauncherOpt = common.Launcher.local,
 ) -> None:
     """Stage 0: regenerate every assistant turn with the verifier (same model and thinking mode that training and serving use, docs/PITFALLS.md).
 
@@ -37,12 +38,26 @@ def regen(
 
     Reasoning (a server's reasoning_content/reasoning, or inline <think>) is stored per reply as reasoning_content. A server that refuses connections is waited for up to regen.unavailable_timeout seconds; every source row is reported as written, failed, not attempted or unusable.
 
+    --launcher slurm: one batch job, a chat server on every node of the recipe's allocation and regen
+    on the first over all of them (docs/MULTINODE.md).
+
     Example: dspark-kit regen -r recipes/tiny-cpu.yaml --limit 20 -w runs/tiny
     """
     from dspark_kit.data.sources import SourceError
     from dspark_kit.stages.dataset import regen as stage
     from dspark_kit.stages.pipeline import record_standalone
 
+    if launcher == common.Launcher.slurm:
+        given = [flag for flag, v in (("-o", outfile), ("--data", dataset), ("--endpoint", endpoint), ("--model", model),
+                                      ("--limit", limit), ("--concurrency", concurrency), ("--max-new-tokens", max_tokens),
+                                      ("--temperature", temperature), ("--top-p", top_p), ("--seed", seed)) if v]
+        if given or not resume or overwrite:
+            common.fail(f"--launcher slurm runs the recipe's regen into DIR/regen.jsonl: set {', '.join(given) or '--no-resume'} "
+                        "as a recipe key instead (e.g. --set regen.concurrency=32, --set data.limit=100)")
+        from dspark_kit.cli.slurm import launch
+
+        launch("regen", recipe, set_, workdir, dry_run, json_out)
+        return
     res = common.resolve(common.load(recipe, set_), workdir, planning=dry_run)
     # where requests go; with no endpoint, the engine command regen starts
     plan = stage.command_plan(res, endpoint, outfile)

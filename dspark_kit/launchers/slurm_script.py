@@ -10,15 +10,17 @@ The topology (`topology`), in node order of the allocation (`scontrol show hostn
   train.node_rank=$SLURM_NODEID --set train.master_addr=<node 0>`), so its torchrun line, device
   environment and network interface are decided on that node by the same functions as a local
   multi-node run (distributed/rendezvous.py: node 0 hosts the c10d store, each node its own
-  interface and --local-addr). Node 0 runs it as `run --stages train`, which records the stage in
-  the run folder's state; `--kill-on-bad-exit` ends every node's task when one fails.
+  interface and --local-addr). Each records the stage in the run folder's state as the stage
+  command does; `--kill-on-bad-exit` ends every node's task when one fails.
 - offline hidden states with backend vllm across nodes: each trainer node extracts its shard
-  (the stage's own --world-size/--rank split), node 0 recording the stage.
+  (the stage's own --world-size/--rank split).
 - online hidden states with slurm.extractor_nodes 1: the extraction server has the next node to
   itself (`dspark-kit serve --role hidden-states`, which starts the Mooncake master first when the
   transport is Mooncake); the trainers start after the server printed its URL (it does once
   healthy) and read hidden states from that URL (hidden_states.endpoint, the Mooncake master on
   that node).
+- regen with no regen.endpoints on several nodes: a chat server on every node (`dspark-kit serve
+  --role chat`), regen on node 0 over all of them once each is healthy, then the servers stop.
 - every other stage runs on node 0 (`run --stages ...`), in pipeline order.
 
 A step that fails fails the job (`set -e`); background servers are stopped when the script exits.
@@ -144,12 +146,11 @@ def _trainer_nodes(n: int) -> str:
 
 
 def _spread_step(stage: str, topo: Topology, placement: list[str]) -> list[str]:
-    """Every trainer node runs the stage as node $SLURM_NODEID; node 0 records it (run --stages)."""
+    """Every trainer node runs the stage command as node $SLURM_NODEID (each records the stage as
+    that command does; where a node runs never enters the fingerprint, so the records agree)."""
     n = topo.trainer_nodes
-    per_node = ('rank="$SLURM_NODEID"; if [ "$rank" = 0 ]; then words=(run --stages ' + stage +
-                ' --force); else words=(' + stage + '); fi; exec "$KIT" -m dspark_kit "${words[@]}" "$@" '
-                '--set train.node_rank="$rank"')
-    args = ['-r "$RECIPE" -w "$WORKDIR" "${SETS[@]}"', '--set train.master_addr="$MASTER"', *placement]
+    per_node = 'exec "$KIT" -m dspark_kit "$@" --set train.node_rank="$SLURM_NODEID"'
+    args = [stage, '-r "$RECIPE" -w "$WORKDIR" "${SETS[@]}"', '--set train.master_addr="$MASTER"', *placement]
     return [f"# {stage} on {n} node(s) ({_trainer_nodes(n)}): each resolves its own interface and torchrun line",
             " ".join([_on(_trainer_nodes(n), n), "bash -c", _q(per_node), stage, *args])]
 
@@ -172,6 +173,33 @@ def _extractor_step(r: Recipe, topo: Topology) -> tuple[list[str], list[str]]:
     return lines, placement
 
 
+def regen_servers(recipe: Recipe, topo: Topology) -> bool:
+    """regen with no regen.endpoints on an allocation of several nodes: a chat server on every node."""
+    return recipe.regen.enabled and not recipe.regen.endpoints and topo.nodes > 1
+
+
+def _regen_step(r: Recipe, topo: Topology) -> list[str]:
+    """A chat server on every node, their health waits, regen on node 0 over all of them, then the
+    servers stop (the devices are the next stage's)."""
+    n = topo.nodes
+    lines = [(f"# regen: a chat server on each of the {n} nodes, started together; regen on node 0 shares the rows "
+              "over them once each printed its URL (healthy)"), "CHAT=()"]
+    for i in range(n):
+        node = f"${{NODES[{i}]}}"
+        lines += [" ".join([_on(node, 1), _kit("serve --role chat"), f'--set serve.host="{node}"',
+                            f'> "$LOGS/slurm-$SLURM_JOB_ID-chat-{i}.url" &']),
+                  "CHAT+=($!)", "BACKGROUND+=($!)"]
+    # one assignment each: under `set -e` a failed wait ends the job (an array of several would not)
+    lines += [f'URL{i}="$(wait_url "$LOGS/slurm-$SLURM_JOB_ID-chat-{i}.url" "${{CHAT[{i}]}}" '
+              f'{r.serve.startup_timeout:g} "the chat server on ${{NODES[{i}]}}")"' for i in range(n)]
+    lines += ["URLS=(" + " ".join(f'"$URL{i}"' for i in range(n)) + ")",
+              'ENDPOINTS="$(printf \'"%s",\' "${URLS[@]}")"',
+              'echo "chat servers healthy at ${URLS[*]}"',
+              " ".join([_on("${NODES[0]}", 1), _kit("run --stages regen"), '--set "regen.endpoints=[${ENDPOINTS%,}]"']),
+              'for pid in "${CHAT[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done']
+    return lines
+
+
 def steps(job: SlurmJob, topo: Topology) -> list[str]:
     """The job's steps in start-up order: node-0 stages grouped, spread stages on every trainer node."""
     r, out, group = job.recipe, [], []
@@ -183,6 +211,10 @@ def steps(job: SlurmJob, topo: Topology) -> list[str]:
             group.clear()
 
     for stage in job.stages:
+        if stage == "regen" and regen_servers(r, topo):
+            flush()
+            out += _regen_step(r, topo)
+            continue
         if not spread(r, stage):
             group.append(stage)
             continue
@@ -191,6 +223,9 @@ def steps(job: SlurmJob, topo: Topology) -> list[str]:
         if stage == "train" and topo.extractor_nodes:
             server, placement = _extractor_step(r, topo)
             out += server
+        elif stage == "train" and r.hidden_states.mode == "online" and not r.hidden_states.endpoint:
+            out.append("# online hidden states: each trainer node's `train` starts its own extraction server "
+                       "(slurm.extractor_nodes 1: one node of its own)")
         out += _spread_step(stage, topo, placement)
     flush()
     return out

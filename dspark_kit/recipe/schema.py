@@ -346,8 +346,8 @@ class SlurmCfg(_Section):
     extractor_nodes: int = Field(0, ge=0, le=1, description="online hidden states: nodes of their own for the "
                                  "extraction server (and Mooncake master); 0 = train's node 0 starts it, as without Slurm")
     sbatch_args: list[str] = Field(default_factory=list, description="more #SBATCH lines, verbatim (e.g. --constraint=h100)")
-    setup: list[str] = Field(default_factory=list, description="shell lines every job step runs first "
-                             "(e.g. module load, source a venv's activate)")
+    setup: list[str] = Field(default_factory=list, description="shell lines the job runs before its first step "
+                             "(e.g. module load, source set_env.sh): every step inherits what they export")
     poll_s: float = Field(2.0, gt=0, description="seconds between looks at the job while following it")
 
     @field_validator("mem", mode="before")
@@ -359,7 +359,9 @@ class SlurmCfg(_Section):
     @classmethod
     def _time_text(cls, v: Any) -> Any:
         if isinstance(v, int) and not isinstance(v, bool):  # YAML reads 3:00:00 as 10800: the unit is lost
-            raise ValueError(f"{v} is a number; write the time quoted, e.g. '03:00:00' or '2-00:00:00'")  # noqa: TRY004 - pydantic reports ValueError
+            raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError as the field's error
+                f"{v} is a number (YAML reads 3:00:00 as seconds); quote the time, e.g. \"03:00:00\" "
+                "(--set 'slurm.time_limit=\"03:00:00\"') or \"30\" for 30 minutes")
         return v
 
 
