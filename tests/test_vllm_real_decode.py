@@ -64,3 +64,4 @@ def test_an_incompatible_vllm_is_one_line(trained_run, tmp_path):
     f = report["finding"]
     assert f.code == "decode-incompatible" and "\n" not in f.message
     assert "vLLM 9.9.0" in f.message and "has no DSparkSpeculator" in f.message
+    assert [ln for ln in summary_lines(report) if "error" in ln] == [f"  error {f.code}: {f.message}"]

@@ -65,9 +65,9 @@ def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: 
 
 def summary_lines(report: dict) -> list[str]:
     """What `contract --decode` prints: the verdict, the figures, the patches, the finding."""
+    layers = f", {report['draft_layers']} draft layer(s)" if report.get("draft_layers") is not None else ""
     head = (f"{report['checkpoint']}: vLLM {report['vllm']} DSpark decode, {report['num_prompts']} held-out "
-            f"prompts x {report['max_new_tokens']} tokens, K={report['k']}, {report['draft_layers']} draft "
-            f"layer(s), {report['dtype']}")
+            f"prompts x {report['max_new_tokens']} tokens, K={report['k']}{layers}, {report['dtype']}")
     out = [head]
     if "prompts" in report:
         al = report["acceptance_length"]
@@ -85,8 +85,9 @@ def summary_lines(report: dict) -> list[str]:
             out.append(f"  sampled drafting T={s['temperature']:g} top-k {s['topk'] or 'none'}: candidates "
                        f"{'equal' if s['candidates_equal'] else 'DIFFER'} ({s['candidates_per_slot']} per slot), "
                        f"max |logit diff| {s['max_logit_deviation']:.2g}")
-    out.append("  ran vLLM's DSpark code on the CPU with these patches:")
-    out += [f"    {name}: {why}" for name, why in report["patches"]]
+    if report["patches"]:
+        out.append("  ran vLLM's DSpark code on the CPU with these patches:")
+        out += [f"    {name}: {why}" for name, why in report["patches"]]
     if not report["knorm_workaround"]:
         out.append("    (without the per-layer k_norm workaround: vLLM's CPU grouped rms_norm as is)")
     f = report.get("finding")
