@@ -258,3 +258,23 @@ def test_online_hidden_states_the_vllm_server_on_one_host_the_trainer_on_the_oth
     state = json.loads((wd / "state.json").read_text())
     assert state["train"]["status"] == "done"
     print(f"[slurm] online: vLLM server on {cluster.b.node}, trainer on {cluster.a.node}: {took:.1f}s (job {job})")
+
+
+def test_regen_shares_the_rows_over_a_chat_server_on_each_host(cluster, tmp_path):
+    """regen with no endpoints on a 2-node allocation: the kit's chat server on both hosts, regen on node 0."""
+    wd = tmp_path / "run"
+    sets = ["train.nnodes=2", "data.limit=8", "regen.max_tokens=16", "slurm.poll_s=0.5"]
+    t0 = time.monotonic()
+    proc = _kit(cluster, "run", str(TINY), "--stages", "regen", *_args(sets), "-w", str(wd), "--launcher", "slurm")
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [job] = _job_ids(wd)
+    out = (wd / "logs" / f"slurm-{job}.out").read_text()
+    healthy = next(ln for ln in out.splitlines() if ln.startswith("chat servers healthy at "))
+    assert f"http://{cluster.a.node}:" in healthy and f"http://{cluster.b.node}:" in healthy, out[-3000:]
+    rows = [json.loads(ln) for ln in (wd / "regen.jsonl").read_text().splitlines()]
+    assert len(rows) == 8
+    state = json.loads((wd / "state.json").read_text())
+    assert state["regen"]["status"] == "done" and state["regen"]["figure"] == 8
+    assert not any(_work_on(h) for h in cluster.hosts)  # both servers stopped with the job
+    print(f"[slurm] regen over a chat server on each host: {took:.1f}s (job {job})")

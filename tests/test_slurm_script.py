@@ -112,9 +112,10 @@ def test_the_ascend_reference_recipe_on_two_nodes(tmp_path):
 
 def test_a_failed_job_is_one_line_naming_the_node(tmp_path):
     out = tmp_path / "slurm-7.out"
-    out.write_text("dspark-kit job 7 on n1 n2\nsrun: error: n2: task 1: Killed\nsrun: Terminating StepId=7.1\n")
+    out.write_text("dspark-kit job 7 on n1 n2\ndspark-kit step: regen\nsrun: error: n1: task 0: Killed\n"  # a server stopped
+                   "dspark-kit step: train\nsrun: error: n2: task 1: Killed\nsrun: Terminating StepId=7.1\n")
     code, line = ending(JobEnd("7", "FAILED", 137, "n[1-2]"), out, "dspark-kit run ... --launcher slurm")
-    assert code == 137 and line.startswith("Slurm job 7 failed on node n2 (task 1: Killed)")
+    assert code == 137 and line.startswith("Slurm job 7 failed in step train on node n2 (task 1: Killed)"), line
     assert "`dspark-kit run ... --launcher slurm` resubmits it" in line and "\n" not in line
     out.write_text("error: train: speculators train exited with 1; see logs/train.log\n")
     _, line = ending(JobEnd("7", "NODE_FAIL", 1, "n2", "NodeDown"), out, "again")
@@ -151,3 +152,13 @@ def test_regen_on_several_nodes_starts_a_chat_server_on_each_and_waits_for_all(t
     assert '--set "regen.endpoints=[${ENDPOINTS%,}]"' in regen
     one = batch_script(_job(tmp_path, []))  # one node: regen starts its own server, as without Slurm
     assert "serve --role chat" not in one and "--stages regen,prepare,hidden-states" in one
+
+
+def test_offline_vllm_hidden_states_run_on_every_trainer_node_each_its_shard(tmp_path):
+    sets = ["train.nnodes=2", "hidden_states.backend=vllm", "regen.enabled=false"]
+    script = batch_script(_job(tmp_path, sets, command="hidden-states"))
+    [step] = _steps(script)
+    assert "' hidden-states hidden-states -r" in step and '--nodelist="${NODES[0]},${NODES[1]}"' in step
+    assert '--set train.node_rank="$SLURM_NODEID"' in step
+    local = batch_script(_job(tmp_path, ["train.nnodes=2", "regen.enabled=false"], command="hidden-states"))
+    assert "run --stages hidden-states" in local  # backend local: one process on node 0

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_kit import atomic
-from dspark_kit.launchers.slurm_script import SCRIPT_NAME, SlurmJob, batch_script, job_out
+from dspark_kit.launchers.slurm_script import (
+    SCRIPT_NAME,
+    STEP_MARK,
+    SlurmJob,
+    batch_script,
+    job_out,
+)
 from dspark_kit.recipe import Recipe
 from dspark_kit.rundir import RunDir
 
@@ -172,8 +178,12 @@ def ending(end: JobEnd, out: Path, again: str) -> tuple[int, str | None]:
     if end.state == "COMPLETED" and end.exit_code == 0:
         return 0, None
     text = out.read_text(errors="replace") if out.exists() else ""
-    failed = _TASK_FAILED.findall(text)
-    kit_error = next((ln.strip() for ln in text.splitlines() if ln.startswith("error: ")), None)
+    lines = text.splitlines()
+    marks = [i for i, ln in enumerate(lines) if ln.startswith(STEP_MARK)]
+    step = lines[marks[-1]].removeprefix(STEP_MARK) if marks else None
+    last = "\n".join(lines[marks[-1]:]) if marks else text  # the step that failed (set -e: the last started)
+    failed = _TASK_FAILED.findall(last)  # (servers stopped after an earlier step are not the failure)
+    kit_error = next((ln.strip() for ln in last.splitlines() if ln.startswith("error: ")), None)
     if end.state == "NODE_FAIL":
         where = f" node {end.nodes} failed (Slurm lost it{f': {end.reason}' if end.reason not in ('', 'None') else ''})"
     elif failed:
@@ -183,7 +193,8 @@ def ending(end: JobEnd, out: Path, again: str) -> tuple[int, str | None]:
         where = ""
     said = f": {kit_error.removeprefix('error: ')}" if kit_error else ""
     code = end.exit_code or 1
-    return code, (f"Slurm job {end.job_id} {end.state.lower()}{where}{said}; see {out}; "
+    in_step = f" in step {step}" if step and end.state != "CANCELLED" else ""
+    return code, (f"Slurm job {end.job_id} {end.state.lower()}{in_step}{where}{said}; see {out}; "
                   f"`{again}` resubmits it and resumes from the run folder's state")
 
 
