@@ -109,18 +109,14 @@ def markdown(rows: list[Row], wall: float) -> str:
               "not change them. They are measured on held-out prompts (`tiny_corpus.write_eval_prompts`, "
               "seed 9173) at K = block size, `bench_eval.py --workdir DEMO_RUN`."),
               "- The demo's wall time depends on the machine's load; its CPU seconds much less.",
-              "", "Details of each method: `benchmarks/README.md` and each script's docstring.", ""]
+              "", "Details of each method: `benchmarks/README.md` and each script's docstring. " + ANALYSES, ""]
     return "\n".join(lines)
 
 
 SCALE_PLOT = "scale.png"  # next to the report; bench_scale.py draws it
-NOTES_MARK = "<!-- hand-written notes below this line: run_all.py keeps them -->"
-
-
-def kept_notes(path: Path) -> str:
-    """The hand-written part of the existing file (after NOTES_MARK), so a rerun keeps it."""
-    text = path.read_text() if path.exists() else ""
-    return "\n" + text[text.index(NOTES_MARK):] if NOTES_MARK in text else ""
+# the file is written whole; the hand-written analyses live in their own page
+ANALYSES = ("The analyses behind these figures (what each measures and why it lands where it does) are "
+            "hand-written in [PERFORMANCE_ANALYSES.md](PERFORMANCE_ANALYSES.md).")
 
 
 def main() -> None:
@@ -155,7 +151,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_name(args.out.name + ".tmp")
-    tmp_out.write_text(markdown(rows, wall) + kept_notes(args.out))
+    tmp_out.write_text(markdown(rows, wall))
     tmp_out.replace(args.out)
     print(markdown(rows, wall))
     print(f"wrote {args.out} ({wall / 60:.1f} min)", file=sys.stderr)

@@ -21,6 +21,17 @@ PITFALLS = {
 }
 
 
+_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+          "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+
+
+def pitfall_count() -> str:
+    """How many pitfalls there are, in words ("eleven"): what the help and the docs say (a test
+    holds README and docs/PITFALLS.md to it)."""
+    n = len(PITFALLS)
+    return _WORDS[n] if n < len(_WORDS) else str(n)
+
+
 @dataclass(frozen=True)
 class Finding:
     level: Literal["error", "warning"]

@@ -53,11 +53,16 @@ def _signal_live(sig: int = signal.SIGTERM) -> None:
                 _TERMED.add(proc.pid)
 
 
+def signal_exit_code(signum: int) -> int:
+    """The exit status a shell gives a process ended by signal `signum` (128 + signum)."""
+    return 128 + signum
+
+
 def _on_signal(signum, frame) -> None:
     _signal_live(signal.SIGTERM)  # at once: stop() in the callers' finally blocks then waits for them
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise SystemExit(128 + signum)
+    raise SystemExit(signal_exit_code(signum))
 
 
 def install_signal_handlers() -> None:

@@ -61,8 +61,11 @@ HEAVY_FIRST = (
     TRAINED_RUN_GROUP,  # ~510 s: test_cli_run, test_served_tune, test_storage_plan, test_vllm_real_parse, ...
     "test_slurm.py",  # ~330 s (its online test ~180 s: the vLLM CPU server's start)
     "test_vllm_real_hidden_states.py",  # ~240 s
+    "test_family_pipelines.py",  # ~240 s: a whole pipeline per family (Qwen3-MoE, Llama-3)
+    "test_vllm_real_families.py",  # ~200 s: two vLLM servers per family
     "test_two_hosts_online.py",  # ~230 s
     "test_two_hosts.py",  # ~220 s
+    "test_vllm_real_decode_layers.py",  # ~180 s: trains a 2-layer draft, two vLLM decodes
     "test_hidden_state_faults.py",  # ~155 s
     "test_tools_smoke.py",  # ~130 s
     "test_other_kernels.py",  # ~115 s

@@ -1,5 +1,6 @@
 """One module decides a draft's anchor layout (specdec/anchor.py): no other module reads
-`sample_from_anchor` with a default of its own, nor decides what a missing key means.
+`sample_from_anchor` with a default of its own, nor decides what a missing key means (not even the kit's patches of
+speculators, nor the probe that runs inside vLLM's interpreter).
 
 A wrong layout accepts almost nothing and raises no error, and the loaders read a missing key
 differently (vLLM's DSpark runtime true, its speculators loader false), so a second spelling of the
@@ -16,18 +17,12 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "dspark_kit"
 KEY = "sample_from_anchor"
 RULE = "specdec/anchor.py"
-# not draft configs, each with the reason
-ALLOWED = {
-    # runs inside vLLM's interpreter (it cannot import the kit) and reports what vLLM's DSpark
-    # runtime reads, with vLLM's own default (speculator.py), for the contract to compare
-    "engines/vllm_cpu/dspark_contract_probe.py",
-    # patches speculators' compute_metrics: the keyword's default is that function's signature's
-    "compat/dspark_fixes.py",
-}
-
-
 def _is_key(node) -> bool:
     return isinstance(node, ast.Constant) and node.value == KEY
+
+
+def _none(node) -> bool:  # a default of None decides nothing: absent stays absent
+    return isinstance(node, ast.Constant) and node.value is None
 
 
 def _names_key(node) -> bool:
@@ -39,9 +34,9 @@ def _spells_default(node: ast.AST) -> bool:
     if isinstance(node, ast.Call):
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "get":  # x.get(KEY, default)
-            return len(node.args) >= 2 and _is_key(node.args[0])
+            return len(node.args) >= 2 and _is_key(node.args[0]) and not _none(node.args[1])
         if isinstance(f, ast.Name) and f.id == "getattr":  # getattr(x, KEY, default)
-            return len(node.args) >= 3 and _is_key(node.args[1])
+            return len(node.args) >= 3 and _is_key(node.args[1]) and not _none(node.args[2])
         return False
     if isinstance(node, ast.Compare):  # KEY in x / KEY not in x
         return _is_key(node.left) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
@@ -60,7 +55,7 @@ def test_the_missing_key_default_lives_in_one_module():
     offenders = []
     for f in sorted(PKG.rglob("*.py")):
         rel = f.relative_to(PKG).as_posix()
-        if rel == RULE or rel in ALLOWED:
+        if rel == RULE:
             continue
         offenders += [f"dspark_kit/{rel}:{line}" for line in defaults_spelled(ast.parse(f.read_text()))]
     assert not offenders, f"ask dspark_kit.specdec.anchor.anchor_layout instead: {offenders}"
@@ -82,6 +77,6 @@ def test_the_detector_catches_each_spelling():
            'y = 1 if cfg.sample_from_anchor is None else 2']
     for src in bad:
         assert defaults_spelled(ast.parse(src)) == [1], src
-    fine = ['cfg.get("sample_from_anchor")', 'out = {"sample_from_anchor": True}', 'anchor_layout(cfg).slots']
+    fine = ['cfg.get("sample_from_anchor")', 'getattr(c, "sample_from_anchor", None)', 'out = {"sample_from_anchor": True}', 'anchor_layout(cfg).slots']
     for src in fine:
         assert defaults_spelled(ast.parse(src)) == [], src

@@ -86,6 +86,7 @@ def test_every_old_spelling_still_parses(name, old, new, target):
     for p in _options(cmd):  # required options other than the one under test get a plain value
         if p.required and p is not target:
             args += [p.opts[0], "1"]
+    args = ["1" for p in cmd.params if p.param_type_name == "argument" and p.required] + args  # and arguments
     notes: list[tuple[str, str]] = []
     ctx = cmd.make_context(name, translate(cmd.params, args, lambda a, b: notes.append((a, b))))
     value = ctx.params[target.name]

@@ -290,3 +290,19 @@ def test_init_from_a_draft_that_does_not_fit_is_one_line(tmp_path: Path, over, w
 def test_init_from_a_native_draft_says_import_it_first(tmp_path: Path):
     with pytest.raises(ValueError, match="dspark-kit import"):
         train_args(init_recipe(native_draft(tmp_path / "d")), tmp_path)
+
+
+@pytest.mark.parametrize("make", [native_draft, specforge_draft, speculators_release])
+def test_init_from_fine_tunes_an_imported_draft_of_each_layout_in_its_layout(tmp_path: Path, make):
+    """The imported draft is what speculators' --from-pretrained loads; its anchor layout and the import's
+    record are in the config the trainer saves each epoch (speculators' config round trip)."""
+    from speculators.models.dspark.config import DSparkSpeculatorConfig
+
+    imported = tmp_path / "imported"
+    import_draft(make(tmp_path / "d", block_size=4), imported, verifier="/v", sample_from_anchor=False)
+    args = train_args(init_recipe(imported, mask_token_id=9), tmp_path)
+    assert args[args.index("--from-pretrained") + 1] == str(imported)
+    DSparkSpeculatorConfig.from_pretrained(str(imported)).save_pretrained(str(tmp_path / "epoch0"))
+    saved = json.loads((tmp_path / "epoch0" / "config.json").read_text())
+    assert saved["sample_from_anchor"] is False and trained_slots(saved) == 3
+    assert saved[RECORD]["layout"] == layout_of(json.loads((tmp_path / "d" / "config.json").read_text()))

@@ -61,6 +61,28 @@ def test_the_familys_trained_draft_beats_an_untrained_one(family_run, tmp_path):
     assert al["trained"] >= MARGIN * al["untrained"], al
 
 
+def test_preflight_passes_the_run_and_refuses_a_mask_token_the_verifier_emitted(family_run, tmp_path):
+    import shutil
+
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight.checks import run_preflight
+
+    name, wd = family_run
+    run = tmp_path / "run"
+    shutil.copytree(wd, run, ignore=shutil.ignore_patterns("hidden_states", "hs-storage"))
+    recipe = _recipe(name)
+    assert not [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.code.startswith("pitfall-7")]
+    from transformers import AutoTokenizer
+
+    mask = recipe.draft.mask_token_id  # else the tokenizer's own (Qwen's <|MASK|>), as preflight resolves it
+    mask = AutoTokenizer.from_pretrained(Resolved(recipe, run).verifier_path).mask_token_id if mask is None else mask
+    with (run / "regen.jsonl").open("a") as f:  # a reply the verifier "generated" with the mask token in it
+        f.write(json.dumps({"conversations": [{"from": "human", "value": "hi"},
+                                              {"from": "gpt", "value": "x", "token_ids": [mask]}]}) + "\n")
+    found = [f for f in run_preflight(Resolved(recipe, run), probes=False) if f.level == "error"]
+    assert any("replies the verifier generated" in f.message for f in found), found
+
+
 @pytest.mark.vllm_real
 def test_the_familys_draft_loads_whole_through_vllm(family_run, vllm_cpu_build):
     """`contract`: vLLM's DSpark config loader, engine config and load_weights, the family as target."""

@@ -84,3 +84,18 @@ def test_init_on_a_real_shaped_config_folder_writes_a_recipe_whose_preflight_pas
         assert param_count(config) > 30e9 and f"{param_count(config):,} parameters, every expert" in r.output
     findings = run_preflight(Resolved(load_recipe(out, require_run_keys=True), tmp_path / "run"), probes=False)
     assert [f for f in findings if f.level == "error"] == [], findings
+
+
+def test_init_on_the_tiny_llama3_picks_its_reserved_token_and_the_recipe_agrees(tmp_path):
+    """The shipped tiny Llama-3 files (tokenizer and config only are read): a full vocabulary, so the
+    mask is the first reserved special token, the id recipes/tiny-llama3-cpu.yaml pins."""
+    from dspark_kit.data.tiny_verifier import shipped_dir
+
+    out = tmp_path / "r.yaml"
+    r = CliRunner().invoke(app, ["init", "--verifier", str(shipped_dir(F.LLAMA3)), "--target-device", "cpu",
+                                 "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    comment = next(ln for ln in out.read_text().splitlines() if ln.strip().startswith("mask_token_id:"))
+    shipped = yaml.safe_load((Path(__file__).resolve().parent.parent / "recipes/tiny-llama3-cpu.yaml").read_text())
+    assert yaml.safe_load(out.read_text())["draft"]["mask_token_id"] == shipped["draft"]["mask_token_id"]
+    assert "the reserved special token <|reserved_special_token_0|>" in comment

@@ -167,6 +167,75 @@ def test_cli_modules_hold_no_stage_logic():
     assert not heavy, heavy
 
 
+# What a CLI module may import below stages/ and measure/ (the entry points it calls): the core it
+# parses and shows with, exception classes (to turn into one line), and these tools, each a command
+# of its own that is a function of a lower layer.
+CLI_CORE = {"cli", "stages", "launchers", "measure", "recipe", "rundir", "redact", "progress", "devices"}
+CLI_TOOLS = {
+    "resolved": "common.resolve builds the command's one Resolved",
+    "resolved.derived": "recipe show",
+    "resolved.storage_plan": "preflight's storage line",
+    "specdec.window": "window plan",
+    "specdec.draft_layouts": "drafts import/export/slots",
+    "specdec.anchor": "drafts slots: a layout's draft tokens per block",
+    "specdec.anchor_measure": "drafts: the layouts measured side by side",
+    "specdec.verifier": "drafts import: the verifier's config",
+    "specdec.checkpoints": "contract: the checkpoints to judge",
+    "engines.vllm_contract": "contract",
+    "engines": "serve --api-key's environment variable",
+    "compat.patches": "doctor",
+    "data.categories": "the --categories parser",
+}
+RECIPE_SECTIONS = {"verifier", "data", "regen", "hidden_states", "draft", "train", "serve", "bench", "eval", "slurm"}
+FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes"}
+
+
+def cli_breaches(source: str) -> list[str]:
+    """What a CLI module does that is a stage's work: reads a recipe field (`res.recipe`, `r.serve`),
+    opens or reads a file, parses JSON/YAML, or calls into a lower layer that is not an entry point."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Attribute) and (n.attr == "recipe" or (
+                isinstance(n.value, ast.Name) and n.value.id in {"r", "recipe"} and n.attr in RECIPE_SECTIONS)):
+            out.append(f"line {n.lineno}: reads the recipe (.{n.attr}); ask the stage")
+        elif isinstance(n, ast.Call):
+            fn = n.func
+            name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            if name in FILE_CALLS:
+                out.append(f"line {n.lineno}: opens a file ({name}); the stage reads and writes")
+            elif isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id in {"json", "yaml"} \
+                    and fn.attr.startswith(("load", "safe_load")):
+                out.append(f"line {n.lineno}: parses {fn.value.id}; the stage reads its files")
+        elif isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("dspark_kit"):
+            module = n.module.removeprefix("dspark_kit").lstrip(".")
+            for a in n.names:
+                target = module or a.name
+                if (target.split(".")[0] in CLI_CORE or {target, f"{target}.{a.name}"} & set(CLI_TOOLS)
+                        or a.name.endswith(("Error", "Stopped", "Exists"))):
+                    continue
+                out.append(f"line {n.lineno}: calls {target}.{a.name}, not a stage, measure or tool entry point")
+    return out
+
+
+def test_cli_modules_only_parse_and_call():
+    """A CLI module reads no recipe field, opens no file and only calls stage, measure or tool entry
+    points (CLI_TOOLS names each tool and why)."""
+    found = {f.name: b for f in sorted((PKG / "cli").glob("*.py")) if (b := cli_breaches(f.read_text()))}
+    assert not found, found
+
+
+@pytest.mark.parametrize("planted", [
+    "def f(res):\n    return res.recipe.eval.num_prompts\n",
+    "def f(r):\n    return r.bench.concurrency\n",
+    "def f(p):\n    return p.read_text()\n",
+    "import json\ndef f(s):\n    return json.loads(s)\n",
+    "def f():\n    from dspark_kit.engines.lifecycle import ManagedServer\n    return ManagedServer\n",
+])
+def test_the_cli_rule_sees_stage_work(planted):
+    assert len(cli_breaches(planted)) == 1, cli_breaches(planted)
+    assert cli_breaches("def f(res):\n    from dspark_kit.stages.steps import REGISTRY\n    return res.run.eval\n") == []
+
+
 def nested_in_register(source: str) -> list[str]:
     """Functions (and classes) defined inside a module's `register`: commands as closures."""
     return [f"{node.name} (line {node.lineno})" for reg in ast.parse(source).body

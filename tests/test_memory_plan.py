@@ -1,7 +1,7 @@
 """The training memory plan (dspark_kit/resolved/memory_plan.py): its terms follow the recipe, preflight
 refuses a recipe whose plan exceeds the stated device memory naming the cheapest fixes in order, the seed
 recipe's dry run prints its per-device plan, and init picks settings that fit. How close the plan is to
-a real training's memory: benchmarks/bench_memory.py (docs/PERFORMANCE.md#training-memory-issue-40)."""
+a real training's memory: benchmarks/bench_memory.py (docs/PERFORMANCE_ANALYSES.md#training-memory-issue-40)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ STRING_RULES: dict[str, tuple[re.Pattern, str]] = {
 # number -> (the rule, its owner, {other module: the other thing the same number means there})
 NUMBER_RULES: dict[int, tuple[str, str, dict[str, str]]] = {
     128: ("vllm-ascend's KV block (specdec.window.ASCEND_KV_BLOCK_SIZE)", "specdec.window", {
-        "resolved.memory_plan": "a head dimension", "data.tiny_verifier": "the tiny verifier's hidden size",
+        "resolved.memory_plan": "a head dimension", "data.tiny_builder": "the tiny verifier's hidden size",
         "processes": "the shell's exit code for a signal (128 + signum)"}),
     8000: ("the chat/spec server's default port (recipe.schema.DEFAULT_SERVE_PORT)", "recipe.schema", {}),
     9736: ("the hidden-state server's default port (recipe.schema.DEFAULT_HIDDEN_STATES_PORT)", "recipe.schema", {}),

@@ -187,9 +187,8 @@ def test_stop_sends_sigterm_first_and_a_willing_child_exits_within_the_grace():
 
     proc, family = _start_family("obey")
     try:
-        t0 = time.monotonic()
-        assert stop(proc, grace_s=30) == -signal.SIGTERM  # ended by SIGTERM, long before the grace ran out
-        assert time.monotonic() - t0 < 15
+        # ended by SIGTERM: had the grace run out, stop would have sent SIGKILL and said so
+        assert stop(proc, grace_s=30) == -signal.SIGTERM
         assert all(_gone(p) for p in family)  # the grandchildren got SIGTERM too, the escaped one included
     finally:
         _reap(proc, family)

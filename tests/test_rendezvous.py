@@ -100,9 +100,21 @@ def test_c10d_node_0_hosts_the_store_and_this_node_gives_its_own_address():
     assert same.local_addr is None and "is_host=false" in "".join(same.torchrun_args(1))
 
 
-def test_a_node_waits_for_the_store_at_most_the_rdzv_timeout_then_names_the_master():
-    import time
+class FakeClock:
+    """time.monotonic / time.sleep for a module under test: sleeping advances it, nothing else does."""
 
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, 0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now, self.sleeps = self.now + seconds, self.sleeps + 1
+
+
+def test_a_node_waits_for_the_store_at_most_the_rdzv_timeout_then_names_the_master(monkeypatch):
+    from dspark_kit.distributed import rendezvous
     from dspark_kit.distributed.rendezvous import RendezvousError, store_failure, wait_for_store
 
     with socket.socket() as listening:
@@ -113,10 +125,11 @@ def test_a_node_waits_for_the_store_at_most_the_rdzv_timeout_then_names_the_mast
         sets = ("train.nnodes=2", "train.nodes_same_host=true", f"train.master_port={port}", "train.rdzv_timeout=2")
         r1 = resolve_rendezvous(_recipe(*sets, "train.node_rank=1"), "cpu", facts)
         assert wait_for_store(r1) < 1.0  # answered at once
-    t0 = time.monotonic()
+    clock = FakeClock()  # the wait is judged on the kit's clock, not the machine's (a busy one is slow)
+    monkeypatch.setattr(rendezvous, "time", clock)
     with pytest.raises(RendezvousError) as e:  # nothing listens there now
         wait_for_store(r1, poll_s=0.2)
-    assert 1.5 < time.monotonic() - t0 < 4.0
+    assert 2 - 0.2 <= clock.now <= 2 + 1e-9 and clock.sleeps in (9, 10)  # probed every 0.2 s up to the 2 s timeout
     assert f"train.master_addr 127.0.0.1:{port} within train.rdzv_timeout 2s" in str(e.value)
     assert "\n" not in str(e.value) and "--set train.node_rank=0" in str(e.value)
     r0 = resolve_rendezvous(_recipe(*sets), "cpu", facts)

@@ -37,7 +37,8 @@ def test_a_waiting_build_names_the_holder_then_uses_its_result(tmp_path: Path):
     t = threading.Thread(target=lambda: result.append(ensure_tiny_verifier(TinySpec(), tmp_path, log=log)))
     t.start()
     assert waiting.wait(30), said
-    assert re.search(r"process 4242 \(building for 3\d s\) holds .*\.lock$", said[0]), said
+    held = re.search(r"process 4242 \(building for (\d+) s\) holds .*\.lock$", said[0])
+    assert held and int(held.group(1)) >= 30, said  # since 30 s before: no upper bound on a busy machine
     out.mkdir()
     (out / "model.safetensors").write_bytes(b"")  # the holder finished the build
     owner.unlink()

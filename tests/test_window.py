@@ -134,7 +134,7 @@ def test_the_decoder_windows_like_vllm_ascend(monkeypatch):
         pass
 
     fake = draft_model.DSparkDraft.__new__(draft_model.DSparkDraft)
-    fake.block_size = 4
+    fake.block_size, fake.sample_from_anchor, fake.slots = 4, True, 4
     monkeypatch.setattr(draft_model.DSparkDraft, "block_hidden", lambda *a, **k: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
         fake.draft(torch.zeros(200, 2), torch.arange(200), anchor=5, anchor_pos=200, num_slots=3,

@@ -60,11 +60,10 @@ def bench(
         return
     if files:
         common.fail(f"unexpected arguments {[str(f) for f in files]}: result files need --compare")
-    r = common.load(recipe, common.with_temperature(set_, temperature))
-    res = common.resolve(r, workdir, planning=True)  # the model name and K to record: nothing to build or train
+    res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir, planning=True)  # the model name and K to record: nothing to build or train
     out_dir = out or res.run.bench
     if dry_run:
-        chosen = common.prompt_categories(categories, r.bench.categories, "bench.categories")
+        chosen = common.prompt_categories(res, categories, "bench")
         try:
             common.show_plan(endpoint_plan(res, base_url, label, out_dir, num_prompts, concurrency, max_tokens,
                                            dataset, chosen), json_out)

@@ -106,12 +106,13 @@ def show_plan(plan, json_out: bool) -> None:
         typer.echo("\n".join(plan.lines))
 
 
-def prompt_categories(given: str | None, default: list[str] | str, key: str) -> list[str]:
-    """--categories, else the recipe's `key`, parsed: a misspelt name fails before anything loads."""
-    from dspark_kit.data.categories import CategoryError, parse_categories
+def prompt_categories(res, given: str | None, section: str) -> list[str]:
+    """--categories, else `<section>.categories` (measure.eval_prompts.chosen_categories): a
+    misspelt name fails before anything loads."""
+    from dspark_kit.measure.eval_prompts import EvalError, chosen_categories
 
     try:
-        return parse_categories(given if given is not None else default)
-    except CategoryError as e:
-        fail(f"{'--categories' if given is not None else key}: {e}")
+        return chosen_categories(res, given, section)
+    except EvalError as e:
+        fail(str(e))
         raise  # unreachable

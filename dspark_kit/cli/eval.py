@@ -84,7 +84,7 @@ def eval_cmd(
     # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
     res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir,
                          checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device, planning=dry_run)
-    chosen = common.prompt_categories(categories, res.recipe.eval.categories, "eval.categories")
+    chosen = common.prompt_categories(res, categories, "eval")
     lengths = parse_int_list(context_lengths, "--context-lengths")
     if dry_run:
         try:
@@ -104,7 +104,9 @@ def eval_cmd(
     if json_out:
         common.emit_json(summary)
         return
-    typer.echo(Path(summary["files"]["markdown"]).read_text())
+    from dspark_kit.stages.evaluation.eval_outputs import markdown
+
+    typer.echo(markdown(summary))
     typer.echo(f"acceptance length {summary['acceptance_length']}; files in {Path(summary['files']['json']).parent}")
 
 

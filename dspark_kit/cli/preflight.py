@@ -1,4 +1,4 @@
-"""`dspark-kit preflight`: the ten silent acceptance killers, checked before you spend GPU hours."""
+"""`dspark-kit preflight`: the silent acceptance killers (findings.PITFALLS), checked before you spend GPU hours."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def preflight(
     workdir: common.WorkdirOpt = None,
     json_out: common.JsonOpt = False,
 ) -> None:
-    """Check the recipe and the run's artifacts against docs/PITFALLS.md's pitfalls.
+    """Check the recipe and the run's artifacts against the pitfalls of docs/PITFALLS.md.
 
     Looks at whatever exists in the work dir: regen.jsonl (model, thinking),
     prepared/prepare_meta.json, prepared/hidden_states/hs_0.safetensors
@@ -62,5 +62,12 @@ def preflight(
         raise typer.Exit(1)
 
 
+def preflight_help() -> str:
+    """The command's help: its docstring, with the registry's pitfall count in the first line."""
+    from dspark_kit.findings import pitfall_count
+
+    return preflight.__doc__.replace("against the pitfalls", f"against the {pitfall_count()} silent pitfalls", 1)
+
+
 def register(app: typer.Typer) -> None:
-    app.command("preflight")(preflight)
+    app.command("preflight", help=preflight_help())(preflight)

@@ -30,6 +30,21 @@ def show(recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH, set_: common.Set
         typer.echo(f"# {k}: {v}")
 
 
+def list_cmd(json_out: common.JsonOpt = False) -> None:
+    """List the recipes shipped with the package: `-r NAME` (or `run NAME`) runs one from any folder.
+
+    Each line: the name, its file and what the recipe says it is for (its first comment line).
+    """
+    from dspark_kit.recipe import recipe_about, shipped_recipes
+
+    rows = [{"name": name, "path": str(path), "about": recipe_about(path)} for name, path in shipped_recipes().items()]
+    if json_out:
+        common.emit_json(rows)
+        return
+    for row in rows:
+        typer.echo(f"{row['name']:<32} {row['about']}  ({row['path']})")
+
+
 def validate(recipes: Annotated[list[str], typer.Argument(help="Recipe files.")]) -> None:
     """Validate recipe files; exit 2 with a field-named error on the first bad one.
 
@@ -51,6 +66,7 @@ def reference() -> None:
 
 
 def register(app: typer.Typer) -> None:
+    recipe_app.command("list")(list_cmd)
     recipe_app.command("show")(show)
     recipe_app.command("validate")(validate)
     recipe_app.command("reference")(reference)

@@ -47,7 +47,7 @@ def _dspark_metrics(logits, targets, loss_mask, block, loss="ce"):
         "loss_config": resolve_loss_config(loss, "eager"),
         "tv_loss_fn": resolve_loss_config("tv", "eager")["tv"][0],
     }
-    if "sample_from_anchor" in inspect.signature(m.compute_metrics).parameters:
+    if inspect.signature(m.compute_metrics).parameters.get("sample_from_anchor") is not None:  # newer speculators
         kwargs["sample_from_anchor"] = True
     return m.compute_metrics(logits, targets, None, loss_mask, block, **kwargs)
 
@@ -264,12 +264,18 @@ def patch_slot0_metrics(device: str) -> Replacements:
     metrics_mod = _mod("speculators.models.dspark.metrics")
     core = _mod("speculators.models.dspark.core")
     original = metrics_mod.compute_metrics
+    import inspect
+
+    signature = inspect.signature(original)
 
     def compute_metrics(logits, targets, confidence_logits, loss_mask, block_size, *a, **kw):
         loss, metrics = original(
             logits, targets, confidence_logits, loss_mask, block_size, *a, **kw
         )
-        if kw.get("sample_from_anchor", True):
+        # the layout speculators trains in: its caller's keyword, else its own signature's default
+        bound = signature.bind(logits, targets, confidence_logits, loss_mask, block_size, *a, **kw)
+        bound.apply_defaults()
+        if bound.arguments["sample_from_anchor"]:
             tv_fn = kw.get("tv_loss_fn") or metrics_mod.tv_loss
             _slot0_inclusive(
                 metrics, logits, targets, confidence_logits, loss_mask, block_size, tv_fn

@@ -260,8 +260,9 @@ def markdown(found: list[Features]) -> str:
     for engine in ENGINES:
         lines.append(f"| {engine} | {_derived(found, engine)} | {_derived(found, engine, 'window')} | "
                      f"{_derived(found, engine, 'adaptive')} |")
-    lines += ["", "A checkpoint without `sample_from_anchor` in its config.json is refused on every release",
-              "whose loader reads a missing key as false (the layout behind under-1% served acceptance).", ""]
+    lines += ["", "A checkpoint without `sample_from_anchor` in its config.json is refused on every release: the",
+              "layout it was trained in is unknown, and serving the other one accepts almost nothing",
+              "(`dspark-kit import` measures it; CONCEPTS.md, draft layouts).", ""]
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ def replies_emitting(path: Path, token_id: int, token_text: str | None, limit: i
             continue
         turns = row.get("conversations") or row.get("messages") or []
         for t in turns if isinstance(turns, list) else []:
-            if not isinstance(t, dict) or t.get("role") not in ("assistant", "gpt"):
+            if not isinstance(t, dict) or (t.get("role") or t.get("from")) not in ("assistant", "gpt"):
                 continue
             seen += 1
             ids, text = t.get("token_ids"), t.get("content") or t.get("value")

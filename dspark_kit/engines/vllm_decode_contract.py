@@ -48,16 +48,30 @@ class Trace:
     steps: list[dict] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """The block layout the kit drafts in: its anchor layout (specdec.anchor decides it for the
+    checkpoint) and the query tokens a block of K drafts runs (K, or K + 1 with a bonus anchor)."""
+
+    sample_from_anchor: bool
+    num_query_per_req: int
+
+
 # ---- the kit's side --------------------------------------------------------------------------
 def kit_traces(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[int]], max_new: int,
-               stop_ids: frozenset[int], dtype: str = "float32") -> list[Trace]:
+               stop_ids: frozenset[int], dtype: str = "float32") -> tuple[list[Trace], Layout]:
     """SpecGenerator's greedy decode of each prompt with every block recorded (it drafts K slots
-    up to max_new: run K further so the last blocks are full, as vLLM always drafts K)."""
+    up to max_new: run K further so the last blocks are full, as vLLM always drafts K), and the
+    layout it drafted in."""
     from dspark_kit.specdec.decoder import SpecGenerator
 
     gen = SpecGenerator.from_checkpoint(verifier_path, checkpoint, k, dtype=dtype)
     draft = gen.draft
     m = draft.model
+
+    def width(slots: int) -> int:  # the block's positions: one more than the slots with a bonus anchor
+        return slots if draft.sample_from_anchor else slots + 1
+
     steps: list[dict] = []
     pending: list[torch.Tensor] = []
     context_features, draft_cached = draft.context_features, draft.draft_cached
@@ -74,7 +88,7 @@ def kit_traces(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[
         ks = [layer.self_attn.k_norm(layer.self_attn.k_proj(normed).view(ctx.shape[0], -1, layer.self_attn.head_dim))
               for layer in m.layers]
         steps.append({"context_len": cache.context_len, "anchor": anchor, "tokens": list(block.tokens),
-                      "input_ids": [anchor] + [draft.mask_token_id] * (num_slots - 1), "context": ctx,
+                      "input_ids": [anchor] + [draft.mask_token_id] * (width(num_slots) - 1), "context": ctx,
                       "context_k": torch.stack(ks), "base": block.base_logits, "logits": block.logits,
                       "confidence": block.confidence})
         return block
@@ -105,7 +119,7 @@ def kit_traces(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[
                 trace.steps.append(s)
                 emitted += s["accepted"] + 1
             out.append(trace)
-    return out
+    return out, Layout(bool(draft.sample_from_anchor), width(k))
 
 
 # ---- vLLM's side -------------------------------------------------------------------------------
@@ -177,16 +191,17 @@ def _layer_of(v: torch.Tensor, kit: torch.Tensor, tol: float) -> int:
     return int((per > tol).nonzero()[0]) if (per > tol).any() else 0
 
 
-def compare(result: dict, vtrace: dict, kit: list[Trace], k: int, tol: float) -> dict:
+def compare(result: dict, vtrace: dict, kit: list[Trace], layout: Layout, tol: float) -> dict:
     """Figures per prompt and the first difference as one Finding (None: the contract holds).
     `result`: vLLM's layout (sample_from_anchor, num_query_per_req); `vtrace["decode"]`: its decodes."""
     vllm = result.get("vllm", "?")
     prompts, finding, first, max_dev = [], None, None, 0.0
-    if result.get("sample_from_anchor") is not True or result.get("num_query_per_req") != k:
+    theirs = (result.get("sample_from_anchor"), result.get("num_query_per_req"))
+    if theirs != (layout.sample_from_anchor, layout.num_query_per_req):
         finding = Finding("error", "decode-anchor", (
-            f"vLLM {vllm} drafts with sample_from_anchor={result.get('sample_from_anchor')} "
-            f"({result.get('num_query_per_req')} query tokens a block), the kit with true ({k}): "
-            "sample_from_anchor in config.json (vLLM's DSparkSpeculator reads it)"), 1)
+            f"vLLM {vllm} drafts with sample_from_anchor={theirs[0]} ({theirs[1]} query tokens a block), the "
+            f"kit with {layout.sample_from_anchor} ({layout.num_query_per_req}): sample_from_anchor in "
+            "config.json (vLLM's DSparkSpeculator reads it)"), 1)
     for i, (v, kt) in enumerate(zip(vtrace["decode"], kit, strict=True)):
         blocks_equal = 0
         for j, (vs, ks) in enumerate(zip(v["steps"], kt.steps, strict=False)):

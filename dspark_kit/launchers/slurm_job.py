@@ -28,6 +28,7 @@ from dspark_kit.launchers.slurm_script import (
     batch_script,
     job_out,
 )
+from dspark_kit.processes import signal_exit_code
 from dspark_kit.recipe import Recipe
 from dspark_kit.rundir import RunDir
 
@@ -98,7 +99,7 @@ def _exit_code(value: str) -> int:
     """Slurm's "code:signal" as one exit status."""
     code, _, sig = value.partition(":")
     try:
-        return int(code) if int(code) or not sig or not int(sig) else 128 + int(sig)
+        return int(code) if int(code) or not sig or not int(sig) else signal_exit_code(int(sig))
     except ValueError:
         return 1
 

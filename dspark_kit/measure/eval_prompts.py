@@ -116,6 +116,17 @@ def eval_sizes(res: Resolved, num_prompts: int | None = None, max_new_tokens: in
     return EvalSizes(num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens, sorted(set(lengths)))
 
 
+def chosen_categories(res: Resolved, given: str | None, section: str) -> list[str]:
+    """The prompt categories a measure runs: --categories, else `<section>.categories` (eval, bench),
+    parsed, so a misspelt name fails (EvalError naming the flag or key) before anything loads."""
+    from dspark_kit.data.categories import CategoryError, parse_categories
+
+    try:
+        return parse_categories(given if given is not None else getattr(res.recipe, section).categories)
+    except CategoryError as e:
+        raise EvalError(f"{'--categories' if given is not None else f'{section}.categories'}: {e}") from None
+
+
 def served_concurrency(res: Resolved, concurrency: int | None = None) -> int:
     """Requests in flight when a measure goes through a server (bench, `tune --served`, the served
     eval): the command's option, else bench.concurrency."""

@@ -16,7 +16,44 @@ from pydantic import ValidationError
 
 from dspark_kit.recipe.schema import DATA_PRESETS, Recipe, RecipeError
 
-DEFAULT_RECIPE = "recipes/tiny-cpu.yaml"
+# A recipe is a path, or the name of one shipped with the package (`tiny-cpu`): the default is a
+# name, so `dspark-kit run` works from any folder, inside the checkout or not.
+DEFAULT_RECIPE = "tiny-cpu"
+RECIPE_SUFFIX = ".yaml"
+
+
+def shipped_recipes_dir() -> Path:
+    """The recipes shipped with the package: dspark_kit/recipes/ in an installed wheel (setup.py
+    copies the checkout's recipes/ there), the checkout's recipes/ in a source tree."""
+    package = Path(__file__).resolve().parents[1]
+    inside = package / "recipes"
+    return inside if inside.is_dir() else package.parent / "recipes"
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """name -> file of every shipped recipe (`tiny-cpu` -> .../recipes/tiny-cpu.yaml)."""
+    folder = shipped_recipes_dir()
+    return {p.stem: p for p in sorted(folder.glob(f"*{RECIPE_SUFFIX}"))} if folder.is_dir() else {}
+
+
+def recipe_about(path: Path) -> str:
+    """What a recipe file says it is for: its first comment line ("" when it opens with none)."""
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            return ""
+        if line.strip("# ").strip():
+            return line.strip("# ").strip()
+    return ""
+
+
+def recipe_path(given: str | Path | None) -> Path:
+    """A recipe as typed: a file that exists (relative: from the shell's folder), else a shipped
+    recipe's name (`-r tiny-cpu`); anything else stays as given (read_recipe_data names the fix)."""
+    path = Path(given or DEFAULT_RECIPE)
+    if path.exists():
+        return path
+    name = str(given or DEFAULT_RECIPE)
+    return shipped_recipes().get(name.removesuffix(RECIPE_SUFFIX), path) if "/" not in name else path
 
 
 def shown_key(part: object) -> str:
@@ -148,7 +185,9 @@ RUN_KEYS = (("data", "source"), ("verifier", "path"))
 def read_recipe_data(path: Path) -> dict:
     """The recipe file's mapping; every way a file can be unreadable is one RecipeError line."""
     if not path.exists():
-        raise RecipeError(f"recipe {path}: file not found (pass -r PATH; examples in recipes/)")
+        names = ", ".join(shipped_recipes()) or "none"
+        raise RecipeError(f"recipe {path}: file not found; pass -r PATH or a shipped recipe's name ({names}; "
+                          "`dspark-kit recipe list`)")
     if path.is_dir():
         raise RecipeError(f"recipe {path}: is a directory; pass a recipe file, e.g. recipes/tiny-cpu.yaml")
     try:
@@ -192,7 +231,7 @@ def check_run_keys(data: dict, source: str) -> None:
 def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None,
                 require_run_keys: bool = False) -> Recipe:
     """Load a recipe file (+ --set overrides). require_run_keys: also demand RUN_KEYS (recipe validate)."""
-    path = Path(path or DEFAULT_RECIPE)
+    path = recipe_path(path)
     data = resolve_paths(read_recipe_data(path), path.parent.resolve())
     data = apply_overrides(data, overrides or [], base=Path.cwd())
     if require_run_keys:

@@ -22,7 +22,7 @@ The trainer is speculators 0.9.0's (speculators/train/trainer.py and models/dfla
   - the hidden states a step reads: S x (target layers + 1) x H in bf16 (fp8 files are dequantized
     to bf16 by hs-connectors' reader before the step).
 The per-element byte counts below (ACT_*) are read off that code; benchmarks/bench_memory.py
-measures the plan against the peak RSS of a CPU training (docs/PERFORMANCE.md#training-memory-issue-40).
+measures the plan against the peak RSS of a CPU training (docs/PERFORMANCE_ANALYSES.md#training-memory-issue-40).
 
 Online mode: the hidden-state server holds serve.gpu_memory_utilization of its device (vLLM) or the
 verifier's weights (the kit's local engine); on the trainer's own devices it adds to their peak.

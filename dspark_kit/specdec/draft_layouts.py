@@ -260,8 +260,13 @@ def import_draft(src: Path, dest: Path, verifier: str, verifier_architectures: l
     base = _from_speculators_release(cfg, verifier, where) if layout == "speculators" else None
 
     def candidate(value: bool) -> dict:
-        if base is not None:
-            return {**base, KEY: value}
+        if base is not None:  # the release's K, within the slots of the layout it is read in
+            out = json.loads(json.dumps({**base, KEY: value}))
+            slots = draft_tokens(anchor_layout(out).block_size, value)
+            for m in out["speculators_config"].get("proposal_methods") or []:
+                if isinstance(m, dict) and isinstance(m.get("speculative_tokens"), int) and slots is not None:
+                    m["speculative_tokens"] = min(m["speculative_tokens"], slots)
+            return out
         return to_speculators(cfg, verifier, verifier_architectures, where, sample_from_anchor=value)
 
     candidate(True)  # a draft that cannot be converted fails here, before anything is decoded

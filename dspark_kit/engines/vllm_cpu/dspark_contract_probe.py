@@ -66,11 +66,11 @@ def engine_config(ckpt: str, verifier: str, k: int, max_model_len: int, **engine
 
 
 def _layout(vllm_cfg) -> dict:
-    """How vLLM's runtime will draft: the anchor layout its DSpark speculator reads (missing =
-    true there), the KV lookahead it reserves (K with the anchor sampled, K + 1 without), and the
-    verifier layers it exports to the draft."""
+    """How vLLM's runtime will draft: the anchor layout in the draft config its DSpark speculator
+    reads (None: absent; the kit's specdec/anchor.py says how vLLM reads that), the KV lookahead it
+    reserves (K with the anchor sampled, K + 1 without), and the verifier layers it exports to the draft."""
     spec = vllm_cfg.speculative_config
-    out = {"sample_from_anchor": getattr(spec.draft_model_config.hf_config, "sample_from_anchor", True)}
+    out = {"sample_from_anchor": getattr(spec.draft_model_config.hf_config, "sample_from_anchor", None)}
     try:
         out["num_lookahead_tokens"] = vllm_cfg.num_lookahead_tokens
         from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (

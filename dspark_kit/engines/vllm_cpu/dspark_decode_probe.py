@@ -296,6 +296,8 @@ class Harness:
     def propose(self, aux: list, positions: list[int], num_rejected: int, bonus: int) -> dict:
         """One DSpark draft step for the verified tokens at `positions` (the last `num_rejected`
         rejected), the bonus token `bonus` as the anchor: what vLLM drafts and what it saw."""
+        import numpy as np
+
         torch, spec = self.torch, self.spec
         dflash = sys.modules["vllm.v1.worker.gpu.spec_decode.dflash.speculator"]
         n = len(positions)
@@ -305,7 +307,7 @@ class Harness:
             hidden = self.model.combine_hidden_states(torch.cat(aux, dim=-1))
             spec.hidden_states[:n].copy_(hidden)
             batch = types.SimpleNamespace(
-                num_reqs=1, num_tokens=n, num_scheduled_tokens=__import__("numpy").array([n]),
+                num_reqs=1, num_tokens=n, num_scheduled_tokens=np.array([n]),
                 positions=torch.tensor(positions, dtype=torch.int64),
                 query_start_loc=torch.tensor([0, n], dtype=torch.int32), idx_mapping=torch.tensor([0], dtype=torch.int32))
             last = torch.zeros(spec.max_num_reqs, dtype=torch.int64)
@@ -335,13 +337,7 @@ class Harness:
                "logits": torch.stack(self.rec["logits"]) if self.rec.get("logits") else None,
                "confidence": (spec.draft_token_confidence_probs[0].tolist()
                               if spec.use_confidence_head else None)}
-        if self.rec.get("base") is not None and self._draft_topk is not None:
-            out["topk"] = self._draft_topk
         return out
-
-    @property
-    def _draft_topk(self):
-        return self.spec._draft_topk
 
     # ---- decoding ------------------------------------------------------------------------
     def decode(self, prompt: list[int], max_new: int, stop_ids: set[int]) -> dict:

@@ -46,11 +46,11 @@ def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: 
     if "failed" in result or trace is None:
         err = (result.get("failed") or {}).get("error", "no trace")
         raise dc.ContractError(f"vLLM's decode probe failed: {err}")
-    kit = dc.kit_traces(res.verifier_path, ckpt, k, prompts, sizes.max_new_tokens, stop, DTYPE)
+    kit, layout = dc.kit_traces(res.verifier_path, ckpt, k, prompts, sizes.max_new_tokens, stop, DTYPE)
     tol = dc.DECODE_TOLERANCE[DTYPE]
-    report |= dc.compare(result, trace, kit, k, tol)
+    report |= dc.compare(result, trace, kit, layout, tol)
     report["sampled"] = dc.compare_sampled(trace["sampled"], res.verifier_path, ckpt, tol)
-    report["faults"] = {name: dc.compare({**planted, "vllm": report["vllm"]}, planted, kit, k, tol)["finding"]
+    report["faults"] = {name: dc.compare({**planted, "vllm": report["vllm"]}, planted, kit, layout, tol)["finding"]
                         for name, planted in trace.get("faults", {}).items()}
     if report["finding"] is None:
         bad = next((s for s in report["sampled"] if not (s["candidates_equal"] and s["logits_equal"])), None)
