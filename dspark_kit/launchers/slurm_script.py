@@ -96,7 +96,8 @@ def sbatch_lines(job: SlurmJob, topo: Topology) -> list[str]:
     r, s = job.recipe, job.recipe.slurm
     out = RunDir.at(job.workdir).logs / OUT_NAME
     lines = [f"--job-name=dspark-{r.name}", f"--nodes={topo.nodes}", "--ntasks-per-node=1",
-             f"--output={out}", "--open-mode=append"]
+             f"--output={out}", "--open-mode=append",
+             "--no-requeue"]  # a lost node ends the job, named; resubmitting resumes from the run folder
     for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
                         ("time", s.time_limit), ("gpus-per-node", s.gpus_per_node),
                         ("cpus-per-task", s.cpus_per_task), ("mem", s.mem)):
