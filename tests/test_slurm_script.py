@@ -132,9 +132,11 @@ def test_a_failed_job_is_one_line_naming_the_node(tmp_path):
     code, line = ending(JobEnd("7", "FAILED", 137, "n[1-2]"), out, "dspark-kit run ... --launcher slurm")
     assert code == 137 and line.startswith("Slurm job 7 failed in step train on node n2 (task 1: Killed)"), line
     assert "`dspark-kit run ... --launcher slurm` resubmits it" in line and "\n" not in line
-    out.write_text("error: train: speculators train exited with 1; see logs/train.log\n")
-    _, line = ending(JobEnd("7", "NODE_FAIL", 1, "n2", "NodeDown"), out, "again")
-    assert "node n2 failed (Slurm lost it: NodeDown)" in line and "speculators train exited with 1" in line
+    out.write_text("dspark-kit step: train\nerror: train: speculators train exited with 1; see logs/train.log\n"
+                   "srun: error: n1: task 0: Exited with exit code 1\nsrun: error: Node failure on n2\n")
+    _, line = ending(JobEnd("7", "NODE_FAIL", 1, "n[1-2]", "NodeDown"), out, "again")
+    assert line.startswith("Slurm job 7 failed in step train: node n2 was lost (it stopped answering, Slurm: "
+                           "NodeDown): train: speculators train exited with 1"), line
     assert ending(JobEnd("7", "COMPLETED", 0, "n1"), out, "again") == (0, None)
 
 
@@ -154,8 +156,8 @@ def test_follow_relays_the_jobs_lines_and_returns_its_exit_code(tmp_path, monkey
     seen: list[str] = []
     end = follow("3", out, seen.append, poll_s=0, sleep=lambda s: None)
     assert end.exit_code == 128 + 9 and end.state == "FAILED"
-    assert seen == ["slurm: job 3 PENDING (Resources)", "train: epoch 1/2", "slurm: job 3 RUNNING on n[1-2]",
-                    "train: epoch 1/2", "slurm: job 3 FAILED"]
+    assert seen == ["slurm: job 3 PENDING (Resources)", "  | train: epoch 1/2", "slurm: job 3 RUNNING on n[1-2]",
+                    "  | train: epoch 1/2", "slurm: job 3 FAILED"]
 
 
 def test_regen_on_several_nodes_starts_a_chat_server_on_each_and_waits_for_all(tmp_path):
