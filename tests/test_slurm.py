@@ -265,5 +265,7 @@ def test_regen_shares_the_rows_over_a_chat_server_on_each_host(cluster, tmp_path
     assert len(rows) == 8
     state = json.loads((wd / "state.json").read_text())
     assert state["regen"]["status"] == "done" and state["regen"]["figure"] == 8
-    assert not any(_work_on(h) for h in cluster.hosts)  # both servers stopped with the job
+    # both servers stop with the job (Slurm ends a job's steps just after it completes)
+    _wait(lambda: not any(_work_on(h) for h in cluster.hosts), lambda: [w for h in cluster.hosts for w in _work_on(h)],
+          30)
     print(f"[slurm] regen over a chat server on each host: {took:.1f}s (job {job})")
