@@ -59,7 +59,7 @@ def pytest_configure(config):
 TRAINED_RUN_GROUP = "trained_run"
 HEAVY_FIRST = (
     TRAINED_RUN_GROUP,  # ~510 s: test_cli_run, test_served_tune, test_storage_plan, test_vllm_real_parse, ...
-    "test_slurm.py",  # ~330 s (its online test ~180 s: the vLLM CPU server's start)
+    "test_slurm.py",  # ~280 s (its online test ~75 s, the power-off test ~120 s)
     "test_vllm_real_hidden_states.py",  # ~240 s
     "test_family_pipelines.py",  # ~240 s: a whole pipeline per family (Qwen3-MoE, Llama-3)
     "test_vllm_real_families.py",  # ~200 s: two vLLM servers per family

@@ -92,9 +92,6 @@ class Cluster:
         return subprocess.run(self.a.cmd(list(argv)), capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, **self.env}, check=False)
 
-    def slurmd_alive(self, host: Host) -> bool:
-        return any(p.poll() is None and p.args[-1] == host.node for p in self.procs if "slurmd" in p.args)
-
 
 def _ns_pids(ns: str) -> list[int]:
     return [int(p) for p in _run(["ip", "netns", "pids", ns], check=False).stdout.split() if p.isdigit()]
@@ -271,7 +268,19 @@ def power_off(cluster: Cluster, host: Host) -> int:
     """Host dies: every process in its namespace is killed (its slurmd and job steps); returns how many."""
     pids = _ns_pids(host.ns)
     _kill(pids)
+    for p in [p for p in cluster.procs if p.args[-1].endswith(f"-N {host.node}")]:  # its slurmd: gone
+        p.wait(timeout=10)
+        cluster.procs.remove(p)
     return len(pids)
+
+
+def power_on(cluster: Cluster, host: Host, timeout: float = 60) -> None:
+    """The host is back: its slurmd starts again and the node returns to service (ReturnToService=2)."""
+    log = (cluster.root / "daemons.out").open("a")
+    cluster.procs.append(subprocess.Popen(
+        _on_host(host, ["slurmd", "-D", "-f", str(cluster.root / "slurm.conf"), "-N", host.node]), stdout=log,
+        stderr=log, start_new_session=True))
+    _wait_idle(cluster, timeout)
 
 
 def down(cluster: Cluster) -> None:

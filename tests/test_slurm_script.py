@@ -105,20 +105,38 @@ def test_dry_run_prints_the_script_byte_for_byte(tmp_path):
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
 
 
-def test_the_ascend_reference_recipe_on_two_nodes(tmp_path):
-    script = batch_script(_job(tmp_path, ["train.nnodes=2"], path=ASCEND))
-    assert "#SBATCH --nodes=2" in script and len(_steps(script)) >= 2
+ASCEND_SETS = ["train.nnodes=2", "slurm.partition=ascend", 'slurm.time_limit="24:00:00"',
+               "slurm.setup=[source /usr/local/Ascend/ascend-toolkit/set_env.sh]"]
+
+
+def ascend_script() -> str:
+    """The script docs/MULTINODE.md shows: the reference Ascend recipe on 2 nodes, the kit in /opt/dspark-kit."""
+    from dataclasses import replace
+
+    job = make_job(load_recipe(ASCEND, ASCEND_SETS), ASCEND, Path("/mnt/cephfs/runs/q30b"), ASCEND_SETS, "run")
+    return batch_script(replace(job, python="/opt/dspark-kit/.venv/bin/python",
+                                recipe_path=Path("/opt/dspark-kit/recipes") / ASCEND.name))
+
+
+def test_the_ascend_reference_recipe_on_two_nodes_is_the_script_the_docs_show():
+    script = ascend_script()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=ascend" in script
+    assert "each trainer node's `train` starts its own extraction server" in script  # online, no extractor node
+    assert script in (REPO / "docs" / "MULTINODE.md").read_text(), "update docs/MULTINODE.md: print ascend_script()"
 
 
 def test_a_failed_job_is_one_line_naming_the_node(tmp_path):
     out = tmp_path / "slurm-7.out"
-    out.write_text("dspark-kit job 7 on n1 n2\nsrun: error: n2: task 1: Killed\nsrun: Terminating StepId=7.1\n")
+    out.write_text("dspark-kit job 7 on n1 n2\ndspark-kit step: regen\nsrun: error: n1: task 0: Killed\n"  # a server stopped
+                   "dspark-kit step: train\nsrun: error: n2: task 1: Killed\nsrun: Terminating StepId=7.1\n")
     code, line = ending(JobEnd("7", "FAILED", 137, "n[1-2]"), out, "dspark-kit run ... --launcher slurm")
-    assert code == 137 and line.startswith("Slurm job 7 failed on node n2 (task 1: Killed)")
+    assert code == 137 and line.startswith("Slurm job 7 failed in step train on node n2 (task 1: Killed)"), line
     assert "`dspark-kit run ... --launcher slurm` resubmits it" in line and "\n" not in line
-    out.write_text("error: train: speculators train exited with 1; see logs/train.log\n")
-    _, line = ending(JobEnd("7", "NODE_FAIL", 1, "n2", "NodeDown"), out, "again")
-    assert "node n2 failed (Slurm lost it: NodeDown)" in line and "speculators train exited with 1" in line
+    out.write_text("dspark-kit step: train\nerror: train: speculators train exited with 1; see logs/train.log\n"
+                   "srun: error: n1: task 0: Exited with exit code 1\nsrun: error: Node failure on n2\n")
+    _, line = ending(JobEnd("7", "NODE_FAIL", 1, "n[1-2]", "NodeDown"), out, "again")
+    assert line.startswith("Slurm job 7 failed in step train: node n2 was lost (it stopped answering, Slurm: "
+                           "NodeDown): train: speculators train exited with 1"), line
     assert ending(JobEnd("7", "COMPLETED", 0, "n1"), out, "again") == (0, None)
 
 
@@ -138,8 +156,8 @@ def test_follow_relays_the_jobs_lines_and_returns_its_exit_code(tmp_path, monkey
     seen: list[str] = []
     end = follow("3", out, seen.append, poll_s=0, sleep=lambda s: None)
     assert end.exit_code == 128 + 9 and end.state == "FAILED"
-    assert seen == ["slurm: job 3 PENDING (Resources)", "train: epoch 1/2", "slurm: job 3 RUNNING on n[1-2]",
-                    "train: epoch 1/2", "slurm: job 3 FAILED"]
+    assert seen == ["slurm: job 3 PENDING (Resources)", "  | train: epoch 1/2", "slurm: job 3 RUNNING on n[1-2]",
+                    "  | train: epoch 1/2", "slurm: job 3 FAILED"]
 
 
 def test_regen_on_several_nodes_starts_a_chat_server_on_each_and_waits_for_all(tmp_path):
@@ -151,3 +169,13 @@ def test_regen_on_several_nodes_starts_a_chat_server_on_each_and_waits_for_all(t
     assert '--set "regen.endpoints=[${ENDPOINTS%,}]"' in regen
     one = batch_script(_job(tmp_path, []))  # one node: regen starts its own server, as without Slurm
     assert "serve --role chat" not in one and "--stages regen,prepare,hidden-states" in one
+
+
+def test_offline_vllm_hidden_states_run_on_every_trainer_node_each_its_shard(tmp_path):
+    sets = ["train.nnodes=2", "hidden_states.backend=vllm", "regen.enabled=false"]
+    script = batch_script(_job(tmp_path, sets, command="hidden-states"))
+    [step] = _steps(script)
+    assert "' hidden-states hidden-states -r" in step and '--nodelist="${NODES[0]},${NODES[1]}"' in step
+    assert '--set train.node_rank="$SLURM_NODEID"' in step
+    local = batch_script(_job(tmp_path, ["train.nnodes=2", "regen.enabled=false"], command="hidden-states"))
+    assert "run --stages hidden-states" in local  # backend local: one process on node 0

@@ -21,12 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_kit import atomic
-from dspark_kit.launchers.slurm_script import SCRIPT_NAME, SlurmJob, batch_script, job_out
+from dspark_kit.launchers.slurm_script import (
+    SCRIPT_NAME,
+    STEP_MARK,
+    SlurmJob,
+    batch_script,
+    job_out,
+)
 from dspark_kit.processes import signal_exit_code
 from dspark_kit.recipe import Recipe
 from dspark_kit.rundir import RunDir
 
 CLIENT_TIMEOUT_S = 60
+RELAY_PREFIX = "  | "  # before each line the job writes, as the command relays it
 
 
 class SlurmError(RuntimeError):
@@ -139,12 +146,13 @@ class OutputTail:
 def follow(job_id: str, out: Path, echo: Callable[[str], None], poll_s: float = 2.0,
            sleep: Callable[[float], None] = time.sleep) -> JobEnd:
     """Watch job `job_id` until it ends: each state change is one line, each line the job writes is
-    relayed (the stage lines of the kit inside it); returns how it ended."""
+    relayed after RELAY_PREFIX (the stage lines of the kit inside it); returns how it ended."""
     tail, shown = OutputTail(out), ""
+    relay = RELAY_PREFIX  # the job's lines, indented: the command's own last line is its verdict
     while True:
         state, code, nodes, reason = job_state(job_id)
         for line in tail.lines():
-            echo(line)
+            echo(relay + line)
         base = state.split()[0] if state else "UNKNOWN"
         if base != shown:
             where = f" on {nodes}" if nodes and base == "RUNNING" else (f" ({reason})" if reason and reason != "None"
@@ -154,7 +162,7 @@ def follow(job_id: str, out: Path, echo: Callable[[str], None], poll_s: float = 
         if base in _END_STATES:
             sleep(min(poll_s, 0.5))  # the output file's last lines land just after the job ends
             for line in tail.lines() + ([tail.rest] if tail.rest else []):
-                echo(line)
+                echo(relay + line)
             return JobEnd(job_id, base, _exit_code(code) if code else (0 if base == "COMPLETED" else 1), nodes,
                           reason)
         sleep(poll_s)
@@ -165,6 +173,7 @@ def cancel(job_id: str) -> None:
 
 
 _TASK_FAILED = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.+)")
+_NODE_LOST = re.compile(r"srun: error: Node failure on (\S+)")
 
 
 def ending(end: JobEnd, out: Path, again: str) -> tuple[int, str | None]:
@@ -173,10 +182,16 @@ def ending(end: JobEnd, out: Path, again: str) -> tuple[int, str | None]:
     if end.state == "COMPLETED" and end.exit_code == 0:
         return 0, None
     text = out.read_text(errors="replace") if out.exists() else ""
-    failed = _TASK_FAILED.findall(text)
-    kit_error = next((ln.strip() for ln in text.splitlines() if ln.startswith("error: ")), None)
-    if end.state == "NODE_FAIL":
-        where = f" node {end.nodes} failed (Slurm lost it{f': {end.reason}' if end.reason not in ('', 'None') else ''})"
+    lines = text.splitlines()
+    marks = [i for i, ln in enumerate(lines) if ln.startswith(STEP_MARK)]
+    step = lines[marks[-1]].removeprefix(STEP_MARK) if marks else None
+    last = "\n".join(lines[marks[-1]:]) if marks else text  # the step that failed (set -e: the last started)
+    failed = _TASK_FAILED.findall(last)  # (servers stopped after an earlier step are not the failure)
+    kit_error = next((ln.strip() for ln in last.splitlines() if ln.startswith("error: ")), None)
+    if end.state == "NODE_FAIL":  # srun names the node it lost; else the job's nodes
+        lost = _NODE_LOST.findall(last)
+        why = f", Slurm: {end.reason}" if end.reason not in ("", "None") else ""
+        where = f": node {lost[0] if lost else end.nodes} was lost (it stopped answering{why})"
     elif failed:
         node, task, why = failed[0]
         where = f" on node {node} (task {task}: {why.strip().rstrip('.')})"
@@ -184,7 +199,9 @@ def ending(end: JobEnd, out: Path, again: str) -> tuple[int, str | None]:
         where = ""
     said = f": {kit_error.removeprefix('error: ')}" if kit_error else ""
     code = end.exit_code or 1
-    return code, (f"Slurm job {end.job_id} {end.state.lower()}{where}{said}; see {out}; "
+    in_step = f" in step {step}" if step and end.state != "CANCELLED" else ""
+    verb = "failed" if end.state in ("FAILED", "NODE_FAIL") else end.state.lower().replace("_", " ")
+    return code, (f"Slurm job {end.job_id} {verb}{in_step}{where}{said}; see {out}; "
                   f"`{again}` resubmits it and resumes from the run folder's state")
 
 

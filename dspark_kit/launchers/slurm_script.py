@@ -96,7 +96,8 @@ def sbatch_lines(job: SlurmJob, topo: Topology) -> list[str]:
     r, s = job.recipe, job.recipe.slurm
     out = RunDir.at(job.workdir).logs / OUT_NAME
     lines = [f"--job-name=dspark-{r.name}", f"--nodes={topo.nodes}", "--ntasks-per-node=1",
-             f"--output={out}", "--open-mode=append"]
+             f"--output={out}", "--open-mode=append",
+             "--no-requeue"]  # a lost node ends the job, named; resubmitting resumes from the run folder
     for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
                         ("time", s.time_limit), ("gpus-per-node", s.gpus_per_node),
                         ("cpus-per-task", s.cpus_per_task), ("mem", s.mem)):
@@ -137,8 +138,9 @@ def _kit(*words: str) -> str:
 
 
 def _on(nodes: str, n: int, *extra: str) -> str:
-    return " ".join(["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", f'--nodelist="{nodes}"',
-                     "--kill-on-bad-exit=1", *extra])
+    # --overlap: a server step and the step that uses it share a node's allocation (else the second waits)
+    return " ".join(["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+                     f'--nodelist="{nodes}"', "--kill-on-bad-exit=1", *extra])
 
 
 def _trainer_nodes(n: int) -> str:
@@ -171,6 +173,13 @@ def _extractor_step(r: Recipe, topo: Topology) -> tuple[list[str], list[str]]:
              f'HS_URL="$(wait_url {url_file} "$!" {r.serve.startup_timeout:g} "the hidden-state server on {node}")"',
              'echo "hidden-state server healthy at $HS_URL"']
     return lines, placement
+
+
+STEP_MARK = "dspark-kit step: "  # a line before each step in the job's output: a failure is read after the last
+
+
+def step_mark(what: str) -> str:
+    return f'echo "{STEP_MARK}{what}"'
 
 
 def regen_servers(recipe: Recipe, topo: Topology) -> bool:
@@ -206,14 +215,14 @@ def steps(job: SlurmJob, topo: Topology) -> list[str]:
 
     def flush() -> None:
         if group:
-            out.extend([f"# {', '.join(group)} on node 0 (${{NODES[0]}})",
+            out.extend([f"# {', '.join(group)} on node 0 (${{NODES[0]}})", step_mark(",".join(group)),
                         " ".join([_on("${NODES[0]}", 1), _kit("run --stages", ",".join(group))])])
             group.clear()
 
     for stage in job.stages:
         if stage == "regen" and regen_servers(r, topo):
             flush()
-            out += _regen_step(r, topo)
+            out += [step_mark("regen"), *_regen_step(r, topo)]
             continue
         if not spread(r, stage):
             group.append(stage)
@@ -222,11 +231,11 @@ def steps(job: SlurmJob, topo: Topology) -> list[str]:
         placement: list[str] = []
         if stage == "train" and topo.extractor_nodes:
             server, placement = _extractor_step(r, topo)
-            out += server
+            out += [step_mark("hidden-state server"), *server]
         elif stage == "train" and r.hidden_states.mode == "online" and not r.hidden_states.endpoint:
             out.append("# online hidden states: each trainer node's `train` starts its own extraction server "
                        "(slurm.extractor_nodes 1: one node of its own)")
-        out += _spread_step(stage, topo, placement)
+        out += [step_mark(stage), *_spread_step(stage, topo, placement)]
     flush()
     return out
 
