@@ -5,9 +5,8 @@ nothing elsewhere, and notes go to stderr (`STANDALONE`). Inside `run`, a `Stage
 stages, and its `reporter` is handed down to each stage's code (no global "current display"): each stage
 is one line (live on a terminal: progress, rate, ETA; plain lines elsewhere, never redrawn),
 replaced by its one-line result; everything the stage's code, its libraries and its child
-processes print goes to the stage's log under DIR/logs (at the file-descriptor level, so C
-extensions, loggers that kept a handle on stderr and subprocesses are caught too), and when a
-stage fails the last lines of the logs it wrote are shown. `verbose` streams everything, as the
+processes print goes to the stage's log under DIR/logs (output_capture.py does the capture, at the
+file-descriptor level), and when a stage fails the last lines of the logs it wrote are shown. `verbose` streams everything, as the
 stage commands do.
 """
 
@@ -34,6 +33,7 @@ from rich.progress import (
 )
 
 from dspark_kit.logs import log_tail
+from dspark_kit.output_capture import log_states, logs_written, redirected, tee_stderr
 
 PLAIN_EVERY_S = 20.0  # a plain (non-terminal) progress line at most this often, and at least (heartbeat)
 TAIL_LINES = 20  # log lines shown when a stage fails
@@ -107,39 +107,6 @@ class Reporter:
 
 
 STANDALONE = Reporter()
-
-
-class _Tee:
-    def __init__(self, *streams):
-        self.streams = streams
-
-    def write(self, data):
-        for s in self.streams:
-            s.write(data)
-        return len(data)
-
-    def flush(self):
-        for s in self.streams:
-            s.flush()
-
-    def isatty(self):
-        return self.streams[0].isatty()
-
-    def fileno(self):
-        return self.streams[0].fileno()
-
-
-@contextlib.contextmanager
-def tee_stderr(path):
-    """Copy everything written to stderr during a stage into `path` (the stage's log)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    original = sys.stderr
-    with open(path, "a") as log:
-        sys.stderr = _Tee(original, log)
-        try:
-            yield
-        finally:
-            sys.stderr = original
 
 
 # ---- `run`: one line per stage ------------------------------------------------------
@@ -325,7 +292,7 @@ class StageDisplay:
         before = log_states(log.parent)
         self._begin_line(line)
         try:
-            with _redirected(log, self.stream, self._owned is not None):
+            with redirected(log, self.stream, self._owned is not None):
                 yield line
         except BaseException as e:  # the error itself is the command's last line; here: what led to it
             self._end_line()
@@ -391,53 +358,3 @@ class StageDisplay:
         if self._live is not None:
             self._live.stop()
             self._live = None
-
-
-@contextlib.contextmanager
-def _redirected(log: Path, console: TextIO, by_descriptor: bool) -> Iterator[None]:
-    """stdout and stderr into `log` for the block: descriptors 1 and 2 when the console has them
-    (catches C code and child processes), else the Python streams."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with open(log, "a", buffering=1, encoding="utf-8", errors="replace") as f:
-        if not by_descriptor:
-            old = sys.stdout, sys.stderr
-            sys.stdout = sys.stderr = f
-            try:
-                yield
-            finally:
-                sys.stdout, sys.stderr = old
-            return
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            os.dup2(f.fileno(), 1)
-            os.dup2(f.fileno(), 2)
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-
-
-def log_states(folder: Path) -> dict[Path, tuple[int, int]]:
-    """Size and modification time of every log in `folder` (what a stage then writes shows as a change)."""
-    states = {}
-    for p in Path(folder).glob("*.log"):
-        try:
-            st = p.stat()
-        except OSError:
-            continue
-        states[p] = (st.st_size, st.st_mtime_ns)
-    return states
-
-
-def logs_written(folder: Path, before: dict[Path, tuple[int, int]], first: Path | None = None,
-                 limit: int = 3) -> list[Path]:
-    """Logs in `folder` that grew or changed since `before` (non-empty): `first`, then the most recent."""
-    now = log_states(folder)
-    found = [p for p, state in now.items() if state[0] > 0 and before.get(p) != state]
-    found.sort(key=lambda p: (p != first, -now[p][1]))
-    return found[:limit]

@@ -373,3 +373,25 @@ def test_a_planted_residual_bug_fails_the_lossless_test(sampled_setup, temperatu
     monkeypatch.setattr(spec_sampling, "residual", lambda p, q: p)
     tv, bound = _tv_and_bound(_speculated(g, prefix, temperature, 1), alone[temperature])
     assert tv > bound, f"planted bug not seen: TV {tv:.3f} <= noise bound {bound:.3f}"
+
+
+@pytest.mark.slow
+def test_bonus_anchor_block_logits_match_training_forward(verifier_path, prompts, tmp_path, monkeypatch):
+    """sample_from_anchor false (DFlash's block layout, SpecForge's drafts): the decoder drafts B - 1
+    tokens from block positions 1.. (the anchor is the bonus token), Markov-chained from the anchor,
+    and they are the logits speculators' training forward gives those positions (prev = the token before)."""
+    model = fresh_draft(verifier_path, seed=3)
+    model.config.sample_from_anchor = False
+    ckpt = save_draft(model, tmp_path / "bonus")
+    draft = DSparkDraft.load(ckpt, verifier_path)
+    assert draft.sample_from_anchor is False and draft.slots == draft.block_size - 1
+    verifier = Verifier(verifier_path, [*draft.target_layer_ids, 4])
+    h = verifier.model.config.hidden_size
+    for prompt in prompts[:2]:
+        p = len(prompt) - 1  # anchor = last prompt token
+        _, aux = verifier.forward(prompt, verifier.new_cache(), 0)
+        block = draft.draft(draft.context_features(aux[:p, :-h]), torch.arange(p), prompt[p], p, draft.slots)
+        ids = [*prompt, *block.tokens]  # the block: the anchor, then the tokens the decoder chose
+        _, full = verifier.forward(ids, verifier.new_cache(), 0)
+        train_logits = _training_block_logits(draft, full[:, :-h], full[:, -h:], ids, p, monkeypatch)
+        assert float((train_logits[1:] - block.logits).abs().max()) < 1e-4

@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from dspark_kit.engines.prom import (
     MetricsError,
-    import_vllm_bench,
     parse_spec_counters,
     spec_decode_delta,
     sum_counter,
 )
+from dspark_kit.measure.vllm_bench import import_vllm_bench
 
 
 @pytest.fixture(autouse=True)

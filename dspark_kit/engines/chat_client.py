@@ -147,15 +147,21 @@ class ChatClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def post_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One whole chat completion, parsed (parse_chat_response)."""
+    async def _answer(self, request) -> bytes:
+        """A request's body when it answers 200; a transport failure or another status is RequestFailed."""
         try:
-            async with self.session.post(self.base + "/chat/completions", data=orjson.dumps(body), headers=_JSON) as r:
+            async with request as r:
                 status, raw = r.status, await r.read()
         except (TimeoutError, aiohttp.ClientError) as e:
             raise _transport_failure(e, self.timeout) from None
         if status != 200:
             raise _status_failure(status, raw)
+        return raw
+
+    async def post_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One whole chat completion, parsed (parse_chat_response)."""
+        raw = await self._answer(self.session.post(self.base + "/chat/completions", data=orjson.dumps(body),
+                                                   headers=_JSON))
         try:
             return parse_chat_response(orjson.loads(raw))
         except ValueError as e:  # not JSON, not UTF-8, or not a chat completion
@@ -194,13 +200,7 @@ class ChatClient:
 
     async def model_ids(self) -> list[str]:
         """The ids GET /v1/models lists."""
-        try:
-            async with self.session.get(self.base + "/models") as r:
-                status, raw = r.status, await r.read()
-        except (TimeoutError, aiohttp.ClientError) as e:
-            raise _transport_failure(e, self.timeout) from None
-        if status != 200:
-            raise _status_failure(status, raw)
+        raw = await self._answer(self.session.get(self.base + "/models"))
         try:
             data = _json_object(raw).get("data")
             if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)

@@ -5,6 +5,7 @@
 - served_load.py: timed requests against a serving engine (one streamed request, a load at a
   concurrency, vLLM's bench figures);
 - served_gate.py: served acceptance against the in-process eval of the same checkpoint;
+- vllm_bench.py: a `vllm bench serve --save-result` JSON read into the kit's bench result schema;
 - bench_tables.py and charts.py: the tables and PNG charts of their results.
 
 Layer 5 (above engines/, below stages/): may import core, data/, specdec/, compat/, resolved/,

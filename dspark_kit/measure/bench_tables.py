@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_kit import atomic
-from dspark_kit.engines.prom import import_vllm_bench, read_json
+from dspark_kit.measure.vllm_bench import import_vllm_bench, read_json
 from dspark_kit.specdec.acceptance import per_position
 
 NA = "–"

@@ -4,7 +4,9 @@
 - verifier.py (the verifier under transformers, its aux hidden-state tap), verifier_facts.py
   (what a new recipe needs to know about a verifier);
 - draft_model.py, draft_cache.py, draft_layouts.py: a DSpark draft run the way vLLM drafts with
-  it, its KV cache, its own layout and speculators';
+  it, its KV cache, the published layouts (DeepSeek's, speculators', SpecForge's, SGLang's);
+- anchor.py: THE rule for a draft's anchor layout and slots (every reader asks it),
+  anchor_measure.py: measuring it by decoding when a config does not say it;
 - decoder.py (the reference lossless DSpark decoder), acceptance.py (the acceptance figures),
   checkpoints.py (find and check a checkpoint), hidden_state_files.py (what a hidden-state file
   holds and costs).
