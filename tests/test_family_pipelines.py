@@ -1,5 +1,5 @@
 """One short pipeline per tiny verifier family beyond the dense Qwen3 (whose runs the rest of the
-suite covers): `dspark-kit run` of the family's recipe, every stage, on the CPU; then the trained
+suite covers): `dspark-kit run` of the family's recipe, regen to eval, on the CPU; then the trained
 draft's held-out acceptance against a freshly initialised draft's (greedy: deterministic), and the
 trained draft through vLLM's own DSpark loader with the family's verifier as the target."""
 
@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 FAMILIES = ["qwen3-moe", "llama3"]
 # lean: few rows, a short eval; the demo recipes train on more (the closing note's figures)
 SETS = ["data.limit=96", "train.max_anchors=32", "train.epochs=6", "eval.num_prompts=4", "eval.max_new_tokens=32",
-        "bench.num_prompts=4", "bench.max_tokens=24", "regen.max_tokens=48"]
+        "regen.max_tokens=48"]
+# serve and bench are the local engine's, the same for every family: the demos run them
+STAGES = "regen,prepare,hidden-states,train,eval"
 MARGIN = 2.0
 
 pytestmark = pytest.mark.slow
@@ -30,16 +32,16 @@ def _recipe(name: str):
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_run(request, tmp_path_factory) -> tuple[str, Path]:
-    """The family recipe's whole pipeline (`dspark-kit run`, the real CLI): regen through the local
-    engine, prepare, hidden states, train, eval, serve, bench."""
+    """The family recipe's pipeline (`dspark-kit run`, the real CLI): regen through the local engine,
+    prepare, hidden states, train, eval."""
     name = request.param
     wd = tmp_path_factory.mktemp(f"{name}-run")
     sets = [a for s in SETS for a in ("--set", s)]
     proc = subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(REPO / f"recipes/tiny-{name}-cpu.yaml"),
-                           "--workdir", str(wd), "--json", *sets], capture_output=True, text=True, timeout=1200,
+                           "--stages", STAGES, "--workdir", str(wd), "--json", *sets], capture_output=True, text=True, timeout=3600,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (wd / "eval" / "eval.json").is_file() and list((wd / "bench").glob("bench_*.json")), proc.stdout[-2000:]
+    assert (wd / "eval" / "eval.json").is_file(), proc.stdout[-2000:]
     return name, wd
 
 
