@@ -73,14 +73,20 @@ def run_probe(verifier: str, jobs: list[tuple[Path, int]], python: Path | None =
     argv = [str(python), str(PROBE), "--verifier", verifier]
     for ckpt, k in jobs:
         argv += ["--job", f"{ckpt}:{k}"]
+    return probe_result(argv, timeout, "contract")
+
+
+def probe_result(argv: list[str], timeout: float, what: str) -> dict:
+    """Run a probe in vLLM's interpreter and read its report, the last JSON line it prints; a probe
+    that hangs, fails or prints none is one ContractError line (its stderr's last line)."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise ContractError(f"vLLM's contract probe took over {timeout:.0f} s") from None
+        raise ContractError(f"vLLM's {what} probe took over {timeout:.0f} s") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ContractError(f"vLLM's contract probe exited {proc.returncode}: {tail}")
+        raise ContractError(f"vLLM's {what} probe exited {proc.returncode}: {tail}")
     return json.loads(lines[-1])
 
 

@@ -23,7 +23,6 @@ normalized context K (k_norm), the base logits (the draft backbone), the Markov-
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from dspark_kit.engines.vllm import CPU_CONNECTOR_DIR
-from dspark_kit.engines.vllm_contract import ContractError, probe_python
+from dspark_kit.engines.vllm_contract import ContractError, probe_python, probe_result
 from dspark_kit.findings import Finding
 
 PROBE = CPU_CONNECTOR_DIR / "dspark_decode_probe.py"
@@ -141,15 +140,7 @@ def run_probe(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[i
         argv += [a for t in topks for a in ("--topk", str(t or 0))]
         argv += [] if knorm_workaround else ["--no-knorm-workaround"]
         argv += [a for f in faults for a in ("--fault", f)]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise ContractError(f"vLLM's decode probe took over {timeout:.0f} s") from None
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ContractError(f"vLLM's decode probe exited {proc.returncode}: {tail}")
-        result = json.loads(lines[-1])
+        result = probe_result(argv, timeout, "decode")
         trace = torch.load(out, weights_only=False) if out.exists() else None
     return result, trace
 
