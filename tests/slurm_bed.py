@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.netns import _alive
+
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "dksl-"
 SUBNET = "10.78.0"
@@ -103,16 +105,6 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(ns: str) -> None:
