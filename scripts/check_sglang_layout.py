@@ -105,15 +105,21 @@ def expected(kit: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
-        print(__doc__.strip().splitlines()[-4])
-        return 2
-    sglang = Path(argv[0])
-    sglang = sglang / "sglang" if (sglang / "sglang").is_dir() else sglang
-    got = sglang_reads(sglang, Path(argv[1]))
+    import argparse
+
+    doc = __doc__.strip().split("\n\n")
+    parser = argparse.ArgumentParser(description=doc[0], epilog="\n\n".join(doc[1:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sglang_dir", type=Path, help="an unpacked SGLang wheel (its folder, or the sglang/ inside)")
+    parser.add_argument("exported_draft", type=Path, help="the folder `dspark-kit export --layout sglang` wrote")
+    parser.add_argument("kit_checkpoint", type=Path, nargs="?",
+                        help="the kit checkpoint it came from: compare what SGLang reads with it (exit 1 on a difference)")
+    args = parser.parse_args(argv)
+    sglang = args.sglang_dir / "sglang" if (args.sglang_dir / "sglang").is_dir() else args.sglang_dir
+    got = sglang_reads(sglang, args.exported_draft)
     print(json.dumps({"sglang_reads": got}, sort_keys=True))
-    if len(argv) == 3:
-        want = expected(Path(argv[2]))
+    if args.kit_checkpoint is not None:
+        want = expected(args.kit_checkpoint)
         bad = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
         print(json.dumps({"differs (sglang, kit)": bad} if bad else {"agrees": sorted(want)}, sort_keys=True))
         return 1 if bad else 0
