@@ -39,20 +39,20 @@ class Expected:
     block_size: int
     aux_layer_ids: list[int]
     mask_token_id: int | None
-    sample_from_anchor: bool = True  # the kit's trainer (speculators' default)
+    sample_from_anchor: bool  # the checkpoint's trained layout, else the kit trainer's (specdec.anchor)
 
 
 def expected_for(res: Resolved) -> Expected:
     """The anchor layout is the checkpoint's, as specdec/anchor.py decides it (an imported draft may
     have been trained either way); before training, the kit trainer's."""
-    from dspark_kit.specdec.anchor import anchor_layout
+    from dspark_kit.specdec.anchor import KIT_TRAINS, anchor_layout
 
     r = res.recipe
     cfg = res.checkpoint_config if res.checkpoint_exists else None
     trained = anchor_layout(cfg).sample_from_anchor if cfg else None
     return Expected(block_size=r.draft.block_size, aux_layer_ids=r.target_layer_ids(res.num_hidden_layers),
                     mask_token_id=r.draft.mask_token_id,
-                    **({} if trained is None else {"sample_from_anchor": trained}))
+                    sample_from_anchor=KIT_TRAINS if trained is None else trained)
 
 
 def probe_python() -> Path | None:

@@ -40,6 +40,8 @@ _READ_WHEN_MISSING = {"native": True, "speculators": False, "specforge": True, "
 # drafts sample from the anchor by definition (speculators' config calls true "the DeepSeek/DeepSpec
 # convention"); the others do not say (SpecForge trains false, speculators' loaders disagree)
 _TRAINED_WHEN_MISSING = {"native": True}
+# the layout the kit's own trainer writes (speculators' default), before any checkpoint exists
+KIT_TRAINS = True
 
 
 def layout_of(cfg: dict) -> str | None:
