@@ -165,7 +165,7 @@ BAD_LINES = {
     "truncated reply (finish_reason: length; data.keep_truncated keeps it)": json.dumps(
         {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "cut"}],
          "metadata": {"finish_reasons": ["length"]}}),
-    "truncated reply (<think> without </think>; data.keep_truncated keeps it)": json.dumps(
+    "truncated reply (reasoning never closed; data.keep_truncated keeps it)": json.dumps(
         {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nno close"}]}),
     REASONING_WITH_THINKING_OFF: json.dumps(
         {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning": "r"}]}),
@@ -248,9 +248,10 @@ def test_thinking_on_with_no_reasoning_in_the_data_fails_prepare_in_one_line(tmp
     ("<think>\nr\n</think>", {"reasoning_content": "\nr\n", "content": None}),
 ])
 def test_local_engine_reasoning_parser_splits_like_vllm(text, expected):
-    from dspark_kit.engines.local.server import parse_args, split_reasoning_like_vllm
+    from dspark_kit.data.reasoning_formats import THINK
+    from dspark_kit.engines.local.server import parse_args
 
-    got = split_reasoning_like_vllm(text)
+    got = THINK.split_reply(text)
     assert {k: got[k] for k in expected} == expected and got["reasoning"] == got["reasoning_content"]
     assert parse_args(["--model", "m", "--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
 

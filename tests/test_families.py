@@ -15,6 +15,7 @@ import yaml
 from dspark_kit.data import families as F
 from dspark_kit.data.chat import encode
 from dspark_kit.data.conversations import normalize
+from dspark_kit.data.reasoning_formats import HARMONY, NONE, THINK
 from dspark_kit.data.template_rows import tokenize_conversation
 from dspark_kit.data.tiny_builder import DEFAULT_SPEC, build_tokenizer
 from dspark_kit.specdec.verifier_facts import mask_token_choice, reserved_specials
@@ -57,9 +58,16 @@ def _runs(ids: list[int], mask: list[int]) -> list[tuple[int, list[int]]]:
 
 def _expected_reply(family: F.Family, msg: dict, last: bool, thinking: bool) -> str:
     """The text the verifier generates for an assistant reply (before end of turn): in thinking mode
-    the think block is the model's; with thinking off the template pre-fills an empty one (prompt)."""
-    if family.reasoning == "think" and last and thinking:
+    the think block is the model's; with thinking off the template pre-fills an empty one (prompt).
+    Harmony: the reply opens its channel after the assistant header; reasoning is the analysis
+    channel, then the assistant header again and the final channel."""
+    if family.reasoning is THINK and last and thinking:
         return f"<think>\n{msg.get('reasoning_content', '')}\n</think>\n\n{msg['content']}"
+    if family.reasoning is HARMONY:
+        final = f"<|channel|>final<|message|>{msg['content']}"
+        if last and msg.get("reasoning_content"):
+            return f"<|channel|>analysis<|message|>{msg['reasoning_content']}<|end|><|start|>assistant{final}"
+        return final
     return msg["content"]
 
 
@@ -67,7 +75,7 @@ def _expected_reply(family: F.Family, msg: dict, last: bool, thinking: bool) -> 
 @pytest.mark.parametrize("system,turns,reasoning", CASES + THINK_CASES)
 def test_rows_are_the_templates_render_and_the_mask_is_exactly_the_replies(name, system, turns, reasoning):
     family, t = F.FAMILIES[name], tok(name)
-    if reasoning is not None and family.reasoning is None:
+    if reasoning is not None and family.reasoning is NONE:
         pytest.skip(f"{name} has no reasoning format")
     thinking = reasoning is not None
     msgs = chat(system, turns, reasoning)
@@ -98,7 +106,7 @@ def test_the_generation_prompt_is_the_assistant_prefix(name):
     family, t = F.FAMILIES[name], tok(name)
     msgs = chat(True, 1)[:2]
     rendered = t.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
-                                     enable_thinking=family.reasoning is not None)
+                                     enable_thinking=family.reasoning is not NONE)
     assert rendered.endswith(family.assistant_prefix)
     if family.bos:
         ids = encode(t, rendered)
@@ -115,6 +123,31 @@ def test_llama3_has_no_spare_row_and_its_mask_is_a_reserved_token_the_template_n
     assert mask == t.convert_tokens_to_ids(family.reserved_mask) and "reserved special token" in why
     recipe = yaml.safe_load((ROOT / "recipes/tiny-llama3-cpu.yaml").read_text())
     assert recipe["draft"]["mask_token_id"] == mask and recipe["draft"]["arch"] == family.draft_arch
+
+
+def test_gpt_oss_has_harmonys_real_ids_no_spare_row_and_a_reserved_mask_the_template_never_writes():
+    """vLLM renders gpt-oss chats in Harmony itself: the tokenizer must give Harmony's own ids, for
+    the special tokens and for text alike (the tiny corpus, as the Harmony encoding encodes it)."""
+    import random
+
+    from dspark_kit.data.tiny_corpus import conversations, sentence
+    from dspark_kit.data.tiny_harmony import VOCAB, harmony_encoding
+
+    family, t = F.GPT_OSS, tok("gpt-oss")
+    assert len(t) == VOCAB and family.embedding_rows(len(t)) == VOCAB and t.mask_token_id is None
+    enc = harmony_encoding()
+    for name in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|reserved_200000|>"):
+        assert t.convert_tokens_to_ids(name) == enc.encode(name, allowed_special="all")[0], name
+    rng = random.Random(0)
+    texts = [m["content"] for c in conversations(300, seed=5) for m in c] + [sentence(rng) for _ in range(50)]
+    texts += ["Hello,   world!\n\n\tIt's 12345 -- naïve café 日本語 I'LL  \r\n x/y//z"]
+    assert [encode(t, x) for x in texts] == [enc.encode(x) for x in texts]
+    reserved = reserved_specials(t, t.chat_template)
+    assert reserved[0][1] == family.reserved_mask and reserved[0][1] not in t.chat_template
+    mask, why = mask_token_choice(len(t), len(t), None, reserved)
+    assert mask == t.convert_tokens_to_ids(family.reserved_mask) == 200000 and "reserved special token" in why
+    recipe = yaml.safe_load((ROOT / "recipes/tiny-gpt-oss-cpu.yaml").read_text())
+    assert recipe["draft"]["mask_token_id"] == mask
 
 
 def test_qwen_families_keep_the_spare_row_rule():

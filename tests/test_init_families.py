@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from dspark_kit.cli import app
 from dspark_kit.data import families as F
+from dspark_kit.data.reasoning_formats import NONE
 from dspark_kit.data.tiny_builder import DEFAULT_SPEC, build_tokenizer
 
 # published config.json values (the keys the kit reads, and the MoE terms)
@@ -35,8 +36,24 @@ LLAMA_3_1_8B_INSTRUCT = {
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
     "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
 }  # fmt: skip
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_hidden_layers": 24, "hidden_size": 2880,
+    "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
+    "max_position_embeddings": 131072, "initial_context_length": 4096, "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "attention_bias": True, "swiglu_limit": 7.0,
+    "rope_theta": 150000, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                           "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                           "truncate": False},
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu", "rms_norm_eps": 1e-05,
+    "router_aux_loss_coef": 0.9, "output_router_logits": False, "use_cache": True, "eos_token_id": 200002,
+    "pad_token_id": 199999,
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+}  # fmt: skip
 CASES = {"qwen3-30b-a3b": (QWEN3_30B_A3B, "qwen3-moe", [1, 12, 23, 34, 45]),
-         "llama-3.1-8b-instruct": (LLAMA_3_1_8B_INSTRUCT, "llama3", [1, 8, 15, 22, 29])}
+         "llama-3.1-8b-instruct": (LLAMA_3_1_8B_INSTRUCT, "llama3", [1, 8, 15, 22, 29]),
+         "gpt-oss-20b": (GPT_OSS_20B, "gpt-oss", [1, 6, 11, 16, 21])}
 
 
 @functools.cache
@@ -76,7 +93,7 @@ def test_init_on_a_real_shaped_config_folder_writes_a_recipe_whose_preflight_pas
     rendered = tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
                                        tokenize=True, return_dict=False)
     assert mask not in rendered  # not a token the family's template writes
-    assert data["verifier"]["thinking"] is (family.reasoning is not None) and "verifier.thinking" in r.output
+    assert data["verifier"]["thinking"] is (family.reasoning is not NONE) and "verifier.thinking" in r.output
     assert "memory:" in r.output and "shape from the verifier's config.json" in r.output
     # the draft layer gets the verifier's dense intermediate_size (speculators' rule), not an expert's
     assert f"intermediate {config['intermediate_size']}" in r.output

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_local_server import _chat, _serve, verifier  # noqa: F401 - verifier is a fixture
 
-from dspark_kit.engines.local.server import split_reasoning_like_vllm
+from dspark_kit.data.reasoning_formats import THINK
 from dspark_kit.engines.local.stream import TextStream
 
 # ---- the text released as it becomes final (no model) -------------------------------------
@@ -45,9 +45,9 @@ def test_text_is_released_only_when_final():
 def test_reasoning_is_split_like_the_whole_reply():
     text = "<think>\nplan it\n</think>\n\nthe answer"
     ts = TextStream(lambda ids: text[: len(ids)], frozenset(), stops=[], field="content",
-                    split=split_reasoning_like_vllm)
+                    split=THINK.split_reply)
     pieces, last = _pieces(ts, list(range(len(text))), text)
-    whole = split_reasoning_like_vllm(text)
+    whole = THINK.split_reply(text)
     assert _joined(pieces, last, "reasoning_content") == whole["reasoning_content"]
     assert _joined(pieces, last, "content") == whole["content"]
     assert not any("<think" in p.get("content", "") or "</think" in p.get("reasoning_content", "")

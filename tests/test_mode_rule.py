@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from dspark_kit.data import mode_rule
 from dspark_kit.data.mode_rule import AGREES, REASONING_WITH_THINKING_OFF, ModeCounts
+from dspark_kit.data.reasoning_formats import HARMONY, THINK
 
 PLAIN = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
 STRAY = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b", "reasoning_content": "a story "}]
 
 
 def test_a_reply_with_reasoning_is_dropped_only_with_thinking_off():
-    assert mode_rule.decide(STRAY, thinking=False) == REASONING_WITH_THINKING_OFF
-    assert mode_rule.decide(STRAY, thinking=True) == AGREES
-    assert mode_rule.decide(PLAIN, thinking=False) == AGREES
+    assert mode_rule.decide(STRAY, False, THINK) == REASONING_WITH_THINKING_OFF
+    assert mode_rule.decide(STRAY, True, THINK) == AGREES
+    assert mode_rule.decide(PLAIN, False, THINK) == AGREES
     blank = [PLAIN[0], {**PLAIN[1], "reasoning_content": "\n\n"}]  # an empty think block is no reasoning
-    assert mode_rule.decide(blank, thinking=False) == AGREES
+    assert mode_rule.decide(blank, False, THINK) == AGREES
+
+
+def test_a_format_without_a_thinking_switch_has_no_stray_reasoning():
+    """Harmony (gpt-oss) always reasons: no mode of its verifier makes a reasoning reply stray."""
+    assert mode_rule.decide(STRAY, False, HARMONY) == AGREES
 
 
 def _counts(rows: int, dropped: int, thinking_rows: int = 0, with_reasoning: int = 0) -> ModeCounts:

@@ -16,7 +16,8 @@ Readers accept the regen schema / ShareGPT (`conversations: [{from, value}]`, wi
 `prompt`/`response` pairs (`row_format` names which); reasoning as
 `reasoning_content`, `reasoning` (vLLM's newer name) or inline
 `<think>...</think>` at the start of the content (split the way Qwen3's template
-splits it). Writers (`to_sharegpt`, used by regen) store reasoning explicitly in
+splits it) or Harmony's analysis/final channels (data/reasoning_formats.py). Writers
+(`to_sharegpt`, used by regen) store reasoning explicitly in
 `reasoning_content`. A row that cannot be used raises `ConversationError` whose
 text is the full reason; callers count rows per reason.
 
@@ -29,6 +30,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dspark_kit.data import reasoning_formats
+from dspark_kit.data.reasoning_formats import THINK, ReasoningFormat
+
 ROLE_ALIASES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
     "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
@@ -36,7 +40,6 @@ ROLE_ALIASES = {
     "function_call": "assistant",
 }
 FORMATS = {"messages": "OpenAI messages", "conversations": "ShareGPT", "prompt": "prompt/response"}
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 UNCLOSED = "unclosed"  # marker key on a message whose reasoning never closed
 
 
@@ -45,23 +48,16 @@ class ConversationError(ValueError):
 
 
 def split_reasoning(content: str) -> tuple[str | None, str, bool]:
-    """(reasoning or None, content, unclosed) of a reply with inline think tags.
-
-    Mirrors Qwen3's template: reasoning is the text before `</think>` after the last `<think>`,
-    stripped of newlines; content is what follows `</think>`, left-stripped of newlines."""
-    if THINK_CLOSE in content:
-        parts = content.split(THINK_CLOSE)
-        return parts[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n"), parts[-1].lstrip("\n"), False
-    return None, content, content.lstrip().startswith(THINK_OPEN)  # unclosed: cut off while thinking
+    """(reasoning or None, content, unclosed) of a reply with inline reasoning, in whichever format's
+    markers it carries (data/reasoning_formats.py: Qwen3's think block, Harmony's channels)."""
+    return reasoning_formats.split_inline(content)
 
 
-def canonical_reasoning(reasoning: str, content: str) -> tuple[str, str]:
-    """Reasoning given apart from the content (a reasoning parser's `reasoning` /
-    `reasoning_content`), cut the way Qwen3's template cuts inline think tags: vLLM's
-    qwen3 parser leaves the "\n\n" after </think> at the start of content, and a template
-    handed reasoning_content renders content as is, so without this the history and the
-    training render carry newlines the model never generated twice."""
-    return reasoning.strip("\n"), content.lstrip("\n")
+def canonical_reasoning(reasoning: str, content: str, fmt: ReasoningFormat = THINK) -> tuple[str, str]:
+    """Reasoning given apart from the content (a parser's field), cut as `fmt`'s template cuts
+    inline reasoning (ReasoningFormat.canonical). A row does not say its verifier's format, so a
+    reader cuts as Qwen3's template does (the only one that cuts); regen passes its verifier's."""
+    return fmt.canonical(reasoning, content)
 
 
 def _text(value: Any, what: str, i: int) -> str | None:
@@ -219,7 +215,7 @@ def truncation(messages: list[dict[str, Any]]) -> str | None:
         if m.get("finish_reason") == "length":
             return "truncated reply (finish_reason: length; data.keep_truncated keeps it)"
         if m.get(UNCLOSED):
-            return "truncated reply (<think> without </think>; data.keep_truncated keeps it)"
+            return "truncated reply (reasoning never closed; data.keep_truncated keeps it)"
     return None
 
 

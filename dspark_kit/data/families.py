@@ -10,6 +10,13 @@ tool-call format and the mask-token rule its vocabulary needs. The builder
 - **qwen3** (dense) and **qwen3-moe** share Qwen3's ChatML template with the `<think>` switch
   (`enable_thinking`), hermes tool calls, `<|im_end|>` as end of turn, and a spare embedding
   row past the tokenizer for the mask token (the tokenizer's own `<|MASK|>`).
+- **gpt-oss**: Harmony (`<|start|>role<|message|>..<|end|>`; a reply is the analysis channel, then
+  `<|start|>assistant<|channel|>final<|message|>..<|return|>`), the o200k_harmony tokenizer with
+  Harmony's special tokens at their real ids (built from the installed Harmony encoding, not
+  trained: vLLM renders gpt-oss chats in Harmony itself, so the ids must be the real ones), a
+  201,088-row vocabulary exactly the tokenizer's size (mask token: a reserved special token), and
+  history the template rewrites (analysis dropped, `<|return|>` written `<|end|>`), so only a
+  conversation's last reply is trained.
 - **llama3**: Llama-3-Instruct's header format (`<|begin_of_text|>`, `<|start_header_id|>role
   <|end_header_id|>\n\n`, content, `<|eot_id|>`), no thinking, and a vocabulary exactly the
   tokenizer's size, as Llama-3's own: no spare row, so the mask token is a reserved special
@@ -21,6 +28,8 @@ Layer 1 (data): imports nothing but the standard library.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from dspark_kit.data.reasoning_formats import HARMONY, NONE, THINK, ReasoningFormat
 
 # Qwen3's template, reduced to what the tiny model needs: reasoning comes from
 # `reasoning_content` when it is a string, else from inline <think>..</think>
@@ -123,8 +132,7 @@ class Family:
     mask: str | None = None  # the tokenizer's own mask token
     not_special: tuple[str, ...] = ()  # added tokens that stay in decoded text
     additional_special: tuple[str, ...] = ()
-    reasoning: str | None = None  # "think": <think>..</think> with the enable_thinking switch
-    reasoning_parser: str | None = None  # vLLM's --reasoning-parser for it
+    reasoning: ReasoningFormat = NONE  # how replies carry reasoning, and vLLM's parser for it
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser for the template's tool calls
     draft_arch: str = "qwen3"
     # "spare-row": the embedding is rounded up past the tokenizer and the mask token sits there;
@@ -132,6 +140,18 @@ class Family:
     mask_rule: str = "spare-row"
     reserved_mask: str | None = None
     model_extra: dict = field(default_factory=dict)  # config terms past the dense shape (MoE)
+    # "corpus": a byte-level BPE trained on the tiny corpus; "harmony": the installed Harmony
+    # encoding's o200k_harmony vocabulary, every id the real one (tiny_harmony.py)
+    tokenizer_source: str = "corpus"
+    # whether a history turn renders as the model generated it (ChatML, Llama-3: every reply is
+    # trained); Harmony drops history's analysis and writes <|return|> as <|end|>: last reply only
+    history_trained: bool = True
+    server_env: dict = field(default_factory=dict)  # environment a vLLM server of it needs (Harmony's date)
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        """vLLM's --reasoning-parser for the family's reasoning format."""
+        return self.reasoning.parser
 
     @property
     def builtin(self) -> str:
@@ -150,8 +170,15 @@ class Family:
         """What a build's spec hash adds for this family (nothing for qwen3: its hash predates families)."""
         if self.name == "qwen3":
             return ""
-        return repr((self.name, self.model_type, self.config_class, self.split_regex, self.specials,
-                     self.specials_at, self.eos, self.bos, self.mask, sorted(self.model_extra.items())))
+        extra = repr((self.name, self.model_type, self.config_class, self.split_regex, self.specials,
+                      self.specials_at, self.eos, self.bos, self.mask, sorted(self.model_extra.items())))
+        if self.tokenizer_source != "corpus":  # (the families before it hash as they did)
+            extra += repr((self.tokenizer_source, self.history_trained, self.stop_tokens, self.end_of_turn))
+        return extra
+
+    def planned_vocab(self, spec_vocab: int) -> int:
+        """vocab_size a plan assumes before the build: the spec's bound, or Harmony's real one."""
+        return 201_088 if self.tokenizer_source == "harmony" else spec_vocab
 
     def embedding_rows(self, tokenizer_len: int) -> int:
         """vocab_size of the built model: rounded up to 64 (spare rows, as Qwen's) or exactly the tokenizer's."""
@@ -163,7 +190,7 @@ QWEN3 = Family(
     chat_template=QWEN3_TEMPLATE, split_regex=QWEN_SPLIT, specials=QWEN3_SPECIALS, specials_at="start",
     eos="<|im_end|>", pad="<|endoftext|>", end_of_turn="<|im_end|>", assistant_prefix="<|im_start|>assistant\n",
     stop_tokens=("<|im_end|>",), mask="<|MASK|>", not_special=QWEN3_NOT_SPECIAL, additional_special=("<|im_start|>",),
-    reasoning="think", reasoning_parser="qwen3", tool_call_parser="hermes",
+    reasoning=THINK, tool_call_parser="hermes",
 )
 # Qwen3-30B-A3B's shape, scaled down: every layer sparse, top-k of the experts with normalized
 # router weights (8 experts of width 96, top-2: ~4.7 MB of experts in fp32, shipped).
@@ -182,7 +209,53 @@ LLAMA3 = Family(
     draft_arch="llama", mask_rule="reserved",
     reserved_mask="<|reserved_special_token_0|>", model_extra={"rope_theta": 500000.0},
 )
-FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN3, QWEN3_MOE, LLAMA3)}
+
+# Harmony as vLLM renders a chat for gpt-oss (entrypoints/openai/parser/harmony_utils.py) and
+# gpt-oss's published template writes it: the system message (identity, knowledge cutoff, date,
+# reasoning effort, channels), a system prompt as the developer's instructions, history replies as
+# their final channel ending <|end|> (analysis dropped), the last reply (a training render) with its
+# analysis and <|return|>. The date is fixed (HARMONY_DATE) and vLLM is pinned to it
+# (VLLM_SYSTEM_START_DATE), so every render is the same on every day.
+HARMONY_DATE = "2025-06-28"
+HARMONY_SYSTEM = ("<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+                  "Knowledge cutoff: 2024-06\nCurrent date: " + HARMONY_DATE + "\n\nReasoning: medium\n\n"
+                  "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>")
+HARMONY_TEMPLATE = (
+    "{{- '" + HARMONY_SYSTEM.replace("\n", "\\n") + "' -}}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'system' or m.role == 'developer' -%}"
+    "{{- '<|start|>developer<|message|># Instructions\\n\\n' + m.content + '<|end|>' -}}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- set reasoning = m.reasoning_content if m.reasoning_content is string else (m.thinking or '') -%}"
+    "{%- if loop.last and not add_generation_prompt -%}"
+    "{%- if reasoning -%}{{- '<|start|>assistant<|channel|>analysis<|message|>' + reasoning + '<|end|>' -}}{%- endif -%}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' -}}"
+    "{%- else -%}{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|end|>' -}}{%- endif -%}"
+    "{%- else -%}{{- '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"
+)
+# o200k's pre-tokenizer split (tiktoken's o200k_base pattern)
+O200K_SPLIT = "|".join((
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"))
+# gpt-oss-20b's shape, scaled down: alternating sliding (128) and full attention with sinks, experts
+# of width intermediate_size with top-k routing, YaRN rope, untied embeddings (vLLM's gpt-oss has no tie)
+GPT_OSS = Family(
+    name="gpt-oss", model_type="gpt_oss", architecture="GptOssForCausalLM", config_class="GptOssConfig",
+    chat_template=HARMONY_TEMPLATE, split_regex=O200K_SPLIT, specials=(), specials_at="harmony",
+    eos="<|return|>", pad="<|endoftext|>", end_of_turn="<|return|>", assistant_prefix="<|start|>assistant",
+    stop_tokens=("<|return|>", "<|endoftext|>", "<|call|>"), reasoning=HARMONY,
+    mask_rule="reserved", reserved_mask="<|reserved_200000|>", tokenizer_source="harmony", history_trained=False,
+    server_env={"VLLM_SYSTEM_START_DATE": HARMONY_DATE},
+    model_extra={"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 128,
+                 "layer_types": ["sliding_attention", "full_attention"] * 2, "tie_word_embeddings": False,
+                 "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                     "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "truncate": False}},
+)
+FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN3, QWEN3_MOE, LLAMA3, GPT_OSS)}
 BUILTINS: dict[str, Family] = {f.builtin: f for f in FAMILIES.values()}
 
 

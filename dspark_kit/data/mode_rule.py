@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dspark_kit.data.conversations import has_reasoning
+from dspark_kit.data.reasoning_formats import ReasoningFormat
 
 RECORD = "mode_check"  # the metadata key regen records its decision under
 AGREES = "ok"
@@ -29,9 +30,10 @@ REASONING_WITH_THINKING_OFF = ("reply carries reasoning but the row's thinking m
 BUDGET_KEY = "data.max_mode_mismatch_fraction"
 
 
-def decide(messages: list[dict[str, Any]], thinking: bool) -> str:
-    """The rule for one row: AGREES, or why the row is dropped."""
-    return REASONING_WITH_THINKING_OFF if not thinking and has_reasoning(messages) else AGREES
+def decide(messages: list[dict[str, Any]], thinking: bool, fmt: ReasoningFormat) -> str:
+    """The rule for one row under the verifier's reasoning format (`fmt.stray`: only a format with a
+    thinking switch can reason where the row's mode is off): AGREES, or why the row is dropped."""
+    return REASONING_WITH_THINKING_OFF if fmt.stray(has_reasoning(messages), thinking) else AGREES
 
 
 def recorded(row: object) -> str | None:
@@ -82,7 +84,8 @@ class ModeCounts:
                     "verifier.thinking: true, or regenerate with thinking off")
         if self.thinking_rows and self.thinking_rows == self.rows and not self.thinking_with_reasoning:
             return (f"{stage}: none of {self.thinking_rows} rows in thinking mode carries reasoning: regenerate in "
-                    "thinking mode (with vLLM: --reasoning-parser qwen3 keeps it), or set verifier.thinking: false")
+                    "thinking mode (with vLLM: the verifier's --reasoning-parser keeps it, e.g. qwen3), or set "
+                    "verifier.thinking: false")
         return None
 
 

@@ -21,6 +21,7 @@ from dspark_kit.data import mode_rule
 from dspark_kit.data.chat import render
 from dspark_kit.data.conversations import ConversationError, template_messages, truncation
 from dspark_kit.data.piece_encoder import PieceEncoder
+from dspark_kit.data.reasoning_formats import of_tokenizer
 from dspark_kit.recipe.mixture import THINKING, choose
 
 Row = tuple[list[int], list[int]]
@@ -154,7 +155,7 @@ def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bo
     msgs = msgs[: turns[-1] + 1]  # trailing user turns have nothing to learn
     if not keep_truncated and (why := truncation(msgs)):
         raise ConversationError(why)
-    if (decision := mode_rule.decide(msgs, thinking)) != mode_rule.AGREES:  # no render reproduces such a row
+    if (decision := mode_rule.decide(msgs, thinking, of_tokenizer(tok))) != mode_rule.AGREES:  # no render reproduces such a row
         raise ConversationError(decision)
     msgs = template_messages(msgs)
     texts = []

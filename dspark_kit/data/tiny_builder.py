@@ -59,14 +59,28 @@ def spec_dict(spec: TinySpec) -> dict:
 
 def render_corpus(spec: TinySpec, family: Family = QWEN3) -> list[list[dict[str, str]]]:
     """The training chats; a family with a thinking switch gets a third of them in thinking style
-    so the model learns the switch."""
+    so the model learns the switch; one that always reasons (Harmony) reasons in every last reply."""
     chats = conversations(spec.corpus_rows, seed=spec.seed)
-    if family.reasoning == "think":
+    fmt = family.reasoning
+    if fmt.switch:
         rng = random.Random(spec.seed + 1)
         for i in range(0, len(chats), 3):
-            prompt, reply = thinking_reply(rng)
-            chats[i] = [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+            prompt, reply, reasoning = thinking_reply(rng)
+            chats[i] = [{"role": "user", "content": prompt}, fmt.corpus_reply(reply, reasoning)]
+    elif fmt.always:
+        rng = random.Random(spec.seed + 1)
+        for i, chat in enumerate(chats):
+            prompt, reply, reasoning = thinking_reply(rng)
+            chats[i] = chat[:-2] + [{"role": "user", "content": prompt}, fmt.corpus_reply(reply, reasoning)]
     return chats
+
+
+def reasons(msgs: list[dict]) -> bool:
+    """Whether a corpus chat's last reply carries reasoning (inline or apart)."""
+    from dspark_kit.data.conversations import split_reasoning
+
+    last = msgs[-1]
+    return bool(last.get("reasoning_content")) or split_reasoning(last["content"])[0] is not None
 
 
 def build_tokenizer(spec: TinySpec, family: Family = QWEN3):
@@ -74,6 +88,15 @@ def build_tokenizer(spec: TinySpec, family: Family = QWEN3):
     from transformers import PreTrainedTokenizerFast
 
     from dspark_kit.data.tiny_corpus import sentence
+
+    if family.tokenizer_source == "harmony":  # the real vocabulary, from the installed Harmony encoding
+        from dspark_kit.data.tiny_harmony import build_harmony_tokenizer
+
+        tok = PreTrainedTokenizerFast(tokenizer_object=build_harmony_tokenizer(family.split_regex),
+                                      eos_token=family.eos, pad_token=family.pad,
+                                      model_max_length=spec.max_position_embeddings)
+        tok.chat_template = family.chat_template
+        return tok
 
     rng = random.Random(spec.seed)
     texts = [m["content"] for c in render_corpus(spec, family)[:2000] for m in c]
@@ -122,67 +145,75 @@ def model_config(spec: TinySpec, vocab: int, tok, family: Family = QWEN3):
     import transformers
 
     cls = getattr(transformers, family.config_class)
-    extra = dict(family.model_extra)
+    extra = dict(family.model_extra)  # the family's terms, over the dense shape's (rope, ties, MoE)
     theta = extra.pop("rope_theta", 10000.0)
     stops = [tok.convert_tokens_to_ids(t) for t in family.stop_tokens]
-    return cls(
-        vocab_size=vocab,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.hidden_size // spec.num_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
-        tie_word_embeddings=spec.tie_embeddings,
-        torch_dtype="float32",
-        bos_token_id=tok.convert_tokens_to_ids(family.bos) if family.bos else None,
-        eos_token_id=stops[0] if len(stops) == 1 else stops,
-        pad_token_id=tok.convert_tokens_to_ids(family.pad),
+    return cls(**{
+        "vocab_size": vocab,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.hidden_size // spec.num_heads,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "tie_word_embeddings": spec.tie_embeddings,
+        "torch_dtype": "float32",
+        "bos_token_id": tok.convert_tokens_to_ids(family.bos) if family.bos else None,
+        "eos_token_id": stops[0] if len(stops) == 1 else stops,
+        "pad_token_id": tok.convert_tokens_to_ids(family.pad),
         **extra,
-    )
+    })
 
 
-def long_sequences(spec: TinySpec, tok, chats: list[list[dict[str, str]]]):
-    """`long_len`-token multi-turn chats: earlier conversations as history, as eval builds long prompts."""
+def long_sequences(spec: TinySpec, tok, chats: list[list[dict[str, str]]], family: Family = QWEN3):
+    """`long_len`-token multi-turn chats: earlier conversations as history, as eval builds long prompts.
+    A family whose history is not trained (Harmony) keeps whole chats, the last reply in the window."""
     import torch
 
     if not spec.long_every:
         return []
     rng = random.Random(spec.seed + 2)
-    plain = [c for c in chats if "</think>" not in c[-1]["content"]]
+    plain = [c for c in chats if not reasons(c)] or chats
     n = max(8, spec.train_steps // spec.long_every * spec.long_batch // 2)
     out = []
     for _ in range(n):
         msgs: list[dict[str, str]] = []
         ids: list[int] = []
+        fits: list[int] = []
         while len(ids) < spec.long_len:
-            msgs += rng.choice(plain)
+            fits = ids
+            msgs = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in msgs] + rng.choice(plain)
             ids = encode(tok, render(tok, msgs, False))
-        out.append(torch.tensor(ids[: spec.long_len]))
+        out.append(torch.tensor(ids[: spec.long_len] if family.history_trained else fits or ids))
     return out
 
 
-def assistant_labels(ids, assistant: list[int], end_of_turn: int):
+def assistant_labels(ids, assistant: list[int], end_of_turn: int, last_only: bool = False):
     """Labels with the loss on assistant replies only (+ their end-of-turn token): the prompts are
     random by construction, so learning them only adds noise; what the verifier must learn
-    is to answer the prompt."""
+    is to answer the prompt. The assistant header inside a reply (Harmony's next channel) is the
+    reply's own; `last_only`: the last reply alone (a template that rewrites history)."""
     import torch
 
     labels = torch.full_like(ids, -100)
     row = ids.tolist()
     a = len(assistant)
     start = None
+    opened = 0
     for i, t in enumerate(row):
         if row[i : i + a] == assistant:
-            start = i + a
+            if start is None:
+                start, opened = i + a, i + a
         elif t == assistant[0]:  # another role's turn
             start = None
         if start is not None and i >= start:
             labels[i] = t
             if t == end_of_turn:
                 start = None
+    if last_only:
+        labels[:opened] = -100
     return labels
 
 
@@ -199,7 +230,7 @@ def heldout_loss(model, tok, spec: TinySpec, n: int = 200, family: Family = QWEN
     with torch.no_grad():
         for msgs in chats:
             ids = torch.tensor([encode(tok, render(tok, msgs, False))])
-            labels = assistant_labels(ids[0], assistant, eot)[None]
+            labels = assistant_labels(ids[0], assistant, eot, not family.history_trained)[None]
             k = int((labels[0, 1:] != -100).sum())
             if k:
                 total += float(model(input_ids=ids, labels=labels).loss) * k
@@ -227,20 +258,30 @@ def _train(spec: TinySpec, tok, log, family: Family):
     eot = tok.convert_tokens_to_ids(family.end_of_turn)
     if family is QWEN3:
         assert eot == 2, "special token order changed"
-    cfg = model_config(spec, family.embedding_rows(len(tok)), tok, family)
-    model = AutoModelForCausalLM.from_config(cfg)
+    full_cfg = cfg = model_config(spec, family.embedding_rows(len(tok)), tok, family)
     stops = [tok.convert_tokens_to_ids(t) for t in family.stop_tokens]
-    model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
-    model.generation_config.pad_token_id = cfg.pad_token_id
-    if family.bos:
-        model.generation_config.bos_token_id = cfg.bos_token_id
     chats = render_corpus(spec, family)
     seqs = []
     for msgs in chats:
-        thinking = "</think>" in msgs[-1]["content"]
-        seqs.append(torch.tensor(encode(tok, render(tok, msgs, thinking))))
-    longs = long_sequences(spec, tok, chats)
+        seqs.append(torch.tensor(encode(tok, render(tok, msgs, reasons(msgs)))))
+    longs = long_sequences(spec, tok, chats, family)
     assistant = encode(tok, family.assistant_prefix)
+    compact = None
+    if family.tokenizer_source == "harmony":  # train on the tokens used, one row for the rest (tiny_harmony.py)
+        from dspark_kit.data.tiny_corpus import vocabulary
+        from dspark_kit.data.tiny_harmony import Compact, compact_ids
+
+        words = [encode(tok, form) for group in vocabulary().values() for w in group
+                 for form in (w, " " + w, w.capitalize(), " " + w.capitalize())]  # what a prompt may name
+        compact = Compact(compact_ids(seqs + longs + words, stops), full_cfg.vocab_size)
+        cfg = model_config(spec, compact.rows, tok, family)
+        cfg.pad_token_id = int(compact.lut[cfg.pad_token_id])  # the trained model's own ids
+        cfg.eos_token_id = [int(compact.lut[i]) for i in stops]
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
+    model.generation_config.pad_token_id = full_cfg.pad_token_id
+    if family.bos:
+        model.generation_config.bos_token_id = cfg.bos_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, spec.lr, total_steps=spec.train_steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(spec.seed)
@@ -254,16 +295,21 @@ def _train(spec: TinySpec, tok, log, family: Family):
         else:
             idx = torch.randint(len(seqs), (spec.batch_size,), generator=gen).tolist()
             batch = torch.nn.utils.rnn.pad_sequence([seqs[i] for i in idx], batch_first=True, padding_value=-100)
-        inputs = batch.clamp(min=0)
-        labels = torch.stack([assistant_labels(row, assistant, eot) for row in batch])
-        out = model(input_ids=inputs, attention_mask=(batch != -100).long(), labels=labels)
-        out.loss.backward()
+        labels = torch.stack([assistant_labels(row, assistant, eot, not family.history_trained) for row in batch])
+        if compact is None:
+            out = model(input_ids=batch.clamp(min=0), attention_mask=(batch != -100).long(), labels=labels)
+            loss = out.loss
+        else:
+            logits = model(input_ids=compact.to_compact(batch).clamp(min=0), attention_mask=(batch != -100).long()).logits
+            loss = torch.nn.functional.cross_entropy(compact.full_softmax_logits(logits[:, :-1]).flatten(0, 1),
+                                                     compact.to_compact(labels[:, 1:]).flatten())
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(out.loss.item())
+        losses.append(loss.item())
         if step % 100 == 0 or step == spec.train_steps - 1:
-            log(f"  tiny verifier step {step:4d}/{spec.train_steps} loss {out.loss.item():.3f} ({time.time() - t_start:.0f}s)")
+            log(f"  tiny verifier step {step:4d}/{spec.train_steps} loss {loss.item():.3f} ({time.time() - t_start:.0f}s)")
     model.eval()
-    return model, losses
+    return (compact.expand(model, full_cfg) if compact else model), losses

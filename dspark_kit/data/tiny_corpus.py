@@ -109,9 +109,10 @@ def conversations(n: int, seed: int = 0, max_turns: int = 2) -> list[list[dict[s
     return [conversation(rng, max_turns) for _ in range(n)]
 
 
-def thinking_reply(rng: random.Random) -> tuple[str, str]:
-    prompt, reply, reasoning = _task(rng)
-    return prompt, f"<think>\n{reasoning}\n</think>\n\n{reply}"
+def thinking_reply(rng: random.Random) -> tuple[str, str, str]:
+    """(prompt, reply, one-line reasoning) of one task: a family's reasoning format writes the reply
+    (data/reasoning_formats.py `corpus_reply`: Qwen3's inline think block, Harmony's channels)."""
+    return _task(rng)
 
 
 def write_regen_style_jsonl(path: Path, n: int, seed: int = 0) -> Path:

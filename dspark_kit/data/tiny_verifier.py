@@ -72,7 +72,7 @@ def planned_config(spec: TinySpec = DEFAULT_SPEC, family: Family = QWEN3) -> dic
     """The parts of a tiny verifier's config.json a plan needs, before it is built (its size
     too; vocab_size is the spec's bound, the built one is the tokenizer's, a little smaller)."""
     return {"model_type": family.model_type, "num_hidden_layers": spec.num_layers, "hidden_size": spec.hidden_size,
-            "vocab_size": spec.vocab_size, "num_attention_heads": spec.num_heads,
+            "vocab_size": family.planned_vocab(spec.vocab_size), "num_attention_heads": spec.num_heads,
             "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.hidden_size // spec.num_heads,
             "intermediate_size": spec.intermediate_size, "tie_word_embeddings": spec.tie_embeddings,
             **{k: v for k, v in family.model_extra.items() if k != "rope_theta"}}
@@ -105,6 +105,25 @@ def _acquire(lock: FileLock, owner: Path, what: str, log) -> None:
 
 SHIPPED = ASSETS / QWEN3.assets  # the Qwen3 build; shipped_dir(family) for each
 SHIPPED_MANIFEST = "shipped.json"  # spec hash, sha256 per file, where and how the files were built
+# A shipped file past PACK_OVER bytes is xz-packed (the gpt-oss verifier's 201,088-row embedding and
+# tokenizer: ~230 MB, mostly repeated rows, ~5 MB packed); unpacking it into the cache is exact.
+PACKED, PACK_OVER = ".xz", 16 << 20
+
+
+def _pack(path: Path) -> None:
+    import lzma
+
+    with path.open("rb") as src, lzma.open(path.with_name(path.name + PACKED), "wb", preset=6) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    path.unlink()
+
+
+def _unpack(packed: Path) -> None:
+    import lzma
+
+    with lzma.open(packed, "rb") as src, packed.with_name(packed.name[: -len(PACKED)]).open("wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    packed.unlink()
 
 
 def shipped_dir(family: Family = QWEN3) -> Path:
@@ -150,6 +169,8 @@ def _unpack_or_build(spec: TinySpec, out: Path, log, build: bool, family: Family
     shipped = shipped_manifest(shipped_dir(family))
     if not build and shipped and shipped.get("spec_hash") == spec_hash(spec, family):
         shutil.copytree(shipped_dir(family), tmp, ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+        for packed in sorted(tmp.glob(f"*{PACKED}")):
+            _unpack(packed)
         tmp.rename(out)
         log(f"tiny {'' if family is QWEN3 else family.name + ' '}verifier: the shipped build (made {shipped.get('built_on', '?')}) -> {out}")
         return out
@@ -199,7 +220,10 @@ def ship(spec: TinySpec = DEFAULT_SPEC, log=note, family: Family = QWEN3) -> Pat
     tmp.mkdir(parents=True)
     record = _build_into(spec, tmp, log, family)
     record["built_on"] = f"{datetime.date.today()} ({record['machine']}, {record['cpu_capability']} kernels)"
-    record["files"] = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    record["files"] = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}  # as unpacked
+    for big in [p for p in sorted(tmp.iterdir()) if p.is_file() and p.stat().st_size > PACK_OVER]:
+        _pack(big)
+    record["packed"] = {p.name: _sha256(p) for p in sorted(tmp.glob(f"*{PACKED}"))}  # as shipped
     (tmp / SHIPPED_MANIFEST).write_text(json.dumps(record, indent=1) + "\n")
     old = dest.with_name(dest.name + ".old")
     shutil.rmtree(old, ignore_errors=True)

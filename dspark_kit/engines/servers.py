@@ -47,9 +47,11 @@ def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_k
 
 def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:
     """The chat server regen starts when no endpoint is given: the recipe's engine on serve.port."""
-    # thinking on (in some rows of a mixture): the local engine hands reasoning back split out, as vLLM
-    # --reasoning-parser qwen3 does
-    extra = ["--reasoning-parser", "qwen3"] if res.engine == "local" and res.recipe.may_think else None
+    # thinking on (in some rows of a mixture), or a verifier that always reasons: the local engine hands
+    # reasoning back split out, as vLLM's parser for the verifier's format does (qwen3, openai_gptoss)
+    fmt = res.reasoning_format
+    thinks = res.recipe.may_think or fmt.always
+    extra = ["--reasoning-parser", fmt.parser] if res.engine == "local" and thinks and fmt.parser else None
     return server_plan(res, "chat", api_key=api_key, extra_args=extra)
 
 

@@ -148,6 +148,19 @@ class Resolved(SpecDecisions, Placement):
         return found
 
     @cached_property
+    def reasoning_format(self):
+        """How the verifier writes its reasoning (data/reasoning_formats.py): a builtin family's
+        record, else read from the verifier's files (its chat template, its model_type)."""
+        from dspark_kit.data import reasoning_formats
+        from dspark_kit.data.families import family_of_builtin
+
+        family = family_of_builtin(self.recipe.verifier.path)
+        if family is not None:
+            return family.reasoning
+        return reasoning_formats.of_files(self.verifier_path,
+                                          (self.verifier_config or {}).get("model_type"))
+
+    @cached_property
     def num_hidden_layers(self) -> int:
         from dspark_kit.specdec.verifier_facts import num_layers_of
 

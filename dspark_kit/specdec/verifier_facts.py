@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_kit.data import reasoning_formats
+
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WRAPPER_SUFFIX = "ForConditionalGeneration"  # multimodal wrapper: accepted when it nests a text_config
@@ -51,6 +53,7 @@ class VerifierFacts:
     reserved: tuple[tuple[int, str], ...]  # reserved special tokens the chat template never writes (id, text)
     thinking_default: bool | None  # the template's mode when enable_thinking is not passed; None: no switch
     tokenizer: object  # the loaded tokenizer (token lengths of the data)
+    reasoning: object = None  # its reasoning format (data/reasoning_formats.py), from the template and model_type
     warnings: tuple[str, ...] = ()  # what looks wrong but does not stop a recipe
 
 
@@ -190,6 +193,7 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
         tokenizer_mask=(mask_id, str(tok.mask_token)) if isinstance(mask_id, int) else None,
         reserved=reserved_specials(tok, template),
         thinking_default=thinking_default(tok), tokenizer=tok, warnings=tuple(warnings),
+        reasoning=reasoning_formats.of_template(template, lm.get("model_type") or cfg.get("model_type")),
     )
 
 

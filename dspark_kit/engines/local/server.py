@@ -31,6 +31,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from dspark_kit.data.reasoning_formats import PARSERS as REASONING_PARSERS
 from dspark_kit.engines import api_key_from_env
 from dspark_kit.engines.local.api import (
     ApiError,
@@ -48,19 +49,10 @@ from dspark_kit.recipe import ROLES
 from dspark_kit.recipe.schema import DEFAULT_SERVE_PORT
 
 
-def split_reasoning_like_vllm(text: str) -> dict[str, str | None]:
-    """--reasoning-parser qwen3: `<think>R</think>C` -> reasoning_content R, content C (text as
-    generated, no stripping; content None when empty), as vLLM's parser answers. A reply cut off
-    before `</think>` is all reasoning. `reasoning` (vLLM's newer name) carries the same text."""
-    head, sep, tail = text.partition("<think>")
-    rest = tail if sep else head
-    if "</think>" in rest:
-        reasoning, _, content = rest.partition("</think>")
-    elif sep:
-        reasoning, content = rest, ""
-    else:
-        return {"content": text, "reasoning_content": None, "reasoning": None}
-    return {"content": content or None, "reasoning_content": reasoning, "reasoning": reasoning}
+def reply_splitter(parser: str | None):
+    """--reasoning-parser NAME: the reply split as that vLLM parser answers it (the format's
+    split_reply, data/reasoning_formats.py); None without a parser."""
+    return REASONING_PARSERS[parser].split_reply if parser else None
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -135,13 +127,13 @@ def create_app(engine: Engine) -> FastAPI:
         ids = await engine.tokenize(chat_ids, req)
         max_tokens = engine.default_max_tokens(ids, req)
         engine.check_prompt(ids, max_tokens)
+        split = reply_splitter(getattr(args, "reasoning_parser", None))
         if req.stream:
-            split = split_reasoning_like_vllm if getattr(args, "reasoning_parser", None) else None
             return streamed(req, request, ids, max_tokens, f"chatcmpl-{uuid.uuid4().hex}", chat=True, split=split)
         out = await engine.run(engine.decode, ids, req, max_tokens, request=request)
         message = {"role": "assistant", "content": out["text"]}
-        if getattr(args, "reasoning_parser", None):
-            message.update(split_reasoning_like_vllm(out["text"]))
+        if split:
+            message.update(split(out["text"]))
         finish = out["finish_reason"]
         if calls_tools and message["content"]:
             message["content"], calls = split_tool_calls(message["content"])
@@ -205,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_SERVE_PORT)
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model ids to answer to, listed in this order by /v1/models (default: --model), as vLLM")
-    p.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
-                   help="split <think>..</think> out of chat replies into message.reasoning_content (as vLLM)")
+    p.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                   help="split the reasoning out of chat replies into message.reasoning_content, as that vLLM "
+                        "parser does (qwen3: <think>..</think>; openai_gptoss: Harmony's analysis/final channels)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="answer requests with tools: calls parsed out of the reply (needs --tool-call-parser), as vLLM")
     p.add_argument("--tool-call-parser", choices=list(PARSERS), default=None,

@@ -9,9 +9,9 @@ every chunk carries the usage so far too). An error after the stream started
 is one `data: {"error": ...}` event, then `[DONE]`, as vLLM sends it.
 
 Text is released as soon as it is final: the decoded text of all tokens so
-far, minus what a stop string or a reasoning tag could still change (a
+far, minus what a stop string or a reasoning marker could still change (a
 trailing partial character, the last len(stop) - 1 characters, a partial
-`<think>`/`</think>`). The pieces concatenate to exactly the text a
+`<think>`/`</think>` or Harmony channel marker: the parser's format's `markers`). The pieces concatenate to exactly the text a
 non-streamed request returns: the last event sends the rest of that text.
 """
 
@@ -22,9 +22,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from dspark_kit.engines.local.api import error_body
-
-THINK_TAGS = ("<think>", "</think>")
-
 
 def sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
@@ -49,8 +46,10 @@ class TextStream:
     def __init__(self, decode: Callable[[list[int]], str], stop_ids: frozenset[int], stops: list[str],
                  field: str = "text", split: Callable[[str], dict[str, str | None]] | None = None):
         """`field`: where the text goes (chat: content, completions: text); `split`: a reasoning
-        parser giving content / reasoning_content instead."""
+        format's split_reply (data/reasoning_formats.py), giving content / reasoning_content instead."""
         self.decode, self.stop_ids, self.stops, self.field, self.split = decode, stop_ids, stops, field, split
+        fmt = getattr(split, "__self__", None)  # the format a bound split_reply belongs to
+        self.markers: tuple[str, ...] = fmt.markers if fmt is not None else ()
         self.tokens: list[int] = []
         self.sent: dict[str, str] = {}
 
@@ -76,7 +75,7 @@ class TextStream:
         if hits:
             text = text[: min(hits)]
         else:
-            text = text[: len(text) - _held_back(text, self.stops, THINK_TAGS if self.split else ())]
+            text = text[: len(text) - _held_back(text, self.stops, self.markers)]
         return self._delta(text)
 
     def finish(self, final_text: str) -> dict[str, str]:

@@ -58,6 +58,7 @@ from dspark_kit.data.conversations import (
     row_tools,
 )
 from dspark_kit.data.mode_rule import REASONING_WITH_THINKING_OFF, ModeCounts  # noqa: F401 (the rule's reason, re-exported)
+from dspark_kit.data.reasoning_formats import of_tokenizer
 from dspark_kit.data.speculators_dataset import DatasetWriter
 from dspark_kit.data.template_rows import (
     NOTHING_IN_SEQ_LENGTH,
@@ -176,7 +177,7 @@ def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
             # replies vs thinking mode: regen's recorded decision, else this stage decides (data/mode_rule.py)
             decision, by = mode_rule.recorded(raw), "regen"
             if decision is None:
-                decision, by = mode_rule.decide(msgs, mode), "prepare"
+                decision, by = mode_rule.decide(msgs, mode, of_tokenizer(_TOKENIZER)), "prepare"
                 fmt["mode_rule"] = (mode, has_reasoning(msgs), decision)
             if decision != mode_rule.AGREES:
                 raise ConversationError(decision + (DROPPED_BY_REGEN if by == "regen" else ""))

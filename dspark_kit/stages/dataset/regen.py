@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_kit.data import mode_rule
 from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
+from dspark_kit.data.reasoning_formats import NONE, ReasoningFormat
 from dspark_kit.engines import api_key_from_env
 from dspark_kit.engines import openai_base_url as normalize_endpoint
 from dspark_kit.engines.chat_client import (
@@ -77,6 +78,7 @@ class RegenOptions(ClientOptions):
     thinking: bool | dict[bool, float] = False  # likewise
     model: str | None = None
     fsync_every: int = 32
+    reasoning: ReasoningFormat = NONE  # the verifier's reasoning format (data/reasoning_formats.py)
 
 
 def _row_idx(row: dict[str, Any]) -> int:
@@ -128,12 +130,12 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
         out = await chat_with_retries(ep, client, body, opts, peers)
         msg = {"role": "assistant", "content": out["text"]}
         reasoning = out["reasoning"]
-        if reasoning is None:  # no reasoning parser: split inline think tags (an unclosed one stays raw)
+        if reasoning is None:  # no reasoning parser: split inline markers (an unclosed block stays raw)
             inline, rest, _unclosed = split_reasoning(out["text"])
             if inline is not None:
                 reasoning, msg["content"] = inline, rest
-        else:
-            reasoning, msg["content"] = canonical_reasoning(reasoning, out["text"])
+        else:  # cut as the verifier's template cuts it (Qwen3's trims newlines; Harmony keeps them)
+            reasoning, msg["content"] = canonical_reasoning(reasoning, out["text"], opts.reasoning)
         if reasoning is not None:
             msg["reasoning_content"] = reasoning
         if out.get("tool_calls"):
@@ -179,7 +181,7 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
     meta = {"idx": idx, "finish_reasons": finish, "usage": dict(usage),
             "endpoint": ep.url, "model": ep.model, "thinking": thinking, "temperature": temperature,
             # the one decision on replies vs thinking mode (data/mode_rule.py): later stages read it
-            mode_rule.RECORD: mode_rule.decide(history, thinking)}
+            mode_rule.RECORD: mode_rule.decide(history, thinking, opts.reasoning)}
     if tools:
         # the verifier's own calls in this row (every assistant turn in history is its reply)
         meta["tool_calls"] = sum(len(m.get("tool_calls") or ()) for m in history if m["role"] == "assistant")
@@ -422,7 +424,7 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
         concurrency=concurrency or cfg.concurrency, max_tokens=max_tokens or cfg.max_tokens,
         temperature=cfg.temperature if temperature is None else temperature,
         top_p=cfg.top_p if top_p is None else top_p, seed=cfg.seed if seed is None else seed,
-        thinking=recipe.verifier.thinking, model=model, timeout=cfg.request_timeout,
+        thinking=recipe.verifier.thinking, model=model, timeout=cfg.request_timeout, reasoning=res.reasoning_format,
         max_retries=cfg.max_retries, api_key=api_key or api_key_from_env(),
         **{"unavailable_timeout": cfg.unavailable_timeout, **opt_overrides})
     outfile = Path(outfile)

@@ -200,8 +200,11 @@ def _decide(opts: InitOptions) -> _Decided:
         targets, targets_from = vf.dflash_layer_ids(facts.num_layers, profile["draft"]["num_layers"])
     except vf.VerifierFactsError as e:
         raise InitError(str(e)) from None
-    thinking = bool(facts.thinking_default) if opts.thinking is None else opts.thinking
+    always = facts.reasoning is not None and facts.reasoning.always  # Harmony: every reply reasons, no switch
+    thinking = (always or bool(facts.thinking_default)) if opts.thinking is None else opts.thinking
     thinking_from = ("--thinking" if opts.thinking else "--no-thinking") if opts.thinking is not None else (
+        f"the verifier always reasons ({facts.reasoning.name}: no switch; vLLM --reasoning-parser "
+        f"{facts.reasoning.parser})" if always else
         "the chat template has no enable_thinking switch" if facts.thinking_default is None else
         f"the chat template's default: enable_thinking unset renders as {str(facts.thinking_default).lower()}")
     try:

@@ -37,7 +37,7 @@ def check_models(ctx: _Context) -> list[Finding]:
     return out
 
 
-def _undecided_mode_counts(rows: list[dict], thinking, mixture_seed) -> ModeCounts:
+def _undecided_mode_counts(rows: list[dict], thinking, mixture_seed, fmt) -> ModeCounts:
     """What prepare will decide for the rows nobody decided yet (no regen metadata.mode_check): the
     same rule and budget (data/mode_rule.py), applied ahead of the hours before it; recorded
     decisions are never judged again."""
@@ -52,7 +52,7 @@ def _undecided_mode_counts(rows: list[dict], thinking, mixture_seed) -> ModeCoun
             msgs, mode = normalize(r), row_thinking(r, thinking, mixture_seed)
         except ConversationError:
             continue
-        counts.add(mode, has_reasoning(msgs), mode_rule.decide(msgs, mode))
+        counts.add(mode, has_reasoning(msgs), mode_rule.decide(msgs, mode, fmt))
     return counts
 
 
@@ -72,7 +72,7 @@ def check_thinking(ctx: _Context) -> list[Finding]:
     if not data.is_file() and not ctx.recipe.regen.enabled and ctx.recipe.data.source.endswith((".jsonl", ".ndjson")):
         data = Path(ctx.recipe.data.source).expanduser()  # prepare reads the raw data then
     if not ctx.run.prepare_meta.is_file():  # once prepared, its recorded decision stands
-        counts = _undecided_mode_counts(_regen_rows(data), want, ctx.recipe.mixture_seed)
+        counts = _undecided_mode_counts(_regen_rows(data), want, ctx.recipe.mixture_seed, ctx.res.reasoning_format)
         if verdict := counts.verdict(ctx.recipe.data.max_mode_mismatch_fraction, f"prepare would fail on {data.name}"):
             out.append(pitfall(4, "error", verdict))
     recorded = {r["metadata"]["thinking"] for r in _regen_rows(ctx.run.regen_jsonl)
