@@ -175,6 +175,15 @@ def server_flags(res: Resolved, role: Role, port: int, gpu_memory_utilization: f
     return flags
 
 
+def family_env(res: Resolved) -> dict[str, str]:
+    """What a builtin tiny verifier's family needs of a vLLM server's environment (the Harmony date
+    its template writes: data/families.py `server_env`); nothing for a verifier of your own."""
+    from dspark_kit.data.families import family_of_builtin
+
+    family = family_of_builtin(res.recipe.verifier.path)
+    return dict(family.server_env) if family else {}
+
+
 def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | None = None) -> ServerPlan:
     """A `vllm serve VERIFIER ...` plan; every derived value comes from `res` (`host`: in place of
     serve.host, e.g. 0.0.0.0 for a server other machines reach)."""
@@ -208,8 +217,8 @@ def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | No
         args, notes, decisions = spec_args(res)
         argv += args
     argv += list(s.extra_args)
-    return ServerPlan(argv=argv, host=host, port=port, env=device_env(res.serve_device.value, s.devices), notes=notes,
-                      decisions=decisions)
+    return ServerPlan(argv=argv, host=host, port=port, env={**device_env(res.serve_device.value, s.devices),
+                                                             **family_env(res)}, notes=notes, decisions=decisions)
 
 
 def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan:
@@ -236,7 +245,7 @@ def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan
         argv += ["--compilation-config", compact_json(s.compilation_config)]
     else:  # the CPU build otherwise compiles with Inductor's C++ backend first: minutes on 2 cores
         argv.append("--enforce-eager")
-    env: dict[str, str] = {}
+    env: dict[str, str] = family_env(res)
     if role == "hidden-states":
         argv += hidden_states_args(res, on_cpu=True)
         env["PYTHONPATH"] = str(CPU_CONNECTOR_DIR)  # the connector module, and nothing of dspark_kit
