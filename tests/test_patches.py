@@ -220,3 +220,18 @@ def test_every_seed_fix_names_its_upstream_pr_and_release():
         fix = seed[name]
         assert fix.upstream.startswith("vllm-project/speculators#") and fix.upstream.split("#")[1] in fix.summary
         assert Version(versions.installed("speculators")) >= Version(fix.fixed_in)
+
+
+def test_a_fused_loss_that_fails_under_compile_is_named_with_its_fix(tmp_path):
+    """On an H200 (torch 2.11.0+cu130, speculators 0.9.0) the fused loss dies inside torch.compile;
+    the line the trainer left is the one we read (shortened), and the stage names the recipe key."""
+    from dspark_kit.stages.training.train import training_failure
+
+    log = tmp_path / "train.log"
+    log.write_text(
+        "  | AssertionError: ListVariable(length=21) is already tracked for mutation. Source of new object: "
+        "AttrSource(base=AttrSource(base=GlobalSource(global_name='__import_speculators_dot_losses_dot_fused'), "
+        "member='loss_backward_kernel'), member='configs').\n")
+    assert "train.loss_implementation=eager" in training_failure(1, log)
+    log.write_text("  | AssertionError: ListVariable(length=21) is already tracked for mutation.\n")
+    assert training_failure(1, log) == f"speculators train exited with 1; see {log}"
