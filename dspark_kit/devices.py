@@ -160,7 +160,13 @@ def tracked_name(name: str) -> str:
 
 
 def tracked_version(name: str) -> str | None:
-    """Installed version of a tracked package (any of its spellings), or None when absent."""
+    """Installed version of a tracked package (any of its spellings), or None when absent. torch's
+    is its own `__version__`, build tag included (2.11.0+cu130): a CUDA wheel's metadata can leave
+    the tag out, and the build is what a manifest must record."""
+    if tracked_name(name) == "torch" and package_version("torch"):
+        import torch
+
+        return str(torch.__version__)
     return next((v for dist in TRACKED_PACKAGES[tracked_name(name)] if (v := package_version(dist))), None)
 
 

@@ -220,3 +220,50 @@ def test_every_seed_fix_names_its_upstream_pr_and_release():
         fix = seed[name]
         assert fix.upstream.startswith("vllm-project/speculators#") and fix.upstream.split("#")[1] in fix.summary
         assert Version(versions.installed("speculators")) >= Version(fix.fixed_in)
+
+
+def test_a_fused_loss_that_fails_under_compile_is_named_with_its_fix(tmp_path):
+    """On an H200 (torch 2.11.0+cu130, speculators 0.9.0) the fused loss dies inside torch.compile;
+    the line the trainer left is the one we read (shortened), and the stage names the recipe key."""
+    from dspark_kit.stages.training.train import training_failure
+
+    log = tmp_path / "train.log"
+    log.write_text(
+        "  | AssertionError: ListVariable(length=21) is already tracked for mutation. Source of new object: "
+        "AttrSource(base=AttrSource(base=GlobalSource(global_name='__import_speculators_dot_losses_dot_fused'), "
+        "member='loss_backward_kernel'), member='configs').\n")
+    assert "train.loss_implementation=eager" in training_failure(1, log)
+    log.write_text("  | AssertionError: ListVariable(length=21) is already tracked for mutation.\n")
+    assert training_failure(1, log) == f"speculators train exited with 1; see {log}"
+
+
+def test_the_cpu_attention_fix_runs_a_low_precision_call_in_float32(monkeypatch):
+    """Where this CPU's kernels cannot run bf16 sdpa (torch 2.13 on an AMX CPU under
+    ATEN_CPU_CAPABILITY=default), the probe fails and the patched attention computes it in float32.
+    Here the kernel's refusal is planted, so the test sees the fix on any machine."""
+    import torch
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from dspark_kit.compat import patches
+    from dspark_kit.compat.device_fixes import patch_cpu_bf16_attention
+
+    real = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def refuses_low_precision(module, query, *args, **kwargs):
+        if query.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+        return real(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(ALL_ATTENTION_FUNCTIONS, "_local_mapping", {"sdpa": refuses_low_precision})
+    first = patches.probe("device-cpu-bf16-attention", "cpu")
+    assert not first.ok and not first.failed and "pack_vnni2" in first.detail
+    for owner, attr, value in patch_cpu_bf16_attention("cpu"):
+        monkeypatch.setattr(owner, attr, value)
+    assert patches.probe("device-cpu-bf16-attention", "cpu").ok
+    module = torch.nn.Module()
+    module.is_causal = False
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    want, _ = real(module, q, k, v, None, scaling=0.25)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None, scaling=0.25)
+    assert got.dtype == torch.bfloat16 and torch.allclose(got.float(), want, atol=1e-2)

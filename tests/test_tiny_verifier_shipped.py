@@ -15,8 +15,10 @@ from dspark_kit.data import tiny_verifier as tiny
 from dspark_kit.data.families import FAMILIES
 
 MANIFEST = json.loads((tiny.SHIPPED / tiny.SHIPPED_MANIFEST).read_text())
-# A rebuild's held-out loss may differ from the shipped one by this much (relative): measured across
+# A rebuild's held-out loss may exceed the shipped one by this much (relative): measured across
 # kernels, AVX-512 0.212 vs ATEN_CPU_CAPABILITY=default (see the closing note of the issue that shipped it).
+# It may be lower by any amount: "as good as" is one-sided. Measured on a CPU with AMX (AVX-512 kernels
+# too): 0.1362 against the shipped 0.212, by today's builder and by the one that shipped it alike.
 HELDOUT_BAND = 0.15
 
 
@@ -88,5 +90,5 @@ def test_a_rebuild_on_this_machine_reaches_the_shipped_quality():
     out = tiny.ensure_tiny_verifier(root=tiny.rebuild_check_root(), build=True)
     built = json.loads((out / "build.json").read_text())
     assert built["spec_hash"] == MANIFEST["spec_hash"]
-    assert abs(built["heldout_loss"] - MANIFEST["heldout_loss"]) <= HELDOUT_BAND * MANIFEST["heldout_loss"], built
+    assert built["heldout_loss"] <= (1 + HELDOUT_BAND) * MANIFEST["heldout_loss"], built
     assert abs(built["final_loss"] - MANIFEST["final_loss"]) <= 0.3 * MANIFEST["final_loss"], built

@@ -222,3 +222,62 @@ def patch_distributed_setup(device: str) -> Replacements:
         print(f"dspark-kit: gloo process group up, rank {mod._rank} of {mod._world_size}", file=sys.stderr, flush=True)
 
     return [(mod, "maybe_setup_distributed", setup_on_cpu), (cli, "maybe_setup_distributed", setup_on_cpu)]
+
+
+# torch 2.13's CPU flash attention packs bf16 blocks with AVX-512 VNNI code whenever the CPU has AMX
+# (cpuinfo), even when ATen dispatches to kernels below AVX-512 (ATEN_CPU_CAPABILITY=default or avx2):
+# from 64 tokens on, bf16 scaled_dot_product_attention raises "pack_vnni2 is only supported when
+# avx512 is supported". The draft trains in bf16, so its sdpa attention dies on such a machine.
+_ATTN_PROBE_TOKENS = 64
+
+
+def _sdpa_function():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
+def probe_cpu_bf16_attention(device: str) -> tuple[bool, str]:
+    """The draft's sdpa attention (transformers' function, as speculators calls it) forward and
+    backward over a block-masked 64-token sequence, on this machine's CPU kernels: in bf16, and in
+    float32 under bf16 autocast (how speculators' Trainer runs it)."""
+    import torch
+
+    kernels = torch.backends.cpu.get_cpu_capability()
+    shape = (1, 2, _ATTN_PROBE_TOKENS, 32)
+    mask = torch.ones(1, 1, _ATTN_PROBE_TOKENS, _ATTN_PROBE_TOKENS, dtype=torch.bool).tril()
+    module = torch.nn.Module()
+    module.is_causal = False
+    try:
+        for dtype, autocast in ((torch.bfloat16, False), (torch.float32, True)):
+            q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out, _ = _sdpa_function()["sdpa"](module, q, k, v, mask, dropout=0.0, scaling=32 ** -0.5)
+            out.float().sum().backward()
+    except RuntimeError as e:
+        return False, f"bf16 sdpa attention on these CPU kernels ({kernels}): {' '.join(str(e).split())[:200]}"
+    return True, f"bf16 sdpa attention runs on these CPU kernels ({kernels})"
+
+
+def patch_cpu_bf16_attention(device: str) -> Replacements:
+    """The draft's sdpa attention computes a low-precision call (bf16/fp16 inputs, or CPU autocast)
+    in float32 with autocast off, and returns what the call would have: the same math, through
+    kernels that run here."""
+    import torch
+
+    functions = _sdpa_function()
+    original = functions["sdpa"]
+
+    def sdpa_in_float32(module, query, key, value, attention_mask, *args, **kwargs):
+        autocast = torch.is_autocast_enabled("cpu")
+        if query.dtype not in (torch.bfloat16, torch.float16) and not autocast:
+            return original(module, query, key, value, attention_mask, *args, **kwargs)
+        dtype = torch.get_autocast_dtype("cpu") if autocast else query.dtype
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()
+        with torch.autocast("cpu", enabled=False):
+            out, weights = original(module, query.float(), key.float(), value.float(), attention_mask,
+                                    *args, **kwargs)
+        return out.to(dtype), weights
+
+    return [(functions, "_local_mapping", {**functions._local_mapping, "sdpa": sdpa_in_float32})]

@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from dspark_kit.compat.device_fixes import (
     Replacements,
     patch_checkpointer_device,
+    patch_cpu_bf16_attention,
     patch_distributed_setup,
     patch_local_rank,
     patch_seed,
     patch_synchronize,
     patch_trainer_device_type,
     probe_checkpointer_device,
+    probe_cpu_bf16_attention,
     probe_distributed_setup,
     probe_local_rank,
     probe_seed,
@@ -110,6 +112,8 @@ FIXES: list[Fix] = [
         probe_seed, patch_seed, _DEVICE_ONLY),
     Fix("device-distributed", "(b) torchrun workers start a gloo process group on cpu",
         probe_distributed_setup, patch_distributed_setup, ("cpu",)),
+    Fix("device-cpu-bf16-attention", "(b) the draft's bf16 attention runs where these CPU kernels run it",
+        probe_cpu_bf16_attention, patch_cpu_bf16_attention, ("cpu",)),
 ]  # fmt: skip
 
 
@@ -162,7 +166,8 @@ def probe(name: str, device: str = "cpu") -> ProbeResult:
 
 def installed_fingerprint() -> str | None:
     """What a probe's answer depends on, read without importing anything: the installed speculators'
-    and torch's versions and speculators' source files (path, size, mtime). None: not installed."""
+    and torch's versions, speculators' source files (path, size, mtime) and the CPU kernels asked for
+    (ATEN_CPU_CAPABILITY). None: not installed."""
     import hashlib
     import importlib.metadata
     import importlib.util
@@ -171,7 +176,10 @@ def installed_fingerprint() -> str | None:
     spec = importlib.util.find_spec("speculators")
     if spec is None or not spec.submodule_search_locations:
         return None
+    import os
+
     h = hashlib.sha256()
+    h.update(f"kernels={os.environ.get('ATEN_CPU_CAPABILITY', '')};".encode())  # the CPU attention fix's answer
     for dist in ("speculators", "torch"):
         try:
             h.update(f"{dist}={importlib.metadata.version(dist)};".encode())

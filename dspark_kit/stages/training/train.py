@@ -302,8 +302,17 @@ def training_failure(code: int, log_path: Path, since: int = 0, endpoint: str | 
     if row is not None:
         where = f" from {endpoint}" if endpoint else ""
         return f"hidden states for prepared row {row[0]}{where} failed: {row[1]}; see {log_path}"
+    if _FUSED_UNDER_COMPILE.search(text):
+        return ("speculators' fused (Triton) loss failed inside torch.compile (seen with torch 2.11 and "
+                "speculators 0.9.0 on CUDA); train with the eager loss: --set train.loss_implementation=eager; "
+                f"see {log_path}")
     return f"speculators train exited with {code}; see {log_path}"
 
+
+# torch.compile tracing speculators' fused loss kernels fails (dynamo traces the Triton autotune
+# configs of losses/fused.py); measured on an H200 with torch 2.11.0+cu130, where eager trains
+_FUSED_UNDER_COMPILE = re.compile(r"speculators_dot_losses_dot_fused.*tracked for mutation|"
+                                  r"tracked for mutation.*speculators_dot_losses_dot_fused")
 
 # speculators' data-generation circuit breaker (tripped at once by --max-consecutive-generation-failures 1)
 _BREAKER = re.compile(r"circuit breaker tripped.*?file index (\d+) \(attempt [^)]*\): (.*)")
