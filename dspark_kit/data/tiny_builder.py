@@ -68,11 +68,18 @@ def render_corpus(spec: TinySpec, family: Family = QWEN3) -> list[list[dict[str,
             prompt, reply, reasoning = thinking_reply(rng)
             chats[i] = [{"role": "user", "content": prompt}, fmt.corpus_reply(reply, reasoning)]
     elif fmt.always:
-        rng = random.Random(spec.seed + 1)
-        for i, chat in enumerate(chats):
-            prompt, reply, reasoning = thinking_reply(rng)
-            chats[i] = chat[:-2] + [{"role": "user", "content": prompt}, fmt.corpus_reply(reply, reasoning)]
+        chats = always_reasoning(chats, family, spec.seed + 1)
     return chats
+
+
+def always_reasoning(chats: list[list[dict]], family: Family, seed: int) -> list[list[dict]]:
+    """Chats of a family that reasons in every reply: each one's last turn a reasoning reply."""
+    rng = random.Random(seed)
+    out = []
+    for chat in chats:
+        prompt, reply, reasoning = thinking_reply(rng)
+        out.append(chat[:-2] + [{"role": "user", "content": prompt}, family.reasoning.corpus_reply(reply, reasoning)])
+    return out
 
 
 def reasons(msgs: list[dict]) -> bool:
@@ -223,13 +230,15 @@ def heldout_loss(model, tok, spec: TinySpec, n: int = 200, family: Family = QWEN
     import torch
 
     chats = conversations(n, seed=spec.seed + 1000)
+    if family.reasoning.always:  # as the verifier answers: reasoning first
+        chats = always_reasoning(chats, family, spec.seed + 1001)
     assistant = encode(tok, family.assistant_prefix)
     eot = tok.convert_tokens_to_ids(family.end_of_turn)
     total = count = 0.0
     model.eval()
     with torch.no_grad():
         for msgs in chats:
-            ids = torch.tensor([encode(tok, render(tok, msgs, False))])
+            ids = torch.tensor([encode(tok, render(tok, msgs, reasons(msgs)))])
             labels = assistant_labels(ids[0], assistant, eot, not family.history_trained)[None]
             k = int((labels[0, 1:] != -100).sum())
             if k:

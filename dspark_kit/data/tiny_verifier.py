@@ -176,7 +176,7 @@ def _unpack_or_build(spec: TinySpec, out: Path, log, build: bool, family: Family
         return out
     t0 = time.time()
     why = "--build" if build else "the shipped files are another spec's"
-    log(f"building the tiny {family.name} verifier ({why}; ~4 min on one thread, a line every 100 steps) -> {out}")
+    log(f"building the tiny {family.name} verifier ({why}; 4 to 20 min on one thread, a line every 100 steps) -> {out}")
     _build_into(spec, tmp, log, family)
     tmp.rename(out)
     log(f"tiny verifier ready in {time.time() - t0:.0f}s")
@@ -212,13 +212,18 @@ def _sha256(path: Path) -> str:
 def ship(spec: TinySpec = DEFAULT_SPEC, log=note, family: Family = QWEN3) -> Path:
     """Rebuild the verifier and replace the package's shipped files with it (a maintainer's
     command after changing the spec, template or corpus; the manifest says where it was made)."""
-    import datetime
-
     dest = shipped_dir(family)
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    record = _build_into(spec, tmp, log, family)
+    return _install_shipped(tmp, _build_into(spec, tmp, log, family), family)
+
+
+def _install_shipped(tmp: Path, record: dict, family: Family = QWEN3) -> Path:
+    """A finished build (its folder and build record) becomes the package's shipped files."""
+    import datetime
+
+    dest = shipped_dir(family)
     record["built_on"] = f"{datetime.date.today()} ({record['machine']}, {record['cpu_capability']} kernels)"
     record["files"] = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}  # as unpacked
     for big in [p for p in sorted(tmp.iterdir()) if p.is_file() and p.stat().st_size > PACK_OVER]:

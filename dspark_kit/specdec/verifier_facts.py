@@ -308,11 +308,16 @@ def param_count(cfg: dict | None) -> int | None:
     except (KeyError, TypeError, ValueError):
         return None
     attn = h * hd * (2 * heads + 2 * kv)  # q, o; k, v
+    if c.get("attention_bias") is True:  # a bias on q, k, v and o (gpt-oss)
+        attn += hd * (heads + 2 * kv) + h
     experts = int(c.get("num_experts") or c.get("n_routed_experts") or c.get("num_local_experts") or 0)
     moe_inter = int(c.get("moe_intermediate_size") or inter)
     shared = int(c.get("shared_expert_intermediate_size") or 0) or moe_inter * int(c.get("n_shared_experts") or 0)
     dense_layers = min(layers, int(c.get("first_k_dense_replace") or 0)) if experts else layers
     sparse = experts * 3 * h * moe_inter + 3 * h * shared + h * experts
+    if c.get("model_type") == "gpt_oss":  # attention sinks (one per head), expert and router biases
+        attn += heads
+        sparse += experts * (2 * moe_inter + h) + experts
     total = layers * attn + dense_layers * 3 * h * inter + (layers - dense_layers) * sparse
     heads_out = 1 if c.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)) else 2
     return total + heads_out * vocab * h
