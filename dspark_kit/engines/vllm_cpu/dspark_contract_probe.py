@@ -97,6 +97,11 @@ def _one_process_group(vllm_cfg) -> None:
     initialize_model_parallel(1, 1)
 
 
+# A reduced-vocabulary draft's d2t (draft id -> target id offsets, never negative) is an integer
+# parameter: it cannot hold NaN, so an unreached one holds this
+UNSET_ID = -1
+
+
 def load_weights(vllm_cfg, ckpt: str) -> dict:
     import torch
     from safetensors.torch import load_file
@@ -111,12 +116,13 @@ def load_weights(vllm_cfg, ckpt: str) -> dict:
         torch.set_default_dtype(torch.float32)
         model = cls(vllm_config=vllm_cfg, prefix="draft_model")
         params = dict(model.named_parameters())
-        for p in params.values():  # NaN marks every parameter no checkpoint tensor reached
-            p.data.fill_(float("nan"))
+        for p in params.values():  # NaN marks every parameter no checkpoint tensor reached; an integer
+            p.data.fill_(float("nan") if p.data.is_floating_point() else UNSET_ID)  # one (d2t) gets UNSET_ID
         tensors = load_file(os.path.join(ckpt, "model.safetensors"))
         model.load_weights(iter(tensors.items()))
         after = dict(model.named_parameters())  # load_weights may drop heads the checkpoint lacks
-    unloaded = sorted(n for n, p in after.items() if torch.isnan(p.data).any())  # fused: any shard
+    unloaded = sorted(n for n, p in after.items()  # fused: any shard
+                      if (torch.isnan(p.data) if p.data.is_floating_point() else p.data == UNSET_ID).any())
     missing = [n for n in unloaded if not any(s in n for s in SHARED_FROM_TARGET)]
     digest = hashlib.sha256()  # what the checkpoint put into vLLM's parameters, name by name
     for name in sorted(n for n in after if n not in unloaded):
