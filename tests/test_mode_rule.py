@@ -19,8 +19,11 @@ def test_a_reply_with_reasoning_is_dropped_only_with_thinking_off():
 
 
 def test_a_format_without_a_thinking_switch_has_no_stray_reasoning():
-    """Harmony (gpt-oss) always reasons: no mode of its verifier makes a reasoning reply stray."""
+    """Harmony (gpt-oss) always reasons: no mode of its verifier makes a reasoning reply stray, and rows
+    without reasoning (raw data nobody regenerated) are no misconfigured thinking mode."""
     assert mode_rule.decide(STRAY, False, HARMONY) == AGREES
+    assert _counts(8, 0, thinking_rows=8).verdict(0.02, "prepare") is not None
+    assert ModeCounts(rows=8, thinking_rows=8, always_reasons=True).verdict(0.02, "prepare") is None
 
 
 def _counts(rows: int, dropped: int, thinking_rows: int = 0, with_reasoning: int = 0) -> ModeCounts:
@@ -63,6 +66,6 @@ def test_counts_of_reads_only_recorded_decisions():
 
     rows = [row(AGREES), row(REASONING_WITH_THINKING_OFF, msgs=STRAY), row(None, msgs=STRAY),
             row(AGREES, thinking=True, msgs=STRAY), "not a row"]
-    c = mode_rule.counts_of(rows)
+    c = mode_rule.counts_of(rows, THINK)
     assert (c.rows, c.dropped, c.thinking_rows, c.thinking_with_reasoning) == (3, 1, 1, 1)
     assert mode_rule.recorded(rows[2]) is None and mode_rule.recorded("x") is None

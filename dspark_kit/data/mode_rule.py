@@ -52,6 +52,9 @@ class ModeCounts:
     dropped: int = 0
     thinking_rows: int = 0
     thinking_with_reasoning: int = 0
+    # the verifier always reasons (Harmony: no thinking switch): there is no mode to get wrong, and rows
+    # without reasoning (raw data, never regenerated) are just that
+    always_reasons: bool = False
 
     def add(self, thinking: bool, reasoning: bool, decision: str) -> None:
         self.rows += 1
@@ -70,7 +73,7 @@ class ModeCounts:
 
     def warning(self) -> str | None:
         """A mixture's thinking-mode rows of which not one carries reasoning (all rows so: a verdict)."""
-        if not self.thinking_rows or self.thinking_with_reasoning or self.thinking_rows == self.rows:
+        if self.always_reasons or not self.thinking_rows or self.thinking_with_reasoning or self.thinking_rows == self.rows:
             return None
         return (f"WARNING: none of the {self.thinking_rows} rows in thinking mode carries reasoning: they train "
                 "an empty think block (regenerate them in thinking mode, or weigh thinking out of the mixture)")
@@ -82,19 +85,19 @@ class ModeCounts:
                     f"though their thinking mode is off, above {BUDGET_KEY} {budget:g}: the data was generated in "
                     "thinking mode (or the server ignores chat_template_kwargs.enable_thinking); set "
                     "verifier.thinking: true, or regenerate with thinking off")
-        if self.thinking_rows and self.thinking_rows == self.rows and not self.thinking_with_reasoning:
+        if not self.always_reasons and self.thinking_rows and self.thinking_rows == self.rows and not self.thinking_with_reasoning:
             return (f"{stage}: none of {self.thinking_rows} rows in thinking mode carries reasoning: regenerate in "
                     "thinking mode (with vLLM: the verifier's --reasoning-parser keeps it, e.g. qwen3), or set "
                     "verifier.thinking: false")
         return None
 
 
-def counts_of(rows) -> ModeCounts:
+def counts_of(rows, fmt: ReasoningFormat) -> ModeCounts:
     """The counts over rows that carry a recorded decision (regen's output, whole: a resumed run
     is judged with the rows earlier runs wrote)."""
     from dspark_kit.data.conversations import ConversationError, normalize
 
-    counts = ModeCounts()
+    counts = ModeCounts(always_reasons=fmt.always)
     for row in rows:
         decision = recorded(row)
         if decision is None:

@@ -58,7 +58,7 @@ from dspark_kit.data.conversations import (
     row_tools,
 )
 from dspark_kit.data.mode_rule import REASONING_WITH_THINKING_OFF, ModeCounts  # noqa: F401 (the rule's reason, re-exported)
-from dspark_kit.data.reasoning_formats import of_tokenizer
+from dspark_kit.data.reasoning_formats import of_files, of_tokenizer
 from dspark_kit.data.speculators_dataset import DatasetWriter
 from dspark_kit.data.template_rows import (
     NOTHING_IN_SEQ_LENGTH,
@@ -252,6 +252,7 @@ def prepare(
     read), counted in too. `mode_budget` (data.max_mode_mismatch_fraction): the share of the rows
     this stage decides by data/mode_rule.py that may be dropped before it fails."""
     summary = PrepareSummary()
+    summary.mode_rule.always_reasons = of_files(str(tokenizer_path)).always  # (data/mode_rule.py)
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -462,7 +462,7 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     from dspark_kit.jsonl import read_jsonl
 
     # judged over the whole output: a resumed run counts the rows earlier runs wrote
-    summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else ()).as_dict()
+    summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else (), opts.reasoning).as_dict()
     summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
     summary.update({
         "outfile": str(outfile), "errors_file": str(errors_file),

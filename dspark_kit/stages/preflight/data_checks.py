@@ -44,7 +44,7 @@ def _undecided_mode_counts(rows: list[dict], thinking, mixture_seed, fmt) -> Mod
     from dspark_kit.data.conversations import ConversationError, has_reasoning, normalize
     from dspark_kit.data.template_rows import row_thinking
 
-    counts = ModeCounts()
+    counts = ModeCounts(always_reasons=fmt.always)
     for r in rows:
         if mode_rule.recorded(r) is not None:
             continue
