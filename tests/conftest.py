@@ -61,8 +61,10 @@ HEAVY_FIRST = (
     TRAINED_RUN_GROUP,  # ~510 s: test_cli_run, test_served_tune, test_storage_plan, test_vllm_real_parse, ...
     "test_slurm.py",  # ~280 s (its online test ~75 s, the power-off test ~120 s)
     "test_vllm_real_hidden_states.py",  # ~240 s
-    "test_family_pipelines.py",  # a pipeline per family: 1245 s at load avg ~15 (Llama-3's half: 275 s at ~6)
-    "test_vllm_real_families.py",  # two vLLM servers per family: 907 s at load avg ~15
+    # a pipeline per family: 1245 s at load avg ~15 (Llama-3's half: 275 s at ~6); gpt-oss's third 1144 s at
+    # ~3.5 (train 282 s, eval 179 s; its contract probe included)
+    "test_family_pipelines.py",
+    "test_vllm_real_families.py",  # two vLLM servers per family: 907 s at load avg ~15; gpt-oss's 96 s at ~3
     "test_two_hosts_online.py",  # ~230 s
     "test_two_hosts.py",  # ~220 s
     "test_vllm_real_decode_layers.py",  # ~180 s: trains a 2-layer draft, two vLLM decodes
