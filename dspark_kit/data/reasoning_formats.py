@@ -135,9 +135,10 @@ def of_tokenizer(tok) -> ReasoningFormat:
     return of_template(template if isinstance(template, str) else None)
 
 
-def of_files(folder: str, model_type: str | None = None) -> ReasoningFormat:
+def of_files(folder: str, model_type: str | None = None) -> ReasoningFormat | None:
     """The format of a verifier folder's chat template (chat_template.jinja, else
-    tokenizer_config.json's), without loading the tokenizer; no folder here: none."""
+    tokenizer_config.json's), without loading the tokenizer; None when no template is here (a hub
+    id, a folder without one) and model_type does not say."""
     import json
     from pathlib import Path
 
@@ -151,4 +152,6 @@ def of_files(folder: str, model_type: str | None = None) -> ReasoningFormat:
             template = found if isinstance(found, str) else None
         except (OSError, ValueError, AttributeError):
             pass
+    if template is None and model_type != "gpt_oss":
+        return None
     return of_template(template, model_type)

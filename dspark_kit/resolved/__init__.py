@@ -157,8 +157,18 @@ class Resolved(SpecDecisions, Placement):
         family = family_of_builtin(self.recipe.verifier.path)
         if family is not None:
             return family.reasoning
-        return reasoning_formats.of_files(self.verifier_path,
-                                          (self.verifier_config or {}).get("model_type"))
+        found = reasoning_formats.of_files(self.verifier_path, (self.verifier_config or {}).get("model_type"))
+        if found is None and not self.planning:  # a hub id: its tokenizer (from the HF cache) has the template
+            from dspark_kit.specdec.verifier_facts import plan_tokenizer
+
+            try:
+                found = reasoning_formats.of_tokenizer(plan_tokenizer(self.verifier_path,
+                                                                      self.recipe.verifier.trust_remote_code))
+            except (OSError, ValueError):
+                found = None
+        if found is None:  # nothing to read it from: Qwen3's <think>, when the recipe thinks (the kit's default)
+            return reasoning_formats.THINK if self.recipe.may_think else reasoning_formats.NONE
+        return found
 
     @cached_property
     def num_hidden_layers(self) -> int:

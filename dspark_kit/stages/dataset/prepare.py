@@ -252,7 +252,7 @@ def prepare(
     read), counted in too. `mode_budget` (data.max_mode_mismatch_fraction): the share of the rows
     this stage decides by data/mode_rule.py that may be dropped before it fails."""
     summary = PrepareSummary()
-    summary.mode_rule.always_reasons = of_files(str(tokenizer_path)).always  # (data/mode_rule.py)
+    summary.mode_rule.always_reasons = getattr(of_files(str(tokenizer_path)), "always", False)  # (mode_rule.py)
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
