@@ -32,7 +32,9 @@ from dspark_kit.compat.engine_features import (
     paired_vllm_version,
     vllm_features,
 )
-from dspark_kit.specdec.anchor import KIT_TRAINS as KIT_SAMPLE_FROM_ANCHOR  # the kit trainer's layout
+from dspark_kit.specdec.anchor import (
+    KIT_TRAINS as KIT_SAMPLE_FROM_ANCHOR,  # the kit trainer's layout
+)
 
 TABLE = Path(__file__).with_name("engine_table.json")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "COMPAT.md"
