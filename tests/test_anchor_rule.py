@@ -80,3 +80,22 @@ def test_the_detector_catches_each_spelling():
     fine = ['cfg.get("sample_from_anchor")', 'getattr(c, "sample_from_anchor", None)', 'out = {"sample_from_anchor": True}', 'anchor_layout(cfg).slots']
     for src in fine:
         assert defaults_spelled(ast.parse(src)) == [], src
+
+
+def _bool_anchor_constants(tree: ast.AST) -> list[int]:
+    """Lines that bind a name about the anchor layout to a bare True/False (the kit trainer's layout
+    spelled again, as engine_table's KIT_SAMPLE_FROM_ANCHOR = True once was)."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, bool)
+            and any(isinstance(t, ast.Name) and "ANCHOR" in t.id.upper()
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
+
+
+def test_the_kit_trainers_layout_is_one_constant():
+    offenders = [f"dspark_kit/{f.relative_to(PKG).as_posix()}:{line}" for f in sorted(PKG.rglob("*.py"))
+                 if f.relative_to(PKG).as_posix() != RULE
+                 for line in _bool_anchor_constants(ast.parse(f.read_text()))]
+    assert not offenders, f"import specdec.anchor.KIT_TRAINS instead: {offenders}"
+    assert _bool_anchor_constants(ast.parse("KIT_SAMPLE_FROM_ANCHOR = True")) == [1]
+    assert _bool_anchor_constants(ast.parse("from x import KIT_TRAINS as KIT_SAMPLE_FROM_ANCHOR")) == []

@@ -167,7 +167,7 @@ def test_a_specforge_draft_without_its_anchor_layout_needs_a_verifier_or_the_fla
 
 
 def test_the_measured_layout_is_the_one_that_accepts_more(tmp_path: Path):
-    """The decision over the measurement (the measurement itself: test_anchor_measure.py)."""
+    """The decision over the measurement (the measurement itself, on a trained draft: test_draft_layouts_trained.py)."""
     seen = {}
 
     def measure(dirs):

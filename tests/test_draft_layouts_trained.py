@@ -109,3 +109,32 @@ def test_a_specforge_draft_is_imported_in_the_measured_layout_and_the_other_is_r
     none = CliRunner().invoke(app, ["import", str(src), str(d / "sf-none"), "--verifier", "Qwen/Qwen3-8B"])
     assert none.exit_code != 0 and "--sample-from-anchor true|false" in none.output
     assert not (d / "sf-none").exists()
+
+
+def test_a_released_draft_fine_tunes_on_ones_own_rows_in_its_layout(setup):
+    """train.init_from: the SpecForge draft, imported (its layout measured), fine-tuned for an epoch on
+    the run's prepared rows by the real trainer; the new checkpoint keeps the layout and the import's
+    record, and its weights moved."""
+    from safetensors.torch import load_file
+
+    from dspark_kit.cli import app
+
+    res, _, released, prompts, d = setup
+    imported = d / "ft-imported"
+    run = CliRunner().invoke(app, ["import", str(released["specforge"]), str(imported), "--verifier",
+                                   res.verifier_path, "--prompts", str(prompts)])
+    assert run.exit_code == 0, run.output
+    wd = d / "ft-run"
+    wd.mkdir()
+    shutil.copytree(res.run.root / "prepared", wd / "prepared")  # one's own rows, with their hidden states
+    sets = [*TRAINED_RUN_SETS, "regen.enabled=false", "train.epochs=1", f"train.init_from={imported}"]
+    train = CliRunner().invoke(app, ["train", "-r", str(TINY_RECIPE), "-w", str(wd),
+                                     *(a for s in sets for a in ("--set", s))])
+    assert train.exit_code == 0, train.output
+    tuned = resolve_checkpoint(wd / "checkpoints")
+    cfg = json.loads((tuned / "config.json").read_text())
+    assert cfg["sample_from_anchor"] is True and cfg[RECORD]["layout"] == "specforge"
+    assert cfg[RECORD]["anchor"]["source"] == "measured"
+    before, after = load_file(str(imported / "model.safetensors")), load_file(str(tuned / "model.safetensors"))
+    assert any(not before[k].equal(after[k]) for k in before if k in after), "fine-tuning changed nothing"
+    assert eval_figures(Resolved(load_recipe(TINY_RECIPE, sets), wd), tuned, d / "eval-tuned")["acceptance_length"] > 1.5

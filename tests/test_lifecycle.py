@@ -22,7 +22,9 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200 if self.path == "/health" else 404); self.end_headers()
     def log_message(self, *a): pass
 if len(sys.argv) > 2: time.sleep(float(sys.argv[2]))
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print("bound after the delay", flush=True)
+server.serve_forever()
 """
 
 
@@ -65,9 +67,8 @@ def _wait_for_log(path, text: str, deadline_s: float = 120) -> None:
 def test_healthy_then_stop_kills_the_whole_group(tmp_path):
     log = tmp_path / "server.log"
     with ManagedServer(_plan(HEALTH_SERVER, "0.5"), log) as s:
-        t0 = time.time()
         s.wait_healthy(120)
-        assert time.time() - t0 >= 0.4  # really waited for the delayed bind
+        assert "bound after the delay" in log.read_text()  # healthy only once the delayed server answered
         child = int(log.read_text().split("child ")[1].split()[0])
         assert _alive(child)
     assert s.proc.poll() is not None
@@ -103,10 +104,7 @@ def test_stop_escalates_to_sigkill_when_signals_are_ignored(tmp_path):
             "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)")
     s = ManagedServer(_plan(code), tmp_path / "x.log", grace_s=0.4).start()
     _wait_for_log(tmp_path / "x.log", "up")
-    t0 = time.time()
-    assert s.stop() == -signal.SIGKILL
-    # grace 0.4 s + 0.2 s, then SIGKILL; far below the 600 s the ignoring server would sleep
-    assert time.time() - t0 < 60
+    assert s.stop() == -signal.SIGKILL  # after the grace, SIGKILL: not the 600 s the server would sleep
 
 
 @pytest.mark.slow

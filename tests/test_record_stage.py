@@ -77,3 +77,43 @@ def test_a_failed_standalone_stage_is_recorded_failed(tmp_path, monkeypatch):
     r = _kit("train", "-r", str(TINY), "-w", str(wd))
     assert r.exit_code == 1 and "train: trainer exited with 1" in r.output
     assert json.loads((wd / "state.json").read_text())["train"]["status"] == "failed"
+
+
+@pytest.fixture
+def fake_eval(monkeypatch):
+    """evaluate_checkpoint (what the command and the stage both call) replaced by one that counts its
+    calls; the eval stage's own registry entry and the record stay the real ones."""
+    from dspark_kit.stages.evaluation import evaluate
+
+    calls: list[dict] = []
+
+    def measured(res, **kwargs):
+        calls.append(kwargs)
+        res.run.eval.mkdir(parents=True, exist_ok=True)
+        return {"acceptance_length": 2.75, "per_position_acceptance": [0.9, 0.5], "tokens_per_verifier_forward": 2.7,
+                "files": {"json": str(res.run.eval_json)}}
+
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", measured)
+    monkeypatch.setattr("dspark_kit.stages.evaluation.eval_outputs.markdown", lambda s: "eval")
+    return calls
+
+
+@pytest.mark.slow
+def test_a_standalone_eval_as_the_stage_is_recorded_and_one_with_its_own_prompts_is_not(tmp_path, fake_eval,
+                                                                                       tiny_verifier):
+    wd = tmp_path / "run"
+    own = tmp_path / "mine.jsonl"
+    own.write_text('{"prompt": "hi"}\n')
+    r = _kit("eval", "-r", str(TINY), "-w", str(wd), "--prompts", str(own), "--json")
+    assert r.exit_code == 0, r.output
+    state_file = wd / "state.json"
+    assert not state_file.exists() or "eval" not in json.loads(state_file.read_text())  # not the stage's eval
+
+    r = _kit("eval", "-r", str(TINY), "-w", str(wd), "--json")
+    assert r.exit_code == 0, r.output
+    state = json.loads((wd / "state.json").read_text())
+    assert state["eval"]["status"] == "done" and state["eval"]["figure"] == 2.75
+    again = _kit("run", str(TINY), "-w", str(wd), "--stages", "eval", "--json")
+    assert again.exit_code == 0, again.output
+    assert {r["stage"]: r["status"] for r in json.loads(again.stdout)["stages"]} == {"eval": "skipped (unchanged)"}
+    assert len(fake_eval) == 2

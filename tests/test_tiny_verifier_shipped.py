@@ -91,4 +91,4 @@ def test_a_rebuild_on_this_machine_reaches_the_shipped_quality():
     built = json.loads((out / "build.json").read_text())
     assert built["spec_hash"] == MANIFEST["spec_hash"]
     assert built["heldout_loss"] <= (1 + HELDOUT_BAND) * MANIFEST["heldout_loss"], built
-    assert abs(built["final_loss"] - MANIFEST["final_loss"]) <= 0.3 * MANIFEST["final_loss"], built
+    assert built["final_loss"] <= 1.3 * MANIFEST["final_loss"], built  # its last training steps: as one-sided

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -76,10 +77,13 @@ def eval_cmd(
     from dspark_kit.specdec.checkpoints import CheckpointError
     from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluation.evaluate import (
+        STAGE_SUMMARY,
         EvalError,
+        as_the_stage,
         checkpoint_plan,
         evaluate_checkpoint,
     )
+    from dspark_kit.stages.pipeline import record_standalone
 
     # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
     res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir,
@@ -93,6 +97,7 @@ def eval_cmd(
         except (EvalError, ValueError, OSError) as e:
             common.fail(str(e))
         return
+    t0 = time.time()
     try:
         summary = evaluate_checkpoint(
             res, prompts_file=prompts, from_data=from_data, num_prompts=num_prompts,
@@ -101,6 +106,11 @@ def eval_cmd(
         )
     except (EvalError, CheckpointError, DraftLoadError) as e:
         common.fail(str(e))
+    options = {"checkpoint": checkpoint, "prompts": prompts, "from_data": from_data, "num_prompts": num_prompts,
+               "max_new_tokens": max_new_tokens, "context_lengths": context_lengths, "categories": categories,
+               "draft_window_size": draft_window_size, "eval_device": eval_device, "out": out}
+    if as_the_stage(res, options):  # a later `run` skips its eval, as it skips its own
+        record_standalone(res, "eval", {k: summary[k] for k in STAGE_SUMMARY}, round(time.time() - t0, 1))
     if json_out:
         common.emit_json(summary)
         return

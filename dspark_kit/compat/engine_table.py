@@ -32,6 +32,9 @@ from dspark_kit.compat.engine_features import (
     paired_vllm_version,
     vllm_features,
 )
+from dspark_kit.specdec.anchor import (
+    KIT_TRAINS as KIT_SAMPLE_FROM_ANCHOR,  # the kit trainer's layout
+)
 
 TABLE = Path(__file__).with_name("engine_table.json")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "COMPAT.md"
@@ -39,8 +42,6 @@ ENGINES = ("vllm", "vllm-ascend")
 # the survey covers every release the index lists from these on (the last before DSpark included,
 # so the table says where serving starts)
 MINIMUM = {"vllm": "0.24.0", "vllm-ascend": "0.23.0"}
-# The kit's trainer (speculators 0.9.0 with the kit's fixes) writes sample_from_anchor: true.
-KIT_SAMPLE_FROM_ANCHOR = True
 
 
 def _v(version: str) -> Version | None:

@@ -32,6 +32,7 @@ import torch
 from dspark_kit.engines.vllm import CPU_CONNECTOR_DIR
 from dspark_kit.engines.vllm_contract import ContractError, probe_python, probe_result
 from dspark_kit.findings import Finding
+from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
 
 PROBE = CPU_CONNECTOR_DIR / "dspark_decode_probe.py"
 # |vLLM - kit| allowed on the draft's logits, context features and K (and a tenth of it on the
@@ -82,7 +83,7 @@ def kit_traces(verifier_path: str, checkpoint: Path, k: int, prompts: list[list[
     def drafted(cache, anchor, num_slots, window=None, kv_block_size=None, with_confidence=True, sampling=None):
         ctx = torch.cat(pending)
         pending.clear()
-        block = draft_cached(cache, anchor, num_slots, window, kv_block_size or 16, True, sampling)
+        block = draft_cached(cache, anchor, num_slots, window, kv_block_size or LOCAL_KV_BLOCK_SIZE, True, sampling)
         normed = m.hidden_norm(ctx)
         ks = [layer.self_attn.k_norm(layer.self_attn.k_proj(normed).view(ctx.shape[0], -1, layer.self_attn.head_dim))
               for layer in m.layers]

@@ -261,7 +261,16 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         with reporter.doing("eval", f"in-process: loading the verifier and draft, then decoding "
                                     f"{eval_sizes(res).num_prompts} prompts with speculation"):
             s = evaluate_checkpoint(res)
-    return {k: s[k] for k in ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")}
+    return {k: s[k] for k in STAGE_SUMMARY}
+
+
+STAGE_SUMMARY = ("acceptance_length", "per_position_acceptance", "tokens_per_verifier_forward")
+
+
+def as_the_stage(res: Resolved, options: dict) -> bool:
+    """Whether `dspark-kit eval` measured exactly what the eval stage would (no option of its own,
+    and in-process, as the stage runs a verifier that fits): only then does it count as eval done."""
+    return res.eval_mode.value != "served" and not any(v not in (None, False) for v in options.values())
 
 
 def checkpoint_plan(res: Resolved, prompts: Path | None, from_data: bool, num_prompts: int | None,
