@@ -79,7 +79,10 @@ class Verifier:
     def new_cache(self):
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        # Full layers everywhere, even for sliding-window layers (gpt-oss): verification rolls the
+        # cache back (crop), and a sliding layer has dropped the states a rollback needs. The model
+        # still applies its window in the attention mask, so the logits are the same.
+        return DynamicCache()
 
     @torch.no_grad()  # not inference_mode: tests train on these states
     def forward(self, ids: list[int], cache, start_pos: int, last_only: bool = False,
