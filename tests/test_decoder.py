@@ -395,3 +395,26 @@ def test_bonus_anchor_block_logits_match_training_forward(verifier_path, prompts
         _, full = verifier.forward(ids, verifier.new_cache(), 0)
         train_logits = _training_block_logits(draft, full[:, :-h], full[:, -h:], ids, p, monkeypatch)
         assert float((train_logits[1:] - block.logits).abs().max()) < 1e-4
+
+
+@pytest.mark.slow
+def test_a_sliding_window_verifiers_cache_rolls_back_past_its_window():
+    """gpt-oss alternates sliding-window (128) and full layers. Verification rolls the cache back
+    after a rejection; a sliding layer's cache had already dropped the states that needs ('crop' raised).
+    The decoder's cache keeps every layer's states, and the logits after a rollback past the window are
+    a whole-sequence forward's."""
+    from dspark_kit.data.families import GPT_OSS
+    from dspark_kit.data.tiny_verifier import ensure_tiny_verifier
+
+    v = Verifier(ensure_tiny_verifier(family=GPT_OSS), [1])
+    window = v.model.config.sliding_window
+    assert "sliding_attention" in v.model.config.layer_types and window < 200
+    ids = torch.randint(10, 1000, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad():
+        whole = v.model(input_ids=torch.tensor([ids])).logits[0].float()
+    cache = v.new_cache()
+    v.forward(ids[:200], cache, 0)
+    v.forward(ids[200:260], cache, 200)  # a drafted block, then its tail rejected
+    cache.crop(230 - 260)
+    after, _ = v.forward(ids[230:], cache, 230)
+    assert torch.allclose(after, whole[230:], atol=1e-3), (after - whole[230:]).abs().max()
