@@ -143,7 +143,7 @@ def test_truncated_replies_are_skipped_unless_kept(tok):
     cut_inline = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nno close"}]}
     cut_length = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "half a"}],
                   "metadata": {"finish_reasons": ["length"]}}
-    for row, why in ((cut_inline, "<think> without </think>"), (cut_length, "finish_reason: length")):
+    for row, why in ((cut_inline, "reasoning never closed"), (cut_length, "finish_reason: length")):
         with pytest.raises(ConversationError, match=why):
             tokenize_conversation(tok, normalize(row), thinking=True)
         rows, _ = tokenize_conversation(tok, normalize(row), thinking=True, keep_truncated=True)

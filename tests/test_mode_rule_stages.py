@@ -50,7 +50,8 @@ def test_a_systematic_mismatch_fails_regen_in_one_line_and_prepare_follows_its_d
     rows = [json.loads(line) for line in res.run.regen_jsonl.read_text().splitlines()]
     dropped = [r for r in rows if r["metadata"][mode_rule.RECORD] != mode_rule.AGREES]
     assert s["written"] == 40 and len(dropped) >= 10, (s["mode"], proxy.planted)  # >= 30% of 40 replies
-    assert s["mode"] == {"rows": 40, "dropped": len(dropped), "thinking_rows": 0, "thinking_with_reasoning": 0}
+    assert s["mode"] == {"rows": 40, "dropped": len(dropped), "thinking_rows": 0, "thinking_with_reasoning": 0,
+                         "always_reasons": False}
     verdict = failure_verdict(s, recipe.regen.max_failed_fraction, recipe.data.max_mode_mismatch_fraction)
     assert verdict is not None and "\n" not in verdict
     assert verdict.startswith(f"regen: {len(dropped)} of 40 rows") and "data.max_mode_mismatch_fraction" in verdict
