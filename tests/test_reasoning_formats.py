@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from dspark_kit.data import families as F
-from dspark_kit.data.reasoning_formats import HARMONY, NONE, PARSERS, THINK, of_template, split_inline
+from dspark_kit.data.reasoning_formats import (
+    HARMONY,
+    NONE,
+    PARSERS,
+    THINK,
+    of_template,
+    split_inline,
+)
 from dspark_kit.engines.local.stream import TextStream
 
 ANALYSIS, FINAL = "<|channel|>analysis<|message|>", "<|start|>assistant<|channel|>final<|message|>"

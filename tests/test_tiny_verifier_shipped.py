@@ -48,11 +48,10 @@ def test_every_shipped_file_is_the_one_the_manifest_records(name):
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_the_plans_parameter_count_is_the_shipped_models(name):
     """The memory plan sizes a server by param_count(config.json): every expert of an MoE counted."""
+    import lzma
     import struct
 
     from dspark_kit.specdec.verifier_facts import param_count
-
-    import lzma
 
     folder = tiny.shipped_dir(FAMILIES[name])
     packed = folder / f"model.safetensors{tiny.PACKED}"

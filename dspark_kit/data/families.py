@@ -236,7 +236,7 @@ HARMONY_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"
 )
 # o200k's pre-tokenizer split (tiktoken's o200k_base pattern)
-O200K_SPLIT = "|".join((
+O200K_SPLIT = "|".join((  # noqa: FLY002 (one alternative per line, as tiktoken lists them)
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"))

@@ -50,7 +50,7 @@ class ReasoningFormat:
                 parts = content.split(self.close)
                 return parts[0].rstrip("\n").split(self.open)[-1].lstrip("\n"), parts[-1].lstrip("\n"), False
             return (None, content, True) if content.lstrip().startswith(self.open) else None
-        head, sep, rest = content.partition(self.open)
+        _, sep, rest = content.partition(self.open)
         if not sep:
             return None
         reasoning, closed, tail = rest.partition(self.close)

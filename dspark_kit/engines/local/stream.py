@@ -23,6 +23,7 @@ from typing import Any
 
 from dspark_kit.engines.local.api import error_body
 
+
 def sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
 
