@@ -41,7 +41,9 @@ def untrained_copy(checkpoint: Path, dest: Path) -> Path:
     gen = torch.Generator().manual_seed(0)
     fresh = {}
     for name, t in load_file(str(weights)).items():
-        if name.endswith("bias"):
+        if not t.is_floating_point():  # a reduced vocabulary's d2t/t2d maps: counted from the data, not trained
+            fresh[name] = t
+        elif name.endswith("bias"):
             fresh[name] = torch.zeros_like(t)
         elif "norm" in name:
             fresh[name] = torch.ones_like(t)
