@@ -306,3 +306,15 @@ def test_init_from_fine_tunes_an_imported_draft_of_each_layout_in_its_layout(tmp
     saved = json.loads((tmp_path / "epoch0" / "config.json").read_text())
     assert saved["sample_from_anchor"] is False and trained_slots(saved) == 3
     assert saved[RECORD]["layout"] == layout_of(json.loads((tmp_path / "d" / "config.json").read_text()))
+
+
+def test_an_unknown_verifiers_architectures_are_left_empty_not_guessed(tmp_path: Path):
+    """A hub id with no config.json here: the speculators record says nothing of the verifier's
+    architecture (speculators' own default), instead of naming a Qwen3 for a Llama or gpt-oss."""
+    out, _ = import_draft(native_draft(tmp_path / "ds"), tmp_path / "in", verifier="meta-llama/Llama-3.1-8B-Instruct",
+                          sample_from_anchor=True)
+    assert out["speculators_config"]["verifier"] == {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct",
+                                                     "architectures": []}
+    named, _ = import_draft(native_draft(tmp_path / "ds2"), tmp_path / "in2", verifier="/v",
+                            verifier_architectures=["LlamaForCausalLM"], sample_from_anchor=True)
+    assert named["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]

@@ -147,7 +147,7 @@ def to_speculators(native: dict, verifier: str, verifier_architectures: list[str
                                       "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                 "default_proposal_method": "greedy",
                 "verifier": {"name_or_path": verifier,
-                             "architectures": verifier_architectures or ["Qwen3ForCausalLM"]}},
+                             "architectures": verifier_architectures or []}},  # speculators' own default
             **derived}
 
 
