@@ -32,6 +32,10 @@ def init(
     device_memory_gib: Annotated[float | None, typer.Option(
         "--device-memory-gib", help="Memory of one training device in GiB, for a machine that is not this one "
                                     "(default: this machine's device); training settings are chosen to fit it.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(
+        "--trust-remote-code", help="Run the Python files the verifier folder's config.json auto_map names (as "
+                                    "transformers and vLLM ask); without it such a folder is refused, nothing runs. "
+                                    "Writes verifier.trust_remote_code: true.")] = False,
 ) -> None:
     """Write a complete recipe for your verifier; every derived value carries a comment saying where
     it came from (docs/CONCEPTS.md). Then: `dspark-kit preflight -r FILE` and `dspark-kit run FILE`."""
@@ -39,7 +43,8 @@ def init(
 
     opts = InitOptions(verifier=verifier, output=output, data=data, device=target_device, nodes=nodes,
                        num_devices=num_devices, thinking=thinking, mask_token_id=mask_token_id,
-                       master_addr=master_addr, force=overwrite, device_memory_gib=device_memory_gib)
+                       master_addr=master_addr, force=overwrite, device_memory_gib=device_memory_gib,
+                       trust_remote_code=trust_remote_code)
     try:
         new = write_new_recipe(opts)
     except InitError as e:

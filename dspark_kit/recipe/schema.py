@@ -75,7 +75,9 @@ class VerifierCfg(_Section):
         False, description="chat template thinking mode of regen and prepare, or weights per row, e.g. {true: 0.7, "
                            "false: 0.3} (each row's mode drawn from its index and regen.seed, recorded in its metadata); "
                            "eval and bench measure one mode: eval.thinking")
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(
+        False, description="run the Python files the verifier folder's auto_map names (transformers' and vLLM's "
+                           "--trust-remote-code); false: a folder that needs them is refused, nothing runs")
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
 
     @field_validator("thinking", mode="before")

@@ -8,6 +8,7 @@ mask token on the first spare embedding row past the tokenizer's vocabulary (#th
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,43 @@ WRAPPER_SUFFIX = "ForConditionalGeneration"  # multimodal wrapper: accepted when
 
 def language_model_config(cfg: dict) -> dict:
     """The language model's part of a verifier's config.json: a multimodal wrapper nests it under
-    text_config, a plain LM is its own."""
+    text_config, a plain LM is its own. A nested text_config often writes only what differs from its
+    config class's defaults (Gemma-3's has no vocab_size, num_attention_heads or head_dim): those are
+    filled in from the class's own signature, as transformers reads them."""
     nested = cfg.get("text_config")
-    return nested if isinstance(nested, dict) and nested else cfg
+    if not isinstance(nested, dict) or not nested:
+        return cfg
+    missing = [k for k in DEFAULTED if k not in nested]
+    defaults = _signature_defaults(str(nested.get("model_type") or "")) if missing else {}
+    return {**{k: defaults[k] for k in missing if k in defaults}, **nested}
+
+
+# keys a nested text_config may leave to its class's defaults (numbers only: never a derived value)
+DEFAULTED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window")
+
+
+@functools.cache
+def _signature_defaults(model_type: str) -> dict:
+    """The literal numeric defaults of transformers' own config class for `model_type` (its __init__
+    signature; nothing instantiated, no remote code); {} for a model_type transformers does not know."""
+    import inspect
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return {}
+    try:
+        cls = CONFIG_MAPPING[model_type]
+        params = inspect.signature(cls.__init__).parameters
+    except (KeyError, ImportError, ValueError, TypeError):
+        return {}
+    out = {k: p.default for k, p in params.items() if k in DEFAULTED and isinstance(p.default, int)
+           and not isinstance(p.default, bool)}
+    if not out:  # dataclass-style configs: class attributes
+        out = {k: getattr(cls, k) for k in DEFAULTED if isinstance(getattr(cls, k, None), int)
+               and not isinstance(getattr(cls, k), bool)}
+    return out
 
 
 def has_tokenizer_files(folder: Path) -> bool:
@@ -47,7 +82,7 @@ class VerifierFacts:
     vocab_size: int  # embedding rows
     max_position_embeddings: int | None
     dtype: str | None
-    remote_code: bool  # config.json names custom modeling code (auto_map)
+    remote_code: bool  # config.json names custom modeling code (auto_map); run only with --trust-remote-code
     tokenizer_len: int
     tokenizer_mask: tuple[int, str] | None  # the tokenizer's own mask token (id, text)
     reserved: tuple[tuple[int, str], ...]  # reserved special tokens the chat template never writes (id, text)
@@ -93,7 +128,7 @@ def causal_lm_config(cfg: dict, verifier: str) -> tuple[str, dict]:
         if arch.endswith(CAUSAL_LM_SUFFIXES):
             return arch, cfg
         if arch.endswith(WRAPPER_SUFFIX) and isinstance(cfg.get("text_config"), dict):
-            return arch, cfg["text_config"]
+            return arch, language_model_config(cfg)
     if not archs:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -121,6 +156,84 @@ def _int(section: dict, key: str, verifier: str) -> int:
         raise VerifierFactsError(f"--verifier {verifier}: config.json names it {alias} ({section[alias]}), not "
                                  f"{key}, which vLLM and speculators read; add \"{key}\": {section[alias]} to it")
     raise VerifierFactsError(f"--verifier {verifier}: config.json has no usable {key} ({value!r}); add it")
+
+
+REMOTE_CODE_FLAG = "--trust-remote-code"
+
+
+def _module_files(auto_map) -> list[str]:
+    """The Python files an `auto_map` names ("configuration_x.XConfig", ["tokenization_x.XTok", null],
+    "org/repo--modeling_x.XModel" -> configuration_x.py, tokenization_x.py, modeling_x.py)."""
+    refs = []
+    for value in (auto_map or {}).values() if isinstance(auto_map, dict) else ():
+        refs += [v for v in (value if isinstance(value, list | tuple) else [value]) if isinstance(v, str)]
+    return sorted({ref.split("--")[-1].rsplit(".", 1)[0].replace(".", "/") + ".py" for ref in refs if "." in ref})
+
+
+def _known_tokenizer(tcfg: dict) -> bool:
+    name = tcfg.get("tokenizer_class")
+    if not isinstance(name, str):
+        return False
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    try:
+        return tokenizer_class_from_name(name) is not None or tokenizer_class_from_name(name.removesuffix("Fast")) is not None
+    except Exception:  # noqa: BLE001 - an unknown name reads as not known
+        return False
+
+
+@dataclass(frozen=True)
+class CustomCode:
+    """The code a model folder's auto_map names (config.json, tokenizer_config.json), and whether loading
+    the folder needs it (transformers knows the model_type / tokenizer class itself: it is not run)."""
+
+    files: tuple[str, ...]
+    needed: tuple[str, ...]  # of files: those loading cannot do without
+    missing: tuple[str, ...]  # of files: not in the folder
+
+
+def custom_code(folder, cfg: dict | None = None) -> CustomCode:
+    """What custom code the model folder `folder` names, read from its JSON files (nothing imported).
+    As transformers decides it: a model_type it knows loads with its own classes, auto_map or not."""
+    folder = Path(folder).expanduser()
+
+    def read(name: str) -> dict:
+        try:
+            found = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    cfg = read("config.json") if cfg is None else cfg
+    tcfg = read("tokenizer_config.json")
+    model_files, tok_files = _module_files(cfg.get("auto_map")), _module_files(tcfg.get("auto_map"))
+    needed: list[str] = []
+    if model_files:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        if cfg.get("model_type") not in CONFIG_MAPPING_NAMES:
+            needed += model_files
+    if tok_files and not _known_tokenizer(tcfg):
+        needed += tok_files
+    files = sorted({*model_files, *tok_files})
+    return CustomCode(tuple(files), tuple(sorted(set(needed))),
+                      tuple(f for f in files if folder.is_dir() and not (folder / f).is_file()))
+
+
+def remote_code_refusal(folder, trust_remote_code: bool, cfg: dict | None = None, *,
+                        flag: str = REMOTE_CODE_FLAG) -> str | None:
+    """One line when the folder cannot load as asked: it needs its own Python code and `flag` is not
+    given (nothing is run unasked), or it is given and a file its auto_map names is not there."""
+    code = custom_code(folder, cfg)
+    if code.needed and not trust_remote_code:
+        return (f"{folder} needs its own Python code to load ({', '.join(code.needed)}, named by its auto_map; "
+                f"transformers has no built-in class for it); nothing runs unasked: read the file(s), then pass "
+                f"{flag} to run them")
+    missing = [f for f in code.missing if trust_remote_code and f in code.needed]
+    if missing:
+        return (f"{folder}: its auto_map names {', '.join(missing)}, which is not in the folder; copy the model's "
+                f"code file(s) beside config.json")
+    return None
 
 
 def _load_tokenizer(verifier: str, location: str, trust_remote_code: bool):
@@ -169,7 +282,11 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
     if local.is_dir() and not has_tokenizer_files(local):
         raise VerifierFactsError(f"--verifier {verifier}: {local} has no tokenizer ({' / '.join(TOKENIZER_FILES)}); "
                                  "copy the model's tokenizer files beside config.json")
-    tok = _load_tokenizer(verifier, location, trust_remote_code or remote)
+    if local.is_dir():  # before anything loads: a folder's code runs only with --trust-remote-code
+        refusal = remote_code_refusal(local, trust_remote_code, cfg)
+        if refusal:
+            raise VerifierFactsError(f"--verifier {verifier}: {refusal}")
+    tok = _load_tokenizer(verifier, location, trust_remote_code)
     vocab, warnings = sizes["vocab_size"], []
     if len(tok) > vocab:
         raise VerifierFactsError(f"--verifier {verifier}: its tokenizer has {len(tok):,} tokens, more than the "
@@ -308,6 +425,11 @@ def param_count(cfg: dict | None) -> int | None:
     except (KeyError, TypeError, ValueError):
         return None
     attn = h * hd * (2 * heads + 2 * kv)  # q, o; k, v
+    if c.get("kv_lora_rank"):  # MLA (DeepSeek-V2/V3): low-rank q and a shared key/value latent
+        r, rope = int(c["kv_lora_rank"]), int(c.get("qk_rope_head_dim") or 0)
+        nope, v, qr = int(c.get("qk_nope_head_dim") or hd), int(c.get("v_head_dim") or hd), int(c.get("q_lora_rank") or 0)
+        q = (h * qr + qr * heads * (nope + rope)) if qr else h * heads * (nope + rope)
+        attn = q + h * (r + rope) + r * heads * (nope + v) + heads * v * h
     if c.get("attention_bias") is True:  # a bias on q, k, v and o (gpt-oss)
         attn += hd * (heads + 2 * kv) + h
     experts = int(c.get("num_experts") or c.get("n_routed_experts") or c.get("num_local_experts") or 0)

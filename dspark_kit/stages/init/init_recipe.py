@@ -72,6 +72,7 @@ class InitOptions:
     master_addr: str | None = None
     force: bool = False
     device_memory_gib: float | None = None  # one training device's memory (default: this machine's device)
+    trust_remote_code: bool = False  # run the Python files the verifier folder's auto_map names
 
 
 @dataclass
@@ -189,7 +190,7 @@ def _decide(opts: InitOptions) -> _Decided:
     location, device = _where(opts)
     profile = ACCELERATOR_PROFILE if device != "cpu" else CPU_PROFILE
     try:
-        facts = vf.read_verifier_facts(opts.verifier, location)
+        facts = vf.read_verifier_facts(opts.verifier, location, trust_remote_code=opts.trust_remote_code)
         if opts.mask_token_id is not None:
             if not 0 <= opts.mask_token_id < facts.vocab_size:
                 raise InitError(f"--mask-token-id {opts.mask_token_id}: outside the embedding [0, {facts.vocab_size})")
@@ -229,8 +230,10 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
         w.key("path", opts.verifier)
     w.key("thinking", d.thinking, f"{d.thinking_from} (docs/PITFALLS.md, pitfall 4)",
           show="chat template" if opts.thinking is None else "flag")
-    w.key("trust_remote_code", facts.remote_code,
-          "config.json names custom code (auto_map)" if facts.remote_code else "config.json has no auto_map")
+    w.key("trust_remote_code", opts.trust_remote_code,
+          "--trust-remote-code: the folder's own code (auto_map) runs" if opts.trust_remote_code else
+          "config.json names code (auto_map) that is not needed: transformers knows the model" if facts.remote_code
+          else "config.json has no auto_map", show="--trust-remote-code" if opts.trust_remote_code else None)
     dtype = (facts.dtype if facts.dtype in ("bfloat16", "float16") else "bfloat16") if d.accel else "float32"
     w.key("dtype", dtype, f"config.json dtype {facts.dtype}" if d.accel else "CPU: float32 (bf16 is slow there)")
     w.key("num_hidden_layers", facts.num_layers, f"config.json (hidden size {facts.hidden_size}); lets dry runs "

@@ -15,7 +15,7 @@ from dspark_kit.data import mask_emitted
 from dspark_kit.findings import Finding
 from dspark_kit.recipe import RecipeError
 from dspark_kit.rundir import hidden_state_file
-from dspark_kit.specdec.verifier_facts import has_tokenizer_files
+from dspark_kit.specdec.verifier_facts import has_tokenizer_files, language_model_config
 from dspark_kit.stages.preflight.context import _Context, pitfall
 
 # checkpoints.validate_checkpoint finding codes -> pitfall number
@@ -73,7 +73,7 @@ def check_layers(ctx: _Context) -> list[Finding]:
     except Exception as e:  # noqa: BLE001 - an unreadable file is itself the finding
         return [pitfall(5, "error", f"{hs} unreadable ({type(e).__name__}); regenerate hidden states")]
     exported = ctx.recipe.exported_layer_ids(n)
-    hidden = (ctx.verifier_config or {}).get("hidden_size")
+    hidden = language_model_config(ctx.verifier_config or {}).get("hidden_size")
     if len(shape) != 3 or shape[1] != len(exported) or (hidden and shape[2] != hidden):
         out.append(pitfall(5, "error", f"{hs} holds hidden_states {shape}; the trainer expects "
                                        f"[seq, {len(exported)}, {hidden}] for layer ids {exported}; "
@@ -99,7 +99,7 @@ def check_mask(ctx: _Context) -> list[Finding]:
     candidates = (ctx.recipe.draft.mask_token_id, tok.mask_token_id,
                   (ctx.checkpoint_config or {}).get("mask_token_id"))
     mask_id = next((m for m in candidates if m is not None), None)
-    vocab = (ctx.verifier_config or {}).get("vocab_size") or len(tok)
+    vocab = language_model_config(ctx.verifier_config or {}).get("vocab_size") or len(tok)
     if mask_id is None and len(tok) < vocab:  # speculators' resolve_mask_token_id adds one there
         return [pitfall(7, "warning", f"no mask token set: speculators will add <|MASK|> as id {len(tok)} "
                                       "(an unused embedding row); set draft.mask_token_id to pin it")]  # fmt: skip

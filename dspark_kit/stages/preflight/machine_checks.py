@@ -152,6 +152,12 @@ def check_verifier(ctx: _Context) -> list[Finding]:
             if missing:
                 found.append(("verifier-shards", (f"{where / index} names {len(missing)} shard(s) that are not "
                                                    f"there ({', '.join(missing[:3])}); finish the download")))
+        from dspark_kit.specdec.verifier_facts import remote_code_refusal
+
+        refusal = remote_code_refusal(where, ctx.recipe.verifier.trust_remote_code,
+                                      flag="verifier.trust_remote_code: true (init --trust-remote-code)")
+        if refusal:
+            found.append(("verifier-code", refusal))
         if not has_tokenizer_files(where):
             found.append(("verifier-tokenizer", (f"verifier.path {where} has no tokenizer (tokenizer.json / "
                                                   "tokenizer_config.json); copy the model's tokenizer files")))
