@@ -24,8 +24,12 @@ The trainer is speculators 0.9.0's (speculators/train/trainer.py and models/dfla
 The per-element byte counts below (ACT_*) are read off that code; benchmarks/bench_memory.py
 measures the plan against the peak RSS of a CPU training (docs/PERFORMANCE_ANALYSES.md#training-memory-issue-40).
 
-Online mode: the hidden-state server holds serve.gpu_memory_utilization of its device (vLLM) or the
-verifier's weights (the kit's local engine); on the trainer's own devices it adds to their peak.
+The verifier's vLLM server (every role: hidden states, chat, spec) is planned per device from the
+verifier's config (specdec/verifier_memory.py: weights per device under TP and the declared
+quantization, the KV cache for max_model_len, a runtime margin) against its budget,
+serve.gpu_memory_utilization x the device. Online mode: the hidden-state server holds that share of
+its device (vLLM) or the verifier's weights (the kit's local engine); on the trainer's own devices it
+adds to their peak.
 """
 
 from __future__ import annotations
@@ -355,13 +359,14 @@ def plan_for(res, **changes) -> MemoryPlan:
 
 
 def _server(res, device: str, capacity: int | None) -> tuple[DevicePlan | None, int]:
-    """Online mode with a server `train` starts: its plan, and its share of the trainer's own device
-    (serve.devices overlapping train.devices, or either unset, on one machine)."""
+    """The plan of the server holding the verifier (online hidden states on the local engine: its
+    weights; vLLM in any role: verifier_server_plan), and its share of the trainer's own device when
+    `train` starts it beside the trainer (online mode; serve.devices overlapping train.devices, or
+    either unset, on one machine)."""
     recipe = res.recipe
     hs, serve = recipe.hidden_states, recipe.serve
-    if hs.mode != "online" or hs.endpoint:
-        return None, 0
-    if hs.backend == "local":
+    online = hs.mode == "online" and not hs.endpoint
+    if online and hs.backend == "local":
         from dspark_kit.specdec.verifier import param_count
 
         params = param_count(res.verifier_config)
@@ -373,23 +378,102 @@ def _server(res, device: str, capacity: int | None) -> tuple[DevicePlan | None, 
                           [Term("verifier weights", weights, f"{params:,} parameters x {dtype} {DTYPE_BYTES[dtype]} B")],
                           capacity, "the training device")
         return plan, weights
-    from dspark_kit.specdec.verifier import param_count
-
     util = serve.gpu_memory_utilization
     share = int(util * capacity) if capacity is not None else 0
     ids = serve.devices
-    params = param_count(res.verifier_config)  # an MoE's every expert: vLLM loads them all
-    held = (f"; of it the verifier's weights {human(params * DTYPE_BYTES[recipe.verifier.dtype] // max(1, serve.tensor_parallel_size))}"
-            f" per device ({params:,} parameters, every expert, x {recipe.verifier.dtype} / TP)") if params else ""
-    plan = DevicePlan(f"hidden-state server (vLLM, serve.devices {ids or 'unset'}, tensor_parallel_size "
-                      f"{serve.tensor_parallel_size})",
-                      [Term("vLLM's share", share, f"serve.gpu_memory_utilization {util} x device memory "
-                                                   f"{human(capacity) if capacity else 'unknown'}{held}")],
-                      capacity, "as a training device")
+    plan = verifier_server_plan(res, device, capacity)
+    if plan is None or not online:
+        return plan, 0
     train_ids = recipe.train.devices
     overlap = (ids is None or train_ids is None
                or bool(set(ids.split(",")) & set(train_ids.split(",")))) and device != "cpu"
     return plan, share if overlap else 0
+
+
+def server_roles(recipe: Recipe) -> list[str]:
+    """The roles a vLLM server holding the verifier plays in this recipe (each loads the same weights
+    with serve.tensor_parallel_size)."""
+    hs, serve = recipe.hidden_states, recipe.serve
+    roles = ["hidden states"] if hs.backend == "vllm" and not hs.endpoint else []
+    if serve.engine in ("vllm", "vllm-ascend"):
+        roles += (["chat (regen)"] if not recipe.regen.endpoints else []) + ["spec (serve)"]
+    return roles
+
+
+def server_max_model_len(recipe: Recipe, cfg: dict | None) -> tuple[int, str]:
+    from dspark_kit.specdec.verifier_facts import language_model_config
+
+    if recipe.serve.max_model_len:
+        return recipe.serve.max_model_len, "serve.max_model_len"
+    limit = language_model_config(cfg or {}).get("max_position_embeddings")
+    if isinstance(limit, int):
+        return limit, "serve.max_model_len unset: vLLM's default, the verifier's max_position_embeddings"
+    return recipe.data.seq_length, "data.seq_length"
+
+
+def verifier_server_plan(res, device: str, capacity: int | None, **changes) -> DevicePlan | None:
+    """One device of a vLLM server holding the verifier (every role it plays: hidden states, chat,
+    spec): its weights per device, the KV cache for max_model_len and the sequences it serves at once,
+    and a runtime margin (specdec/verifier_memory.py), against serve.gpu_memory_utilization of the
+    device. `changes` may set tensor_parallel_size, max_model_len (the fixes preflight weighs)."""
+    from dspark_kit.specdec.verifier_memory import server_parts
+
+    recipe = res.recipe
+    roles = server_roles(recipe)
+    cfg = res.verifier_config
+    if not roles or device.startswith("cpu"):
+        return None
+    tp = changes.get("tensor_parallel_size", recipe.serve.tensor_parallel_size)
+    if not cfg:
+        return DevicePlan(f"verifier server on vLLM ({', '.join(roles)}; TP {tp})",
+                          [Term("verifier weights", 0, "not counted: no config.json for the verifier on this machine")],
+                          None, "not planned without the verifier's config.json; preflight where the verifier is")
+    max_len, len_from = server_max_model_len(recipe, cfg)
+    max_len = changes.get("max_model_len", max_len)
+    online = recipe.hidden_states.mode == "online" and "hidden states" in roles
+    seqs = max(1, recipe.train.nproc * recipe.train.nnodes) if online else 1
+    try:
+        dtype = res.serve_dtype.value
+    except (RecipeError, ValueError):
+        dtype = recipe.verifier.dtype
+    parts = server_parts(cfg, dtype if dtype in DTYPE_BYTES else "bfloat16", tp, max_len, seqs,
+                         device.partition(":")[0])
+    util = recipe.serve.gpu_memory_utilization
+    budget = int(util * capacity) if capacity is not None else None
+    where = (f"serve.gpu_memory_utilization {util:g} x {human(capacity)}" if capacity is not None
+             else "device memory unknown; set train.device_memory_gib")
+    terms = [Term(p.name, p.bytes, p.formula) for p in parts]
+    return DevicePlan(f"verifier server on vLLM ({', '.join(roles)}; TP {tp}, max_model_len {max_len}: {len_from})",
+                      terms, budget, where)
+
+
+def server_fixes(res, device: str, capacity: int | None, plan: DevicePlan) -> str:
+    """What makes the verifier server fit, each with what it plans per device: more devices at a
+    larger TP, offline extraction on every device, a smaller max_model_len."""
+    recipe = res.recipe
+    tp = recipe.serve.tensor_parallel_size
+    out = []
+    for bigger in (2 * tp, 4 * tp, 8 * tp):
+        p = verifier_server_plan(res, device, capacity, tensor_parallel_size=bigger)
+        if p is not None and p.fits:
+            out.append(f"serve.tensor_parallel_size {bigger} ({bigger} devices: {human(p.peak)} per device, fits)")
+            break
+    else:
+        out.append(f"more devices: even TP {8 * tp} does not fit (a multi-node server, or devices with more memory)")
+    devices = {*(recipe.train.devices or "").split(","), *(recipe.serve.devices or "").split(",")} - {""}
+    if recipe.hidden_states.mode == "online" and len(devices) > tp:
+        p = verifier_server_plan(res, device, capacity, tensor_parallel_size=len(devices))
+        if p is not None:
+            out.append(f"hidden_states.mode offline (extraction before training, on all {len(devices)} devices at "
+                       f"TP {len(devices)}: {human(p.peak)} per device, {'fits' if p.fits else 'still over'})")
+    kv = next(t for t in plan.terms if t.name == "KV cache")
+    if plan.capacity is not None and kv.bytes:
+        room = plan.capacity - (plan.peak - kv.bytes)
+        current = server_max_model_len(recipe, res.verifier_config)[0]
+        fit_len = int(current * room / kv.bytes) if room > 0 else 0
+        if fit_len >= 256:
+            out.append(f"serve.max_model_len {fit_len // 256 * 256} (the KV cache is {human(kv.bytes)} at {current})")
+    return "; ".join(out)
 
 
 def plan_lines(res) -> list[str]:

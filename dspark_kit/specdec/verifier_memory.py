@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dspark_kit.specdec.verifier_facts import language_model_config
+from dspark_kit.specdec.verifier_facts import language_model_config, param_count
 
 GIB = 1024**3
 CONTEXT = GIB  # CUDA/CANN context, graphs and allocator slack (assumed, not measured)
@@ -107,7 +107,9 @@ def weight_parts(cfg: dict, dtype: str, tp: int) -> tuple[int, list[str]]:
     embed = (1 if tied else 2) * vocab * h
     per_rank = (layers * (replicated * lin + split * lin / tp) + other_mlp * lin / tp + expert_params * qb / tp
                 + router * base + embed * base / tp)
-    lines = [f"attention {layers} layers ({attn}) x {lin:g} B", f"MLP {other_mlp:,} x {lin:g} B / TP {tp}"]
+    total = param_count(cfg)
+    lines = [f"{total:,} parameters, every expert" if experts else f"{total:,} parameters"] if total else []
+    lines += [f"attention {layers} layers ({attn}) x {lin:g} B", f"MLP {other_mlp:,} x {lin:g} B / TP {tp}"]
     if experts:
         lines.append(f"experts {sparse_layers} layers x {experts} x 3 x {h} x {moe} = {expert_params:,} x {qb:g} B "
                      f"/ TP {tp}; router {router:,} x {base} B replicated")

@@ -27,7 +27,18 @@ def memory_findings(res: Resolved) -> list[Finding]:
             f"({trainer.capacity_source}); cheapest fixes in order: {fixes}")))
     server = plan.server
     if server is not None and server.fits is False:
-        out.append(Finding("error", "server-memory", f"the hidden-state server plans {human(server.peak)} on a "
-                                                     f"device of {human(server.capacity)}: lower "
-                                                     "serve.gpu_memory_utilization"))
+        from dspark_kit.resolved.memory_plan import server_fixes
+
+        device = res.train_device.value
+        capacity = res.memory_plan.trainer.capacity
+        if server.role.startswith("verifier server"):
+            terms = " + ".join(f"{t.name} {human(t.bytes)} ({t.formula})" for t in server.terms)
+            out.append(Finding("error", "server-memory", (
+                f"the {server.role} needs {human(server.peak)} per device = {terms}; its budget is "
+                f"{human(server.capacity)} ({server.capacity_source}); fixes: "
+                f"{server_fixes(res, device, capacity, server)}")))
+        else:
+            out.append(Finding("error", "server-memory", f"the hidden-state server plans {human(server.peak)} on a "
+                                                         f"device of {human(server.capacity)}: use more devices or "
+                                                         "offline hidden states"))
     return out
