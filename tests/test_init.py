@@ -430,3 +430,23 @@ def test_an_unknown_model_type_and_a_small_tokenizer_are_said(tmp_path, tokenize
     assert res.exit_code == 0, res.output
     assert "no draft architecture of its own" in comment_of(out.read_text(), "arch")
     assert "warning: the tokenizer has 950 tokens against the embedding's vocab_size 151,936" in res.stderr
+
+
+def test_hybrid_attention_targets_the_states_leaving_full_attention_layers(tmp_path, tokenizer_dir):
+    """Qwen3-Next's layer_types (3 linear-attention layers, then a full one): init's ids are the streams
+    leaving full-attention layers (docs/CONCEPTS.md#layer-ids), not linear-attention layers' inputs."""
+    from dspark_kit.specdec.verifier_facts import dflash_layer_ids
+
+    types = (["linear_attention"] * 3 + ["full_attention"]) * 12
+    ids, why = dflash_layer_ids(48, 5, types)
+    assert ids == [4, 12, 24, 36, 44] and "hybrid attention" in why
+    assert all(types[i - 1] == "full_attention" for i in ids)
+    assert dflash_layer_ids(48, 5, ["sliding_attention", "full_attention"] * 24)[0] == [1, 12, 23, 34, 45]
+    config = {**QWEN3_30B_A3B, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+              "layer_types": types, "full_attention_interval": 4}
+    out = tmp_path / "r.yaml"
+    r = init("--verifier", str(verifier_dir(tmp_path / "next", tokenizer_dir, config)), "-o", str(out),
+             "--target-device", "cuda")
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(out.read_text())["hidden_states"]["target_layer_ids"] == [4, 12, 24, 36, 44]
+    assert "hybrid attention" in comment_of(out.read_text(), "target_layer_ids")

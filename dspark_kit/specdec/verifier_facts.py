@@ -88,6 +88,7 @@ class VerifierFacts:
     reserved: tuple[tuple[int, str], ...]  # reserved special tokens the chat template never writes (id, text)
     thinking_default: bool | None  # the template's mode when enable_thinking is not passed; None: no switch
     tokenizer: object  # the loaded tokenizer (token lengths of the data)
+    layer_types: tuple[str, ...] | None = None  # config.json layer_types (hybrid attention), when given
     reasoning: object = None  # its reasoning format (data/reasoning_formats.py), from the template and model_type
     warnings: tuple[str, ...] = ()  # what looks wrong but does not stop a recipe
 
@@ -310,6 +311,7 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
         tokenizer_mask=(mask_id, str(tok.mask_token)) if isinstance(mask_id, int) else None,
         reserved=reserved_specials(tok, template),
         thinking_default=thinking_default(tok), tokenizer=tok, warnings=tuple(warnings),
+        layer_types=tuple(map(str, lm["layer_types"])) if isinstance(lm.get("layer_types"), list) else None,
         reasoning=reasoning_formats.of_template(template, lm.get("model_type") or cfg.get("model_type")),
     )
 
@@ -317,14 +319,38 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
 # ---- the rules -------------------------------------------------------------------
 
 
-def dflash_layer_ids(num_layers: int, draft_layers: int) -> tuple[list[int], str]:
+ATTENTION_TYPES = ("full_attention", "attention")  # layer_types entries that attend over the whole context
+
+
+def dflash_layer_ids(num_layers: int, draft_layers: int, layer_types: list | None = None) -> tuple[list[int], str]:
     """(target layer ids, how they were chosen): one per draft layer, spread evenly from layer 1 to
     N-3 (one draft layer: the middle layer N // 2). 48 layers, 5 draft layers -> [1, 12, 23, 34, 45].
     A verifier too shallow for distinct ids in 1..N-3 spreads them over 1..N-1 instead, and never
-    gets more ids than it has layers."""
+    gets more ids than it has layers.
+
+    Hybrid attention (config.json `layer_types` mixing linear_attention with full_attention, as
+    Qwen3-Next and Qwen3.5): the ids are spread the same way over the residual streams *leaving* a
+    full-attention layer (id f + 1 for full-attention layer f), never one that has passed only
+    linear-attention layers since the last full one. Source: SpecForge's published EAGLE3 config for
+    Qwen3-Coder-Next (sgl-project/SpecForge#494) reads the full-attention layers only, skipping the
+    Gated DeltaNet ones; reading the stream just after a full-attention layer (rather than entering
+    it) is this kit's choice: it is the first state in which exact attention over the whole context
+    has been mixed in, which the draft (it has no context of its own but these states) needs.
+    Sliding-window layer types (Gemma-3, gpt-oss) are not hybrid in this sense: every id stays a
+    candidate."""
     n = num_layers
     if n < 2:
         raise VerifierFactsError(f"verifier has {n} layer(s): a draft needs at least 2 to read from")
+    types = [str(t) for t in layer_types] if isinstance(layer_types, list) and len(layer_types) == n else None
+    if types and any("linear" in t for t in types) and any(t in ATTENTION_TYPES for t in types):
+        after = [f + 1 for f, t in enumerate(types) if t in ATTENTION_TYPES]
+        inner = [i for i in after if 1 <= i <= n - 3] or [i for i in after if i <= n - 1]
+        if inner:
+            count = min(draft_layers, len(inner))
+            picks = [inner[round(i * (len(inner) - 1) / (count - 1))] for i in range(count)] if count > 1 else [
+                min(inner, key=lambda i: abs(i - n // 2))]
+            return sorted(set(picks)), (f"hybrid attention ({len(after)} of {n} layers full attention): evenly over "
+                                        "the states leaving a full-attention layer (docs/CONCEPTS.md#layer-ids)")
     if draft_layers == 1:
         return [n // 2], f"one draft layer: the middle layer N//2 of {n}"
     lo, hi = 1, n - 3

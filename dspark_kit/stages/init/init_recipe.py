@@ -198,7 +198,8 @@ def _decide(opts: InitOptions) -> _Decided:
         else:
             mask, mask_from = vf.mask_token_choice(facts.vocab_size, facts.tokenizer_len, facts.tokenizer_mask,
                                                facts.reserved)
-        targets, targets_from = vf.dflash_layer_ids(facts.num_layers, profile["draft"]["num_layers"])
+        targets, targets_from = vf.dflash_layer_ids(facts.num_layers, profile["draft"]["num_layers"],
+                                                     list(facts.layer_types or []) or None)
     except vf.VerifierFactsError as e:
         raise InitError(str(e)) from None
     always = facts.reasoning is not None and facts.reasoning.always  # Harmony: every reply reasons, no switch
