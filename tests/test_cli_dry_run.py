@@ -143,3 +143,20 @@ def test_report_dry_run_names_what_it_reads_and_writes_nothing(tmp_path, monkeyp
 def test_help_says_what_dry_run_prints(command):
     r = invoke(command, "--help")
     assert r.exit_code == 0 and "--dry-run prints" in " ".join(r.output.split())
+
+
+def test_dry_runs_warn_on_a_missing_data_source(tmp_path, monkeypatch):
+    """prepare, regen and run --dry-run still print their plan for a data.source that is not there, and
+    say in it that the run fails on it (today's main planned without a word)."""
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "nope.jsonl"
+    for command in (["prepare"], ["regen"], ["run"], ["prepare", "--set", "regen.enabled=false"]):
+        r = invoke(*command, "-r", TINY, "--set", "data.source=nope.jsonl", "--dry-run")
+        assert r.exit_code == 0, r.output
+        warned = [ln for ln in r.output.splitlines() if ln.startswith("# warning: data.source")]
+        assert warned and str(missing) in warned[0] and "--set data.source=" in warned[0], (command, r.output)
+    missing.write_text("")
+    r = invoke("prepare", "-r", TINY, "--set", "data.source=nope.jsonl", "--dry-run")
+    assert "# warning" not in r.output
+    r = invoke("prepare", "-r", TINY, "--dry-run")  # a builtin source: nothing to warn about
+    assert r.exit_code == 0 and "# warning" not in r.output

@@ -69,3 +69,23 @@ def test_counts_of_reads_only_recorded_decisions():
     c = mode_rule.counts_of(rows, THINK)
     assert (c.rows, c.dropped, c.thinking_rows, c.thinking_with_reasoning) == (3, 1, 1, 1)
     assert mode_rule.recorded(rows[2]) is None and mode_rule.recorded("x") is None
+
+
+def test_regen_blames_the_verifier_reasoning_unasked_not_the_data():
+    """regen's rows are the verifier's own replies, asked with thinking off: reasoning in them is the
+    verifier reasoning unasked (the tiny verifier does it on multi-turn UltraChat), not data generated in
+    thinking mode; prepare judging raw data keeps the data's message."""
+    regen = _counts(16, 4).verdict(0.02, "regen", generated=True)
+    assert regen is not None and "\n" not in regen and regen.startswith("regen: 4 of 16 rows (25%)")
+    assert "the verifier reasoned in its own replies though asked with thinking off" in regen
+    assert "generated in thinking mode" not in regen and "data.max_mode_mismatch_fraction" in regen
+    data = _counts(16, 4).verdict(0.02, "prepare")
+    assert "the data was generated in thinking mode" in data
+
+
+def test_regens_failure_verdict_uses_the_verifiers_message():
+    from dspark_kit.stages.dataset.regen import failure_verdict
+
+    summary = {"failed": 0, "written": 16, "failed_reasons": {}, "mode": _counts(16, 4).as_dict()}
+    verdict = failure_verdict(summary, 0.05, 0.02)
+    assert verdict is not None and "the verifier reasoned in its own replies" in verdict

@@ -28,8 +28,29 @@ def test_dead_batch_tokens_key_is_refused(tmp_path):
     f.write_text("hidden_states:\n  batch_tokens: 4096\n")
     with pytest.raises(RecipeError, match=r"hidden_states\.batch_tokens: unknown key"):
         load_recipe(f)
-    with pytest.raises(RecipeError, match=r"hidden_states\.batch_tokens: unknown key"):
+    with pytest.raises(RecipeError, match=r"--set hidden_states\.batch_tokens=4096: hidden_states\.batch_tokens is "
+                                          r"not a recipe key"):
         load_recipe(REPO / "recipes" / "tiny-cpu.yaml", ["hidden_states.batch_tokens=4096"])
+
+
+def test_an_unknown_set_key_names_the_flag_and_the_closest_key():
+    """The mistake is in the --set typed at the shell, not in the recipe file (today's main named the
+    file): one line naming the flag, with a suggestion."""
+    tiny = REPO / "recipes" / "tiny-cpu.yaml"
+    for item, closest in (("data.sorce=x", "data.source"), ("sorce=x", "data.source"),
+                          ("train.seq_length=512", "data.seq_length"), ("serve.tensor_paralel_size=2",
+                                                                         "serve.tensor_parallel_size")):
+        with pytest.raises(RecipeError) as e:
+            load_recipe(tiny, [item])
+        message = str(e.value)
+        assert message.startswith(f"--set {item}: ") and f"(did you mean {closest}?)" in message, message
+        assert "tiny-cpu.yaml" not in message and "\n" not in message
+    assert load_recipe(tiny, ["train.loss.ce=0.5"]).train.loss["ce"] == 0.5  # inside a mapping key: its own
+    f = REPO / "recipes" / "tiny-cpu.yaml"
+    with pytest.raises(RecipeError, match=r"draft\.blok_size: unknown key \(did you mean draft\.block_size\?\)"):
+        from dspark_kit.recipe import recipe_from_dict
+
+        recipe_from_dict({"draft": {"blok_size": 8}}, str(f))
 
 
 def test_workdir_tilde_is_the_home_directory(tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ def test_the_slurm_section_is_typed_and_becomes_sbatch_lines(tmp_path):
                  "--mem=0", "--constraint=h100"):
         assert f"#SBATCH {line}\n" in script, line
     assert "\nmodule load cann\n" in script
-    with pytest.raises(RecipeError, match="slurm.partiton: unknown key"):
+    with pytest.raises(RecipeError, match=r"slurm.partiton is not a recipe key \(did you mean slurm.partition\?\)"):
         load_recipe(TINY, ["slurm.partiton=gpu"])
     with pytest.raises(RecipeError, match="slurm.time_limit"):
         load_recipe(TINY, ["slurm.time_limit=3h"])

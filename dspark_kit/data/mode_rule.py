@@ -78,8 +78,18 @@ class ModeCounts:
         return (f"WARNING: none of the {self.thinking_rows} rows in thinking mode carries reasoning: they train "
                 "an empty think block (regenerate them in thinking mode, or weigh thinking out of the mixture)")
 
-    def verdict(self, budget: float, stage: str) -> str | None:
-        """Why the deciding stage fails (None: within the rule), in one line naming the key and the fix."""
+    def verdict(self, budget: float, stage: str, generated: bool = False) -> str | None:
+        """Why the deciding stage fails (None: within the rule), in one line naming the key and the fix.
+        `generated`: the rows' replies are the verifier's own, generated with the rows' mode (regen's
+        output), so reasoning in them is the verifier reasoning unasked, not data generated in thinking
+        mode."""
+        if self.rows and self.dropped / self.rows > budget and generated:
+            # regen's rows: every reply in them is the verifier's own, asked with thinking off just now
+            return (f"{stage}: {self.dropped} of {self.rows} rows ({self.dropped / self.rows:.0%}): the verifier "
+                    f"reasoned in its own replies though asked with thinking off (enable_thinking false), above {BUDGET_KEY} "
+                    f"{budget:g}: the verifier reasons unasked (or the server ignores "
+                    "chat_template_kwargs.enable_thinking); the source data is not at fault. Raise "
+                    f"{BUDGET_KEY} to drop those rows and go on, or set verifier.thinking: true")
         if self.rows and self.dropped / self.rows > budget:
             return (f"{stage}: {self.dropped} of {self.rows} rows ({self.dropped / self.rows:.0%}) carry reasoning "
                     f"though their thinking mode is off, above {BUDGET_KEY} {budget:g}: the data was generated in "

@@ -7,12 +7,13 @@ names the file, the key and the fix.
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dspark_kit.recipe.schema import DATA_PRESETS, Recipe, RecipeError
 
@@ -62,13 +63,54 @@ def shown_key(part: object) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
+def _sections() -> dict[str, type[BaseModel] | None]:
+    """Recipe's top-level keys: a section's model, or None for a plain value."""
+    out = {}
+    for name, f in Recipe.model_fields.items():
+        ann = f.annotation
+        out[name] = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return out
+
+
+def known_keys() -> list[str]:
+    """Every recipe key, dotted (section.key, or a top-level key)."""
+    keys = []
+    for name, model in _sections().items():
+        keys += [f"{name}.{k}" for k in model.model_fields] if model is not None else [name]
+    return keys
+
+
+def did_you_mean(key: str) -> str:
+    """' (did you mean X?)' for the closest known key, else ''."""
+    close = difflib.get_close_matches(key, known_keys(), n=1, cutoff=0.6)
+    if not close and "." in key:  # the key alone, in any section
+        last = key.rsplit(".", 1)[1]
+        close = [k for k in known_keys() if k.rsplit(".", 1)[-1] == last][:1] or difflib.get_close_matches(
+            last, [k.rsplit(".", 1)[-1] for k in known_keys()], n=1, cutoff=0.75)
+        close = [k for k in known_keys() if k.endswith("." + close[0]) or k == close[0]][:1] if close else []
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_override(path: list[str]) -> str | None:
+    """The part of a --set key the recipe does not have, or None (a key inside a mapping-valued key,
+    as train.loss.ce, is the mapping's business)."""
+    sections = _sections()
+    if path[0] not in sections:
+        return path[0]
+    model = sections[path[0]]
+    if model is None or len(path) == 1:
+        return None
+    return None if path[1] in model.model_fields else ".".join(path[:2])
+
+
 def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(shown_key(p) for p in e["loc"])
         msg = " ".join(str(e["msg"]).split()).removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check spelling; `dspark-kit recipe reference` lists every key)"
+            msg = (f"unknown key{did_you_mean(loc)} (check spelling; `dspark-kit recipe reference` lists "
+                   "every key)")
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
 
@@ -138,6 +180,10 @@ def apply_overrides(data: dict, overrides: list[str], base: Path | None = None) 
     at a shell) path keys are resolved as the file's are against its folder."""
     for item in overrides:
         path, value = parse_override(item)
+        bad = unknown_override(path)
+        if bad is not None:
+            raise RecipeError(f"--set {shown_key(item)}: {shown_key(bad)} is not a recipe key{did_you_mean(bad)}; "
+                              "`dspark-kit recipe reference` lists every key")
         if base is not None:
             value = resolve_path(tuple(path), value, base)
         node = data

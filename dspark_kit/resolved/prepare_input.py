@@ -13,6 +13,19 @@ def prepare_source(res: Resolved) -> str:
     return str(res.run.regen_jsonl) if res.recipe.regen.enabled else res.recipe.data.source
 
 
+def missing_source(res: Resolved) -> str | None:
+    """A dry run's warning when data.source is a local path (made absolute when the recipe was read)
+    that is not there: the plan is printed, the run would fail on it (regen reads it, and prepare
+    directly or through regen's rows)."""
+    from pathlib import Path
+
+    source = res.recipe.data.source
+    if not Path(source).is_absolute() or Path(source).exists():
+        return None
+    return (f"# warning: data.source {source}: no such file or folder here; the run fails on it: fix the path "
+            "(--set data.source=PATH)")
+
+
 def prepare_input_rows(res: Resolved):
     """(rows, total, rows the reader could not use, source): DIR/regen.jsonl when regen is part of
     the recipe (a missing one is an error, not a silent fall-back to the raw data), else the

@@ -75,7 +75,7 @@ from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.schema import DataCfg
 from dspark_kit.resolved import Resolved
-from dspark_kit.resolved.prepare_input import prepare_input_rows, prepare_source
+from dspark_kit.resolved.prepare_input import missing_source, prepare_input_rows, prepare_source
 from dspark_kit.stages.plan import StagePlan
 
 _TOKENIZER = None
@@ -345,7 +345,9 @@ def _replace_dir(staged: Path, out_dir: Path) -> None:
 
 def plan(res: Resolved) -> StagePlan:
     src, out = prepare_source(res), res.run.prepared
-    return StagePlan.of(res, "prepare", [f"# in-process: tokenize {src} with {res.recipe.verifier.path}'s chat template -> {out}"],
+    missing = missing_source(res)
+    return StagePlan.of(res, "prepare", [f"# in-process: tokenize {src} with {res.recipe.verifier.path}'s chat template -> {out}",
+                                         *([missing] if missing else [])],
                         inputs={"rows": src, "verifier": res.recipe.verifier.path}, outputs={"prepared": str(out)})
 
 

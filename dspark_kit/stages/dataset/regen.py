@@ -365,7 +365,7 @@ def failure_verdict(summary: dict, budget: float, mode_budget: float) -> str | N
     if not failed or (written and failed / sent <= budget):
         if "mode" not in summary:
             return None
-        return mode_rule.ModeCounts(**summary["mode"]).verdict(mode_budget, "regen")
+        return mode_rule.ModeCounts(**summary["mode"]).verdict(mode_budget, "regen", generated=True)
     reasons = "; ".join(f"{n}x {r}" for r, n in list(summary["failed_reasons"].items())[:3])
     what = "every row failed" if not written else f"{failed} of {sent} rows failed ({failed / sent:.0%})"
     return (f"regen: {what}, above regen.max_failed_fraction {budget:g}: {reasons}; fix the server or "
@@ -504,6 +504,9 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
             port = u.port or recipe.serve.port
             lines.append(f"#   {u.hostname or e}: {server_plan(res, 'chat', port=port, host='0.0.0.0').shell_line()}")
     lines += [f"endpoint {e}" for e in endpoints]
+    from dspark_kit.resolved.prepare_input import missing_source
+
+    lines += [w for w in (missing_source(res),) if w]  # planned all the same: the dry run says it fails
     plan = StagePlan.of(res, "regen", lines, processes, inputs={"data.source": recipe.data.source},
                         outputs={"regen": str(outfile), "errors": str(regen_errors_file(outfile))})
     plan.details.update(endpoints=endpoints, machines=machines, concurrency_per_endpoint=recipe.regen.concurrency)
