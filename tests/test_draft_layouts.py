@@ -57,11 +57,20 @@ def _write(path: Path, cfg: dict) -> Path:
     return path
 
 
+# The keys each layout's published configs carry, beyond the flat Qwen3 keys (docs/CONCEPTS.md#draft-layouts):
+# DeepSeek's deepseek-ai/dspark_*_block7 and SpecForge's configs/*-dspark.json carry no draft_vocab_size
+# (the full vocabulary), SpecForge's no sample_from_anchor; speculators' releases are its config class
+# saved whole (every field).
+PUBLISHED = {
+    "native": {"architectures", "block_size", "markov_rank", "mask_token_id", "target_layer_ids"},
+    "specforge": {"architectures", "auto_map", "block_size", "dflash_config"},
+}
+
+
 def native_draft(path: Path, **over) -> Path:
-    """Shaped as DeepSeek's releases (deepseek-ai/dspark_*_block7) and as vLLM reads them."""
-    return _write(path, {**QWEN3, "architectures": ["DSparkDraftModel"], "block_size": 7, "target_layer_ids": [0, 1, 2],
-                         "mask_token_id": 9, "draft_vocab_size": 256, "markov_rank": 8, "markov_head_type": "vanilla",
-                         "enable_confidence_head": True, "confidence_head_with_markov": True, **over})
+    """Shaped as DeepSeek's releases (deepseek-ai/dspark_*_block7): exactly their keys."""
+    return _write(path, {**QWEN3, "architectures": ["Qwen3DSparkModel"], "block_size": 7, "target_layer_ids": [0, 1, 2],
+                         "mask_token_id": 9, "markov_rank": 8, **over})
 
 
 SPECFORGE_BLOCK = {"mask_token_id": 9, "target_layer_ids": [0, 1, 2], "projector_type": "dspark", "markov_rank": 8,
@@ -73,8 +82,7 @@ def specforge_draft(path: Path, block: dict | None = None, **over) -> Path:
     """Shaped as SpecForge's configs/*-dspark.json: flat Qwen3 keys, a nested dflash_config, auto_map,
     and no sample_from_anchor."""
     return _write(path, {**QWEN3, "architectures": ["DSparkDraftModel"], "auto_map": {"AutoModel": "dspark.DSparkDraftModel"},
-                         "block_size": 7, "draft_vocab_size": 256, "dflash_config": {**SPECFORGE_BLOCK, **(block or {})},
-                         **over})
+                         "block_size": 7, "dflash_config": {**SPECFORGE_BLOCK, **(block or {})}, **over})
 
 
 def speculators_release(path: Path, **over) -> Path:
@@ -145,6 +153,30 @@ def test_import_keeps_every_key_each_layout_carries(tmp_path: Path):
             assert loaded.transformer_layer_config.sliding_window == 2048
         assert (tmp_path / f"{name}-in" / "model.safetensors").read_bytes() == \
             (tmp_path / name / "model.safetensors").read_bytes()
+
+
+def test_published_key_sets_import_with_the_full_vocabulary(tmp_path: Path):
+    """Each layout built with exactly its published keys: no draft_vocab_size means the full vocabulary,
+    as SpecForge trains (speculators' own default, 32,000 rows, broke SpecForge's drafts on today's main)."""
+    from speculators.models.dspark.config import DSparkSpeculatorConfig
+
+    for name, make in (("native", native_draft), ("specforge", specforge_draft)):
+        src = make(tmp_path / name)
+        cfg = json.loads((src / "config.json").read_text())
+        assert set(cfg) - set(QWEN3) == PUBLISHED[name] and "draft_vocab_size" not in cfg
+        out, _ = import_draft(src, tmp_path / f"{name}-in", verifier="/v", sample_from_anchor=True)
+        assert out["draft_vocab_size"] == QWEN3["vocab_size"]
+        assert DSparkSpeculatorConfig.from_pretrained(str(tmp_path / f"{name}-in")).draft_vocab_size == 256
+
+
+def test_a_load_failure_while_measuring_is_one_line(tmp_path: Path):
+    def measure(_dirs):
+        raise RuntimeError("Error(s) in loading state_dict for DSparkDraft:\n\tsize mismatch for markov_w1\n...")
+
+    with pytest.raises(LayoutError) as e:
+        import_draft(specforge_draft(tmp_path / "sf"), tmp_path / "in", verifier="/v", measure=measure)
+    assert "\n" not in str(e.value) and "does not load as its config.json describes it" in str(e.value)
+    assert "size mismatch" not in str(e.value) and not (tmp_path / "in").exists()
 
 
 def test_a_field_the_kit_does_not_read_is_one_line_naming_it(tmp_path: Path):

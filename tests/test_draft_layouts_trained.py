@@ -27,14 +27,22 @@ NESTED = ("mask_token_id", "target_layer_ids", "markov_rank", "markov_head_type"
 
 
 def as_specforge(native_dir: Path, dest: Path) -> Path:
-    """A kit export reshaped as SpecForge writes a DSpark draft: DSparkDraftModel, auto_map, flat Qwen3
-    keys, the DSpark keys in a dflash_config with projector_type dspark, no sample_from_anchor."""
+    """A kit export rewritten with exactly the keys SpecForge's configs/*-dspark.json carry: DSparkDraftModel,
+    auto_map, the flat Qwen3 keys and block_size, the DSpark keys in a dflash_config with projector_type
+    dspark; no sample_from_anchor, no draft_vocab_size (the full vocabulary), no target_hidden_size."""
+    from transformers import Qwen3Config
+
+    from tests.test_draft_layouts import PUBLISHED
+
     native = json.loads((native_dir / "config.json").read_text())
-    drop = {"sample_from_anchor", "dspark_kit_speculators", *NESTED}
-    cfg = {k: v for k, v in native.items() if k not in drop}
+    assert native["draft_vocab_size"] == native["vocab_size"]  # the kit's tiny draft: the full vocabulary
+    qwen3 = set(Qwen3Config().to_dict()) - {"architectures"}
+    cfg = {k: v for k, v in native.items() if k in qwen3}
     cfg |= {"architectures": ["DSparkDraftModel"], "auto_map": {"AutoModel": "dspark.DSparkDraftModel"},
+            "block_size": native["block_size"],
             "dflash_config": {**{k: native[k] for k in NESTED}, "projector_type": "dspark",
                               "confidence_head_alpha": 1.0}}
+    assert set(cfg) - qwen3 == PUBLISHED["specforge"], set(cfg) - qwen3
     dest.mkdir(parents=True)
     (dest / "config.json").write_text(json.dumps(cfg, indent=2))
     shutil.copyfile(native_dir / "model.safetensors", dest / "model.safetensors")

@@ -14,7 +14,9 @@ moves the keys. The layouts, as their loaders read them:
   included), `aux_hidden_state_layer_ids` = target_layer_ids + 1, `speculators_config`.
 - **specforge** (SpecForge's `configs/*-dspark.json`): `DSparkDraftModel`, `auto_map`, flat Qwen3
   keys, and a `dflash_config` holding `target_layer_ids`, `mask_token_id`, `projector_type: dspark`
-  and the Markov and confidence keys; no `sample_from_anchor` (import measures it).
+  and the Markov and confidence keys; no `sample_from_anchor` (import measures it) and no
+  `draft_vocab_size`: the full vocabulary, `vocab_size`, as SpecForge trains (a missing
+  `draft_vocab_size` reads so in every layout).
 - **sglang** (SGLang's DSpark loader, `dspark_config.py`; speculators issue 753): `Qwen3DSparkModel`,
   the layer config flattened, the DSpark keys at the top *and* copied into `dflash_config` and
   `dspark_config` blocks (SGLang reads `dspark_config`, then `dflash_config`, then the top level),
@@ -135,6 +137,7 @@ def to_speculators(native: dict, verifier: str, verifier_architectures: list[str
         layer["architectures"] = carry["layer_architectures"]
     derived = {k: native[k] for k in SHARED if k in native}
     derived |= {k: v for k in NESTED if k in SHARED and (v := _nested(native, k)) is not None}
+    _full_vocabulary(derived, native.get("vocab_size"))
     derived |= {"transformer_layer_config": layer, "block_size": block, "mask_token_id": mask,
                 "aux_hidden_state_layer_ids": [i + 1 for i in _target_layer_ids(native, where)],
                 KEY: bool(sample_from_anchor)}
@@ -149,6 +152,14 @@ def to_speculators(native: dict, verifier: str, verifier_architectures: list[str
                 "verifier": {"name_or_path": verifier,
                              "architectures": verifier_architectures or []}},  # speculators' own default
             **derived}
+
+
+def _full_vocabulary(cfg: dict, vocab_size) -> None:
+    """A draft whose config has no draft_vocab_size drafts over the full vocabulary (SpecForge's
+    configs carry only vocab_size, and SpecForge trains the full vocabulary): written explicitly, as
+    speculators otherwise builds its Markov head with its own default of 32,000 rows."""
+    if cfg.get("draft_vocab_size") is None and isinstance(vocab_size, int):
+        cfg["draft_vocab_size"] = vocab_size
 
 
 def to_native(spec: dict, where: str = "checkpoint") -> dict:
@@ -230,6 +241,7 @@ def _from_speculators_release(cfg: dict, verifier: str, where: str) -> dict:
         if not cfg.get(key) and cfg.get(key) != 0:
             raise LayoutError(f"{where}: no {key} in {CONFIG}; not a complete speculators DSpark draft")
     out = json.loads(json.dumps(cfg))
+    _full_vocabulary(out, (out.get("transformer_layer_config") or {}).get("vocab_size"))
     spec = out.setdefault("speculators_config", {})
     spec.setdefault("verifier", {})["name_or_path"] = verifier
     return out
@@ -277,7 +289,15 @@ def import_draft(src: Path, dest: Path, verifier: str, verifier_architectures: l
     if measure is not None and not from_kit and (not said.known or sample_from_anchor is not None):
         with tempfile.TemporaryDirectory(prefix=".measure-", dir=dest.parent if dest.parent.exists() else None) as t:
             dirs = {v: write_draft(Path(t) / str(v).lower(), candidate(v), src, link=True) for v in (True, False)}
-            acceptance = measure(dirs)
+            try:
+                acceptance = measure(dirs)
+            except LayoutError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a draft that does not load as configured: one line
+                first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+                raise LayoutError(f"{where}: the draft does not load as its {CONFIG} describes it ({type(e).__name__}: "
+                                  f"{first[:200]}); check its sizes (vocab_size, draft_vocab_size, hidden_size) "
+                                  "against model.safetensors") from None
     if sample_from_anchor is not None:
         value, source = sample_from_anchor, "forced (--sample-from-anchor)"
     elif said.known:
