@@ -17,7 +17,6 @@ from dspark_kit.cli import app
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.resolved.memory_plan import GIB
-from dspark_kit.specdec.verifier_memory import kv_per_token, server_parts, weight_parts
 from tests.test_init import QWEN3_0_6B, TOKENIZER_FIXTURE, verifier_dir
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
@@ -68,6 +67,8 @@ def test_deepseek_v3_at_tp8_fits_with_fp8_counted_as_fp8(tmp_path):
 
 
 def test_the_declared_quantization_sets_the_bytes_per_weight():
+    from dspark_kit.specdec.verifier_memory import weight_parts
+
     fp8, _ = weight_parts(DSV3, "bfloat16", 8)
     bf16, _ = weight_parts({k: v for k, v in DSV3.items() if k != "quantization_config"}, "bfloat16", 8)
     assert bf16 / fp8 == pytest.approx(2, rel=0.01)
@@ -76,6 +77,8 @@ def test_the_declared_quantization_sets_the_bytes_per_weight():
 
 
 def test_kv_reads_mla_head_dim_and_hybrid_layers():
+    from dspark_kit.specdec.verifier_memory import kv_per_token, server_parts
+
     assert kv_per_token(DSV3, "bfloat16", 4, 8192)[0] == 61 * 576 * 2  # MLA, not 128 heads x 56
     # head_dim given (16 heads of 128 on hidden 1024): 28 layers x k,v x 8 kv heads x 128 x 2 B
     assert kv_per_token(QWEN3_0_6B, "bfloat16", 1, 4096)[0] == 28 * 2 * 8 * 128 * 2
