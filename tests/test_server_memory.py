@@ -106,6 +106,9 @@ def test_gemma3_published_config_goes_through_init_and_preflight(tmp_path, monke
                                  "--num-devices", "2", "--device-memory-gib", "80"])
     assert r.exit_code == 0, r.output
     assert "8 heads x 256" in r.output and "draft vocab 262,208" in r.output, r.output
+    # tied embedding (the class's default) and the vision tower vLLM loads beside it: 3.9B + 0.4B, the
+    # published "4B" model's 4.3B
+    assert "3,879,895,040 parameters" in r.output and "vision tower ~411,070,464" in r.output, r.output
     res = Resolved(load_recipe(out, require_run_keys=True), tmp_path / "run", planning=True)
     errors = [f for f in run_preflight(res, probes=False) if f.level == "error"]
     assert errors == [], errors

@@ -33,9 +33,9 @@ def language_model_config(cfg: dict) -> dict:
     return {**{k: defaults[k] for k in missing if k in defaults}, **nested}
 
 
-# keys a nested text_config may leave to its class's defaults (numbers only: never a derived value)
+# keys a nested text_config may leave to its class's defaults (literal values only: never a derived one)
 DEFAULTED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-             "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window")
+             "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "tie_word_embeddings")
 
 
 @functools.cache
@@ -53,11 +53,13 @@ def _signature_defaults(model_type: str) -> dict:
         params = inspect.signature(cls.__init__).parameters
     except (KeyError, ImportError, ValueError, TypeError):
         return {}
-    out = {k: p.default for k, p in params.items() if k in DEFAULTED and isinstance(p.default, int)
-           and not isinstance(p.default, bool)}
+    def literal(key: str, value) -> bool:
+        return isinstance(value, bool) if key == "tie_word_embeddings" else (
+            isinstance(value, int) and not isinstance(value, bool))
+
+    out = {k: p.default for k, p in params.items() if k in DEFAULTED and literal(k, p.default)}
     if not out:  # dataclass-style configs: class attributes
-        out = {k: getattr(cls, k) for k in DEFAULTED if isinstance(getattr(cls, k, None), int)
-               and not isinstance(getattr(cls, k), bool)}
+        out = {k: getattr(cls, k) for k in DEFAULTED if literal(k, getattr(cls, k, None))}
     return out
 
 

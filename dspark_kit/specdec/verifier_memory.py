@@ -13,7 +13,9 @@ compares them with the device).
   replicated when there are fewer KV heads than ranks) x head_dim, per attention layer. MLA
   (`kv_lora_rank`): one latent of kv_lora_rank + qk_rope_head_dim per layer, whole on every rank.
   Hybrid models (`layer_types`): linear-attention layers keep a fixed state, no per-token cache;
-  sliding-window layers hold at most `sliding_window` tokens. The cache is in the model dtype
+  sliding-window layers hold at most `sliding_window` tokens. A config that lists no layer_types
+  is counted as full attention in every layer (an upper bound for Gemma-3, whose class derives
+  interleaved sliding layers from a pattern). The cache is in the model dtype
   (vLLM's kv_cache_dtype auto).
 - **Runtime margin.** The device context (1 GiB, assumed) plus one forward's activations over
   the tokens of a step (hidden states and the MLP's intermediate per rank, assumed 2 live copies).
@@ -105,8 +107,9 @@ def weight_parts(cfg: dict, dtype: str, tp: int) -> tuple[int, list[str]]:
     router = sparse_layers * h * experts
     tied = c.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
     embed = (1 if tied else 2) * vocab * h
+    vision = _vision_params(cfg)
     per_rank = (layers * (replicated * lin + split * lin / tp) + other_mlp * lin / tp + expert_params * qb / tp
-                + router * base + embed * base / tp)
+                + router * base + embed * base / tp + vision * base / tp)
     total = param_count(cfg)
     lines = [f"{total:,} parameters, every expert" if experts else f"{total:,} parameters"] if total else []
     lines += [f"attention {layers} layers ({attn}) x {lin:g} B", f"MLP {other_mlp:,} x {lin:g} B / TP {tp}"]
@@ -114,8 +117,19 @@ def weight_parts(cfg: dict, dtype: str, tp: int) -> tuple[int, list[str]]:
         lines.append(f"experts {sparse_layers} layers x {experts} x 3 x {h} x {moe} = {expert_params:,} x {qb:g} B "
                      f"/ TP {tp}; router {router:,} x {base} B replicated")
     lines.append(f"embedding{'' if tied else ' + head'} {embed:,} x {dtype} {base} B / TP {tp}")
+    if vision:
+        lines.append(f"vision tower ~{vision:,} (vision_config: layers x (4 h^2 + 2 h x intermediate)) x {base} B / TP {tp}")
     lines.append(f"linear weights: {qhow}")
     return int(per_rank), lines
+
+
+def _vision_params(cfg: dict) -> int:
+    """A multimodal wrapper's vision tower (vLLM loads it with the LM), roughly: its transformer layers."""
+    v = cfg.get("vision_config")
+    if not isinstance(v, dict) or cfg.get("text_config") is None:
+        return 0
+    h, n, inter = _i(v, "hidden_size"), _i(v, "num_hidden_layers", "depth"), _i(v, "intermediate_size")
+    return n * (4 * h * h + 2 * h * inter) if h and n else 0
 
 
 def kv_per_token(cfg: dict, dtype: str, tp: int, max_model_len: int) -> tuple[float, str]:
