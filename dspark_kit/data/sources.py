@@ -22,7 +22,7 @@ else is a local path. A path that exists is always read from disk, whatever it i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,18 +158,21 @@ def iter_rows(
     limit: int | None = None,
     seed: int = 0,
     changed: Counter | None = None,
+    on_drop: Callable[[int, str, str], None] | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """(idx, row) for each row read, at most `limit` (or data.limit); rows the file reader could not
-    parse (or a preset row that does not map) are counted in `skipped`, what reading changed in
-    `changed` (reason -> rows)."""
+    parse (or a preset row that does not map) are counted in `skipped` (and `on_drop(idx, where,
+    reason)` told), what reading changed in `changed` (reason -> rows)."""
     skipped = skipped if skipped is not None else Counter()
     for idx, rec in iter_records(cfg, limit, seed):
         if isinstance(rec.row, BadLine):
             skipped[rec.row.reason] += 1
+            if on_drop:
+                on_drop(idx, rec.where, rec.row.reason)
             continue
         if changed is not None:
             changed.update(rec.changes)
-        yield idx, rec.row
+        yield idx, (rec.row, rec.where) if on_drop else rec.row
 
 
 def iter_chats(
@@ -179,16 +182,20 @@ def iter_chats(
     seed: int = 0,
     formats: Counter | None = None,
     changed: Counter | None = None,
+    on_drop: Callable[[int, str, str], None] | None = None,
 ) -> Iterator[tuple[int, list[dict[str, Any]], list[dict[str, Any]] | None]]:
-    """(idx, messages, tools or None) for each usable row, at most `limit` (or data.limit) rows read."""
+    """(idx, messages, tools or None) for each usable row, at most `limit` (or data.limit) rows read;
+    `on_drop(idx, where, reason)` hears of each row dropped (where: file:line)."""
     skipped = skipped if skipped is not None else Counter()
-    for idx, row in iter_rows(cfg, skipped, limit, seed, changed):
+    tell = on_drop or (lambda *_: None)
+    for idx, (row, where) in iter_rows(cfg, skipped, limit, seed, changed, tell):
         if formats is not None:
             formats[row_format(row) or "unknown"] += 1
         try:
             yield idx, normalize(row), row_tools(row)
         except ConversationError as e:
             skipped[str(e)] += 1
+            tell(idx, where, str(e))
 
 
 def iter_source(

@@ -337,6 +337,7 @@ def prepare(
                         continue
                     kept = [r for r in res["rows"] if any(r["loss_mask"])]
                     summary.no_trainable_tokens += len(res["rows"]) - len(kept)
+                    summary.cut_replies += res["cut_replies"]
                     if not kept:
                         why = ONLY_CUT_REPLIES if res["cut_replies"] and cut_replies == "mask" else NOTHING_IN_SEQ_LENGTH
                         summary.reject(why)
@@ -347,7 +348,6 @@ def prepare(
                     for why in changes:
                         summary.changed[why] += 1
                         entry(res, "changed", why)
-                    summary.cut_replies += res["cut_replies"]
                     summary.conversations_in += 1
                     summary.conversations_used += 1
                     summary.with_reasoning += res["reasoning"]
