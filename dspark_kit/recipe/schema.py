@@ -105,7 +105,7 @@ class VerifierCfg(_Section):
 
 class DataCfg(_Section):
     source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, builtin:tiny-tools (tool calls), "
-                        "ultrachat|ultrachat_200k|magpie|gsm8k[:SPLIT], hf:NAME[:CONFIG]:SPLIT (a hub dataset, "
+                        "ultrachat, ultrachat_200k, magpie or gsm8k (each [:SPLIT]), hf:NAME[:CONFIG]:SPLIT (a hub dataset, "
                         "through `datasets`), a .jsonl/.json/.parquet file (.jsonl.gz, .jsonl.zst too) or a "
                         "`save_to_disk` folder (relative: from the recipe file's folder); formats: docs/DATA.md")
     split: str | None = None
