@@ -29,6 +29,7 @@ REPLACED_UTF8 = "invalid UTF-8 bytes replaced by U+FFFD (data.invalid_utf8: repl
 BOM_STRIPPED = "UTF-8 byte-order mark before the first row stripped"
 COMPRESSIONS = (".gz", ".zst")
 JSONL = (".jsonl", ".ndjson")
+SAVED_MARKERS = ("dataset_dict.json", "dataset_info.json")  # what save_to_disk writes: a DatasetDict, a Dataset
 
 
 class SourceError(ValueError):
@@ -47,10 +48,10 @@ def kind_of(path: Path) -> str:
     """The reader a path needs: 'jsonl', 'json', 'parquet' or 'saved' (a save_to_disk folder);
     SourceError for anything else."""
     if path.is_dir():
-        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        if any((path / name).is_file() for name in SAVED_MARKERS):
             return "saved"
         raise SourceError(f"data.source {path}: a folder, but not one `datasets` save_to_disk wrote (no "
-                          "dataset_dict.json or state.json): give one of its data files")
+                          f"{' or '.join(SAVED_MARKERS)}): give one of its data files")
     name = path.name.lower()
     for c in COMPRESSIONS:
         name = name.removesuffix(c)
@@ -183,7 +184,12 @@ def _rows_of(dataset: Any, where: str) -> Iterator[Record]:
 def _saved(path: Path, split: str | None) -> Iterator[Record]:
     from datasets import DatasetDict, load_from_disk
 
-    data = load_from_disk(str(path))
+    try:
+        data = load_from_disk(str(path))
+    except (OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise SourceError(f"data.source {path}: `datasets` cannot load this folder ({type(e).__name__}: "
+                          f"{first[:300]})") from None
     if isinstance(data, DatasetDict):
         name = split or ("train" if "train" in data else next(iter(data)) if len(data) == 1 else None)
         if name not in data:

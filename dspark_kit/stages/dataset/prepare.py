@@ -413,7 +413,8 @@ def _replace_dir(staged: Path, out_dir: Path) -> None:
 def plan(res: Resolved) -> StagePlan:
     src, out = prepare_source(res), res.run.prepared
     return StagePlan.of(res, "prepare", [f"# in-process: tokenize {src} with {res.recipe.verifier.path}'s chat template -> {out}"],
-                        inputs={"rows": src, "verifier": res.recipe.verifier.path}, outputs={"prepared": str(out)})
+                        inputs={"rows": src, "verifier": res.recipe.verifier.path},
+                        outputs={"prepared": str(out), "errors": str(prepare_errors_file(out))})
 
 
 def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
@@ -421,7 +422,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     rows, total, unusable, source = prepare_input_rows(res)
     s = prepare(
         rows, res.verifier_path, plan.outputs["prepared"],
-        seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking,
+        seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking, errors_file=plan.outputs.get("errors"),
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
         keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable, cut_replies=recipe.data.cut_replies,
