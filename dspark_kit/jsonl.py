@@ -18,6 +18,8 @@ class BadLine:
     text: str
     reason: str
     torn: bool = False
+    line: int | None = None  # 1-based line in its file (a data source's other readers: the row's position)
+    where: str | None = None  # "file:line" or "file row N", set by a reader that knows its source
 
 
 def read_jsonl(path: Path, *, errors: str = "replace", whole_lines_only: bool = False) -> Iterator[Any | BadLine]:
@@ -30,19 +32,36 @@ def read_jsonl(path: Path, *, errors: str = "replace", whole_lines_only: bool = 
         yield row
 
 
+def read_jsonl_numbered(path: Path, *, errors: str = "replace") -> Iterator[tuple[int, Any | BadLine]]:
+    """read_jsonl with each row's 1-based line number (a BadLine carries its own too)."""
+    for number, (_raw, row) in _numbered(path, errors, False):
+        yield number, row
+
+
 def read_jsonl_raw(path: Path, *, errors: str = "replace",
                    whole_lines_only: bool = False) -> Iterator[tuple[bytes, Any | BadLine]]:
     """read_jsonl with each line's bytes beside it, for a caller that rewrites the lines it keeps."""
+    for _number, item in _numbered(path, errors, whole_lines_only):
+        yield item
+
+
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark: some editors start a file with it; not part of the row
+
+
+def _numbered(path: Path, errors: str, whole_lines_only: bool) -> Iterator[tuple[int, tuple[bytes, Any | BadLine]]]:
     with Path(path).open("rb") as f:
-        for raw in f:
+        for number, raw in enumerate(f, 1):
             text = raw.decode("utf-8", errors)
+            if number == 1 and text.startswith("\ufeff"):
+                text = text[1:]
             if not text.strip():
                 continue
             torn = not raw.endswith(b"\n")
             if torn and whole_lines_only:
-                yield raw, BadLine(text, "torn last line (no newline)", torn=True)
+                yield number, (raw, BadLine(text, "torn last line (no newline)", torn=True, line=number))
                 continue
             try:
-                yield raw, json.loads(text)
+                yield number, (raw, json.loads(text))
             except json.JSONDecodeError as e:
-                yield raw, BadLine(text.rstrip("\r\n"), f"invalid JSON line ({e.msg})", torn=torn)
+                yield number, (raw, BadLine(text.rstrip("\r\n"), f"invalid JSON line ({e.msg})", torn=torn,
+                                            line=number))

@@ -38,6 +38,13 @@ def regen_errors_file(output: Path) -> Path:
     return output.with_name(output.name + ".errors.jsonl")
 
 
+def prepare_errors_file(prepared: Path) -> Path:
+    """prepare's dropped and changed rows, one entry each with where it was read and why, beside the
+    prepared dataset (`prepared` -> `prepared.errors.jsonl`)."""
+    prepared = Path(prepared)
+    return prepared.with_name(prepared.name + ".errors.jsonl")
+
+
 def regen_engine_log(output: Path) -> Path:
     """The chat server regen starts, when not given a log (`regen.jsonl` -> `regen.jsonl.engine.log`)."""
     output = Path(output)

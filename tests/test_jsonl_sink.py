@@ -69,7 +69,7 @@ def test_read_jsonl_names_bad_lines_and_tolerates_a_torn_last_line(tmp_path):
     f.write_bytes(b'{"i": 0}\n\nnot json\n{"i": 1}\n{"i": 2, "te')  # blank skipped; the writer died mid-row
     rows = list(read_jsonl(f))
     assert rows[0] == {"i": 0} and rows[2] == {"i": 1} and len(rows) == 4
-    assert rows[1] == BadLine("not json", "invalid JSON line (Expecting value)", torn=False)
+    assert rows[1] == BadLine("not json", "invalid JSON line (Expecting value)", torn=False, line=3)
     assert isinstance(rows[3], BadLine) and rows[3].torn and rows[3].text == '{"i": 2, "te'
 
 

@@ -90,9 +90,12 @@ def test_prepare_writes_speculators_format_and_counts_rejects(tmp_path, tiny_ver
                                       json.dumps({"messages": []}), "{not json"]
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "prepared"
-    s = prepare(read_jsonl(src), str(tiny_verifier), out, seq_length=64, thinking=False, num_workers=2)
+    # the cut reply trained as cut, as asked (by default it carries no loss: test_data_in.py)
+    s = prepare(read_jsonl(src), str(tiny_verifier), out, seq_length=64, thinking=False, num_workers=2,
+                cut_replies="train")
     assert s.conversations_in == 10 == s.conversations_used + sum(s.rejected.values())
     assert s.rows_out == 7 and sum(s.rejected.values()) == 3
+    assert s.cut_replies == 1 and sum(s.changed.values()) == 1
     assert s.truncated == 1 and s.no_trainable_tokens == 1  # the reply fell past seq_length
     assert s.rejected["no assistant token within data.seq_length (prompt too long)"] == 1
     ds = load_from_disk(str(out))

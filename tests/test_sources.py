@@ -102,8 +102,8 @@ def test_source_size_counts_what_iter_source_reads(tmp_path):
 
 
 def test_prepare_streams_its_source_and_still_counts_unusable_rows(tmp_path, tiny_recipe):
-    """prepare reads data.source as it goes (a 200k-row source is never held in memory); the
-    rows the reader could not use are counted once it has read them."""
+    """prepare reads data.source as it goes (a 200k-row source is never held in memory); a row
+    the reader could not use reaches prepare as a BadLine that says where it was read."""
     from collections.abc import Iterator
 
     from dspark_kit.resolved import Resolved
@@ -115,4 +115,9 @@ def test_prepare_streams_its_source_and_still_counts_unusable_rows(tmp_path, tin
     recipe.regen.enabled, recipe.data.source = False, str(p)
     rows, total, unusable, _ = prepare_input_rows(Resolved(recipe, tmp_path))
     assert isinstance(rows, Iterator) and total == 3 and not unusable
-    assert len(list(rows)) == 2 and sum(unusable.values()) == 1
+    from dspark_kit.jsonl import BadLine
+
+    got = list(rows)
+    assert len(got) == 3 and not unusable
+    assert isinstance(got[1], BadLine) and got[1].where == f"{p}:2" and got[1].line == 2
+    assert got[2]["_where"] == f"{p}:3" and got[2]["metadata"] == {"idx": 2}

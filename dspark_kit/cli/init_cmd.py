@@ -15,8 +15,8 @@ def init(
     verifier: Annotated[str, typer.Option("--verifier", help="Verifier: a Hugging Face model dir or hub id "
                                           "(config.json, tokenizer and chat template are read; never the weights).")],
     output: Annotated[Path, option("out", help="Recipe file to write, e.g. recipes/my-verifier.yaml.")],
-    data: Annotated[str | None, option("data", help="Chat data (jsonl/json/parquet path, ultrachat, magpie, "
-                                       "gsm8k): data.source, and data.seq_length from its token lengths.")] = None,
+    data: Annotated[str | None, option("data", help="Chat data (jsonl/json/parquet file, save_to_disk folder, "
+                                       "hf:NAME[:CONFIG]:SPLIT, ultrachat, gsm8k...; docs/DATA.md): data.source, and data.seq_length from its token lengths.")] = None,
     target_device: Annotated[str, option("target_device")] = "auto",
     nodes: Annotated[int, typer.Option("--nodes", help="Training nodes (> 1 writes the multi-node keys).")] = 1,
     num_devices: Annotated[int | None, typer.Option(

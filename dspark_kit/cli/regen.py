@@ -17,7 +17,7 @@ def regen(
     set_: common.SetOpt = None,
     workdir: common.WorkdirOpt = None,
     outfile: Annotated[Path | None, option("out", help="Output jsonl, one row per conversation (default DIR/regen.jsonl, where prepare reads it).")] = None,
-    dataset: Annotated[str | None, option("data", help="Override data.source: builtin:tiny-chat, builtin:tiny-tools, ultrachat, magpie, gsm8k or a jsonl/json/parquet path.")] = None,
+    dataset: Annotated[str | None, option("data", help="Override data.source: builtin:tiny-chat, builtin:tiny-tools, a preset (ultrachat, gsm8k, ...), hf:NAME[:CONFIG]:SPLIT, a jsonl/json/parquet file or a save_to_disk folder (docs/DATA.md).")] = None,
     endpoint: Annotated[list[str] | None, option("endpoint", help="OpenAI base URL, e.g. http://10.0.0.5:8000/v1 (repeat for several servers; none = start a local engine).")] = None,
     model: Annotated[str | None, typer.Option(help="Model id to request (default: first id from GET /v1/models).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Read at most N source rows.")] = None,

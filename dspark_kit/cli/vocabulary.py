@@ -51,8 +51,9 @@ VOCABULARY: dict[str, Flag] = {
     "max_new_tokens": Flag(("--max-new-tokens",), "Most tokens generated per reply (the prompt not counted).",
                            aliases=("--max-tokens",), dests=("max_new_tokens", "max_tokens")),
     # the recipe's data.source (chats to train on); not --prompts, the prompts a measurement sends
-    "data": Flag(("--data",), "Chat data, the recipe's data.source: builtin:tiny-chat, ultrachat, magpie, gsm8k "
-                             "or a jsonl/json/parquet path.", aliases=("--dataset",), dests=("data", "dataset")),
+    "data": Flag(("--data",), "Chat data, the recipe's data.source: builtin:tiny-chat, a preset (ultrachat, "
+                             "gsm8k, ...), hf:NAME[:CONFIG]:SPLIT, a jsonl/json/parquet file or a save_to_disk "
+                             "folder (docs/DATA.md).", aliases=("--dataset",), dests=("data", "dataset")),
     "prompts": Flag(("--prompts",), "Prompts to send: a chat jsonl (conversations/messages/prompt; the first "
                                     "user turn is sent) or plain text lines.",
                     aliases=("--dataset",), dests=("prompts", "dataset")),

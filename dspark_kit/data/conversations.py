@@ -12,8 +12,10 @@ list, or its JSON text) is read by `row_tools`; the chat template renders all th
 
 Readers accept the regen schema / ShareGPT (`conversations: [{from, value}]`, with
 `function_call` turns (a JSON `{name, arguments}` or a list of them: the assistant's calls) and
-`observation` turns (a tool's result)), OpenAI `messages: [{role, content}]` and
-`prompt`/`response` pairs (`row_format` names which); reasoning as
+`observation` turns (a tool's result), and a top-level `system` prompt), OpenAI `messages: [{role,
+content}]`, Alpaca (`instruction`, `input`, `output`, optional `system` and `history`), TRL's
+prompt/completion (strings, or message lists) and `prompt`/`response` pairs (`row_format` names
+which; docs/DATA.md shows each); reasoning as
 `reasoning_content`, `reasoning` (vLLM's newer name) or inline
 `<think>...</think>` at the start of the content (split the way Qwen3's template
 splits it) or Harmony's analysis/final channels (data/reasoning_formats.py). Writers
@@ -39,7 +41,9 @@ ROLE_ALIASES = {
     "system": "system", "tool": "tool", "observation": "tool", "function": "tool",
     "function_call": "assistant",
 }
-FORMATS = {"messages": "OpenAI messages", "conversations": "ShareGPT", "prompt": "prompt/response"}
+# a row's key -> its format's name, checked in this order (a TRL row has `prompt` and `completion`)
+FORMATS = {"messages": "OpenAI messages", "conversations": "ShareGPT", "completion": "TRL prompt/completion",
+           "instruction": "Alpaca", "prompt": "prompt/response"}
 UNCLOSED = "unclosed"  # marker key on a message whose reasoning never closed
 
 
@@ -61,8 +65,13 @@ def canonical_reasoning(reasoning: str, content: str, fmt: ReasoningFormat = THI
 
 
 def _text(value: Any, what: str, i: int) -> str | None:
-    if isinstance(value, list):  # OpenAI content parts
-        value = "".join(p.get("text", "") for p in value if isinstance(p, dict))
+    if isinstance(value, list):  # OpenAI content parts: text only (an image would be dropped unseen)
+        if not all(isinstance(p, dict) and p.get("type", "text") == "text" and isinstance(p.get("text"), str)
+                   for p in value):
+            kinds = {str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in value} - {"text"}
+            raise ConversationError(f"turn {i}: {what} holds parts other than text "
+                                    f"({', '.join(sorted(kinds)) or 'a part without text'}); only text is trained")
+        value = "".join(p["text"] for p in value)
     if value is not None and not isinstance(value, str):
         raise ConversationError(f"turn {i}: {what} must be text, got {type(value).__name__}")
     return value
@@ -132,7 +141,8 @@ def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
 def row_format(row: Any) -> str | None:
     """Which of the formats the reader accepts a row is in (FORMATS' names), or None."""
     if isinstance(row, dict):
-        return next((name for key, name in FORMATS.items() if key in row), None)
+        return next((name for key, name in FORMATS.items() if key in row
+                     and (key != "completion" or "prompt" in row)), None)
     return None
 
 
@@ -180,22 +190,69 @@ def _turn(t: Any, i: int) -> dict[str, Any]:
     return msg
 
 
+def _as_turns(value: Any, role: str, what: str) -> list[Any]:
+    """TRL's prompt or completion: a message list (conversational) or a string (plain)."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    raise ConversationError(f"'{what}' must be text or a list of messages, got {type(value).__name__}")
+
+
+def _alpaca_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Alpaca: the instruction (and its input, on the next line, as LLaMA-Factory joins them) is the
+    user turn, `output` the reply; `history` [[question, answer], ...] comes before them."""
+    instruction, extra, output = row.get("instruction"), row.get("input") or "", row.get("output")
+    if not isinstance(instruction, str) or not isinstance(extra, str):
+        raise ConversationError("Alpaca row: 'instruction' and 'input' must be text")
+    turns = []
+    for pair in row.get("history") or ():
+        if not (isinstance(pair, list | tuple) and len(pair) == 2):
+            raise ConversationError("Alpaca row: 'history' must be [[question, answer], ...]")
+        turns += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    turns.append({"role": "user", "content": "\n".join(filter(None, (instruction, extra)))})
+    if output is not None:
+        turns.append({"role": "assistant", "content": output})
+    return turns
+
+
+def row_turns(row: dict[str, Any]) -> list[Any]:
+    """The raw turns of a row in any of FORMATS, its top-level `system` (ShareGPT's, Alpaca's) first."""
+    fmt = row_format(row)
+    if fmt in ("ShareGPT", "OpenAI messages"):
+        turns = row.get("conversations", row.get("messages"))
+    elif fmt == "TRL prompt/completion":
+        turns = [*_as_turns(row["prompt"], "user", "prompt"), *_as_turns(row["completion"], "assistant", "completion")]
+    elif fmt == "Alpaca":
+        turns = _alpaca_turns(row)
+    elif fmt == "prompt/response":
+        turns = [{"role": "user", "content": row["prompt"]}]
+        if row.get("response") is not None:
+            turns.append({"role": "assistant", "content": row["response"]})
+    else:
+        raise ConversationError("no 'conversations', 'messages', 'prompt' or 'instruction' field (docs/DATA.md)")
+    if not isinstance(turns, list) or not turns:
+        raise ConversationError("conversation is empty or not a list")
+    system = row.get("system")
+    if system is not None and system != "":
+        if not isinstance(system, str):
+            raise ConversationError("'system' must be text")
+        first = turns[0] if isinstance(turns[0], dict) else {}
+        if str(first.get("role", first.get("from"))).lower() == "system":
+            raise ConversationError("system prompt given twice (a top-level 'system' and a system turn)")
+        turns = [{"role": "system", "content": system}, *turns]
+    return turns
+
+
 def normalize(row: Any) -> list[dict[str, Any]]:
     """Messages of one row; raises ConversationError when the row is unusable."""
     if not isinstance(row, dict):
         raise ConversationError(f"row must be an object, got {type(row).__name__}")
-    turns = row.get("conversations", row.get("messages"))
-    if turns is None and "prompt" in row:
-        turns = [{"role": "user", "content": row["prompt"]}]
-        if row.get("response") is not None:
-            turns.append({"role": "assistant", "content": row["response"]})
-    if turns is None:
-        raise ConversationError("no 'conversations', 'messages' or 'prompt' field")
-    if not isinstance(turns, list) or not turns:
-        raise ConversationError("conversation is empty or not a list")
-    msgs = [_turn(t, i) for i, t in enumerate(turns)]
+    msgs = [_turn(t, i) for i, t in enumerate(row_turns(row))]
     if not any(m["role"] == "user" for m in msgs):
         raise ConversationError("no user turn")
+    if empty := [i for i, m in enumerate(msgs) if m["role"] == "user" and not m["content"].strip()]:
+        raise ConversationError(f"turn {empty[0]}: empty user turn (the verifier would answer nothing)")
     # regen rows record one finish reason per generated (assistant) turn in metadata
     meta = row.get("metadata")
     finish = meta.get("finish_reasons") if isinstance(meta, dict) else None

@@ -104,6 +104,9 @@ TEMPLATE_DROPS_TOOLS = ("the chat template does not render the row's `tools` (ve
                         "no tools branch: use the model's own template, or drop the row's tools)")
 TEMPLATE_DROPS_CALLS = ("the chat template does not render an assistant's `tool_calls` (it would train an "
                         "empty reply: use the model's own template)")
+TWO_REPLIES_IN_A_ROW = ("turns {i} and {j}: two assistant turns in a row, with no user or tool turn between; "
+                        "the chat template renders the second as part of the first, not as a reply to a prompt "
+                        "(merge them into one reply, or put the user turn that was lost between them)")
 TEMPLATE_DROPS_RESULTS = "the chat template does not render a `tool` turn's result"
 
 
@@ -163,6 +166,8 @@ def conversation_texts(tok, msgs: list[dict], thinking: bool, keep_truncated: bo
         prompt = render(tok, msgs[:j], thinking, add_generation_prompt=True, tools=tools)
         upto = render(tok, msgs[: j + 1], thinking, tools=tools)
         if not upto.startswith(prompt):
+            if msgs[j - 1]["role"] == "assistant":
+                raise ConversationError(TWO_REPLIES_IN_A_ROW.format(i=j - 1, j=j))
             raise ConversationError(f"turn {j}: the template does not render the reply right after its "
                                     "generation prompt (thinking mode and data disagree?)")
         texts += [prompt, upto]

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dspark_kit.recipe.schema import DATA_PRESETS, Recipe, RecipeError
+from dspark_kit.recipe.schema import Recipe, RecipeError, is_named_source
 
 # A recipe is a path, or the name of one shipped with the package (`tiny-cpu`): the default is a
 # name, so `dspark-kit run` works from any folder, inside the checkout or not.
@@ -142,8 +142,8 @@ def _is_input_path(key: tuple[str, ...], value: str, base: Path) -> bool:
         return False
     if value.startswith(("/", "~", "./", "../")) or value in (".", ".."):
         return True
-    if key == ("data", "source"):
-        return value not in DATA_PRESETS  # anything else is a file
+    if key == ("data", "source"):  # a preset[:SPLIT] or hf: name, unless such a file is there
+        return not is_named_source(value) or (base / value).exists()
     if key == ("serve", "checkpoint"):
         return "/" in value  # a bare name is a folder under the run's checkpoints/
     if key == ("train", "init_from"):

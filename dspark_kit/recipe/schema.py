@@ -28,7 +28,17 @@ from dspark_kit.rundir import BEST_CHECKPOINT
 TINY_VERIFIER = "builtin:tiny-qwen3"
 ENGINES = ("local", "vllm", "vllm-ascend")  # serve.engine values; the one list every module uses
 ROLES = ("chat", "hidden-states", "spec")  # what a server can be started for
-DATA_PRESETS = ("ultrachat", "magpie", "gsm8k")  # data.source names that are not files (data/sources.py)
+# data.source names that are not files (data/sources.py); `ultrachat_200k` is the hub's own name of
+# `ultrachat`. Either may end in `:SPLIT` (`ultrachat_200k:train_sft`); `hf:NAME[:CONFIG]:SPLIT` names
+# any hub dataset.
+DATA_PRESETS = ("ultrachat", "ultrachat_200k", "magpie", "gsm8k")
+HUB_PREFIX = "hf:"
+
+
+def is_named_source(value: str) -> bool:
+    """Whether a data.source value names a dataset rather than a local path: builtin:, hf:, or a
+    preset with an optional `:SPLIT`. (A local path that exists always wins: data/sources.py.)"""
+    return value.startswith(("builtin:", HUB_PREFIX)) or value.partition(":")[0] in DATA_PRESETS
 
 
 # Bytes per value of each dtype a recipe names (verifier.dtype, hidden_states.dtype): sizes of
@@ -96,8 +106,10 @@ class VerifierCfg(_Section):
 
 
 class DataCfg(_Section):
-    source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, builtin:tiny-tools (tool calls), ultrachat|magpie|gsm8k, or a jsonl/json/parquet "
-                                                          "path (relative: from the recipe file's folder)")
+    source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, builtin:tiny-tools (tool calls), "
+                        "ultrachat, ultrachat_200k, magpie or gsm8k (each [:SPLIT]), hf:NAME[:CONFIG]:SPLIT (a hub dataset, "
+                        "through `datasets`), a .jsonl/.json/.parquet file (.jsonl.gz, .jsonl.zst too) or a "
+                        "`save_to_disk` folder (relative: from the recipe file's folder); formats: docs/DATA.md")
     split: str | None = None
     subset: str | None = None
     limit: int | None = Field(None, ge=1)
@@ -109,6 +121,13 @@ class DataCfg(_Section):
         0.02, ge=0, le=1, description="rows whose replies carry reasoning with their thinking mode off are "
         "dropped (counted) by the first stage that sees them (regen, else prepare); above this fraction of "
         "the rows that stage fails: the data and verifier.thinking disagree (docs/PITFALLS.md, pitfall 4)")
+    invalid_utf8: Literal["refuse", "replace"] = Field(
+        "refuse", description="a source row with bytes that are not UTF-8: refused (counted, its line in the "
+        "errors file); replace: kept with U+FFFD in their place (counted as changed)")
+    cut_replies: Literal["mask", "train"] = Field(
+        "mask", description="a reply that data.seq_length cuts: mask: it carries no loss (the row's complete "
+        "replies still train; a row left with none is dropped); train: trained as cut, without its end-of-turn "
+        "token. Counted either way")
 
 
 class RegenCfg(_Section):

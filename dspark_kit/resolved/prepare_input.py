@@ -32,23 +32,42 @@ def prepare_input_rows(res: Resolved):
     recipe's data source as is."""
     from collections import Counter
 
-    from dspark_kit.jsonl import read_jsonl
-
     recipe, f = res.recipe, res.run.regen_jsonl
     if recipe.regen.enabled:
         if not f.exists():
             raise ValueError(f"{f} not found: run regen first (dspark-kit regen -w {res.run.root}), "
                              "or set regen.enabled=false to prepare data.source as is")
-        return read_jsonl(f), sum(1 for line in f.open() if line.strip()), Counter(), str(f)
-    from dspark_kit.data.sources import iter_rows, source_size
+        from dspark_kit.jsonl import read_jsonl_numbered
 
-    skipped: Counter = Counter()  # fills as the rows are read: prepare adds it in at the end
-    # the rows as read (prepare normalizes them, keeps their `tools` and names their format); streamed:
-    # a 200k-row source is never held. metadata.idx: the row's index, as regen's, for a thinking
-    # mixture's draw (data/template_rows.row_thinking) when the row records no mode of its own
-    rows = ({**row, "id": f"{recipe.data.source}#{i}", "metadata": _with_idx(row.get("metadata"), i)}
-            if isinstance(row, dict) else row for i, row in iter_rows(recipe.data, skipped=skipped))
-    return rows, source_size(recipe.data), skipped, recipe.data.source
+        rows = ({**row, WHERE: f"{f}:{n}"} if isinstance(row, dict) else _located(row, f"{f}:{n}")
+                for n, row in read_jsonl_numbered(f))
+        return rows, sum(1 for line in f.open("rb") if line.strip()), Counter(), str(f)
+    from dspark_kit.data.sources import iter_records, source_size
+
+    # the rows as read (prepare normalizes them, keeps their `tools`, names their format, and writes
+    # each dropped or changed one, with where it was read, to its errors file); streamed: a 200k-row
+    # source is never held. metadata.idx: the row's index, as regen's, for a thinking mixture's draw
+    # (data/template_rows.row_thinking) when the row records no mode of its own
+    rows = ({**rec.row, "id": f"{recipe.data.source}#{i}", "metadata": _with_idx(rec.row.get("metadata"), i),
+             WHERE: rec.where, CHANGED: list(rec.changes)}
+            if isinstance(rec.row, dict) else _located(rec.row, rec.where)
+            for i, rec in iter_records(recipe.data))
+    return rows, source_size(recipe.data), Counter(), recipe.data.source
+
+
+# keys prepare reads off a row and does not train: where it was read, what reading changed
+WHERE, CHANGED = "_where", "_changed"
+
+
+def _located(row, where: str):
+    """A row that is no object (a BadLine, a list): a BadLine that says where it was read."""
+    from dataclasses import replace
+
+    from dspark_kit.jsonl import BadLine
+
+    if isinstance(row, BadLine):
+        return row if row.where else replace(row, where=where)
+    return BadLine("", f"row must be an object, got {type(row).__name__}", where=where)
 
 
 def _with_idx(meta, idx: int) -> dict:

@@ -152,15 +152,16 @@ def _input(res: Resolved):
     """(conversations prepare will read or None, what they are, their rows or None when they
     cannot be read here). The rows are prepare's own (resolved/prepare_input.py); before regen
     has run, the data source's replies stand in for the ones regen will write."""
-    from dspark_kit.data.sources import PRESETS, iter_rows, source_size
+    from dspark_kit.data.sources import iter_rows, names_hub_dataset, source_size
     from dspark_kit.resolved.prepare_input import prepare_input_rows
 
     recipe, data = res.recipe, res.recipe.data
     before_regen = recipe.regen.enabled and not res.run.regen_jsonl.exists()
-    if before_regen or data.source in PRESETS:
+    hub = names_hub_dataset(data)
+    if before_regen or hub:
         n = source_size(data) or data.limit
         what = f"data.source {data.source}" + (" (replies before regen)" if before_regen else "")
-        if data.source in PRESETS:  # a hub dataset: not fetched for a plan
+        if hub:  # a hub dataset: not fetched for a plan
             return n, what, None
         try:
             return n, what, (row for _, row in iter_rows(data))  # as read: prepare keeps a row's `tools`

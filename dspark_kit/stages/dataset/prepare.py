@@ -33,8 +33,16 @@ recipe's (`row_thinking`: verifier.thinking, or its mixture's draw for the row's
 so a mixture's rows are each trained in the context the verifier saw.
 
 Every input row lands in one bucket: used, or rejected with its full reason
-(invalid JSON, unusable row, truncated reply unless data.keep_truncated,
-reasoning with thinking off, nothing trainable within seq_length).
+(invalid JSON, bytes that are not UTF-8, unusable row, truncated reply unless data.keep_truncated,
+reasoning with thinking off, nothing trainable within seq_length). A used row that was changed on
+the way (a byte-order mark stripped, invalid UTF-8 replaced when data.invalid_utf8 asks, a reply
+cut at data.seq_length) is counted by reason too; the console shows both counts, and
+`<prepared>.errors.jsonl` holds one entry per dropped or changed row: where it was read
+(file:line) and why.
+
+A reply that data.seq_length cuts ends without its end-of-turn token: the verifier never produced
+that text as a whole reply. By default (data.cut_replies: mask) it carries no loss; the row's
+replies before it still train, and a row left with none is dropped. `train` trains it as cut.
 """
 
 from __future__ import annotations
@@ -75,7 +83,8 @@ from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.schema import DataCfg
 from dspark_kit.resolved import Resolved
-from dspark_kit.resolved.prepare_input import missing_source, prepare_input_rows, prepare_source
+from dspark_kit.resolved.prepare_input import CHANGED, WHERE, missing_source, prepare_input_rows, prepare_source
+from dspark_kit.rundir import prepare_errors_file
 from dspark_kit.stages.plan import StagePlan
 
 _TOKENIZER = None
@@ -102,6 +111,9 @@ class PrepareSummary:
     formats: Counter = field(default_factory=Counter)  # the reader's name of each input row's format
     no_trainable_tokens: int = 0  # turn rows cut away entirely by seq_length
     truncated: int = 0  # rows cut at seq_length
+    cut_replies: int = 0  # replies cut at seq_length (masked, or trained as cut: data.cut_replies)
+    changed: Counter = field(default_factory=Counter)  # full reason -> used conversations changed on the way
+    errors_file: str | None = None  # one entry per dropped or changed row: where and why
     tokens: int = 0
     trainable_tokens: int = 0
     seconds: float = 0.0
@@ -109,6 +121,7 @@ class PrepareSummary:
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["rejected"] = dict(self.rejected.most_common())
+        d["changed"] = dict(self.changed.most_common())
         d["formats"] = dict(self.formats.most_common())
         d["thinking_rows"] = dict(sorted(self.thinking_rows.items()))
         d["mode_rule"] = self.mode_rule.as_dict()
@@ -131,6 +144,10 @@ class PrepareSummary:
                  "(tool results and schemas are context only)")
         for reason, n in self.rejected.most_common():
             note(f"  skipped {n}: {reason}")
+        for reason, n in self.changed.most_common():
+            note(f"  changed {n}: {reason}")
+        if (self.rejected or self.changed) and self.errors_file:
+            note(f"  each row, with its line: {self.errors_file}")
         if self.turns_with_ids:
             note(f"  {self.turns_with_ids} replies trained on the verifier's own token ids; re-tokenizing "
                  f"their text would have changed {self.retokenized_differs}")
@@ -152,25 +169,49 @@ def _init_worker(tokenizer_path: str, trust_remote_code: bool) -> None:
     _REPLY_LEN = reply_length_fn(_TOKENIZER)
 
 
-def _row_result(t: TurnRows, seq_length: int) -> dict:
-    kept = [{"input_ids": ids[:seq_length], "loss_mask": mask[:seq_length], "truncated": len(ids) > seq_length}
-            for ids, mask in t.rows]
-    return {"rows": kept, "fanned": t.fanned, "differs": t.differs}
+CUT_MASKED = "a reply cut at data.seq_length carries no loss (data.cut_replies: train trains it as cut)"
+CUT_TRAINED = "a reply cut at data.seq_length trained as cut, without its end-of-turn token (data.cut_replies: train)"
+ONLY_CUT_REPLIES = ("no reply complete within data.seq_length (a cut reply carries no loss: raise data.seq_length, "
+                    "or data.cut_replies: train)")
 
 
-def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
+def _row_result(t: TurnRows, seq_length: int, cut_replies: str = "mask") -> dict:
+    """Rows cut at seq_length. A reply running across the cut is counted and, unless cut_replies is
+    `train`, its loss masked: it was never a whole reply."""
+    kept, cut = [], 0
+    for ids, mask in t.rows:
+        head = mask[:seq_length]
+        if len(mask) > seq_length and head[-1] and mask[seq_length]:
+            cut += 1
+            if cut_replies == "mask":
+                k = len(head)
+                while k and head[k - 1]:
+                    k -= 1
+                head = head[:k] + [0] * (len(head) - k)
+        kept.append({"input_ids": ids[:seq_length], "loss_mask": head, "truncated": len(ids) > seq_length})
+    return {"rows": kept, "fanned": t.fanned, "differs": t.differs, "cut_replies": cut}
+
+
+def _where(raw) -> str | None:
+    if isinstance(raw, BadLine):
+        return raw.where or (f"line {raw.line}" if raw.line else None)
+    return raw.get(WHERE) if isinstance(raw, dict) else None
+
+
+def _work(args: tuple[list, bool | dict, int, bool, int | None, str]) -> list[dict]:
     """Tokenize a chunk of raw rows; one result dict per input row.
 
     Renders every text of the chunk first, then encodes them in one batch (the prefixes of a
     conversation share most of their text: each shared piece is encoded once)."""
-    raw_rows, thinking, seq_length, keep_truncated, mixture_seed = args
+    raw_rows, thinking, seq_length, keep_truncated, mixture_seed, cut_replies = args
     out: list[dict] = []
     planned: list[tuple[int, list[str]]] = []  # (index in out, texts)
     for raw in raw_rows:
-        if isinstance(raw, BadLine):  # a jsonl line that did not parse: rejected with its reason
-            out.append({"error": raw.reason})
+        if isinstance(raw, BadLine):  # a line that did not parse (or was not UTF-8): rejected with its reason
+            out.append({"error": raw.reason, "where": _where(raw), "detail": raw.text[:200]})
             continue
-        fmt = {"format": row_format(raw)}
+        fmt = {"format": row_format(raw), "where": _where(raw),
+               "changes": list(raw.get(CHANGED) or ()) if isinstance(raw, dict) else []}
         try:
             msgs, tools = normalize(raw), row_tools(raw)
             mode = row_thinking(raw, thinking, mixture_seed)
@@ -200,7 +241,7 @@ def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
         try:
             row_ids = ids[pos : pos + len(texts)] if ids is not None else encode_batch(_TOKENIZER, texts)
             t = rows_from_ids(row_ids, _REPLY_LEN, suffix_encoder(_TOKENIZER, texts), out[i].pop("generated"))
-            out[i] = {**out[i], **_row_result(t, seq_length)}
+            out[i] = {**out[i], **_row_result(t, seq_length, cut_replies)}
         except ConversationError as e:
             out[i] = {**_judged(out[i]), "error": str(e)}
         except Exception as e:  # noqa: BLE001 - a row the tokenizer cannot take is a rejected row
@@ -211,7 +252,7 @@ def _work(args: tuple[list, bool | dict, int, bool, int | None]) -> list[dict]:
 
 def _judged(result: dict) -> dict:
     """What a rejected row's result keeps: its format and the mode rule's decision on it."""
-    return {k: result[k] for k in ("format", "mode_rule") if k in result}
+    return {k: result[k] for k in ("format", "mode_rule", "where", "changes") if k in result}
 
 
 def _chunks(rows: Iterable, size: int) -> Iterator[list]:
@@ -242,6 +283,8 @@ def prepare(
     reporter: Reporter = STANDALONE,
     mixture_seed: int | None = None,
     mode_budget: float = MODE_BUDGET,
+    cut_replies: str = "mask",
+    errors_file: Path | None = None,
 ) -> PrepareSummary:
     """Tokenize `rows` and write the speculators dataset atomically to `out_dir`.
 
@@ -250,17 +293,29 @@ def prepare(
 
     `pre_rejected`: rows the reader could not use (reason -> count; it may fill while `rows` is
     read), counted in too. `mode_budget` (data.max_mode_mismatch_fraction): the share of the rows
-    this stage decides by data/mode_rule.py that may be dropped before it fails."""
+    this stage decides by data/mode_rule.py that may be dropped before it fails. `cut_replies`
+    (data.cut_replies): a reply seq_length cuts is masked (`mask`) or trained as cut (`train`).
+    `errors_file` (default `<out_dir>.errors.jsonl`): one entry per dropped or changed row, replaced
+    whole when the run ends (also when it fails)."""
     summary = PrepareSummary()
     summary.mode_rule.always_reasons = getattr(of_files(str(tokenizer_path)), "always", False)  # (mode_rule.py)
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out_dir.parent))
+    errors_path = Path(errors_file or prepare_errors_file(out_dir))
+    summary.errors_file = str(errors_path)
+    errors = (work / "errors.jsonl").open("w", encoding="utf-8")
+
+    def entry(res: dict, action: str, reason: str) -> None:
+        errors.write(json.dumps({"where": res.get("where"), "action": action, "reason": reason,
+                                 **({"detail": res["detail"]} if res.get("detail") else {})},
+                                ensure_ascii=False) + "\n")
+
     writer = None
     try:
         writer = DatasetWriter(work)
-        chunks = ((c, thinking, seq_length, keep_truncated, mixture_seed) for c in _chunks(rows, 64))
+        chunks = ((c, thinking, seq_length, keep_truncated, mixture_seed, cut_replies) for c in _chunks(rows, 64))
         with reporter.bar("prepare", total=total, unit="conv") as bar:
             if num_workers > 1:
                 pool = ProcessPoolExecutor(num_workers, initializer=_init_worker, initargs=(tokenizer_path, trust_remote_code))
@@ -278,12 +333,21 @@ def prepare(
                     if "error" in res:
                         summary.mode_dropped_by_regen += res["error"].endswith(DROPPED_BY_REGEN)
                         summary.reject(res["error"])
+                        entry(res, "dropped", res["error"])
                         continue
                     kept = [r for r in res["rows"] if any(r["loss_mask"])]
                     summary.no_trainable_tokens += len(res["rows"]) - len(kept)
+                    summary.cut_replies += res["cut_replies"]
                     if not kept:
-                        summary.reject(NOTHING_IN_SEQ_LENGTH)
+                        why = ONLY_CUT_REPLIES if res["cut_replies"] and cut_replies == "mask" else NOTHING_IN_SEQ_LENGTH
+                        summary.reject(why)
+                        entry(res, "dropped", why)
                         continue
+                    changes = res["changes"] + ([CUT_MASKED if cut_replies == "mask" else CUT_TRAINED]
+                                                if res["cut_replies"] else [])
+                    for why in changes:
+                        summary.changed[why] += 1
+                        entry(res, "changed", why)
                     summary.conversations_in += 1
                     summary.conversations_used += 1
                     summary.with_reasoning += res["reasoning"]
@@ -305,6 +369,7 @@ def prepare(
                 pool.shutdown()
         for reason, n in (pre_rejected or {}).items():
             summary.reject(reason, n)
+            entry({}, "dropped", f"{reason} ({n} rows, read before prepare)")
         summary.log(reporter.note)
         if verdict := summary.mode_rule.verdict(mode_budget, "prepare"):
             raise ValueError(verdict)
@@ -325,6 +390,8 @@ def prepare(
     finally:
         if writer is not None:
             writer.close()
+        errors.close()
+        (work / "errors.jsonl").replace(errors_path)  # whole, also when the run failed: it says why
         shutil.rmtree(work, ignore_errors=True)
     return summary
 
@@ -348,7 +415,8 @@ def plan(res: Resolved) -> StagePlan:
     missing = missing_source(res)
     return StagePlan.of(res, "prepare", [f"# in-process: tokenize {src} with {res.recipe.verifier.path}'s chat template -> {out}",
                                          *([missing] if missing else [])],
-                        inputs={"rows": src, "verifier": res.recipe.verifier.path}, outputs={"prepared": str(out)})
+                        inputs={"rows": src, "verifier": res.recipe.verifier.path},
+                        outputs={"prepared": str(out), "errors": str(prepare_errors_file(out))})
 
 
 def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict:
@@ -356,10 +424,10 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     rows, total, unusable, source = prepare_input_rows(res)
     s = prepare(
         rows, res.verifier_path, plan.outputs["prepared"],
-        seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking,
+        seq_length=recipe.data.seq_length, thinking=recipe.verifier.thinking, errors_file=plan.outputs.get("errors"),
         num_workers=recipe.data.num_workers, seed=recipe.train.seed,
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
-        keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable,
+        keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable, cut_replies=recipe.data.cut_replies,
         meta={"verifier": recipe.verifier.path, "source": source}, reporter=reporter, mixture_seed=recipe.mixture_seed,
         mode_budget=recipe.data.max_mode_mismatch_fraction,
     )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -430,7 +431,11 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     outfile = Path(outfile)
     errors_file = regen_errors_file(outfile)
     skipped: Counter = Counter()
-    source = iter_chats(data, skipped=skipped, limit=limit)
+    changed: Counter = Counter()
+    dropped: list[dict[str, Any]] = []  # source rows no request can be made of: into the errors file, by line
+    source = iter_chats(data, skipped=skipped, limit=limit, changed=changed,
+                        on_drop=lambda idx, where, reason: dropped.append({"idx": idx, "where": where,
+                                                                           "reason": reason, "source_row": True}))
     first = next(source, None)  # a missing file / unknown preset fails here: before any output is touched
     rows = itertools.chain([first] if first else [], source)
     if not resume and not overwrite and outfile.exists() and outfile.stat().st_size:
@@ -464,6 +469,11 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     # judged over the whole output: a resumed run counts the rows earlier runs wrote
     summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else (), opts.reasoning).as_dict()
     summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
+    listed = keys_in(errors_file, _error_idx) if dropped else set()
+    if new := [d for d in dropped if d["idx"] not in listed]:  # once per row, also over resumes
+        with errors_file.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps({**d, "time": time.time()}, ensure_ascii=False) + "\n" for d in new)
+    summary["changed_rows"] = dict(changed.most_common())
     summary.update({
         "outfile": str(outfile), "errors_file": str(errors_file),
         "already_done": len(done), "resume_repair": repair, "skipped_rows": dict(skipped.most_common()),
@@ -572,6 +582,10 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
          f"of {s['source_rows']} source rows")
     for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
         note(f"  {n}: {reason}")
+    for reason, n in s["changed_rows"].items():
+        note(f"  changed {n}: {reason}")
+    if s["failed_reasons"] or s["skipped_rows"]:
+        note(f"  each row, with its line: {s['errors_file']}")
     for line in (tools_line(s), mode_line(s)):
         if line:
             note(f"  {line}")
