@@ -1,0 +1,171 @@
+"""`dspark-kit eval --suite NAME` / `--benchmarks a,b`: the published benchmarks, measured as the field reports.
+
+Each benchmark's rows (data.benchmarks: a local copy, a packaged copy or the hub through
+`datasets`) are decoded by the reference decoder (lossless: greedy at T=0, speculative sampling
+at T>0, each request seeded by its index) at every asked temperature; every draft step's drafted
+and accepted counts and the confidence head's per-slot outputs are kept, and
+measure.suite_metrics turns them into the paper's figures with bootstrap intervals over prompts.
+MT-Bench's (and any list column's) later turns are asked after the verifier's own reply, and
+count towards the same prompt. `--compare A B` measures two checkpoints on the same prompts and
+seeds and reports the paired difference per benchmark.
+
+Writes <out>/eval.json (the table, the figures and every request's record, so a later compare
+can read it), eval.md and two pictures: tau per benchmark, and the reliability diagram.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dspark_kit import atomic
+from dspark_kit.data.benchmarks import BenchmarkError, BenchmarkPrompts, Suite, load_benchmark, where_from
+from dspark_kit.measure.eval_prompts import EvalError, build_prompts
+from dspark_kit.measure.suite_metrics import RequestRecord, paired_difference, tau, with_intervals
+from dspark_kit.resolved import Resolved
+from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
+from dspark_kit.stages.evaluation.suite_outputs import compare_markdown, suite_markdown, write_suite_outputs
+from dspark_kit.stages.plan import StagePlan
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    suite: Suite
+    limit: int  # rows per benchmark, drawn with `seed`
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    seed: int = 0
+    bootstrap: int = 1000
+    max_new_tokens: int = 64
+    local: dict[str, Path] = field(default_factory=dict)  # benchmark -> its local copy
+
+
+def local_copies(recipe_files: dict[str, str], given: list[str] | None) -> dict[str, Path]:
+    """eval.benchmark_files, then --benchmark-file NAME=PATH (the command's win)."""
+    out = {k: Path(v).expanduser() for k, v in (recipe_files or {}).items()}
+    for item in given or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise EvalError(f"--benchmark-file {item!r}: expected NAME=PATH, e.g. --benchmark-file gsm8k=gsm8k.jsonl")
+        out[name.strip()] = Path(path.strip()).expanduser()
+    return out
+
+
+def suite_plan(res: Resolved, opts: SuiteOptions, out: Path, compare: tuple[str, str] | None = None) -> StagePlan:
+    """What each benchmark will load and run (nothing is read): the dry run."""
+    temps = ", ".join(f"T={t:g}" for t in opts.temperatures)
+    ckpts = f"checkpoints {compare[0]} (A) and {compare[1]} (B), paired" if compare else f"checkpoint {res.checkpoint}"
+    lines = [f"# suite {opts.suite.name} ({opts.suite.source}): {len(opts.suite.benchmarks)} benchmarks, "
+             f"{opts.limit} rows each (drawn with seed {opts.seed}), {temps}, up to {opts.max_new_tokens} new tokens",
+             f"# in-process: the reference decoder on {res.eval_device.value} ({res.eval_dtype.value}), {ckpts}, "
+             f"K {res.k.value}, window {res.window.value}; bootstrap {opts.bootstrap} resamples over prompts"]
+    for b in opts.suite.benchmarks:
+        unknown = b.name in opts.local and not opts.local[b.name].exists()
+        lines.append(f"#   {b.name}: {where_from(b, opts.local.get(b.name))}; prompt column "
+                     f"{' / '.join(b.fields)}{' (missing: the run fails on it)' if unknown else ''}")
+    lines.append(f"# writes {out / 'eval.json'}, eval.md, eval_suite_tau.png, eval_reliability.png")
+    plan = StagePlan.of(res, "eval", lines, outputs={"eval": str(out / "eval.json")})
+    plan.details.update(suite=opts.suite.name, benchmarks=[b.name for b in opts.suite.benchmarks],
+                        limit=opts.limit, temperatures=list(opts.temperatures), seed=opts.seed)
+    return plan
+
+
+def load_all(opts: SuiteOptions, log=lambda _m: None) -> list[BenchmarkPrompts]:
+    out = []
+    for b in opts.suite.benchmarks:
+        found = load_benchmark(b, opts.limit, opts.seed, opts.local.get(b.name))
+        log(f"eval: {b.name}: {len(found.turns)} of {found.rows_total} rows from {found.source}")
+        out.append(found)
+    return out
+
+
+def decode(session, found: BenchmarkPrompts, temperature: float, max_new: int) -> list[RequestRecord]:
+    """Every turn of every row, the later turns after the verifier's own reply; one record per request."""
+    from dspark_kit.specdec.decoder import SpecGenerator
+
+    gen = SpecGenerator(session.verifier, session.draft, session.k, session.resolved.window.value, None,
+                        LOCAL_KV_BLOCK_SIZE, record_confidence=True)
+    thinking = session.resolved.recipe.measured_thinking
+    histories = [[{"role": "user", "content": t[0]}] for t in found.turns]
+    records: list[RequestRecord] = []
+    asked = list(range(len(found.turns)))
+    turn = 0
+    while asked:
+        prompts = build_prompts(session.tokenizer, [histories[i] for i in asked], len(asked), thinking)
+        results = [gen.generate(p, max_new, temperature=temperature, seed=1000 * turn + i, stop_ids=session.stop_ids)
+                   for i, p in zip(asked, prompts, strict=True)]
+        for i, r in zip(asked, results, strict=True):
+            records.append(RequestRecord(found.ids[i], list(r.step_drafted), list(r.step_accepted),
+                                         r.step_confidence, len(r.token_ids), r.wall_s))
+        turn += 1
+        later = [i for i in asked if turn < len(found.turns[i])]
+        for i in later:
+            reply = session.tokenizer.decode(results[asked.index(i)].token_ids, skip_special_tokens=True)
+            histories[i] += [{"role": "assistant", "content": reply}, {"role": "user", "content": found.turns[i][turn]}]
+        asked = later
+    return records
+
+
+def measure_suite(res: Resolved, opts: SuiteOptions, sets: list[BenchmarkPrompts], log=lambda _m: None) -> dict:
+    from dspark_kit.stages.evaluation.evaluate import EvalSession
+
+    session = EvalSession(res)
+    rows, requests = [], {}
+    for found in sets:
+        per_t = {}
+        for t in opts.temperatures:
+            log(f"eval: {found.name} at T={t:g}")
+            recs = decode(session, found, t, opts.max_new_tokens)
+            per_t[f"{t:g}"] = with_intervals(recs, session.k, opts.bootstrap, opts.seed)
+            requests.setdefault(found.name, {})[f"{t:g}"] = [r.as_dict() for r in recs]
+        rows.append({**found.record(), "results": per_t})
+    return {
+        "suite": opts.suite.name, "suite_source": opts.suite.source, "checkpoint": str(session.checkpoint),
+        "verifier": session.verifier_path, "num_speculative_tokens": session.k,
+        "draft_window_size": res.window.value, "has_confidence_head": session.draft.model.confidence_head is not None,
+        "device": res.eval_device.value, "dtype": res.eval_dtype.value, "limit": opts.limit, "seed": opts.seed,
+        "max_new_tokens": opts.max_new_tokens, "temperatures": list(opts.temperatures), "mode": "in-process",
+        "benchmarks": rows, "requests": requests,
+    }
+
+
+def run_suite(res: Resolved, opts: SuiteOptions, out: Path, log=lambda _m: None) -> dict:
+    try:
+        sets = load_all(opts, log)  # every benchmark found before any decoding
+    except BenchmarkError as e:
+        raise EvalError(str(e)) from None
+    summary = measure_suite(res, opts, sets, log)
+    summary["files"] = write_suite_outputs(summary, out)
+    return summary
+
+
+def records_of(summary: dict) -> dict[tuple[str, str], list[RequestRecord]]:
+    return {(b, t): [RequestRecord.from_dict(d) for d in recs]
+            for b, by_t in summary.get("requests", {}).items() for t, recs in by_t.items()}
+
+
+def compare_runs(a: dict, b: dict, samples: int = 1000, seed: int = 0) -> dict:
+    """Paired tau difference (B - A) per benchmark and temperature, with its bootstrap interval."""
+    ra, rb = records_of(a), records_of(b)
+    rows = []
+    for key in ra:
+        if key not in rb:
+            continue
+        d = paired_difference(ra[key], rb[key], tau, samples, seed)
+        rows.append({"benchmark": key[0], "temperature": float(key[1]), **d})
+    if not rows:
+        raise EvalError("--compare: the two runs share no benchmark and temperature")
+    return {"a": a.get("checkpoint"), "b": b.get("checkpoint"), "suite": a.get("suite"), "statistic": "tau",
+            "bootstrap": {"samples": samples, "seed": seed, "unit": "prompt"}, "rows": rows}
+
+
+def write_compare(result: dict, out: Path) -> dict[str, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"json": out / "compare.json", "markdown": out / "compare.md"}
+    atomic.write_text(files["markdown"], compare_markdown(result))
+    atomic.write_text(files["json"], json.dumps({**result, "files": {k: str(v) for k, v in files.items()}}, indent=2))
+    return {k: str(v) for k, v in files.items()}
+
+
+__all__ = ["SuiteOptions", "suite_plan", "run_suite", "compare_runs", "write_compare", "suite_markdown",
+           "local_copies"]
