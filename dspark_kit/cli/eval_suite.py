@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import typer
 
 from dspark_kit.cli import common
@@ -24,30 +21,28 @@ def _temperatures(value: str | None) -> tuple[float, ...]:
 
 def suite_cmd(recipe, set_, workdir, checkpoint, window, eval_device, suite, benchmarks, limit, benchmark_file,
               temperatures, seed, bootstrap, compare, max_new_tokens, out, dry_run, json_out) -> None:
-    from dspark_kit.data.benchmarks import BenchmarkError, resolve_suite
+    from dspark_kit.data.benchmarks import BenchmarkError
     from dspark_kit.measure.eval_prompts import EvalError
+    from dspark_kit.measure.suite_report import compare_markdown, suite_markdown
     from dspark_kit.specdec.checkpoints import CheckpointError
     from dspark_kit.specdec.draft_model import DraftLoadError
     from dspark_kit.stages.evaluation.suite_eval import (
-        SuiteOptions,
-        compare_runs,
-        local_copies,
+        compare_checkpoints,
         run_suite,
+        suite_options,
         suite_plan,
-        write_compare,
     )
-    from dspark_kit.stages.evaluation.suite_outputs import compare_markdown, suite_markdown
 
     loaded = common.load(recipe, set_)
     if compare and not (suite or benchmarks):
         common.fail("--compare A B: also name what to measure, --suite NAME or --benchmarks a,b")
     try:
-        chosen = resolve_suite(suite, benchmarks)
-        opts = SuiteOptions(chosen, limit or loaded.eval.num_prompts, _temperatures(temperatures), seed, bootstrap,
-                            max_new_tokens or loaded.eval.max_new_tokens,
-                            local_copies(loaded.eval.benchmark_files, benchmark_file))
-    except (BenchmarkError, EvalError) as e:
+        opts = suite_options(suite, benchmarks, limit or loaded.eval.num_prompts, _temperatures(temperatures), seed,
+                             bootstrap, max_new_tokens or loaded.eval.max_new_tokens, loaded.eval.benchmark_files,
+                             benchmark_file)
+    except EvalError as e:
         common.fail(str(e))
+    chosen = opts.suite
 
     def resolved(ckpt):
         return common.resolve(loaded, workdir, checkpoint=ckpt, window=window, eval_device=eval_device,
@@ -61,15 +56,7 @@ def suite_cmd(recipe, set_, workdir, checkpoint, window, eval_device, suite, ben
     log = (lambda m: typer.echo(m, err=True)) if json_out else (lambda m: common.console.print(m, highlight=False))
     try:
         if compare:
-            runs = []
-            for label, given in zip("AB", compare, strict=True):
-                if given.endswith(".json") and Path(given).is_file():
-                    runs.append(json.loads(Path(given).read_text(encoding="utf-8")))
-                    continue
-                log(f"eval --compare: {label} = {given}")
-                runs.append(run_suite(resolved(given), opts, base / label, log))
-            result = compare_runs(runs[0], runs[1], max(bootstrap, 1), seed)
-            result["files"] = write_compare(result, base)
+            result = compare_checkpoints(resolved, compare, opts, base, log)
             if json_out:
                 common.emit_json(result)
             else:

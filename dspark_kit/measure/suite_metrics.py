@@ -152,7 +152,7 @@ def _percentiles(values: list[float], level: float) -> list[float] | None:
     if not values:
         return None
     lo = values[int((1 - level) / 2 * (len(values) - 1))]
-    hi = values[int(round((1 + level) / 2 * (len(values) - 1)))]
+    hi = values[round((1 + level) / 2 * (len(values) - 1))]
     return [lo, hi]
 
 

@@ -20,12 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_kit import atomic
-from dspark_kit.data.benchmarks import BenchmarkError, BenchmarkPrompts, Suite, load_benchmark, where_from
+from dspark_kit.data.benchmarks import (
+    BenchmarkError,
+    BenchmarkPrompts,
+    Suite,
+    load_benchmark,
+    where_from,
+)
 from dspark_kit.measure.eval_prompts import EvalError, build_prompts
 from dspark_kit.measure.suite_metrics import RequestRecord, paired_difference, tau, with_intervals
+from dspark_kit.measure.suite_report import (
+    compare_markdown,
+    suite_markdown,
+    write_suite_outputs,
+)
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
-from dspark_kit.stages.evaluation.suite_outputs import compare_markdown, suite_markdown, write_suite_outputs
 from dspark_kit.stages.plan import StagePlan
 
 
@@ -38,6 +48,40 @@ class SuiteOptions:
     bootstrap: int = 1000
     max_new_tokens: int = 64
     local: dict[str, Path] = field(default_factory=dict)  # benchmark -> its local copy
+
+
+def suite_options(suite: str | None, benchmarks: str | None, limit: int, temperatures: tuple[float, ...], seed: int,
+                  bootstrap: int, max_new_tokens: int, recipe_files: dict[str, str],
+                  given_files: list[str] | None) -> SuiteOptions:
+    """The command's choices as options; a bad one is one line (EvalError)."""
+    from dspark_kit.data.benchmarks import resolve_suite
+
+    try:
+        chosen = resolve_suite(suite, benchmarks)
+    except BenchmarkError as e:
+        raise EvalError(str(e)) from None
+    return SuiteOptions(chosen, limit, temperatures, seed, bootstrap, max_new_tokens,
+                        local_copies(recipe_files, given_files))
+
+
+def compare_checkpoints(resolve, given: tuple[str, str], opts: SuiteOptions, out: Path, log=lambda _m: None) -> dict:
+    """`--compare A B`: each a checkpoint (measured now, into out/A and out/B, through `resolve(checkpoint)`)
+    or a suite eval.json measured before; then the paired differences, written to out/compare.*."""
+    runs = []
+    for label, item in zip("AB", given, strict=True):
+        path = Path(item)
+        if path.suffix == ".json" and path.is_file():
+            try:
+                runs.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as e:
+                raise EvalError(f"--compare {item}: unreadable ({type(e).__name__}); pass a suite eval.json or a "
+                                "checkpoint") from None
+            continue
+        log(f"eval --compare: {label} = {item}")
+        runs.append(run_suite(resolve(item), opts, out / label, log))
+    result = compare_runs(runs[0], runs[1], max(opts.bootstrap, 1), opts.seed)
+    result["files"] = write_compare(result, out)
+    return result
 
 
 def local_copies(recipe_files: dict[str, str], given: list[str] | None) -> dict[str, Path]:
@@ -55,10 +99,10 @@ def suite_plan(res: Resolved, opts: SuiteOptions, out: Path, compare: tuple[str,
     """What each benchmark will load and run (nothing is read): the dry run."""
     temps = ", ".join(f"T={t:g}" for t in opts.temperatures)
     ckpts = f"checkpoints {compare[0]} (A) and {compare[1]} (B), paired" if compare else f"checkpoint {res.checkpoint}"
-    lines = [f"# suite {opts.suite.name} ({opts.suite.source}): {len(opts.suite.benchmarks)} benchmarks, "
-             f"{opts.limit} rows each (drawn with seed {opts.seed}), {temps}, up to {opts.max_new_tokens} new tokens",
-             f"# in-process: the reference decoder on {res.eval_device.value} ({res.eval_dtype.value}), {ckpts}, "
-             f"K {res.k.value}, window {res.window.value}; bootstrap {opts.bootstrap} resamples over prompts"]
+    lines = [(f"# suite {opts.suite.name} ({opts.suite.source}): {len(opts.suite.benchmarks)} benchmarks, "
+             f"{opts.limit} rows each (drawn with seed {opts.seed}), {temps}, up to {opts.max_new_tokens} new tokens"),
+             (f"# in-process: the reference decoder on {res.eval_device.value} ({res.eval_dtype.value}), {ckpts}, "
+             f"K {res.k.value}, window {res.window.value}; bootstrap {opts.bootstrap} resamples over prompts")]
     for b in opts.suite.benchmarks:
         unknown = b.name in opts.local and not opts.local[b.name].exists()
         lines.append(f"#   {b.name}: {where_from(b, opts.local.get(b.name))}; prompt column "
@@ -167,5 +211,12 @@ def write_compare(result: dict, out: Path) -> dict[str, str]:
     return {k: str(v) for k, v in files.items()}
 
 
-__all__ = ["SuiteOptions", "suite_plan", "run_suite", "compare_runs", "write_compare", "suite_markdown",
-           "local_copies"]
+__all__ = [
+    "SuiteOptions",
+    "compare_runs",
+    "local_copies",
+    "run_suite",
+    "suite_markdown",
+    "suite_plan",
+    "write_compare",
+]

@@ -44,8 +44,8 @@ def suite_markdown(summary: dict) -> str:
     for t in summary["temperatures"]:
         key = f"{t:g}"
         lines += [f"## T = {t:g}" + (" (greedy)" if t == 0 else " (lossless speculative sampling, seeded)"), "",
-                  "| benchmark | prompts | tau | acceptance per position | conditional per position | drafts/request "
-                  "| ECE | AUC |", "|---|---|---|---|---|---|---|---|"]
+                  ("| benchmark | prompts | tau | acceptance per position | conditional per position | drafts/request "
+                  "| ECE | AUC |"), "|---|---|---|---|---|---|---|---|"]
         for b in summary["benchmarks"]:
             r = b["results"].get(key)
             if r is None:
@@ -91,3 +91,33 @@ def write_suite_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
     atomic.write_text(files["markdown"], suite_markdown(summary))
     atomic.write_text(files["json"], json.dumps({**summary, "files": paths}, indent=2))
     return paths
+
+
+def report_parts(eval_dir: Path, tune_file: Path, link) -> list[str]:
+    """The report's benchmark-suite sections (every eval/suite-*/eval.json, with its pictures) and the
+    tune's confidence-threshold curve; `link(path)` makes a path relative to the report."""
+    from dspark_kit.measure.threshold_curve import curve_markdown
+
+    parts = []
+    for f in sorted(eval_dir.glob("suite-*/eval.json")):
+        try:
+            s = json.loads(f.read_text(encoding="utf-8"))
+            body = suite_markdown(s).split("\n", 1)[1]
+        except (OSError, ValueError, KeyError) as e:
+            parts.append(f"skipped: {f} ({type(e).__name__})")
+            continue
+        parts.append(f"## Benchmark suite {s['suite']} (`{link(f)}`)")
+        parts.append(body.replace("\n## T = ", "\n### T = "))
+        for key, alt in (("tau_png", "tau per benchmark"), ("reliability_png", "reliability diagram")):
+            png = (s.get("files") or {}).get(key)
+            if png and Path(png).is_file():
+                parts.append(f"![{alt}]({link(Path(png))})")
+    if tune_file.is_file():
+        try:
+            curve = json.loads(tune_file.read_text(encoding="utf-8")).get("threshold_curve")
+        except (OSError, ValueError):
+            curve = None
+        lines = curve_markdown(curve)
+        if lines:
+            parts.append("\n".join(lines[1:]).replace("## Confidence", "### Confidence", 1))
+    return parts
