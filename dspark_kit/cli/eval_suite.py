@@ -51,7 +51,10 @@ def suite_cmd(recipe, set_, workdir, checkpoint, window, eval_device, suite, ben
     res = resolved(checkpoint)
     base = out or res.run.eval / f"suite-{chosen.name}"
     if dry_run:
-        common.show_plan(suite_plan(res, opts, base, compare), json_out)
+        try:
+            common.show_plan(suite_plan(res, opts, base, compare), json_out)
+        except (EvalError, CheckpointError) as e:
+            common.fail(str(e))
         return
     log = (lambda m: typer.echo(m, err=True)) if json_out else (lambda m: common.console.print(m, highlight=False))
     try:
