@@ -68,6 +68,10 @@ def eval_cmd(
     compare: Annotated[tuple[str, str] | None, typer.Option(
         "--compare", help="Suite: two checkpoints (or two suite eval.json files) A B measured on the same prompts "
                           "and seeds; prints B - A per benchmark with its paired bootstrap interval.")] = None,
+    endpoint: Annotated[str | None, option(
+        "endpoint", help="Suite: measure against this running spec server (its /metrics) instead of in-process.")] = None,
+    concurrency: Annotated[int | None, option(
+        "concurrency", min=1, help="Suite with --endpoint: requests in flight (default: bench.concurrency).")] = None,
     dry_run: common.DryRunOpt = False,
     json_out: common.JsonOpt = False,
 ) -> None:
@@ -119,11 +123,15 @@ def eval_cmd(
     from dspark_kit.stages.pipeline import record_standalone
 
     # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
+    if endpoint and not (suite or benchmarks):
+        common.fail("--endpoint: only with --suite or --benchmarks (the held-out eval runs in-process; "
+                    "`dspark-kit bench` measures a server)")
     if suite or benchmarks or compare:
         from dspark_kit.cli.eval_suite import suite_cmd
 
         suite_cmd(recipe, set_, workdir, checkpoint, draft_window_size, eval_device, suite, benchmarks, limit,
-                  benchmark_file, temperatures, seed, bootstrap, compare, max_new_tokens, out, dry_run, json_out)
+                  benchmark_file, temperatures, seed, bootstrap, compare, max_new_tokens, out, dry_run, json_out,
+                  endpoint, concurrency)
         return
     res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir,
                          checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device, planning=dry_run)

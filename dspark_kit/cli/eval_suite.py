@@ -20,7 +20,8 @@ def _temperatures(value: str | None) -> tuple[float, ...]:
 
 
 def suite_cmd(recipe, set_, workdir, checkpoint, window, eval_device, suite, benchmarks, limit, benchmark_file,
-              temperatures, seed, bootstrap, compare, max_new_tokens, out, dry_run, json_out) -> None:
+              temperatures, seed, bootstrap, compare, max_new_tokens, out, dry_run, json_out, endpoint=None,
+              concurrency=None) -> None:
     from dspark_kit.data.benchmarks import BenchmarkError
     from dspark_kit.measure.eval_prompts import EvalError
     from dspark_kit.measure.suite_report import compare_markdown, suite_markdown
@@ -34,6 +35,8 @@ def suite_cmd(recipe, set_, workdir, checkpoint, window, eval_device, suite, ben
     )
 
     loaded = common.load(recipe, set_)
+    if compare and endpoint:
+        common.fail("--compare with --endpoint: a served run has no per-request records to pair; compare in-process")
     if compare and not (suite or benchmarks):
         common.fail("--compare A B: also name what to measure, --suite NAME or --benchmarks a,b")
     try:
@@ -52,7 +55,7 @@ def suite_cmd(recipe, set_, workdir, checkpoint, window, eval_device, suite, ben
     base = out or res.run.eval / f"suite-{chosen.name}"
     if dry_run:
         try:
-            common.show_plan(suite_plan(res, opts, base, compare), json_out)
+            common.show_plan(suite_plan(res, opts, base, compare, endpoint), json_out)
         except (EvalError, CheckpointError) as e:
             common.fail(str(e))
         return
@@ -65,7 +68,7 @@ def suite_cmd(recipe, set_, workdir, checkpoint, window, eval_device, suite, ben
             else:
                 typer.echo(compare_markdown(result))
             return
-        summary = run_suite(res, opts, base, log)
+        summary = run_suite(res, opts, base, log, endpoint, concurrency or loaded.bench.concurrency)
     except (EvalError, BenchmarkError, CheckpointError, DraftLoadError) as e:
         common.fail(str(e))
     if json_out:

@@ -104,12 +104,15 @@ def interval_bars(path: Path, names: list[str], series: dict[str, list[tuple[flo
 
 def reliability_diagram(path: Path, curves: dict[str, list[dict]], *, title: str = "Confidence head reliability") -> Path:
     """Predicted acceptance (the bin's mean confidence) against the observed accept rate, one line per
-    curve (rows of measure.suite_metrics.reliability); the diagonal is a perfectly calibrated head."""
+    curve (rows of measure.suite_metrics.reliability), each marker sized by its bin's share of the
+    slots; the diagonal is a perfectly calibrated head."""
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="calibrated")
     for name, rows in curves.items():
-        ax.plot([r["mean_confidence"] for r in rows], [r["accept_rate"] for r in rows], marker="o", lw=1.2,
-                label=name)
+        line, = ax.plot([r["mean_confidence"] for r in rows], [r["accept_rate"] for r in rows], lw=1.2, label=name)
+        total = sum(r["count"] for r in rows) or 1  # marker area: the bin's share of the slots
+        ax.scatter([r["mean_confidence"] for r in rows], [r["accept_rate"] for r in rows], color=line.get_color(),
+                   s=[12 + 240 * r["count"] / total for r in rows], zorder=3)
     ax.set(title=title, xlabel="predicted acceptance (confidence)", ylabel="accepted fraction", xlim=(0, 1),
            ylim=(0, 1.02))
     ax.grid(alpha=0.3)

@@ -17,6 +17,15 @@ def _ci(ci) -> str:
     return "" if not ci else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
+def _row(name: str, r: dict) -> str:
+    cal = r.get("calibration") or {}
+    unc = " ".join(_f(x, 2) for x in r["per_position_unconditional"])
+    cond = " ".join(_f(x, 2) for x in r["per_position_conditional"])
+    return (f"| {name} | {r['prompts']} | {_f(r['tau'])}{_ci(r.get('tau_interval'))} | {unc} | {cond} | "
+            f"{_f(r['drafts_per_request'], 1)} | {_f(cal.get('ece'))}{_ci(cal.get('ece_interval'))} | "
+            f"{_f(cal.get('auc'))}{_ci(cal.get('auc_interval'))} |")
+
+
 def table_rows(summary: dict) -> list[dict]:
     """One flat row per benchmark and temperature (what scripts read)."""
     out = []
@@ -50,12 +59,10 @@ def suite_markdown(summary: dict) -> str:
             r = b["results"].get(key)
             if r is None:
                 continue
-            cal = r.get("calibration") or {}
-            unc = " ".join(_f(x, 2) for x in r["per_position_unconditional"])
-            cond = " ".join(_f(x, 2) for x in r["per_position_conditional"])
-            lines.append(f"| {b['benchmark']} | {r['prompts']} | {_f(r['tau'])}{_ci(r.get('tau_interval'))} | {unc} | "
-                         f"{cond} | {_f(r['drafts_per_request'], 1)} | {_f(cal.get('ece'))}{_ci(cal.get('ece_interval'))} "
-                         f"| {_f(cal.get('auc'))}{_ci(cal.get('auc_interval'))} |")
+            lines.append(_row(b["benchmark"], r))
+        pooled = (summary.get("pooled") or {}).get(key)
+        if pooled and len(summary["benchmarks"]) > 1:
+            lines[-1:-1] = [_row("all (pooled)", pooled)]
         lines.append("")
     lines.append("Sources: " + "; ".join(f"{b['benchmark']}: {b['source']}" for b in summary["benchmarks"]))
     return "\n".join(lines) + "\n"
@@ -81,8 +88,9 @@ def write_suite_outputs(summary: dict, out_dir: Path) -> dict[str, str]:
               for t in summary["temperatures"]}
     interval_bars(files["tau_png"], names, series, title=f"tau per benchmark ({summary['suite']})",
                   ylabel="tau (acceptance length, bonus token counted)")
-    curves = {f"{b['benchmark']} T={t}": r["calibration"]["reliability"] for b in summary["benchmarks"]
-              for t, r in b["results"].items() if r.get("calibration") and r["calibration"]["reliability"]}
+    # pooled over the suite's benchmarks, one curve per temperature (a benchmark's few slots per bin are noise)
+    curves = {f"all benchmarks, T={t}": r["calibration"]["reliability"] for t, r in (summary.get("pooled") or {}).items()
+              if r.get("calibration") and r["calibration"]["reliability"]}
     if curves:
         files["reliability_png"] = out_dir / "eval_reliability.png"
         reliability_diagram(files["reliability_png"], curves)

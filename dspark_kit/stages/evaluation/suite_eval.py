@@ -95,14 +95,16 @@ def local_copies(recipe_files: dict[str, str], given: list[str] | None) -> dict[
     return out
 
 
-def suite_plan(res: Resolved, opts: SuiteOptions, out: Path, compare: tuple[str, str] | None = None) -> StagePlan:
+def suite_plan(res: Resolved, opts: SuiteOptions, out: Path, compare: tuple[str, str] | None = None,
+               endpoint: str | None = None) -> StagePlan:
     """What each benchmark will load and run (nothing is read): the dry run."""
     temps = ", ".join(f"T={t:g}" for t in opts.temperatures)
     ckpts = f"checkpoints {compare[0]} (A) and {compare[1]} (B), paired" if compare else f"checkpoint {res.checkpoint}"
     lines = [(f"# suite {opts.suite.name} ({opts.suite.source}): {len(opts.suite.benchmarks)} benchmarks, "
              f"{opts.limit} rows each (drawn with seed {opts.seed}), {temps}, up to {opts.max_new_tokens} new tokens"),
-             (f"# in-process: the reference decoder on {res.eval_device.value} ({res.eval_dtype.value}), {ckpts}, "
-             f"K {res.k.value}, window {res.window.value}; bootstrap {opts.bootstrap} resamples over prompts")]
+             (f"# served: first turns as token ids to {endpoint} ({SERVED_NOTE.split(': ', 1)[1]})" if endpoint else
+              f"# in-process: the reference decoder on {res.eval_device.value} ({res.eval_dtype.value}), {ckpts}, "
+              f"K {res.k.value}, window {res.window.value}; bootstrap {opts.bootstrap} resamples over prompts")]
     for b in opts.suite.benchmarks:
         unknown = b.name in opts.local and not opts.local[b.name].exists()
         lines.append(f"#   {b.name}: {where_from(b, opts.local.get(b.name))}; prompt column "
@@ -163,22 +165,84 @@ def measure_suite(res: Resolved, opts: SuiteOptions, sets: list[BenchmarkPrompts
             per_t[f"{t:g}"] = with_intervals(recs, session.k, opts.bootstrap, opts.seed)
             requests.setdefault(found.name, {})[f"{t:g}"] = [r.as_dict() for r in recs]
         rows.append({**found.record(), "results": per_t})
+    pooled = {t: with_intervals([RequestRecord.from_dict(d) for by_t in requests.values() for d in by_t[t]],
+                                session.k, opts.bootstrap, opts.seed) for t in (f"{x:g}" for x in opts.temperatures)}
     return {
         "suite": opts.suite.name, "suite_source": opts.suite.source, "checkpoint": str(session.checkpoint),
         "verifier": session.verifier_path, "num_speculative_tokens": session.k,
         "draft_window_size": res.window.value, "has_confidence_head": session.draft.model.confidence_head is not None,
         "device": res.eval_device.value, "dtype": res.eval_dtype.value, "limit": opts.limit, "seed": opts.seed,
         "max_new_tokens": opts.max_new_tokens, "temperatures": list(opts.temperatures), "mode": "in-process",
-        "benchmarks": rows, "requests": requests,
+        "benchmarks": rows, "pooled": pooled, "requests": requests,
     }
 
 
-def run_suite(res: Resolved, opts: SuiteOptions, out: Path, log=lambda _m: None) -> dict:
+SERVED_NOTE = ("served: acceptance from the engine's /metrics (counts summed over a benchmark's requests): no "
+               "per-request records, so no bootstrap interval, conditional acceptance or calibration; first turns only")
+
+
+def measure_served(res: Resolved, opts: SuiteOptions, sets: list[BenchmarkPrompts], endpoint: str,
+                   concurrency: int, log=lambda _m: None) -> dict:
+    """The same prompts (first turns, as token ids) sent to a running spec server at `endpoint` (its
+    /v1 base), per benchmark and temperature; tau and per-position acceptance from its /metrics."""
+    import asyncio
+
+    from dspark_kit.engines.chat_client import ChatClient
+    from dspark_kit.specdec.verifier import load_tokenizer
+    from dspark_kit.stages.evaluation.served_tune import measure
+
+    base = endpoint.rstrip("/")
+    base = base if base.endswith("/v1") else base + "/v1"
+
+    async def model_id() -> str:
+        async with ChatClient(base, concurrency=1, timeout=30.0) as client:
+            ids = await client.model_ids()
+        if not ids:
+            raise EvalError(f"--endpoint {endpoint}: /v1/models lists no model")
+        return ids[0]
+
+    try:
+        model = asyncio.run(model_id())
+    except EvalError:
+        raise
+    except Exception as e:  # noqa: BLE001 - unreachable, refused, not OpenAI-compatible: one line
+        raise EvalError(f"--endpoint {endpoint}: no answer from /v1/models ({type(e).__name__}); start the spec "
+                        "server first (`dspark-kit serve`)") from None
+    tok = load_tokenizer(res.verifier_path, res.recipe.verifier.trust_remote_code)
+    thinking = res.recipe.measured_thinking
+    rows = []
+    for found in sets:
+        prompts = build_prompts(tok, [[{"role": "user", "content": t[0]}] for t in found.turns], len(found.turns),
+                                thinking)
+        per_t = {}
+        for t in opts.temperatures:
+            log(f"eval: {found.name} at T={t:g} via {base}")
+            m = asyncio.run(measure(base.removesuffix("/v1"), model, prompts, concurrency, opts.max_new_tokens, t))
+            per = m["per_position_acceptance"]
+            per_t[f"{t:g}"] = {"requests": m["completed"], "prompts": len(prompts), "tau": m["acceptance_length"],
+                               "tau_interval": None, "per_position_unconditional": per,
+                               "per_position_conditional": [None] * len(per), "drafts_per_request": None,
+                               "calibration": None, "output_throughput": m["output_throughput"],
+                               "failed": m["failed"], **({"error": m["error"]} if m.get("error") else {})}
+        rows.append({**found.record(), "turns": 1, "results": per_t})
+    return {"suite": opts.suite.name, "suite_source": opts.suite.source, "checkpoint": f"served: {model} at {base}",
+            "verifier": res.verifier_path, "num_speculative_tokens": len(rows[0]["results"][f"{opts.temperatures[0]:g}"]
+                                                                       ["per_position_unconditional"]) if rows else 0,
+            "draft_window_size": None, "has_confidence_head": False, "device": "the server's",
+            "dtype": "the server's", "limit": opts.limit, "seed": opts.seed, "max_new_tokens": opts.max_new_tokens,
+            "temperatures": list(opts.temperatures), "mode": f"served ({base})", "note": SERVED_NOTE,
+            "benchmarks": rows, "requests": {}}
+
+
+def run_suite(res: Resolved, opts: SuiteOptions, out: Path, log=lambda _m: None, endpoint: str | None = None,
+              concurrency: int = 1) -> dict:
+    """In-process (the reference decoder), or with `endpoint` against a running spec server."""
     try:
         sets = load_all(opts, log)  # every benchmark found before any decoding
     except BenchmarkError as e:
         raise EvalError(str(e)) from None
-    summary = measure_suite(res, opts, sets, log)
+    summary = (measure_served(res, opts, sets, endpoint, concurrency, log) if endpoint
+               else measure_suite(res, opts, sets, log))
     summary["files"] = write_suite_outputs(summary, out)
     return summary
 
