@@ -6,7 +6,12 @@ import json
 import os
 
 from dspark_kit.measure.suite_metrics import RequestRecord, with_intervals
-from dspark_kit.measure.suite_report import compare_markdown, report_parts, suite_markdown, write_suite_outputs
+from dspark_kit.measure.suite_report import (
+    compare_markdown,
+    report_parts,
+    suite_markdown,
+    write_suite_outputs,
+)
 
 
 def summary() -> dict:
