@@ -129,8 +129,10 @@ def eval_cmd(
     if suite or benchmarks or compare:
         from dspark_kit.cli.eval_suite import suite_cmd
 
+        if temperature is not None and temperatures is not None:
+            common.fail("--temperature and --temperatures: give one (a suite measures each of --temperatures)")
         suite_cmd(recipe, set_, workdir, checkpoint, draft_window_size, eval_device, suite, benchmarks, limit,
-                  benchmark_file, temperatures, seed, bootstrap, compare, max_new_tokens, out, dry_run, json_out,
+                  benchmark_file, temperatures if temperature is None else f"{temperature}", seed, bootstrap, compare, max_new_tokens, out, dry_run, json_out,
                   endpoint, concurrency)
         return
     res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir,
