@@ -43,6 +43,13 @@ def test_table_files_and_report(tmp_path):
     assert any("eval_reliability.png" in p for p in parts)
 
 
+def test_the_pooled_row_closes_each_table():
+    s = summary()
+    s["benchmarks"].append({**s["benchmarks"][0], "benchmark": "mbpp"})
+    rows = [line for line in suite_markdown(s).splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| benchmark", "| gsm8k", "| mbpp", "| all (pooled)"]
+
+
 def test_compare_table():
     md = compare_markdown({"a": "A", "b": "B", "statistic": "tau", "rows": [
         {"benchmark": "gsm8k", "temperature": 1.0, "prompts": 8, "a": 2.0, "b": 2.5, "difference": 0.5,

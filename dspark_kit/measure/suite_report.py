@@ -62,7 +62,7 @@ def suite_markdown(summary: dict) -> str:
             lines.append(_row(b["benchmark"], r))
         pooled = (summary.get("pooled") or {}).get(key)
         if pooled and len(summary["benchmarks"]) > 1:
-            lines[-1:-1] = [_row("all (pooled)", pooled)]
+            lines.append(_row("all (pooled)", pooled))
         lines.append("")
     lines.append("Sources: " + "; ".join(f"{b['benchmark']}: {b['source']}" for b in summary["benchmarks"]))
     return "\n".join(lines) + "\n"
