@@ -140,6 +140,13 @@ def test_tune_writes_recommendation(workdir):
     assert set(saved["acceptance_length_by_k"]) == {"3", "4"}
     assert len(saved["measurements"]) == 2 * 3 * 2  # K x (off + 2 windows) x (short + 160)
     assert Resolved(r, workdir).k.value == saved["recommended_k"]
+    # what calibration buys: acceptance and tokens/s per confidence threshold, the recommendation read off it
+    curve = saved["threshold_curve"]
+    assert [p["threshold"] for p in curve["points"]] == [None, 0.1, 0.3, 0.5, 0.7, 0.9]
+    assert all(p["tokens_per_s"] > 0 and p["acceptance_length"] >= 1 for p in curve["points"])
+    fastest = max(p["tokens_per_s"] for p in curve["points"])
+    chosen = next(p for p in curve["points"] if p["threshold"] == curve["recommended_threshold"])
+    assert chosen["tokens_per_s"] >= fastest * (1 - curve["tolerance"])
 
 
 @pytest.mark.slow

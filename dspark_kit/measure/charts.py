@@ -80,3 +80,41 @@ def category_bars(path: Path, results: dict[str, list[dict]], *, title: str = "A
     if any(results):
         left.legend(fontsize=8)
     return _save(fig, path)
+
+
+def interval_bars(path: Path, names: list[str], series: dict[str, list[tuple[float | None, list[float] | None]]], *,
+                  title: str, ylabel: str) -> Path:
+    """One bar group per name, one colour per series (e.g. temperature); each bar (value, [lo, hi])
+    with its interval as an error bar (a missing value is drawn as 0 without a bar)."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.0 + 0.9 * len(names)), 3.8))
+    width = 0.8 / max(1, len(series))
+    for i, (label, points) in enumerate(series.items()):
+        xs = [k + (i - (len(series) - 1) / 2) * width for k in range(len(names))]
+        ys = [v or 0.0 for v, _ in points]
+        err = [[max(0.0, (v or 0.0) - (ci[0] if ci else v or 0.0)) for v, ci in points],
+               [max(0.0, (ci[1] if ci else v or 0.0) - (v or 0.0)) for v, ci in points]]
+        ax.bar(xs, ys, width=width, label=label, yerr=err, capsize=3)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set(title=title, ylabel=ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def reliability_diagram(path: Path, curves: dict[str, list[dict]], *, title: str = "Confidence head reliability") -> Path:
+    """Predicted acceptance (the bin's mean confidence) against the observed accept rate, one line per
+    curve (rows of measure.suite_metrics.reliability), each marker sized by its bin's share of the
+    slots; the diagonal is a perfectly calibrated head."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="calibrated")
+    for name, rows in curves.items():
+        line, = ax.plot([r["mean_confidence"] for r in rows], [r["accept_rate"] for r in rows], lw=1.2, label=name)
+        total = sum(r["count"] for r in rows) or 1  # marker area: the bin's share of the slots
+        ax.scatter([r["mean_confidence"] for r in rows], [r["accept_rate"] for r in rows], color=line.get_color(),
+                   s=[12 + 240 * r["count"] / total for r in rows], zorder=3)
+    ax.set(title=title, xlabel="predicted acceptance (confidence)", ylabel="accepted fraction", xlim=(0, 1),
+           ylim=(0, 1.02))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path)

@@ -350,6 +350,10 @@ class EvalCfg(_Section):
     context_lengths: list[int] = Field(default_factory=list)
     confidence_threshold: float | None = Field(None, ge=0, le=1)
     categories: list[str] = Field(default_factory=list, description=_categories_help("eval.num_prompts"))
+    benchmark_files: dict[str, str] = Field(
+        default_factory=dict, description="`eval --suite/--benchmarks`: a benchmark's local copy, by name (e.g. "
+        "gsm8k: data/gsm8k.jsonl): a jsonl/json/parquet/csv with the hub set's columns, a save_to_disk folder or a "
+        "downloaded dataset folder, read instead of the hub (docs/EVALUATION.md)")
 
 
 class SlurmCfg(_Section):

@@ -62,6 +62,11 @@ class SpecResult(GenerationResult):
     verifier_forwards: int = 0
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # per draft step: tokens drafted and accepted, and (record_confidence, a draft with a confidence
+    # head) the head's confidence of each drafted slot; measure.suite_metrics reads them
+    step_drafted: list[int] = field(default_factory=list)
+    step_accepted: list[int] = field(default_factory=list)
+    step_confidence: list[list[float]] | None = None
 
 
 class Verifier:
@@ -187,11 +192,14 @@ class SpecGenerator:
         kv_block_size: int = LOCAL_KV_BLOCK_SIZE,
         draft_kv_cache: bool = True,
         draft_topk: int | None = None,
+        record_confidence: bool = False,
     ):
         """`draft_kv_cache=False` recomputes the draft's context K/V every step (the reference
         path; same tokens, a cost that grows with the context): for tests and benchmarks.
         `draft_topk`: sampled drafting draws each slot from its k best base logits only (vLLM's
-        dspark_draft_topk; None: the whole vocabulary); greedy decoding ignores it."""
+        dspark_draft_topk; None: the whole vocabulary); greedy decoding ignores it. `record_confidence`:
+        compute the confidence head's output every step (without a threshold too) and keep it in the
+        result's step_confidence, for calibration; the tokens are the same either way."""
         if draft_topk is not None and draft_topk < 1:
             raise ValueError(f"draft_topk: {draft_topk} must be >= 1 (or None: no top-k)")
         self.draft_topk = draft_topk
@@ -203,6 +211,7 @@ class SpecGenerator:
         self.window = draft_window_size
         self.kv_block_size = kv_block_size
         self.confidence_threshold = confidence_threshold
+        self.record_confidence = record_confidence and draft.model.confidence_head is not None
 
     @classmethod
     def from_checkpoint(
@@ -234,7 +243,8 @@ class SpecGenerator:
             sampling = Sampling(temperature, self.draft_topk, gen)
         t0 = time.perf_counter()
         v, d = self.verifier, self.draft
-        res = SpecResult([], "length", accepted_per_pos=[0] * self.k)
+        res = SpecResult([], "length", accepted_per_pos=[0] * self.k,
+                         step_confidence=[] if self.record_confidence else None)
         cache = v.new_cache()
         logits, aux = v.forward(list(prompt_ids), cache, 0, last_only=True)  # prefill
         res.verifier_forwards = 1
@@ -245,7 +255,8 @@ class SpecGenerator:
         while reason is None:
             num_slots = min(self.k, max_new_tokens - len(res.token_ids))
             block = context.draft(anchor, num_slots, self.window, self.kv_block_size,
-                                  with_confidence=self.confidence_threshold is not None, sampling=sampling)
+                                  with_confidence=self.confidence_threshold is not None or self.record_confidence,
+                                  sampling=sampling)
             keep = confident_prefix(block.confidence, self.confidence_threshold) or num_slots
             drafted = block.tokens[:keep]
             logits, aux = v.forward([anchor, *drafted], cache, p)
@@ -264,6 +275,10 @@ class SpecGenerator:
             res.num_accepted_tokens += n_acc
             for i in range(n_acc):
                 res.accepted_per_pos[i] += 1
+            res.step_drafted.append(len(drafted))
+            res.step_accepted.append(n_acc)
+            if res.step_confidence is not None:
+                res.step_confidence.append(list(block.confidence or [])[:len(drafted)])
             # Keep anchor + accepted drafts in cache and context; drop rejected ones.
             if len(drafted) > n_acc:
                 cache.crop(n_acc - len(drafted))  # negative: drop the rejected tail

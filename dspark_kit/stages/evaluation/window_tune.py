@@ -20,6 +20,22 @@ from dspark_kit.stages.evaluation.evaluate import EvalSession, verify_budget
 from dspark_kit.stages.evaluation.sweep_rules import pick_window, sweep_inputs
 
 
+def local_threshold_curve(session: EvalSession, prompts: list[list[int]], max_new: int, window: int | None, k: int,
+                          log=lambda _msg: None) -> dict | None:
+    """Acceptance and tokens/s against the confidence threshold, decoded in-process (None: no confidence
+    head). A served engine's curve plugs in through measure.threshold_curve's PointMeasure."""
+    from dspark_kit.measure.threshold_curve import threshold_curve
+
+    if session.draft.model.confidence_head is None:
+        return None
+
+    def measure(t: float | None) -> dict:
+        log(f"tune: K {k} window {window or 'off'} confidence threshold {t if t is not None else 'off'}")
+        return session.measure(prompts, max_new, window, t, k)
+
+    return threshold_curve(measure)
+
+
 def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_lengths: list[int] | None = None,
                 ks: list[int] | None = None, allow_below: bool = False, num_prompts: int | None = None,
                 max_new_tokens: int | None = None, prompts_file: Path | None = None, tolerance: float = 0.02,
@@ -89,6 +105,7 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
     best_w = result["recommended_window"]
     result["verify_budget"] = verify_budget(session, prompt_sets[0], max_new, best_w, best_k,
                                             fixed=short_runs.get((best_k, best_w)))
+    result["threshold_curve"] = local_threshold_curve(session, prompt_sets[0], max_new, best_w, best_k, log)
     path = res.run.tune_file
     atomic.write_text(path, json.dumps(result, indent=2))
     result["file"] = str(path)

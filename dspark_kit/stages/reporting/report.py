@@ -273,6 +273,9 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     tune = tune_line(run)
     if tune:
         parts.append(tune)
+    from dspark_kit.measure.suite_report import report_parts
+
+    parts += report_parts(run.eval, run.tune_file, link)
 
     ev = _read_json_or_empty(run.eval_json)
     png = category_png({"": ev.get("categories") or []}, rep / "eval_categories.png",
