@@ -35,6 +35,13 @@ def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_k
         )
 
         plan = plan_local(res, role, port=number, host=host, api_key=api_key, extra_args=extra_args)
+    elif res.engine == "llama.cpp":
+        from dspark_kit.engines.llamacpp import API_KEY_ENV as LLAMA_KEY
+        from dspark_kit.engines.llamacpp import plan_llamacpp
+
+        plan = plan_llamacpp(llamacpp_serve(res, role, number, host), check_built=not res.planning)
+        if api_key:
+            plan.env[LLAMA_KEY] = api_key
     else:
         from dspark_kit.engines.vllm import plan_vllm
 
@@ -43,6 +50,37 @@ def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_k
             plan.env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is not given
     plan.port_decision = decided
     return plan
+
+
+def gguf_export_dir(res: Resolved) -> Path:
+    """Where the serve stage exports the spec checkpoint for llama.cpp (draft.gguf, verifier.gguf)."""
+    return res.run.serve / f"gguf-{res.checkpoint.name}"
+
+
+def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None):
+    """engines/llamacpp.py's plain values from the resolver: the GGUF files, K, the conf-min, the window asked."""
+    from dspark_kit.engines.llamacpp import LlamaCppPlanError, LlamaCppServe
+
+    s = res.recipe.serve
+    own = getattr(res, "verifier_gguf", None)  # a GGUF verifier: the file itself
+    common = dict(role=role, host=host or s.host, port=port, served_name=res.served_names(role)[0],
+                  ctx_size=s.max_model_len, seed=s.seed, extra_args=tuple(s.extra_args))
+    if role != "spec":
+        if not own:
+            raise LlamaCppPlanError(f"--engine llama.cpp --role {role}: llama.cpp serves GGUF files; verifier.path "
+                                    f"{res.recipe.verifier.path} is not one (name a .gguf file, or serve role spec, "
+                                    "whose export converts the verifier)")
+        return LlamaCppServe(verifier_gguf=own, **common)
+    from dspark_kit.specdec.gguf_export import DRAFT_GGUF, VERIFIER_GGUF
+
+    out = gguf_export_dir(res)
+    adaptive = res.adaptive_verification
+    return LlamaCppServe(verifier_gguf=own or str(out / VERIFIER_GGUF), draft_gguf=str(out / DRAFT_GGUF),
+                         k=res.k.value, conf_min=res.conf_min if adaptive.value else None,
+                         window=res.wanted_window.value, window_source=res.wanted_window.source,
+                         decisions=(f"K {res.k.value}: {res.k.source}", f"adaptive verification: {adaptive.source}",
+                                    f"draft GGUF: {out / DRAFT_GGUF} (dspark-kit export --layout gguf)"),
+                         **common)
 
 
 def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:

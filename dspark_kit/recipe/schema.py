@@ -26,7 +26,7 @@ from dspark_kit.recipe.mixture import (
 from dspark_kit.rundir import BEST_CHECKPOINT
 
 TINY_VERIFIER = "builtin:tiny-qwen3"
-ENGINES = ("local", "vllm", "vllm-ascend")  # serve.engine values; the one list every module uses
+ENGINES = ("local", "vllm", "vllm-ascend", "llama.cpp")  # serve.engine values; the one list every module uses
 ROLES = ("chat", "hidden-states", "spec")  # what a server can be started for
 DATA_PRESETS = ("ultrachat", "magpie", "gsm8k")  # data.source names that are not files (data/sources.py)
 
