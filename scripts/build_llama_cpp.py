@@ -44,7 +44,7 @@ def server_version(d: Path) -> str | None:
     if not binary.exists():
         return None
     try:
-        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     text = (out.stdout + out.stderr).strip()
@@ -87,7 +87,7 @@ def build(d: Path, pip: list[str], jobs: int) -> int:
     (d / "build-end").unlink(missing_ok=True)
     with open(d / "cmake.log", "w") as log:
         rc = subprocess.run(["cmake", "-S", str(d / "src"), "-B", str(d / "build"), *CMAKE_FLAGS],
-                            stdout=log, stderr=subprocess.STDOUT).returncode
+                            stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         print(f"llama.cpp: cmake configure failed (rc={rc}); see {d / 'cmake.log'}", file=sys.stderr)
         return rc
