@@ -108,3 +108,30 @@ def test_round_trip_names_each_value_that_differs():
     assert round_trip_problems(got, want) == []
     bad = round_trip_problems({**got, "sample_from_anchor": False, "block_size": 16}, want)
     assert len(bad) == 2 and bad[0].startswith("block_size: gguf 16") and "sample_from_anchor" in bad[1]
+
+
+LLAMACPP_METRICS = """# HELP llamacpp:spec_decode_num_draft_tokens_total Speculative: Total draft tokens generated
+# TYPE llamacpp:spec_decode_num_draft_tokens_total counter
+llamacpp:spec_decode_num_draft_tokens_total {dt}
+# HELP llamacpp:spec_decode_num_accepted_tokens_total Speculative: Total draft tokens accepted by the target model
+# TYPE llamacpp:spec_decode_num_accepted_tokens_total counter
+llamacpp:spec_decode_num_accepted_tokens_total {acc}
+# HELP llamacpp:spec_decode_num_drafts_total Speculative: Total speculative decoding verification steps
+# TYPE llamacpp:spec_decode_num_drafts_total counter
+llamacpp:spec_decode_num_drafts_total {n}
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total {gen}
+"""
+
+
+def test_llamacpp_counters_read_as_the_spec_decode_delta():
+    """llama-server's own /metrics text (names as tools/server/server-task.cpp writes them)."""
+    from dspark_kit.engines.prom import server_delta, spec_decode_delta
+
+    before = LLAMACPP_METRICS.format(dt=0, acc=0, n=0, gen=0)
+    after = LLAMACPP_METRICS.format(dt=208, acc=10, n=52, gen=62)
+    d = spec_decode_delta(before, after)
+    assert d["num_drafts"] == 52 and d["num_accepted_tokens"] == 10
+    assert abs(d["acceptance_length"] - (1 + 10 / 52)) < 1e-9
+    assert server_delta(before, after, 2.0)["generation_tokens"] == 62

@@ -10,7 +10,9 @@ step with the Markov head chained in-graph and verifies it in the target's own k
 
 What maps: K -> `--spec-draft-n-max` (llama.cpp clamps it to the trained block); adaptive
 verification -> `--spec-draft-conf-min P` (a block is cut at the first position whose confidence is
-below P); serve.max_model_len -> `-c`; serve.seed -> `--seed`. llama.cpp has no draft window: a
+below P); serve.max_model_len -> `-c`; serve.seed -> `--seed`. `--metrics` exports its counters
+(`llamacpp:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`,
+per position too), which bench reads as vLLM's (engines/prom.py). llama.cpp has no draft window: a
 window the recipe asks for is one note, never passed or dropped silently. Role hidden-states is
 not served (the kit extracts hidden states with the local engine or vLLM).
 
@@ -72,7 +74,7 @@ def plan_llamacpp(p: LlamaCppServe, check_built: bool = True) -> ServerPlan:
     binary = str(require_server() if check_built else server_binary())
     threads = p.threads or default_threads()
     argv = [binary, "-m", p.verifier_gguf, "--alias", p.served_name, "--host", p.host, "--port", str(p.port),
-            "-t", str(threads), "-np", str(p.parallel), "--jinja"]
+            "-t", str(threads), "-np", str(p.parallel), "--jinja", "--metrics"]
     if p.ctx_size is not None:
         argv += ["-c", str(p.ctx_size)]
     if p.seed is not None:
