@@ -9,7 +9,12 @@ import pytest
 
 from dspark_kit.engines.llamacpp import LlamaCppPlanError, LlamaCppServe, plan_llamacpp
 from dspark_kit.recipe import ENGINES, load_recipe
-from dspark_kit.specdec.gguf_export import Expected, gguf_config, round_trip_problems, servable_problem
+from dspark_kit.specdec.gguf_export import (
+    Expected,
+    gguf_config,
+    round_trip_problems,
+    servable_problem,
+)
 from tests.plan_helpers import resolved
 
 TINY = "recipes/tiny-cpu.yaml"
