@@ -131,7 +131,7 @@ def round_trip_problems(got: dict, want: Expected) -> list[str]:
     return [f"{k}: gguf {g!r}, checkpoint {w!r}" for k, g, w in pairs if g != w]
 
 
-def _convert(src: Path, target_dir: Path | None, outfile: Path, outtype: str, log: Path) -> None:
+def convert_with_llamacpp(src: Path, target_dir: Path | None, outfile: Path, outtype: str, log: Path) -> None:
     """llama.cpp's converter on an HF folder (`--target-model-dir` for a draft); its output in `log`."""
     script = require_converter()
     argv = [sys.executable, str(script), str(src), "--outtype", outtype, "--outfile", str(outfile)]
@@ -181,7 +181,7 @@ def export_gguf(ckpt: Path, dest: Path, verifier_dir: Path, verifier_gguf: Path 
         (staged / CONFIG).write_text(json.dumps(gguf_config(cfg), indent=2, sort_keys=True) + "\n")
         (staged / WEIGHTS).symlink_to((ckpt / WEIGHTS).resolve())
         log = tmp / "convert.log"
-        _convert(staged, verifier_dir.resolve(), tmp / DRAFT_GGUF, outtype, log)
+        convert_with_llamacpp(staged, verifier_dir.resolve(), tmp / DRAFT_GGUF, outtype, log)
         got = read_draft_gguf(tmp / DRAFT_GGUF)
         bad = round_trip_problems(got, want)
         if bad:
@@ -190,7 +190,7 @@ def export_gguf(ckpt: Path, dest: Path, verifier_dir: Path, verifier_gguf: Path 
             (tmp / VERIFIER_GGUF).symlink_to(Path(verifier_gguf).resolve())
             verifier_from = f"{Path(verifier_gguf).resolve()} (the verifier's own GGUF)"
         else:
-            _convert(verifier_dir.resolve(), None, tmp / VERIFIER_GGUF, verifier_outtype, log)
+            convert_with_llamacpp(verifier_dir.resolve(), None, tmp / VERIFIER_GGUF, verifier_outtype, log)
             verifier_from = f"converted from {verifier_dir} ({verifier_outtype})"
         shutil.rmtree(staged)
         tmp.rename(dest)
