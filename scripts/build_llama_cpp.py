@@ -60,7 +60,23 @@ def stamp(d: Path, version: str) -> None:
 
 def ended_ok(d: Path) -> bool:
     log = d / "build.log"
-    return log.exists() and log.read_text(errors="replace").rstrip().endswith("rc=0")
+    return log.exists() and ended(log) and log.read_text(errors="replace").rstrip().endswith("rc=0")
+
+
+def running_elsewhere(d: Path, quiet_s: float = 600) -> bool:
+    """A build started in DIR that has not ended (no build-end) and whose log moved in the last `quiet_s`
+    seconds: someone else's `cmake --build` (by hand, without this script's lock) is still running."""
+    log = d / "build.log"
+    if not (d / "build-start").exists() or (d / "build-end").exists() or not log.exists():
+        return False
+    if ended(log):
+        return False
+    return time.time() - log.stat().st_mtime < quiet_s
+
+
+def ended(log: Path) -> bool:
+    last = log.read_text(errors="replace").rstrip().splitlines()[-1:]
+    return bool(last) and last[0].startswith("rc=")
 
 
 def fetch_source(d: Path, pip: list[str]) -> None:
@@ -119,6 +135,12 @@ def main(argv: list[str]) -> int:
     d.mkdir(parents=True, exist_ok=True)
     with open(d / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second `make llama-cpp` waits for the first
+        started = time.monotonic()
+        while running_elsewhere(d):  # never a second build over a running one: wait for it, then adopt it
+            waited = int(time.monotonic() - started)
+            print(f"  ... a llama.cpp build is running in {d} (its build.log moves); waiting ({waited // 60}m"
+                  f"{waited % 60:02d}s)", flush=True)
+            time.sleep(20)
         version = server_version(d)
         if (d / STAMP).exists() and version:
             print(f"llama-server ready: {d / 'build/bin/llama-server'} ({version})")

@@ -140,3 +140,12 @@ def test_llamacpp_counters_read_as_the_spec_decode_delta():
     assert d["num_drafts"] == 52 and d["num_accepted_tokens"] == 10
     assert abs(d["acceptance_length"] - (1 + 10 / 52)) < 1e-9
     assert server_delta(before, after, 2.0)["generation_tokens"] == 62
+
+
+def test_a_failed_build_fails_the_llamacpp_tests_in_one_line(tmp_path):
+    from tests.llamacpp_build import llama_server
+
+    marker = tmp_path / "failed"
+    marker.write_text("make llama-cpp failed\n")
+    with pytest.raises(pytest.fail.Exception, match="llama.cpp build: make llama-cpp failed"):
+        llama_server(marker)
