@@ -69,6 +69,13 @@ def test_planned_from_a_recipe_k_and_adaptive():
     assert plan.notes == []  # the window was switched off: no note
 
 
+def test_a_non_qwen3_draft_is_refused_at_plan_time():
+    from dspark_kit.engines.servers import server_plan
+
+    with pytest.raises(LlamaCppPlanError, match="draft.arch is 'llama'"):
+        server_plan(resolved(load_recipe(TINY, ["draft.arch=llama"]), engine="llama.cpp"), "spec", port=9000)
+
+
 def test_chat_role_needs_a_gguf_verifier():
     from dspark_kit.engines.servers import server_plan
 

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("llamacpp")]
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "smollm2-135m-cpu.yaml"
-SETS = ["serve.engine=llama.cpp", "data.limit=64", "train.epochs=6"]
+SETS = ["serve.engine=llama.cpp", "draft.arch=qwen3", "data.limit=64", "train.epochs=6"]
 MIN_FRACTION = 0.8
 QUESTIONS = ["What is the capital of France? Answer in one sentence.", "Why is the sky blue?",
              "List the planets of the solar system in order.", "How do I make a cup of tea?",

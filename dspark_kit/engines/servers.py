@@ -71,8 +71,18 @@ def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None
                                     f"{res.recipe.verifier.path} is not one (name a .gguf file, or serve role spec, "
                                     "whose export converts the verifier)")
         return LlamaCppServe(verifier_gguf=own, **common)
-    from dspark_kit.specdec.gguf_export import DRAFT_GGUF, VERIFIER_GGUF
+    from dspark_kit.specdec.gguf_export import DRAFT_GGUF, VERIFIER_GGUF, servable_problem
 
+    try:
+        cfg = res.checkpoint_config
+    except ValueError:  # nothing trained yet: what the recipe will train
+        cfg = None
+    why = (servable_problem(cfg, f"--engine llama.cpp: checkpoint {res.checkpoint}") if cfg else
+           None if res.recipe.draft.arch == "qwen3" else
+           f"--engine llama.cpp: draft.arch is {res.recipe.draft.arch!r}; llama.cpp serves DSpark drafts with a "
+           "Qwen3 backbone only (set draft.arch: qwen3 and train)")
+    if why:
+        raise LlamaCppPlanError(why)
     out = gguf_export_dir(res)
     adaptive = res.adaptive_verification
     return LlamaCppServe(verifier_gguf=own or str(out / VERIFIER_GGUF), draft_gguf=str(out / DRAFT_GGUF),
