@@ -92,5 +92,6 @@ def plan_llamacpp(p: LlamaCppServe, check_built: bool = True) -> ServerPlan:
         if p.window is not None:
             notes.append(WINDOW_NOTE.format(source=p.window_source or "draft window", window=p.window))
     argv += list(p.extra_args)
-    decisions.append(f"threads {threads}" + ("" if p.threads else " (the CPUs this process may use)"))
+    decisions.append(f"threads {threads}" + (" (serve.cpu_threads)" if p.threads else " (the CPUs this process may use; "
+                                                                              "serve.cpu_threads sets it)"))
     return ServerPlan(argv=argv, host=p.host, port=p.port, notes=notes, decisions=decisions)

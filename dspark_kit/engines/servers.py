@@ -64,7 +64,8 @@ def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None
     s = res.recipe.serve
     own = getattr(res, "verifier_gguf", None)  # a GGUF verifier: the file itself
     common = {"role": role, "host": host or s.host, "port": port, "served_name": res.served_names(role)[0],
-              "ctx_size": s.max_model_len, "seed": s.seed, "extra_args": tuple(s.extra_args)}
+              "ctx_size": s.max_model_len, "seed": s.seed, "extra_args": tuple(s.extra_args),
+              "threads": s.cpu_threads}
     if role != "spec":
         if not own:
             raise LlamaCppPlanError(f"--engine llama.cpp --role {role}: llama.cpp serves GGUF files; verifier.path "

@@ -268,6 +268,9 @@ class ServeCfg(_Section):
                                 "1..the draft vocabulary, where the serving release has it); null = greedy")
     devices: str | None = None
     seed: int = 42
+    cpu_threads: int | None = Field(
+        None, ge=1, description="engine llama.cpp: llama-server's -t/-td (null: the CPUs the kit may use); on a "
+                                "machine other work shares, 1 is often far faster (its threads spin-wait on each other)")
     extra_args: list[str] = Field(default_factory=list)
     startup_timeout: float = Field(900.0, gt=0)
 
