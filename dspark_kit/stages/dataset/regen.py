@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_kit.data import mode_rule
 from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
+from dspark_kit.data.lengths import replies_cut, truncation_line
 from dspark_kit.data.reasoning_formats import NONE, ReasoningFormat
 from dspark_kit.engines import api_key_from_env
 from dspark_kit.engines import openai_base_url as normalize_endpoint
@@ -346,6 +347,12 @@ def tools_line(summary: dict) -> str | None:
     return line + (f"; {cut} rows cut after a call the dataset has no result for" if cut else "")
 
 
+def truncated_line(summary: dict) -> str | None:
+    """The line that names regen.max_tokens when more than 5% of the replies were cut (None: fewer)."""
+    t = summary.get("truncated") or {}
+    return truncation_line(t.get("replies", 0), t.get("of", 0), t.get("max_tokens", 0))
+
+
 def mode_line(summary: dict) -> str | None:
     """The output's rows dropped by the replies-vs-thinking-mode rule, and a mixture's thinking rows
     without any reasoning, in one line (None: neither)."""
@@ -463,6 +470,8 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
 
     # judged over the whole output: a resumed run counts the rows earlier runs wrote
     summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else (), opts.reasoning).as_dict()
+    cut, replies = replies_cut(read_jsonl(outfile) if outfile.exists() else ())
+    summary["truncated"] = {"replies": cut, "of": replies, "max_tokens": opts.max_tokens}
     summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
     summary.update({
         "outfile": str(outfile), "errors_file": str(errors_file),
@@ -569,7 +578,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
          f"of {s['source_rows']} source rows")
     for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
         note(f"  {n}: {reason}")
-    for line in (tools_line(s), mode_line(s)):
+    for line in (tools_line(s), mode_line(s), truncated_line(s)):
         if line:
             note(f"  {line}")
     verdict = failure_verdict(s, res.recipe.regen.max_failed_fraction, res.recipe.data.max_mode_mismatch_fraction)
