@@ -2,12 +2,14 @@
 instruct model, generated here, so a CPU rehearsal on a real LLM (recipes/smollm2-135m-cpu.yaml)
 trains on more than the tiny corpus's six templates, with no hub.
 
-Each prompt is one of many task types (explain, list, compare, how-to, define, advice, a short
-story or poem, an email, a summary or rewrite of a given text, arithmetic word problems, a small
+Each prompt is one of many task types (explain, list, compare, how-to, define, advice, a haiku,
+an email, a summary or rewrite of a given text, arithmetic word problems, a small
 Python function, a classification, a translation of a phrase, a question with facts to reason
 over ...) about one of many topics, with a length hint ("in one sentence", "in three bullet
 points", "in a short paragraph"), so replies have many lengths but stay short enough for a CPU
-regen. The rows are user turns only: regen writes the verifier's own replies (on-policy).
+regen. The rows are user turns only: regen writes the verifier's own replies (on-policy). Tasks a
+small model answers in a greedy loop (multi-sentence stories, trip plans, four-line poems: over half
+of SmolLM2-135M's replies to them ran past 256 tokens) are left out: a cut reply's row is dropped.
 
 `instruction_conversations(n, seed)` draws them from `seed`; the held-out set
 (`eval_instructions`) uses its own seed, and drops any prompt the training seed's first
@@ -61,7 +63,7 @@ LONGER = ("in two short paragraphs", "in five bullet points", "with a short exam
 
 
 def _length(rng: random.Random) -> str:
-    pool = rng.choices((SHORT, MEDIUM, LONGER), weights=(4, 5, 2))[0]
+    pool = rng.choices((SHORT, MEDIUM, LONGER), weights=(5, 5, 1))[0]
     return rng.choice(pool)
 
 
@@ -87,15 +89,14 @@ def _task(rng: random.Random) -> str:
         lambda: f"How does {t} work? Answer {_length(rng)}.",
         lambda: f"Why is {t} important? Answer {_length(rng)}.",
         lambda: f"Define {t} in simple words.",
-        lambda: f"Write a short story about {n} and {rng.choice(PLACES)} in {rng.randint(3, 6)} sentences.",
-        lambda: f"Write a four-line poem about {t}.",
         lambda: f"Write a haiku about {rng.choice(PLACES)}.",
+        lambda: f"Write a two-sentence description of {n}'s visit to {rng.choice(PLACES)}.",
         lambda: f"Write a short email to {n} inviting them to a talk about {t}.",
         lambda: f"Write a title for an article about {t}.",
         lambda: f"Summarize this text in one sentence:\n\n{_text(rng)}",
         lambda: f"Rewrite this text in a more formal tone:\n\n{_text(rng)}",
         lambda: f"{n} has {x} {rng.choice(ITEMS)} and buys {y} more. How many does {n} have now? "
-                "Explain your answer.",
+                "Answer with the number, then one sentence.",
         lambda: f"A box holds {y} {rng.choice(ITEMS)}. How many are in {x} boxes? Show the steps.",
         lambda: f"What is {x} times {y}? Answer with the number and one sentence.",
         lambda: f"Write a Python function that {rng.choice(PY_TASKS)}.",
@@ -103,7 +104,6 @@ def _task(rng: random.Random) -> str:
         lambda: f"Is {t} mostly about science, history, health or everyday life? Answer in one word, then "
                 "explain briefly.",
         lambda: f"Translate \"{rng.choice(PHRASES)}\" into {rng.choice(LANGUAGES)}.",
-        lambda: f"Give me a simple plan for a weekend trip to {rng.choice(PLACES)}.",
         lambda: f"What are the pros and cons of {t}? Answer {_length(rng)}.",
         lambda: f"Describe {rng.choice(PLACES)} on a {rng.choice(ADJECTIVES)} day {_length(rng)}.",
         lambda: f"Suggest three names for a {rng.choice(ADJECTIVES)} cafe.",

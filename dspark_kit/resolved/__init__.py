@@ -105,6 +105,12 @@ class Resolved(SpecDecisions, Placement):
         self._installed = installed
         self._window_support = window_support
 
+    def with_engine(self, engine: str) -> Resolved:
+        """The same decisions for another engine (regen.engine: regen's server on its own engine)."""
+        return Resolved(self.recipe, self.run, engine=engine, checkpoint=self.checkpoint_choice,
+                        window=self.window_choice, eval_device=self.eval_device_choice, planning=self.planning,
+                        installed=self._installed, window_support=self._window_support)
+
     # ---- verifier -----------------------------------------------------------
     @cached_property
     def verifier_path(self) -> str:
