@@ -126,3 +126,28 @@ def test_smollm2_converts_to_a_folder_that_loads_and_answers(smollm2_verifier):
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=12, do_sample=False)
     assert tok.decode(out[0][ids["input_ids"].shape[1]:]).startswith("The capital of France is Paris.")
+
+
+@pytest.mark.slow
+def test_init_on_the_gguf_file_alone_writes_a_recipe_that_passes_preflight(smollm2_verifier, tmp_path, monkeypatch):
+    """`init --verifier FILE.gguf`, no other flag: the real-model CPU profile, the mask token chosen
+    with no --mask-token-id (<empty_output>, id 16: StarCoder's added tokens are never in the ChatML
+    template), three target layers of 30; the written recipe passes preflight."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    src = gv.gguf_source(gv.SMOLLM2)
+    out = tmp_path / "smol.yaml"
+    r = CliRunner().invoke(app, ["init", "--verifier", str(src), "-o", str(out)])  # auto: this CPU machine
+    assert r.exit_code == 0, r.output
+    got = yaml.safe_load(out.read_text())
+    assert got["verifier"]["path"] == str(src) and got["verifier"]["num_hidden_layers"] == 30
+    assert got["draft"]["mask_token_id"] == 16 and "<empty_output>" in out.read_text()
+    assert got["hidden_states"]["target_layer_ids"] == [1, 14, 27]
+    assert got["data"]["source"] == "builtin:instructions" and got["regen"]["max_tokens"] == 256
+    assert got["data"]["seq_length"] >= 256 + 32
+    pre = CliRunner().invoke(app, ["preflight", "-r", str(out), "-w", str(tmp_path / "run")])
+    assert pre.exit_code == 0 and "0 error(s)" in pre.output, pre.output
