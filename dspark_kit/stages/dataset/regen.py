@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_kit.data import mode_rule
 from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
+from dspark_kit.data.lengths import replies_cut, truncation_line
 from dspark_kit.data.reasoning_formats import NONE, ReasoningFormat
 from dspark_kit.engines import api_key_from_env
 from dspark_kit.engines import openai_base_url as normalize_endpoint
@@ -346,6 +347,12 @@ def tools_line(summary: dict) -> str | None:
     return line + (f"; {cut} rows cut after a call the dataset has no result for" if cut else "")
 
 
+def truncated_line(summary: dict) -> str | None:
+    """The line that names regen.max_tokens when more than 5% of the replies were cut (None: fewer)."""
+    t = summary.get("truncated") or {}
+    return truncation_line(t.get("replies", 0), t.get("of", 0), t.get("max_tokens", 0))
+
+
 def mode_line(summary: dict) -> str | None:
     """The output's rows dropped by the replies-vs-thinking-mode rule, and a mixture's thinking rows
     without any reasoning, in one line (None: neither)."""
@@ -463,6 +470,8 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
 
     # judged over the whole output: a resumed run counts the rows earlier runs wrote
     summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else (), opts.reasoning).as_dict()
+    cut, replies = replies_cut(read_jsonl(outfile) if outfile.exists() else ())
+    summary["truncated"] = {"replies": cut, "of": replies, "max_tokens": opts.max_tokens}
     summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
     summary.update({
         "outfile": str(outfile), "errors_file": str(errors_file),
@@ -480,7 +489,7 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     recipe engine's chat server it starts when there is none (the run starts exactly that one)."""
     from urllib.parse import urlparse
 
-    from dspark_kit.engines.servers import regen_server_plan, server_plan
+    from dspark_kit.engines.servers import regen_engine, regen_server_plan, server_plan
 
     recipe = res.recipe
     outfile = Path(outfile or res.run.regen_jsonl)
@@ -488,7 +497,8 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     urls = [urlparse(e if "//" in e else f"http://{e}") for e in endpoints]
     machines = sorted({u.hostname or e for u, e in zip(urls, endpoints, strict=True)})
     processes = [] if endpoints else [Process("chat server", regen_server_plan(res, api_key=api_key))]
-    lines = [processes[0].launch.shell_line()] if processes else [
+    engine = [f"# chat server on engine {regen_engine(res)[0]} ({regen_engine(res)[1]})"] if processes else []
+    lines = [*engine, processes[0].launch.shell_line()] if processes else [
         (f"# {len(endpoints)} server(s) on {len(machines)} machine(s) ({', '.join(machines)}): one client here "
          f"spreads rows over all of them ({recipe.regen.concurrency} in flight each) into one output {outfile}; "
          "--resume (default) skips rows already written and retries failed ones, a server that keeps refusing "
@@ -506,7 +516,8 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     lines += [f"endpoint {e}" for e in endpoints]
     plan = StagePlan.of(res, "regen", lines, processes, inputs={"data.source": recipe.data.source},
                         outputs={"regen": str(outfile), "errors": str(regen_errors_file(outfile))})
-    plan.details.update(endpoints=endpoints, machines=machines, concurrency_per_endpoint=recipe.regen.concurrency)
+    plan.details.update(endpoints=endpoints, machines=machines, concurrency_per_endpoint=recipe.regen.concurrency,
+                        engine=regen_engine(res)[0] if processes else None)
     return plan
 
 
@@ -564,12 +575,13 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     with reporter.bar("regen", total=res.recipe.data.limit, unit="row") as bar:
         s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
                       engine_log=res.run.server_log("chat"), server_plan=chat.server if chat else None)
+    s["engine"] = plan.details.get("engine")
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
          f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
-         f"of {s['source_rows']} source rows")
+         f"of {s['source_rows']} source rows" + (f" (engine {s['engine']})" if s["engine"] else ""))
     for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
         note(f"  {n}: {reason}")
-    for line in (tools_line(s), mode_line(s)):
+    for line in (tools_line(s), mode_line(s), truncated_line(s)):
         if line:
             note(f"  {line}")
     verdict = failure_verdict(s, res.recipe.regen.max_failed_fraction, res.recipe.data.max_mode_mismatch_fraction)

@@ -65,7 +65,7 @@ def export_command(res: Resolved) -> list[str]:
 
     argv = ["dspark-kit", "export", str(res.checkpoint), str(gguf_export_dir(res)), "--layout", "gguf",
             "--verifier", res.verifier_path]
-    own = getattr(res, "verifier_gguf", None)
+    own = res.verifier_gguf
     return argv + (["--verifier-gguf", own] if own else [])
 
 
@@ -80,7 +80,7 @@ def export_for_llamacpp(res: Resolved) -> dict:
     out = gguf_export_dir(res)
     if (out / DRAFT_GGUF).exists():
         return {"draft": str(out / DRAFT_GGUF), "exported": "earlier"}
-    own = getattr(res, "verifier_gguf", None)
+    own = res.verifier_gguf
     try:
         return export_gguf(res.checkpoint, out, Path(res.verifier_path), Path(own) if own else None)
     except (GgufExportError, LlamaCppMissing) as e:
