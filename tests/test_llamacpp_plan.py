@@ -156,3 +156,12 @@ def test_a_failed_build_fails_the_llamacpp_tests_in_one_line(tmp_path):
     marker.write_text("make llama-cpp failed\n")
     with pytest.raises(pytest.fail.Exception, match="llama.cpp build: make llama-cpp failed"):
         llama_server(marker)
+
+
+def test_slots_follow_the_client_and_share_the_context():
+    from dspark_kit.engines.servers import server_plan
+
+    r = load_recipe(TINY, ["bench.concurrency=3", "serve.max_model_len=512", "serve.cpu_threads=1"])
+    a = server_plan(resolved(r, engine="llama.cpp"), "spec", port=9000).argv
+    assert a[a.index("-np") + 1] == "3" and a[a.index("-c") + 1] == str(3 * 512)
+    assert a[a.index("-t") + 1] == "1" and a[a.index("-td") + 1] == "1"

@@ -10,7 +10,8 @@ step with the Markov head chained in-graph and verifies it in the target's own k
 
 What maps: K -> `--spec-draft-n-max` (llama.cpp clamps it to the trained block); adaptive
 verification -> `--spec-draft-conf-min P` (a block is cut at the first position whose confidence is
-below P); serve.max_model_len -> `-c`; serve.seed -> `--seed`. `--metrics` exports its counters
+below P); parallel slots -> `-np` (regen.concurrency for chat, bench.concurrency for spec, at most MAX_SLOTS) and
+serve.max_model_len x slots -> `-c` (llama.cpp splits the context among its slots); serve.seed -> `--seed`. `--metrics` exports its counters
 (`llamacpp:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`,
 per position too), which bench reads as vLLM's (engines/prom.py). llama.cpp has no draft window: a
 window the recipe asks for is one note, never passed or dropped silently. Role hidden-states is
@@ -28,7 +29,8 @@ from dspark_kit.engines import ServerPlan
 from dspark_kit.specdec.llamacpp_tree import require_server, server_binary
 
 ENGINE = "llama.cpp"
-API_KEY_ENV = "LLAMA_API_KEY"  # llama-server reads its API key from here when --api-key is not given
+API_KEY_ENV = "LLAMA_API_KEY"
+MAX_SLOTS = 8  # parallel slots at most: more requests wait in llama-server's queue (a CPU gains little past this)  # llama-server reads its API key from here when --api-key is not given
 WINDOW_NOTE = ("llama.cpp has no draft window: the window of {window} tokens ({source}) is not applied "
                "(llama-server drafts from the whole context); set serve.draft_window_size off to silence this")
 
@@ -49,7 +51,7 @@ class LlamaCppServe:
     draft_gguf: str | None = None  # role spec
     k: int | None = None  # --spec-draft-n-max
     conf_min: float | None = None  # --spec-draft-conf-min (adaptive verification)
-    ctx_size: int | None = None  # -c (serve.max_model_len); None: llama.cpp's default (the model's)
+    ctx_size: int | None = None  # -c: the KV size all slots share (serve.max_model_len x slots); None: the model's
     threads: int | None = None  # -t; None: the machine's CPU count
     parallel: int = 1  # -np: parallel slots
     seed: int | None = None

@@ -63,9 +63,14 @@ def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None
 
     s = res.recipe.serve
     own = res.verifier_gguf  # a GGUF verifier: the file itself
+    # parallel slots: what the role's client sends at once (regen's requests, bench's streams); llama.cpp's
+    # -c is the KV size all slots share, so each slot gets serve.max_model_len
+    from dspark_kit.engines.llamacpp import MAX_SLOTS
+
+    slots = min(MAX_SLOTS, res.recipe.regen.concurrency if role == "chat" else res.recipe.bench.concurrency)
     common = {"role": role, "host": host or s.host, "port": port, "served_name": res.served_names(role)[0],
-              "ctx_size": s.max_model_len, "seed": s.seed, "extra_args": tuple(s.extra_args),
-              "threads": s.cpu_threads}
+              "parallel": slots, "ctx_size": s.max_model_len * slots if s.max_model_len else None,
+              "seed": s.seed, "extra_args": tuple(s.extra_args), "threads": s.cpu_threads}
     if role != "spec":
         if not own:
             raise LlamaCppPlanError(f"--engine llama.cpp --role {role}: llama.cpp serves GGUF files; verifier.path "
