@@ -112,7 +112,7 @@ def read_draft_gguf(path: Path) -> dict:
         return v
 
     tensors = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
-    w1 = tensors.get("markov_w1")
+    w1 = tensors.get("markov_w1.weight") or tensors.get("markov_w1")
     return {"architecture": value("general.architecture"), "block_size": value(f"{ARCH}.block_size"),
             "mask_token_id": value("tokenizer.ggml.mask_token_id"), "target_layers": value(f"{ARCH}.target_layers"),
             "sample_from_anchor": value(f"{ARCH}.sample_from_anchor"),
@@ -131,8 +131,10 @@ def round_trip_problems(got: dict, want: Expected) -> list[str]:
     return [f"{k}: gguf {g!r}, checkpoint {w!r}" for k, g, w in pairs if g != w]
 
 
-def convert_with_llamacpp(src: Path, target_dir: Path | None, outfile: Path, outtype: str, log: Path) -> None:
-    """llama.cpp's converter on an HF folder (`--target-model-dir` for a draft); its output in `log`."""
+def convert_with_llamacpp(src: Path, target_dir: Path | None, outfile: Path, outtype: str, log: Path,
+                          keep: Path | None = None) -> None:
+    """llama.cpp's converter on an HF folder (`--target-model-dir` for a draft); its output in `log`
+    (`keep`: where a failure's message says the log will be kept)."""
     script = require_converter()
     argv = [sys.executable, str(script), str(src), "--outtype", outtype, "--outfile", str(outfile)]
     if target_dir is not None:
@@ -145,7 +147,8 @@ def convert_with_llamacpp(src: Path, target_dir: Path | None, outfile: Path, out
         rc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, check=False).returncode
     if rc != 0:
         tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-1:]
-        raise GgufExportError(f"llama.cpp's converter failed on {src} (rc {rc}): {tail[0] if tail else ''} (log {log})")
+        raise GgufExportError(f"llama.cpp's converter failed on {src} (rc {rc}): {tail[0] if tail else ''} "
+                              f"(its output: {keep or log})")
 
 
 def export_gguf(ckpt: Path, dest: Path, verifier_dir: Path, verifier_gguf: Path | None = None,
@@ -181,7 +184,8 @@ def export_gguf(ckpt: Path, dest: Path, verifier_dir: Path, verifier_gguf: Path 
         (staged / CONFIG).write_text(json.dumps(gguf_config(cfg), indent=2, sort_keys=True) + "\n")
         (staged / WEIGHTS).symlink_to((ckpt / WEIGHTS).resolve())
         log = tmp / "convert.log"
-        convert_with_llamacpp(staged, verifier_dir.resolve(), tmp / DRAFT_GGUF, outtype, log)
+        keep = dest.with_name(dest.name + ".convert.log")
+        convert_with_llamacpp(staged, verifier_dir.resolve(), tmp / DRAFT_GGUF, outtype, log, keep)
         got = read_draft_gguf(tmp / DRAFT_GGUF)
         bad = round_trip_problems(got, want)
         if bad:
@@ -190,11 +194,13 @@ def export_gguf(ckpt: Path, dest: Path, verifier_dir: Path, verifier_gguf: Path 
             (tmp / VERIFIER_GGUF).symlink_to(Path(verifier_gguf).resolve())
             verifier_from = f"{Path(verifier_gguf).resolve()} (the verifier's own GGUF)"
         else:
-            convert_with_llamacpp(verifier_dir.resolve(), None, tmp / VERIFIER_GGUF, verifier_outtype, log)
+            convert_with_llamacpp(verifier_dir.resolve(), None, tmp / VERIFIER_GGUF, verifier_outtype, log, keep)
             verifier_from = f"converted from {verifier_dir} ({verifier_outtype})"
         shutil.rmtree(staged)
         tmp.rename(dest)
     except BaseException:
+        if (tmp / "convert.log").exists():  # the converter's output outlives the failed export
+            shutil.copyfile(tmp / "convert.log", dest.with_name(dest.name + ".convert.log"))
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"draft": str(dest / DRAFT_GGUF), "verifier": str(dest / VERIFIER_GGUF), "verifier_from": verifier_from,
