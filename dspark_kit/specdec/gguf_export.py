@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_kit.rundir import failed_gguf_convert_log, gguf_convert_log
 from dspark_kit.specdec.anchor import KEY, anchor_layout, layout_of
 from dspark_kit.specdec.checkpoints import CONFIG, WEIGHTS
 from dspark_kit.specdec.llamacpp_tree import gguf_reader, require_converter
@@ -183,8 +184,8 @@ def export_gguf(ckpt: Path, dest: Path, verifier_dir: Path, verifier_gguf: Path 
         staged.mkdir()
         (staged / CONFIG).write_text(json.dumps(gguf_config(cfg), indent=2, sort_keys=True) + "\n")
         (staged / WEIGHTS).symlink_to((ckpt / WEIGHTS).resolve())
-        log = tmp / "convert.log"
-        keep = dest.with_name(dest.name + ".convert.log")
+        log = gguf_convert_log(tmp)
+        keep = failed_gguf_convert_log(dest)
         convert_with_llamacpp(staged, verifier_dir.resolve(), tmp / DRAFT_GGUF, outtype, log, keep)
         got = read_draft_gguf(tmp / DRAFT_GGUF)
         bad = round_trip_problems(got, want)
@@ -199,15 +200,15 @@ def export_gguf(ckpt: Path, dest: Path, verifier_dir: Path, verifier_gguf: Path 
         shutil.rmtree(staged)
         tmp.rename(dest)
     except BaseException:
-        if (tmp / "convert.log").exists():  # the converter's output outlives the failed export
-            shutil.copyfile(tmp / "convert.log", dest.with_name(dest.name + ".convert.log"))
+        if gguf_convert_log(tmp).exists():  # the converter's output outlives the failed export
+            shutil.copyfile(gguf_convert_log(tmp), failed_gguf_convert_log(dest))
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"draft": str(dest / DRAFT_GGUF), "verifier": str(dest / VERIFIER_GGUF), "verifier_from": verifier_from,
             "outtype": outtype, "block_size": want.block_size, "mask_token_id": want.mask_token_id,
             "target_layers": want.target_layers, "sample_from_anchor": want.sample_from_anchor,
             "markov_rank": want.markov_rank, "confidence_head": want.confidence_head,
-            "log": str(dest / "convert.log")}
+            "log": str(gguf_convert_log(dest))}
 
 
 def recorded_verifier(ckpt: Path) -> Path:
