@@ -12,7 +12,7 @@ llama-server (`make llama-cpp`) serves the verifier's GGUF alone and with the dr
 (`dspark-kit export --layout gguf`), one server per setting, all up at once (an idle llama-server
 costs no CPU), and the settings are measured interleaved round by round on the same prompts, so
 a busy machine slows all of them alike. Settings: the verifier alone; the draft at K = 1 .. the
-block size; at K = block with `--spec-draft-conf-min 0.5` (the confidence cut-off); greedy and
+block size; at K = block with `--spec-draft-p-min 0.5` (the confidence cut-off); greedy and
 temperature 1 (alone and K = block). Acceptance is llama.cpp's own counters (/metrics). Also the
 acceptance served against the verifier's own Q4_1 GGUF and against an F16 GGUF converted by
 llama.cpp from the HF folder (the draft was trained on the dequantized model). Throughput is the
@@ -116,7 +116,7 @@ def main() -> int:
             settings[f"draft K={k}, greedy"] = (url, 0.0)
             if k == block:
                 settings[f"draft K={k}, T=1"] = (url, 1.0)
-        settings[f"draft K={block} conf-min {CONF_MIN}, greedy"] = (
+        settings[f"draft K={block} p-min {CONF_MIN} (confidence cut-off), greedy"] = (
             start(stack, logs, "conf", role="spec", verifier_gguf=target, draft_gguf=draft, k=block,
                   conf_min=CONF_MIN), 0.0)
         if args.verifier_gguf is not None:

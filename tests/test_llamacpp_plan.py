@@ -37,7 +37,7 @@ def test_spec_plan_maps_k_conf_min_threads_context_and_slots():
     pairs = {a[i]: a[i + 1] for i in range(1, len(a) - 1) if a[i].startswith("-")}
     assert pairs["-m"] == "/m/T.gguf" and pairs["-md"] == "/m/D.gguf"
     assert pairs["--spec-type"] == "draft-dspark" and pairs["--spec-draft-n-max"] == "3"
-    assert pairs["--spec-draft-conf-min"] == "0.4"
+    assert pairs["--spec-draft-p-min"] == "0.4"
     assert pairs["-t"] == "2" and pairs["-td"] == "2" and pairs["-c"] == "512" and pairs["-np"] == "2"
     assert "--jinja" in a and pairs["--port"] == "8123" and pairs["--seed"] == "7"
     assert plan.notes == [] and plan.health_path == "/health"
@@ -45,7 +45,7 @@ def test_spec_plan_maps_k_conf_min_threads_context_and_slots():
 
 def test_no_conf_min_without_adaptive_and_the_window_is_one_note():
     plan = plan_llamacpp(_spec(window=256, window_source="serve.draft_window_size"), check_built=False)
-    assert "--spec-draft-conf-min" not in plan.argv
+    assert "--spec-draft-p-min" not in plan.argv
     assert len(plan.notes) == 1 and "no draft window" in plan.notes[0] and "256" in plan.notes[0]
     assert "serve.draft_window_size" in plan.notes[0]
 
@@ -64,7 +64,7 @@ def test_planned_from_a_recipe_k_and_adaptive():
                            "eval.confidence_threshold=0.3", "serve.draft_window_size=off"])
     plan = server_plan(resolved(r, engine="llama.cpp"), "spec", port=9000)
     a = plan.argv
-    assert a[a.index("--spec-draft-n-max") + 1] == "2" and a[a.index("--spec-draft-conf-min") + 1] == "0.3"
+    assert a[a.index("--spec-draft-n-max") + 1] == "2" and a[a.index("--spec-draft-p-min") + 1] == "0.3"
     assert a[a.index("-md") + 1].endswith("serve/gguf-checkpoint_best/draft.gguf")
     assert plan.notes == []  # the window was switched off: no note
 

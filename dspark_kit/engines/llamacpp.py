@@ -6,10 +6,15 @@ llama.cpp's own converter. Its DSpark path (`--spec-type draft-dspark`) drafts o
 step with the Markov head chained in-graph and verifies it in the target's own kernels:
 
     llama-server -m T.gguf -md D.gguf --spec-type draft-dspark --spec-draft-n-max K
-                 [--spec-draft-conf-min P] -t THREADS -c CTX -np SLOTS --jinja
+                 [--spec-draft-p-min P] -t THREADS -c CTX -np SLOTS --jinja
+
+The confidence cut-off is `--spec-draft-p-min P` in b11434: llama.cpp's docs/speculative.md calls it
+`--spec-draft-conf-min`, but its argument parser (common/arg.cpp) has no such flag and refuses it; for a
+DSpark draft `p_min` > 0 cuts the block at the first position whose confidence-head output is below P
+(common/speculative.cpp), and the server refuses a draft without a confidence head then.
 
 What maps: K -> `--spec-draft-n-max` (llama.cpp clamps it to the trained block); adaptive
-verification -> `--spec-draft-conf-min P` (a block is cut at the first position whose confidence is
+verification -> `--spec-draft-p-min P` (a block is cut at the first position whose confidence is
 below P); parallel slots -> `-np` (regen.concurrency for chat, bench.concurrency for spec, at most MAX_SLOTS) and
 serve.max_model_len x slots -> `-c` (llama.cpp splits the context among its slots); serve.seed -> `--seed`. `--metrics` exports its counters
 (`llamacpp:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`,
@@ -50,7 +55,7 @@ class LlamaCppServe:
     served_name: str
     draft_gguf: str | None = None  # role spec
     k: int | None = None  # --spec-draft-n-max
-    conf_min: float | None = None  # --spec-draft-conf-min (adaptive verification)
+    conf_min: float | None = None  # --spec-draft-p-min (adaptive verification)
     ctx_size: int | None = None  # -c: the KV size all slots share (serve.max_model_len x slots); None: the model's
     threads: int | None = None  # -t; None: the machine's CPU count
     parallel: int = 1  # -np: parallel slots
@@ -90,7 +95,7 @@ def plan_llamacpp(p: LlamaCppServe, check_built: bool = True) -> ServerPlan:
         argv += ["-md", p.draft_gguf, "--spec-type", "draft-dspark", "--spec-draft-n-max", str(p.k),
                  "-td", str(threads)]
         if p.conf_min is not None:
-            argv += ["--spec-draft-conf-min", f"{p.conf_min:g}"]
+            argv += ["--spec-draft-p-min", f"{p.conf_min:g}"]
         if p.window is not None:
             notes.append(WINDOW_NOTE.format(source=p.window_source or "draft window", window=p.window))
     argv += list(p.extra_args)

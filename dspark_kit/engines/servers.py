@@ -58,7 +58,7 @@ def gguf_export_dir(res: Resolved) -> Path:
 
 
 def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None):
-    """engines/llamacpp.py's plain values from the resolver: the GGUF files, K, the conf-min, the window asked."""
+    """engines/llamacpp.py's plain values from the resolver: the GGUF files, K, the confidence cut-off (--spec-draft-p-min), the window asked."""
     from dspark_kit.engines.llamacpp import LlamaCppPlanError, LlamaCppServe
 
     s = res.recipe.serve

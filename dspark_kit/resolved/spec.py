@@ -157,7 +157,7 @@ class SpecDecisions:
 
     @property
     def conf_min(self) -> float:
-        """llama.cpp's --spec-draft-conf-min when adaptive verification is on: eval.confidence_threshold
+        """llama.cpp's --spec-draft-p-min when adaptive verification is on: eval.confidence_threshold
         (the cut-off eval measures offline), else 0.5."""
         t = self.recipe.eval.confidence_threshold
         return t if t is not None else 0.5
@@ -188,7 +188,7 @@ class SpecDecisions:
         if self.engine == "local":
             return Decision(False, f"{name}: the local engine verifies a fixed K "
                                    "(eval.confidence_threshold measures the budget offline)")
-        if self.engine == "llama.cpp":  # --spec-draft-conf-min: asked for, never on by itself
+        if self.engine == "llama.cpp":  # --spec-draft-p-min: asked for, never on by itself
             try:
                 cfg = self.checkpoint_config
             except ValueError:
@@ -200,7 +200,7 @@ class SpecDecisions:
             if not head:
                 raise ResolveError("serve.adaptive_verification on: the draft has no confidence head; set "
                                    "serve.adaptive_verification: off")
-            return Decision(True, f"{name}: llama.cpp --spec-draft-conf-min {self.conf_min}")
+            return Decision(True, f"{name}: llama.cpp --spec-draft-p-min {self.conf_min}")
         support, first = self.engine_support.has("adaptive"), self.engine_support.first_with("adaptive")
         try:
             cfg = self.checkpoint_config
