@@ -165,3 +165,12 @@ def test_slots_follow_the_client_and_share_the_context():
     a = server_plan(resolved(r, engine="llama.cpp"), "spec", port=9000).argv
     assert a[a.index("-np") + 1] == "3" and a[a.index("-c") + 1] == str(3 * 512)
     assert a[a.index("-t") + 1] == "1" and a[a.index("-td") + 1] == "1"
+
+
+def test_the_gate_compares_accepted_tokens_per_step_not_the_floored_length():
+    from dspark_kit.measure.llamacpp_accept import gate_line
+
+    assert gate_line(1.148, 1.142, 0.7, "trained") is None
+    line = gate_line(1.0, 1.142, 0.7, "zero_markov")  # AL 1.0 is 0.88x of 1.142, yet nothing is accepted
+    assert line is not None and "0.00x" in line and "\n" not in line
+    assert "no speculative steps" in gate_line(None, 1.142, 0.7, "x")

@@ -8,12 +8,15 @@ few dozen rows, once per session. The comparison decodes the same token-id promp
 same K, against an F16 GGUF of the same HF folder (llama.cpp's converter), the target closest to the
 in-process float32 verifier.
 
-Tolerance (MIN_FRACTION): llama.cpp computes in its own kernels (F16 weights, its matmul and
-attention accumulation order), so the greedy target text drifts from float32 transformers'
-after some tokens and both sides then measure acceptance on slightly different continuations; with
-few prompts and an AL near 1.5 that moves the figure by several percent either way. 0.8 of the
-in-process AL leaves room for that, while a flipped anchor layout (every draft token shifted by one
-position) or a zeroed Markov head (the trained chain's bias gone) fall further.
+Tolerance (MIN_FRACTION), on the tokens accepted per verification step (acceptance length - 1;
+the length itself has a floor of 1, so a fault would hide in it for a weak draft): llama.cpp
+computes in its own kernels (F16 weights, its own accumulation order), so the greedy target text
+drifts from float32 transformers' after some tokens and both sides then measure acceptance on
+slightly different continuations; with a few dozen accepted tokens that moves the figure by
+several percent either way. Measured on a draft of this recipe (77 rows, K 3, these prompts): 0.142
+accepted per step in-process, 0.148 served (1.04x). 0.7 leaves room for that, while a flipped
+anchor layout (every draft token shifted by one position) or a zeroed Markov head (the trained
+chain's bias gone) fall further.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("llamacpp")]
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "smollm2-135m-cpu.yaml"
 SETS = ["serve.engine=llama.cpp", "draft.arch=qwen3", "data.limit=64", "train.epochs=6"]
-MIN_FRACTION = 0.8
+MIN_FRACTION = 0.7
 QUESTIONS = ["What is the capital of France? Answer in one sentence.", "Why is the sky blue?",
              "List the planets of the solar system in order.", "How do I make a cup of tea?",
              "Give three tips for staying focused while studying.", "What is photosynthesis? Explain it simply."]

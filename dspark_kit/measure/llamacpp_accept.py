@@ -104,12 +104,18 @@ def in_process(verifier_dir: str | Path, checkpoint: str | Path, prompts: Prompt
 
 
 def gate_line(served_al: float | None, in_process_al: float, minimum_fraction: float, what: str) -> str | None:
-    """One line when the served acceptance length falls below `minimum_fraction` of in-process; None when it holds."""
+    """One line when the served draft accepts below `minimum_fraction` of what it accepts in-process; None when it holds.
+
+    Compared on the tokens accepted per verification step (acceptance length - 1), not on the acceptance
+    length itself: the length has a floor of 1, so for a weak draft (AL 1.15) even a draft that accepts
+    nothing would keep 0.87 of it, and a fault could never fall below a fraction of the length."""
     if served_al is None:
         return f"{what}: llama.cpp reported no speculative steps (no draft served?)"
-    fraction = served_al / in_process_al
+    if in_process_al <= 1.0:
+        return f"{what}: the in-process decoder accepts nothing (acceptance length {in_process_al:.3f}); nothing to compare"
+    fraction = (served_al - 1.0) / (in_process_al - 1.0)
     if fraction >= minimum_fraction:
         return None
-    return (f"{what}: served acceptance length {served_al:.3f} is {fraction:.2f}x the in-process {in_process_al:.3f} "
-            f"(minimum {minimum_fraction}): the GGUF draft does not decode as the checkpoint does "
-            "(check sample_from_anchor, the Markov head and the target layers in the export)")
+    return (f"{what}: served {served_al - 1:.3f} accepted tokens per step (acceptance length {served_al:.3f}) is "
+            f"{fraction:.2f}x the in-process {in_process_al - 1:.3f} (minimum {minimum_fraction}): the GGUF draft does "
+            "not decode as the checkpoint does (check sample_from_anchor, the Markov head and the target layers in the export)")
