@@ -8,7 +8,7 @@ step with the Markov head chained in-graph and verifies it in the target's own k
     llama-server -m T.gguf -md D.gguf --spec-type draft-dspark --spec-draft-n-max K
                  [--spec-draft-p-min P] -t THREADS -c CTX -np SLOTS --jinja
 
-The confidence cut-off is `--spec-draft-p-min P` in b11434: llama.cpp's docs/speculative.md calls it
+The confidence cut-off is `--spec-draft-p-min P` in b11434: llama.cpp's own speculative-decoding doc (its docs folder) calls it
 `--spec-draft-conf-min`, but its argument parser (common/arg.cpp) has no such flag and refuses it; for a
 DSpark draft `p_min` > 0 cuts the block at the first position whose confidence-head output is below P
 (common/speculative.cpp), and the server refuses a draft without a confidence head then.
