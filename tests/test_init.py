@@ -153,22 +153,35 @@ def test_init_with_data_sets_seq_length_from_the_token_lengths(tmp_path, tokeniz
     assert r.exit_code == 2 and "(prompt-room)" in r.output and "raise serve.max_model_len to" in r.output
 
 
-def test_init_cpu_profile_is_the_tiny_recipe(tmp_path, tokenizer_dir):
-    """--target-device cpu writes the demo's choices (block, layers, data, training); they must not drift."""
+def test_init_cpu_profile_of_a_real_model_is_the_smollm2_recipe(tmp_path, tokenizer_dir):
+    """--target-device cpu on a real model writes the real-model profile (recipes/smollm2-135m-cpu.yaml's
+    choices: the kit's instructions, replies an instruct model needs, three verifier layers); they must
+    not drift. The tiny demo's profile is for the builtin tiny verifiers only."""
     verifier = verifier_dir(tmp_path / "v", tokenizer_dir, QWEN3_0_6B)
     out = tmp_path / "cpu.yaml"
     assert init("--verifier", str(verifier), "--target-device", "cpu", "-o", str(out)).exit_code == 0
-    got, tiny = load_recipe(out), load_recipe(REPO / "recipes" / "tiny-cpu.yaml")
-    for section, keys in {"draft": ("block_size", "num_layers", "markov_rank", "attention"),
-                          "data": ("source", "limit", "seq_length"),
+    got, real = load_recipe(out), load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml")
+    for section, keys in {"draft": ("block_size", "num_layers", "markov_rank", "attention", "draft_vocab_size"),
+                          "data": ("source", "limit"),
                           "regen": ("concurrency", "max_tokens", "temperature"),
                           "train": ("epochs", "lr", "optimizer", "loss", "max_anchors", "train_data_ratio"),
                           "hidden_states": ("mode", "backend"), "bench": ("num_prompts", "concurrency", "max_tokens"),
                           "eval": ("num_prompts", "max_new_tokens"),
-                          "serve": ("engine", "max_model_len", "port", "hidden_states_port")}.items():
+                          "serve": ("engine", "port", "hidden_states_port")}.items():
         for key in keys:
-            assert getattr(getattr(got, section), key) == getattr(getattr(tiny, section), key), f"{section}.{key}"
+            assert getattr(getattr(got, section), key) == getattr(getattr(real, section), key), f"{section}.{key}"
     assert got.train.device == "cpu" and got.verifier.dtype == "float32"
+    assert got.hidden_states.target_layer_ids == [1, 13, 25]  # three of 28 layers, from 1 to N-3
+    text = out.read_text()
+    assert "p99 of" in comment_of(text, "seq_length") and "regen.max_tokens 256" in comment_of(text, "seq_length")
+    assert got.data.seq_length % 256 == 0 and got.data.seq_length > got.regen.max_tokens
+
+
+def test_the_tiny_profile_is_for_the_builtin_tiny_verifiers():
+    from dspark_kit.stages.init.init_recipe import _tiny
+
+    assert _tiny("builtin:tiny-qwen3") and _tiny("builtin:tiny-llama3")
+    assert not _tiny("builtin:smollm2-135m-instruct") and not _tiny("/models/Qwen3-0.6B")
 
 
 def test_init_multinode_writes_the_rendezvous_keys(tmp_path, tokenizer_dir):
@@ -199,6 +212,47 @@ def test_mask_token_rule():
     assert mask_token_choice(950, 950, (5, "<|MASK|>"))[0] == 5
     with pytest.raises(VerifierFactsError, match="no spare row"):
         mask_token_choice(950, 950, None)
+
+
+class _Added:
+    def __init__(self, content: str, special: bool = True):
+        self.content, self.special = content, special
+
+
+class _Tok:
+    """A tokenizer's special-token surface, as SmolLM2's: StarCoder's added tokens, three of them named."""
+
+    def __init__(self, added: dict[int, str], named: dict[str, str]):
+        self.added_tokens_decoder = {i: _Added(t) for i, t in added.items()}
+        self.special_tokens_map, self.all_special_tokens = named, list(named.values())
+
+
+STARCODER = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>", 3: "<repo_name>", 4: "<reponame>",
+             5: "<file_sep>", 14: "<jupyter_output>", 15: "<jupyter_script>", 16: "<empty_output>"}
+CHATML = "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+
+
+def test_mask_token_rule_for_a_full_vocabulary_without_reserved_tokens():
+    """No spare row, no mask token, no reserved token (SmolLM2): the last added token the chat template
+    never writes and none of the tokenizer's named roles, said so; one the verifier emitted is passed
+    over; with none left, refused naming --mask-token-id."""
+    from dspark_kit.specdec.verifier_facts import (
+        VerifierFactsError,
+        mask_token_choice,
+        unused_specials,
+    )
+
+    tok = _Tok(STARCODER, {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>"})
+    unused = unused_specials(tok, CHATML)
+    assert [i for i, _ in unused] == [3, 4, 5, 14, 15, 16]  # not 0-2: named roles and written by the template
+    mask, why = mask_token_choice(49152, 49152, None, (), unused)
+    assert mask == 16 and "<empty_output>" in why and "never writes" in why
+    mask, why = mask_token_choice(49152, 49152, None, (), unused, emitted={16, 15})
+    assert mask == 14 and "never emit" in why
+    with pytest.raises(VerifierFactsError, match="--mask-token-id"):
+        mask_token_choice(49152, 49152, None, (), unused, emitted={3, 4, 5, 14, 15, 16})
+    reserved = ((7, "<|reserved_special_token_0|>"),)
+    assert mask_token_choice(49152, 49152, None, reserved, unused)[0] == 7  # a reserved token comes first
 
 
 # ---- bad input: one line, exit 2, nothing written ----------------------------
@@ -232,10 +286,15 @@ def test_refuses_a_tokenizer_without_chat_template(tmp_path, tokenizer_dir):
     refused(init("--verifier", str(verifier), "-o", str(out)), out, "no chat template")
 
 
-def test_refuses_an_embedding_without_a_spare_row(tmp_path, tokenizer_dir, tokenizer):
+def test_a_full_embedding_takes_an_added_token_the_template_never_writes(tmp_path, tokenizer_dir, tokenizer):
+    """No spare row and no mask token: the fixture's <|MASK|> (added, never registered as the mask
+    token, never in the chat template) is the one, and the comment says why."""
     verifier = verifier_dir(tmp_path / "v", tokenizer_dir, {**QWEN3_30B_A3B, "vocab_size": len(tokenizer)})
     out = tmp_path / "r.yaml"
-    refused(init("--verifier", str(verifier), "-o", str(out)), out, "no spare row", "--mask-token-id")
+    r = init("--verifier", str(verifier), "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert load_recipe(out).draft.mask_token_id == tokenizer.convert_tokens_to_ids("<|MASK|>")
+    assert "<|MASK|>" in comment_of(out.read_text(), "mask_token_id")
 
 
 def test_refuses_unreadable_data(tmp_path, tokenizer_dir):

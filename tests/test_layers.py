@@ -177,6 +177,8 @@ CLI_TOOLS = {
     "resolved.storage_plan": "preflight's storage line",
     "specdec.window": "window plan",
     "specdec.draft_layouts": "drafts import/export/slots",
+    "specdec.gguf_export": "export --layout gguf (llama.cpp's converter)",
+    "specdec.llamacpp_tree": "export --layout gguf: the one line when llama.cpp is not built",
     "specdec.anchor": "drafts slots: a layout's draft tokens per block",
     "specdec.anchor_measure": "drafts: the layouts measured side by side",
     "specdec.verifier": "drafts import: the verifier's config",

@@ -28,7 +28,7 @@ import pytest
 # Fixtures that build or load the tiny verifier, train, or start servers. A fixture that takes
 # one of them is covered too (the check reads the test's whole fixture closure); one that does
 # such work without them belongs here.
-EXPENSIVE_FIXTURES = frozenset({"tiny_verifier", "trained_run", "vllm_cpu_build"})
+EXPENSIVE_FIXTURES = frozenset({"tiny_verifier", "trained_run", "vllm_cpu_build", "smollm2_verifier"})
 # Executables a fast test may run: quick system tools, no Python import behind them (the
 # manifest asks git for the commit, platform.processor() asks uname, tests/test_makefile.py
 # runs make).

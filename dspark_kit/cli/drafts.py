@@ -93,18 +93,53 @@ def import_cmd(
 def export_cmd(
     src: Annotated[Path, typer.Argument(help="A checkpoint the kit trained or imported (an epoch folder).")],
     dest: Annotated[Path, typer.Argument(help="A new folder: the draft in the layout asked for.")],
-    layout: Annotated[str, typer.Option("--layout", help="native (DeepSeek's, which vLLM reads) or sglang "
-                                                         "(SGLang's DSpark loader).")] = "native",
+    layout: Annotated[str, typer.Option("--layout", help="native (DeepSeek's, which vLLM reads), sglang "
+                                                         "(SGLang's DSpark loader) or gguf (llama.cpp: "
+                                                         "DEST/draft.gguf and DEST/verifier.gguf).")] = "native",
+    verifier: Annotated[Path | None, typer.Option(
+        "--verifier", help="gguf: the verifier's HF folder (its tokenizer and output head go into the draft "
+                           "GGUF; converted to DEST/verifier.gguf unless --verifier-gguf). Default: the "
+                           "folder the checkpoint records.")] = None,
+    verifier_gguf: Annotated[Path | None, typer.Option(
+        "--verifier-gguf", help="gguf: the verifier's own GGUF file (e.g. a quantized release), placed as "
+                                "DEST/verifier.gguf instead of converting the HF folder.")] = None,
+    outtype: Annotated[str, typer.Option("--outtype", help="gguf: the draft's tensor type (f32, f16, bf16, "
+                                                           "q8_0); the verifier's when converted is f16.")] = "f16",
     json_out: common.JsonOpt = False,
 ) -> None:
     """Write a checkpoint the kit trained in DSpark's own layout (the one released drafts use), or SGLang's.
 
     Qwen3DSparkModel config, target_layer_ids = aux_hidden_state_layer_ids - 1, sample_from_anchor
     explicit (sglang: the DSpark keys also in dflash_config and dspark_config); `import` gives back
-    the same config.json and tensors. Example:
+    the same config.json and tensors.
+
+    --layout gguf runs llama.cpp's own converter (`make llama-cpp` unpacks it) with
+    --target-model-dir, writes sample_from_anchor explicitly, refuses in one line a draft llama.cpp
+    cannot serve (non-Qwen3 backbone, a Markov head other than vanilla), and reads the GGUF back to
+    check block size, mask token, target layers, sample_from_anchor, Markov rank and confidence
+    head (docs/LLAMACPP.md). Examples:
 
       dspark-kit export runs/tiny-cpu/checkpoints/checkpoint_best ./exported --layout sglang
+      dspark-kit export runs/smollm2/checkpoints/checkpoint_best ./gguf --layout gguf \
+          --verifier ./smollm2-hf --verifier-gguf ./SmolLM2-135M-Instruct.Q4_1.gguf
     """
+    if layout == "gguf":
+        from dspark_kit.specdec.gguf_export import GgufExportError, export_gguf, recorded_verifier
+        from dspark_kit.specdec.llamacpp_tree import LlamaCppMissing
+
+        try:
+            out = export_gguf(src, dest, verifier or recorded_verifier(src), verifier_gguf, outtype)
+        except (GgufExportError, LlamaCppMissing) as e:
+            common.fail(str(e))
+        if json_out:
+            common.emit_json({"ok": True, "layout": "gguf", **out})
+        else:
+            typer.echo(f"{src} -> {out['draft']} (gguf, {outtype}): block {out['block_size']}, mask token "
+                       f"{out['mask_token_id']}, target layers {out['target_layers']}, sample_from_anchor "
+                       f"{str(out['sample_from_anchor']).lower()}, Markov rank {out['markov_rank']}, confidence head "
+                       f"{'yes' if out['confidence_head'] else 'no'} (read back from the GGUF)")
+            typer.echo(f"verifier: {out['verifier']} <- {out['verifier_from']}")
+        return
     from dspark_kit.specdec.draft_layouts import LayoutError, export_draft
 
     try:

@@ -88,7 +88,7 @@ def regen(
 
 def _show(summary: dict) -> None:
     """The summary's lines on stderr: rows, each endpoint, failures and why, unusable rows."""
-    from dspark_kit.stages.dataset.regen import mode_line, tools_line
+    from dspark_kit.stages.dataset.regen import mode_line, tools_line, truncated_line
 
     def say(line: str) -> None:
         common.console.print(line, highlight=False)
@@ -108,7 +108,7 @@ def _show(summary: dict) -> None:
         say(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
     if summary["skipped_rows"]:
         say(f"  unusable source rows: {summary['skipped_rows']}")
-    for line in (tools_line(summary), mode_line(summary)):
+    for line in (tools_line(summary), mode_line(summary), truncated_line(summary)):
         if line:
             say(f"  {line}")
     for reason, n in summary["tool_chains_cut"].items():

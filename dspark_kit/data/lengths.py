@@ -60,3 +60,27 @@ def sample_lengths(source: str, tokenizer, thinking: bool, sample: int = 256) ->
                               "rows with messages [{role, content}] or conversations [{from, value}]")
     return LengthSample(rows=len(lengths), p50=percentile(lengths, 50), p99=percentile(lengths, 99),
                         longest=max(lengths), skipped=tuple(skipped.most_common()))
+
+
+TRUNCATED_WARN = 0.05  # regen says so when more replies than this were cut at regen.max_tokens
+
+
+def replies_cut(rows) -> tuple[int, int]:
+    """(replies cut at max_tokens, replies) over regen rows: each reply's finish_reason as the
+    server gave it (metadata.finish_reasons, one per regenerated reply)."""
+    cut = replies = 0
+    for row in rows:
+        reasons = ((row.get("metadata") or {}).get("finish_reasons") if isinstance(row, dict) else None) or []
+        replies += len(reasons)
+        cut += sum(r == "length" for r in reasons)
+    return cut, replies
+
+
+def truncation_line(cut: int, replies: int, max_tokens: int) -> str | None:
+    """regen's closing line when more than TRUNCATED_WARN of the replies were cut (None otherwise):
+    prepare drops a cut reply's row (a reply with no end teaches the draft nothing true)."""
+    if not replies or cut / replies <= TRUNCATED_WARN:
+        return None
+    return (f"{cut} of {replies} replies ({cut / replies:.0%}) were cut at regen.max_tokens {max_tokens} "
+            "(finish_reason length), and prepare drops their rows; raise regen.max_tokens (and data.seq_length "
+            "to hold them), e.g. --set regen.max_tokens=" + str(max_tokens * 2))

@@ -49,6 +49,7 @@ __all__ = [
 TINY_CHAT = "builtin:tiny-chat"
 TINY_CHAT_ROWS = 512
 TINY_TOOLS = "builtin:tiny-tools"  # tool-calling chats over the same words (data/tiny_tools.py)
+INSTRUCTIONS = "builtin:instructions"  # varied prompts for a real instruct model (data/instructions.py)
 
 # name -> (hub id, subset, default split); `ultrachat_200k` is the hub's own name (the reference
 # run's `ultrachat_200k:train_sft`)
@@ -110,8 +111,13 @@ def _records(cfg: DataCfg, seed: int) -> tuple[str | None, Iterable[Record]]:
 
         rows = tool_conversations(cfg.limit or TINY_CHAT_ROWS, seed=seed)
         return None, (Record(f"{src} row {i + 1}", r) for i, r in enumerate(rows))
+    if src == INSTRUCTIONS:
+        from dspark_kit.data.instructions import instruction_conversations
+
+        rows = instruction_conversations(cfg.limit or TINY_CHAT_ROWS, seed=seed)
+        return None, (Record(f"{src} row {i + 1}", {"messages": m}) for i, m in enumerate(rows))
     if src.startswith("builtin:"):
-        raise SourceError(f"data.source {src!r}: unknown builtin (only {TINY_CHAT} and {TINY_TOOLS})")
+        raise SourceError(f"data.source {src!r}: unknown builtin (only {TINY_CHAT}, {TINY_TOOLS} and {INSTRUCTIONS})")
     path = Path(src).expanduser()
     if not path.exists() and (hub := hub_source(src, cfg)):  # a file of that name wins
         preset, name, config, split = hub
@@ -126,7 +132,7 @@ def source_size(cfg: DataCfg) -> int | None:
     """How many rows iter_source reads at most, when that is cheap to know (the builtin corpus,
     a jsonl file's lines), for a progress bar; None otherwise."""
     src, n = cfg.source, None
-    if src in (TINY_CHAT, TINY_TOOLS):
+    if src in (TINY_CHAT, TINY_TOOLS, INSTRUCTIONS):
         n = cfg.limit or TINY_CHAT_ROWS
     elif not src.startswith("builtin:"):
         path = Path(src).expanduser()

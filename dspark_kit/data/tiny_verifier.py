@@ -27,6 +27,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from dspark_kit.data import gguf_verifier
 from dspark_kit.data.families import BUILTINS, FAMILIES, QWEN3, Family
 from dspark_kit.data.tiny_builder import DEFAULT_SPEC, TinySpec, spec_dict
 from dspark_kit.progress import note
@@ -48,23 +49,29 @@ def spec_hash(spec: TinySpec, family: Family = QWEN3) -> str:
 
 def resolve_verifier_path(path: str) -> str:
     """Map the recipe's verifier path to something transformers can load (a builtin:tiny-<family>
-    is unpacked, or built, into the cache)."""
+    is unpacked, or built, into the cache; a GGUF file, or a builtin one, is converted into it)."""
     if path in BUILTINS:
         return str(ensure_tiny_verifier(family=BUILTINS[path]))
+    if gguf_verifier.is_gguf(path):
+        return gguf_verifier.resolve_verifier_path(path)
     return _not_an_unknown_builtin(path)
 
 
 def planned_verifier_path(path: str) -> str:
     """Where resolve_verifier_path will find the verifier, without building anything: plans
-    (dry runs, `recipe show`) name the tiny verifier's cache entry and never spend ~4 minutes."""
+    (dry runs, `recipe show`) name the tiny verifier's (or a GGUF's) cache entry and never spend
+    minutes building or converting."""
     if path in BUILTINS:
         return str(tiny_verifier_dir(family=BUILTINS[path]))
+    if gguf_verifier.is_gguf(path):
+        return gguf_verifier.planned_verifier_path(path)
     return _not_an_unknown_builtin(path)
 
 
 def _not_an_unknown_builtin(path: str) -> str:
     if path.startswith("builtin:"):
-        raise RecipeError(f"verifier.path: {path} is no embedded verifier; use one of {', '.join(BUILTINS)}")
+        names = [*BUILTINS, *gguf_verifier.SHIPPED_GGUF]
+        raise RecipeError(f"verifier.path: {path} is no embedded verifier; use one of {', '.join(names)}")
     return path
 
 

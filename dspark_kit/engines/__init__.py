@@ -5,7 +5,7 @@ listens); `dspark_kit.engines.lifecycle` starts, health-checks and stops any pla
 same way. Roles: `chat` (regen / bench without a draft), `hidden-states`
 (verifier hidden-state extraction, docs/CONCEPTS.md#the-hidden-state-server), `spec` (verifier + DSpark
 draft). Engines: `local` (our FastAPI server, CPU/CUDA/NPU via transformers),
-`vllm` (CUDA), `vllm-ascend` (NPU).
+`vllm` (CUDA), `vllm-ascend` (NPU), `llama.cpp` (CPU, GGUF: engines/llamacpp.py; roles chat and spec).
 
 Layer 4: may import core, data/, specdec/, compat/, resolved/ and distributed/; never measure/,
 stages/ or cli/. local/ holds the local engine.

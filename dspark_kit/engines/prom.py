@@ -25,6 +25,12 @@ PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUEST_SUCCESS = "vllm:request_success"
+# llama-server's /metrics (`--metrics`; tools/server/server-task.cpp) counts the same things under its own
+# prefix: read as vLLM's names, so bench and the served gate read llama.cpp's counters unchanged
+LLAMACPP_NAMES = {"llamacpp:spec_decode_num_drafts": DRAFTS, "llamacpp:spec_decode_num_draft_tokens": DRAFT_TOKENS,
+                  "llamacpp:spec_decode_num_accepted_tokens": ACCEPTED,
+                  "llamacpp:spec_decode_num_accepted_tokens_per_pos": ACCEPTED_PER_POS,
+                  "llamacpp:prompt_tokens": PROMPT_TOKENS, "llamacpp:tokens_predicted": GENERATION_TOKENS}
 
 
 class EngineMetrics:
@@ -106,7 +112,7 @@ def iter_samples(text: str):
         for s in fam.samples:
             name = _base_name(s.name)
             if name is not None:
-                yield name, s.labels, s.value
+                yield LLAMACPP_NAMES.get(name, name), s.labels, s.value
 
 
 def sum_counter(text: str, name: str, model_name: str | None = None,

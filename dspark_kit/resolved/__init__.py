@@ -7,7 +7,8 @@ installed version, and the machine. Each such value is decided here by one
 function, with a note saying where it came from; engines, stages, preflight,
 bench and the CLI ask a `Resolved` instead of re-deriving it.
 
-    verifier_path      recipe verifier.path, builtin:tiny-qwen3 built/cached
+    verifier_path      recipe verifier.path, builtin:tiny-qwen3 built/cached, a GGUF file converted/cached
+    verifier_gguf      the GGUF file verifier.path names (llama.cpp serves it), else None
     served_name        verifier.served_name, else the resolved verifier path
     served_names       per role: hidden-states answers to the verifier path first (what
                        speculators' trainer and generate-offline-data check), then served_name
@@ -104,6 +105,12 @@ class Resolved(SpecDecisions, Placement):
         self._installed = installed
         self._window_support = window_support
 
+    def with_engine(self, engine: str) -> Resolved:
+        """The same decisions for another engine (regen.engine: regen's server on its own engine)."""
+        return Resolved(self.recipe, self.run, engine=engine, checkpoint=self.checkpoint_choice,
+                        window=self.window_choice, eval_device=self.eval_device_choice, planning=self.planning,
+                        installed=self._installed, window_support=self._window_support)
+
     # ---- verifier -----------------------------------------------------------
     @cached_property
     def verifier_path(self) -> str:
@@ -113,6 +120,16 @@ class Resolved(SpecDecisions, Placement):
 
         path = self.recipe.verifier.path
         return planned_verifier_path(path) if self.planning else resolve_verifier_path(path)
+
+    @cached_property
+    def verifier_gguf(self) -> str | None:
+        """The GGUF file verifier.path names (a path or a builtin such as builtin:smollm2-135m-instruct),
+        as given: an engine that serves GGUF itself (llama.cpp) serves this file; every other stage
+        reads verifier_path, its converted folder. None for a Hugging Face verifier."""
+        from dspark_kit.data.gguf_verifier import gguf_source, is_gguf
+
+        path = self.recipe.verifier.path
+        return str(gguf_source(path)) if is_gguf(path) else None
 
     @cached_property
     def served_name(self) -> str:
@@ -139,6 +156,10 @@ class Resolved(SpecDecisions, Placement):
         from dspark_kit.specdec.verifier_facts import verifier_config
 
         found = verifier_config(self.verifier_path)
+        if found is None and self.planning and self.verifier_gguf is not None:  # not converted yet
+            from dspark_kit.data.gguf_verifier import planned_config as gguf_config
+
+            return gguf_config(self.recipe.verifier.path)
         if found is None and self.planning:
             from dspark_kit.data.families import family_of_builtin
             from dspark_kit.data.tiny_verifier import planned_config

@@ -117,7 +117,9 @@ class SpecDecisions:
         wanted = self.wanted_window
         window, source, notes = wanted.value, wanted.source, []
         max_len = self.recipe.serve.max_model_len
-        if self.engine == "vllm":
+        if self.engine == "llama.cpp":  # the plan's note names the window asked (engines/llamacpp.py)
+            window, source = None, "engine llama.cpp: no draft window"
+        elif self.engine == "vllm":
             if window is not None and not source.startswith("auto"):
                 notes.append(f"{source} {window} ignored: CUDA vLLM has no runtime draft window "
                              "(train sliding-window draft layers instead)")
@@ -153,6 +155,13 @@ class SpecDecisions:
                                f"block; set serve.draft_window_size >= {block.value}, or off")
         return Decision(window, source, (*notes, *self._window_risks(window, source).values()))
 
+    @property
+    def conf_min(self) -> float:
+        """llama.cpp's --spec-draft-p-min when adaptive verification is on: eval.confidence_threshold
+        (the cut-off eval measures offline), else 0.5."""
+        t = self.recipe.eval.confidence_threshold
+        return t if t is not None else 0.5
+
     @cached_property
     def kv_block_size(self) -> Decision[int | None]:
         """The serving engine's KV-cache block: a draft window starts on one of its boundaries."""
@@ -179,6 +188,19 @@ class SpecDecisions:
         if self.engine == "local":
             return Decision(False, f"{name}: the local engine verifies a fixed K "
                                    "(eval.confidence_threshold measures the budget offline)")
+        if self.engine == "llama.cpp":  # --spec-draft-p-min: asked for, never on by itself
+            try:
+                cfg = self.checkpoint_config
+            except ValueError:
+                cfg = None
+            head = bool(cfg.get("enable_confidence_head")) if cfg else self.recipe.draft.confidence_head
+            if setting == "auto":
+                return Decision(False, f"{name}: llama.cpp cuts blocks by confidence only when asked "
+                                       "(serve.adaptive_verification on)")
+            if not head:
+                raise ResolveError("serve.adaptive_verification on: the draft has no confidence head; set "
+                                   "serve.adaptive_verification: off")
+            return Decision(True, f"{name}: llama.cpp --spec-draft-p-min {self.conf_min}")
         support, first = self.engine_support.has("adaptive"), self.engine_support.first_with("adaptive")
         try:
             cfg = self.checkpoint_config

@@ -88,6 +88,7 @@ class VerifierFacts:
     tokenizer_len: int
     tokenizer_mask: tuple[int, str] | None  # the tokenizer's own mask token (id, text)
     reserved: tuple[tuple[int, str], ...]  # reserved special tokens the chat template never writes (id, text)
+    unused: tuple[tuple[int, str], ...]  # other added tokens the chat template never writes (id, text)
     thinking_default: bool | None  # the template's mode when enable_thinking is not passed; None: no switch
     tokenizer: object  # the loaded tokenizer (token lengths of the data)
     layer_types: tuple[str, ...] | None = None  # config.json layer_types (hybrid attention), when given
@@ -312,6 +313,7 @@ def read_verifier_facts(verifier: str, location: str | None = None, trust_remote
         dtype=dtype if isinstance(dtype, str) else None, remote_code=remote, tokenizer_len=len(tok),
         tokenizer_mask=(mask_id, str(tok.mask_token)) if isinstance(mask_id, int) else None,
         reserved=reserved_specials(tok, template),
+        unused=unused_specials(tok, template),
         thinking_default=thinking_default(tok), tokenizer=tok, warnings=tuple(warnings),
         layer_types=tuple(map(str, lm["layer_types"])) if isinstance(lm.get("layer_types"), list) else None,
         reasoning=reasoning_formats.of_template(template, lm.get("model_type") or cfg.get("model_type")),
@@ -375,11 +377,27 @@ def reserved_specials(tok, template: str | None) -> tuple[tuple[int, str], ...]:
                         and t.content not in (template or "")))
 
 
+def unused_specials(tok, template: str | None) -> tuple[tuple[int, str], ...]:
+    """The tokenizer's added tokens (special or not, as StarCoder's `<repo_name>` ... `<empty_output>`
+    in SmolLM2, which registers only its first three as special) that the chat template never writes
+    and that are none of its named roles (bos, eos, pad, unk, ...), by id: a chat never carries them,
+    so a chat model practically never emits them. Tokens named "reserved" are reserved_specials'."""
+    added = getattr(tok, "added_tokens_decoder", {}) or {}
+    named = {str(t) for t in (getattr(tok, "all_special_tokens", None) or [])}
+    named |= {str(v) for v in (getattr(tok, "special_tokens_map", None) or {}).values() if isinstance(v, str)}
+    return tuple(sorted((i, t.content) for i, t in added.items()
+                        if t.content and "reserved" not in t.content.lower() and t.content not in (template or "")
+                        and t.content not in named and t.content.strip() == t.content))
+
+
 def mask_token_choice(vocab_size: int, tokenizer_len: int, tokenizer_mask: tuple[int, str] | None,
-                      reserved: tuple[tuple[int, str], ...] = ()) -> tuple[int, str]:
+                      reserved: tuple[tuple[int, str], ...] = (), unused: tuple[tuple[int, str], ...] = (),
+                      emitted: frozenset[int] | set[int] = frozenset()) -> tuple[int, str]:
     """(mask_token_id, where it came from): the first spare embedding row, len(tokenizer), when the
     embedding has one; else the tokenizer's own mask token; else the first reserved special token
-    (a full vocabulary, as Llama-3's); else refused."""
+    (a full vocabulary, as Llama-3's); else the last added token the chat template never writes
+    (unused_specials: SmolLM2's StarCoder tokens) and the verifier never emitted (`emitted`: the
+    token ids of its regenerated replies, when known); else refused."""
     if vocab_size > tokenizer_len:
         return tokenizer_len, (f"first spare embedding row: len(tokenizer) {tokenizer_len} < "
                                f"vocab_size {vocab_size}")
@@ -391,6 +409,14 @@ def mask_token_choice(vocab_size: int, tokenizer_len: int, tokenizer_mask: tuple
                                 f"(vocab_size {vocab_size}, len(tokenizer) {tokenizer_len}) and the tokenizer no "
                                 "mask token; a reserved token is never trained on and the chat template never "
                                 "writes it, so the verifier never emits it")
+    spare = [(i, text) for i, text in unused if i not in emitted]
+    if spare:
+        i, text = spare[-1]
+        seen = " nor did the verifier emit it in its regenerated replies" if emitted else ""
+        return i, (f"the added token {text} (id {i}), the last of {len(spare)} added tokens the chat template "
+                   f"never writes{seen}: the embedding has no spare row (vocab_size {vocab_size}, len(tokenizer) "
+                   f"{tokenizer_len}), the tokenizer no mask token and no reserved token; a chat never carries "
+                   "it, so the verifier practically never emits it (preflight checks regen's replies)")
     raise VerifierFactsError(f"mask token: the embedding has no spare row (vocab_size {vocab_size} <= "
                              f"len(tokenizer) {tokenizer_len}) and the tokenizer has no mask token; pass "
                              "--mask-token-id with a reserved special token id the verifier never emits")

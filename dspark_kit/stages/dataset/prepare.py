@@ -83,7 +83,13 @@ from dspark_kit.jsonl import BadLine
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.schema import DataCfg
 from dspark_kit.resolved import Resolved
-from dspark_kit.resolved.prepare_input import CHANGED, WHERE, missing_source, prepare_input_rows, prepare_source
+from dspark_kit.resolved.prepare_input import (
+    CHANGED,
+    WHERE,
+    missing_source,
+    prepare_input_rows,
+    prepare_source,
+)
 from dspark_kit.rundir import prepare_errors_file
 from dspark_kit.stages.plan import StagePlan
 

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_kit.data import mode_rule
 from dspark_kit.data.conversations import canonical_reasoning, split_reasoning, to_sharegpt
+from dspark_kit.data.lengths import replies_cut
 from dspark_kit.data.reasoning_formats import NONE, ReasoningFormat
 from dspark_kit.engines import api_key_from_env
 from dspark_kit.engines import openai_base_url as normalize_endpoint
@@ -64,6 +65,12 @@ from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.recipe.mixture import TEMPERATURE, THINKING, choose
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import regen_engine_log, regen_errors_file
+from dspark_kit.stages.dataset.regen_summary import (
+    failure_verdict,
+    mode_line,
+    tools_line,
+    truncated_line,
+)
 from dspark_kit.stages.plan import Process, StagePlan
 
 if TYPE_CHECKING:
@@ -333,46 +340,6 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
     }
 
 
-def tools_line(summary: dict) -> str | None:
-    """What happened to the tool-calling rows (None when there were none): the verifier's own calls,
-    and rows where it answered in text where the dataset had called (its results then go unused)."""
-    t = summary.get("tools") or {}
-    if not t.get("rows"):
-        return None
-    line = f"tool rows: {t['rows']} written, {t['verifier_calls']} calls made by the verifier"
-    if t["rows_results_unused"]:
-        line += (f"; in {t['rows_results_unused']} rows it answered in text where the dataset called a tool "
-                 "(those results stay unused: the row is what the verifier does)")
-    cut = sum((summary.get("tool_chains_cut") or {}).values())
-    return line + (f"; {cut} rows cut after a call the dataset has no result for" if cut else "")
-
-
-def mode_line(summary: dict) -> str | None:
-    """The output's rows dropped by the replies-vs-thinking-mode rule, and a mixture's thinking rows
-    without any reasoning, in one line (None: neither)."""
-    if not summary.get("mode"):
-        return None
-    counts = mode_rule.ModeCounts(**summary["mode"])
-    return "; ".join(filter(None, (counts.line(), counts.warning()))) or None
-
-
-def failure_verdict(summary: dict, budget: float, mode_budget: float) -> str | None:
-    """Why this regen failed as a whole (None: it did its job): nothing written while rows failed,
-    or more failed rows than regen.max_failed_fraction of those sent, with the first reasons; else
-    (`mode_budget`: data.max_mode_mismatch_fraction) the output's replies disagree with their
-    thinking mode beyond the rule (data/mode_rule.py)."""
-    failed, written = summary["failed"], summary["written"]
-    sent = failed + written
-    if not failed or (written and failed / sent <= budget):
-        if "mode" not in summary:
-            return None
-        return mode_rule.ModeCounts(**summary["mode"]).verdict(mode_budget, "regen", generated=True)
-    reasons = "; ".join(f"{n}x {r}" for r, n in list(summary["failed_reasons"].items())[:3])
-    what = "every row failed" if not written else f"{failed} of {sent} rows failed ({failed / sent:.0%})"
-    return (f"regen: {what}, above regen.max_failed_fraction {budget:g}: {reasons}; fix the server or "
-            "request and rerun with --resume (written rows are kept)")
-
-
 class OutputExists(ValueError):
     """--no-resume on an output that holds rows, without --overwrite."""
 
@@ -468,6 +435,8 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
 
     # judged over the whole output: a resumed run counts the rows earlier runs wrote
     summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else (), opts.reasoning).as_dict()
+    cut, replies = replies_cut(read_jsonl(outfile) if outfile.exists() else ())
+    summary["truncated"] = {"replies": cut, "of": replies, "max_tokens": opts.max_tokens}
     summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
     listed = keys_in(errors_file, _error_idx) if dropped else set()
     if new := [d for d in dropped if d["idx"] not in listed]:  # once per row, also over resumes
@@ -490,7 +459,7 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     recipe engine's chat server it starts when there is none (the run starts exactly that one)."""
     from urllib.parse import urlparse
 
-    from dspark_kit.engines.servers import regen_server_plan, server_plan
+    from dspark_kit.engines.servers import regen_engine, regen_server_plan, server_plan
 
     recipe = res.recipe
     outfile = Path(outfile or res.run.regen_jsonl)
@@ -498,7 +467,8 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     urls = [urlparse(e if "//" in e else f"http://{e}") for e in endpoints]
     machines = sorted({u.hostname or e for u, e in zip(urls, endpoints, strict=True)})
     processes = [] if endpoints else [Process("chat server", regen_server_plan(res, api_key=api_key))]
-    lines = [processes[0].launch.shell_line()] if processes else [
+    engine = [f"# chat server on engine {regen_engine(res)[0]} ({regen_engine(res)[1]})"] if processes else []
+    lines = [*engine, processes[0].launch.shell_line()] if processes else [
         (f"# {len(endpoints)} server(s) on {len(machines)} machine(s) ({', '.join(machines)}): one client here "
          f"spreads rows over all of them ({recipe.regen.concurrency} in flight each) into one output {outfile}; "
          "--resume (default) skips rows already written and retries failed ones, a server that keeps refusing "
@@ -519,7 +489,8 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     lines += [w for w in (missing_source(res),) if w]  # planned all the same: the dry run says it fails
     plan = StagePlan.of(res, "regen", lines, processes, inputs={"data.source": recipe.data.source},
                         outputs={"regen": str(outfile), "errors": str(regen_errors_file(outfile))})
-    plan.details.update(endpoints=endpoints, machines=machines, concurrency_per_endpoint=recipe.regen.concurrency)
+    plan.details.update(endpoints=endpoints, machines=machines, concurrency_per_endpoint=recipe.regen.concurrency,
+                        engine=regen_engine(res)[0] if processes else None)
     return plan
 
 
@@ -577,16 +548,17 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     with reporter.bar("regen", total=res.recipe.data.limit, unit="row") as bar:
         s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
                       engine_log=res.run.server_log("chat"), server_plan=chat.server if chat else None)
+    s["engine"] = plan.details.get("engine")
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
          f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
-         f"of {s['source_rows']} source rows")
+         f"of {s['source_rows']} source rows" + (f" (engine {s['engine']})" if s["engine"] else ""))
     for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
         note(f"  {n}: {reason}")
     for reason, n in s["changed_rows"].items():
         note(f"  changed {n}: {reason}")
     if s["failed_reasons"] or s["skipped_rows"]:
         note(f"  each row, with its line: {s['errors_file']}")
-    for line in (tools_line(s), mode_line(s)):
+    for line in (tools_line(s), mode_line(s), truncated_line(s)):
         if line:
             note(f"  {line}")
     verdict = failure_verdict(s, res.recipe.regen.max_failed_fraction, res.recipe.data.max_mode_mismatch_fraction)

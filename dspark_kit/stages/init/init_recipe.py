@@ -44,6 +44,21 @@ CPU_PROFILE = {
     "bench": {"num_prompts": 8, "concurrency": 4, "max_tokens": 48},
     "eval": {"num_prompts": 8, "max_new_tokens": 48},
 }
+# A real model on CPU (recipes/smollm2-135m-cpu.yaml's choices; tests check they match): the kit's
+# instruction set, replies long enough for an instruct model's answers, one draft layer reading three
+# verifier layers, a reduced draft vocabulary (its head is most of a small draft's cost on CPU).
+REAL_CPU_PROFILE = {
+    "draft": {"block_size": 4, "num_layers": 1, "target_layers": 3, "markov_rank": 64, "draft_vocab_size": 8192},
+    "data": {"source": "builtin:instructions", "limit": 320, "num_workers": 1},
+    "regen": {"concurrency": 16},
+    "train": {"epochs": 6, "lr": 0.002, "max_anchors": 128, "num_workers": 0, "train_data_ratio": 0.9},
+    "serve": {"port": FREE_PORT, "hidden_states_port": FREE_PORT},
+    "bench": {"num_prompts": 8, "concurrency": 4, "max_tokens": 96},
+    "eval": {"num_prompts": 16, "max_new_tokens": 96},
+}
+# An instruct model's reply to the kit's instructions (length hints up to "two short paragraphs"):
+# SmolLM2-135M-Instruct's greedy replies, measured (docs/PERFORMANCE.md), fit 256 tokens but for a few
+REAL_REPLY_TOKENS = 256
 ACCELERATOR_PROFILE = {
     "draft": {"block_size": 8, "num_layers": 5, "markov_rank": 256},
     "data": {"source": "ultrachat", "limit": 20000, "seq_length": 8192, "num_workers": 8},
@@ -95,6 +110,13 @@ def _where(opts: InitOptions):
     return res.verifier_path, res.train_device.value
 
 
+def _tiny(verifier: str) -> bool:
+    """A builtin tiny verifier: the tiny demo's profile fits it (a real model gets REAL_CPU_PROFILE)."""
+    from dspark_kit.data.families import family_of_builtin
+
+    return family_of_builtin(verifier) is not None
+
+
 def _split_devices(n: int, heads: int | None) -> tuple[list[int], list[int]]:
     """(trainer ids, server ids) on one node: the server gets the largest power of two up to half the
     devices that divides the attention heads (its tensor-parallel size), the trainer the rest."""
@@ -113,7 +135,14 @@ def _ids(ids: list[int]) -> str:
 def _seq_length(opts: InitOptions, facts, profile: dict, thinking: bool) -> tuple[int, str]:
     max_pos = facts.max_position_embeddings
     cap = f"; cap: max_position_embeddings {max_pos}" if max_pos else ""
-    if opts.data is None:
+    if opts.data is None and profile is REAL_CPU_PROFILE:  # the builtin prompts + the reply budget
+        from dspark_kit.data.lengths import sample_lengths
+
+        s = sample_lengths(profile["data"]["source"], facts.tokenizer, thinking, SAMPLE_ROWS)
+        seq = -(-(s.p99 + REAL_REPLY_TOKENS) // SEQ_ROUND) * SEQ_ROUND
+        how = (f"p99 of {s.rows} {profile['data']['source']} prompts in its chat template = {s.p99} tokens, plus "
+               f"regen.max_tokens {REAL_REPLY_TOKENS}, rounded up to {SEQ_ROUND}{cap}")
+    elif opts.data is None:
         seq = profile["data"]["seq_length"]
         how = f"profile default (no --data to measure){cap}"
     else:
@@ -188,7 +217,7 @@ def _decide(opts: InitOptions) -> _Decided:
     if opts.nodes < 1:
         raise InitError(f"--nodes {opts.nodes}: must be >= 1")
     location, device = _where(opts)
-    profile = ACCELERATOR_PROFILE if device != "cpu" else CPU_PROFILE
+    profile = ACCELERATOR_PROFILE if device != "cpu" else CPU_PROFILE if _tiny(opts.verifier) else REAL_CPU_PROFILE
     try:
         facts = vf.read_verifier_facts(opts.verifier, location, trust_remote_code=opts.trust_remote_code)
         if opts.mask_token_id is not None:
@@ -197,9 +226,13 @@ def _decide(opts: InitOptions) -> _Decided:
             mask, mask_from = opts.mask_token_id, "--mask-token-id"
         else:
             mask, mask_from = vf.mask_token_choice(facts.vocab_size, facts.tokenizer_len, facts.tokenizer_mask,
-                                               facts.reserved)
-        targets, targets_from = vf.dflash_layer_ids(facts.num_layers, profile["draft"]["num_layers"],
+                                               facts.reserved, facts.unused)
+        draft = profile["draft"]
+        targets, targets_from = vf.dflash_layer_ids(facts.num_layers, draft.get("target_layers", draft["num_layers"]),
                                                      list(facts.layer_types or []) or None)
+        if "target_layers" in draft:
+            targets_from = (f"{draft['target_layers']} verifier layers for {draft['num_layers']} draft layer(s) "
+                            f"(a real model: more of its depth than one layer): {targets_from}")
     except vf.VerifierFactsError as e:
         raise InitError(str(e)) from None
     always = facts.reasoning is not None and facts.reasoning.always  # Harmony: every reply reasons, no switch
@@ -225,7 +258,7 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
     opts, facts, profile = d.opts, d.facts, d.profile
     w.section("verifier", f"{facts.architecture}, read from config.json, tokenizer and chat template")
     local = Path(opts.verifier).expanduser()
-    if local.is_dir():  # absolute: the recipe means the same from any directory
+    if local.is_dir() or local.is_file():  # absolute (a folder or a GGUF file): the same from any directory
         w.key("path", str(local.resolve()), "" if local.is_absolute() else f"--verifier {opts.verifier}, made absolute")
     else:
         w.key("path", opts.verifier)
@@ -251,9 +284,12 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
     w.section("regen", "on-policy replies from the verifier itself (docs/PITFALLS.md, pitfall 3)")
     w.key("endpoints", [], "empty: the run starts a chat server; list several servers to shard")
     w.key("concurrency", profile["regen"]["concurrency"])
-    wanted = profile["regen"].get("max_tokens", d.seq)
+    real = profile is REAL_CPU_PROFILE and opts.data is None
+    wanted = REAL_REPLY_TOKENS if real else profile["regen"].get("max_tokens", d.seq)
     max_tokens, capped = d.reply_budget(wanted)
-    w.key("max_tokens", max_tokens, capped or ("profile" if "max_tokens" in profile["regen"] else "= data.seq_length"))
+    why = ("an instruct model's reply to the builtin instructions (regen says so when over 5% are cut)" if real
+           else "profile" if "max_tokens" in profile["regen"] else "= data.seq_length")
+    w.key("max_tokens", max_tokens, capped or why)
     w.key("temperature", 0.0, "greedy: the draft learns what greedy serving accepts")
     w.key("seed", 42)
 
@@ -274,7 +310,7 @@ def _hidden_states_draft(w: CommentedYaml, d: _Decided) -> None:
     w.key("target_layer_ids", d.targets, f"{d.targets_from} (docs/CONCEPTS.md#layer-ids)", show=d.targets_from)
     if d.accel:
         w.key("storage_path", "/tmp/hidden_states", "the server and the trainer share a node")
-    which = "reference run" if d.accel else "tiny demo"
+    which = "reference run" if d.accel else "tiny demo" if d.profile is CPU_PROFILE else "real-model CPU profile"
     w.section("draft", f"block size and layers: the {which}'s")
     arch, arch_from = draft_arch(d.facts.model_type)
     w.key("arch", arch, arch_from)
@@ -283,6 +319,10 @@ def _hidden_states_draft(w: CommentedYaml, d: _Decided) -> None:
     w.key("mask_token_id", d.mask, f"{d.mask_from} (docs/CONCEPTS.md#the-mask-token)",
           show=d.mask_from.split(":")[0])
     w.key("markov_rank", d.profile["draft"]["markov_rank"])
+    reduced = d.profile["draft"].get("draft_vocab_size")
+    if reduced and reduced < d.facts.vocab_size:
+        w.key("draft_vocab_size", reduced, f"the {reduced} most frequent tokens of the regenerated replies, of "
+                                           f"{d.facts.vocab_size}: the draft's head is most of its cost on CPU")
     w.key("confidence_head", True)
     w.key("attention", "full", "every layer trained with full attention (docs/PITFALLS.md, pitfall 2)")
     npu = d.device == "npu"
@@ -419,7 +459,8 @@ def _render(opts: InitOptions, d: _Decided) -> NewRecipe:
     w.top("workdir", f"runs/{name}", "on storage every node mounts at the same path" if opts.nodes > 1 else "")
     for part in (_verifier_data_regen, _hidden_states_draft, _train, _serve_bench_eval):
         part(w, d)
-    profile = "the reference Ascend run's profile." if d.accel else "the tiny demo's profile (recipes/tiny-cpu.yaml)."
+    profile = ("the reference Ascend run's profile." if d.accel else "the tiny demo's profile (recipes/tiny-cpu.yaml)."
+               if d.profile is CPU_PROFILE else "the real-model CPU profile (recipes/smollm2-135m-cpu.yaml).")
     header = [f"# Written by `dspark-kit init --verifier {opts.verifier}` from its config.json, tokenizer and chat",
               f"# template. Derived values say where they came from; the rest is {profile}",
               f"# Next: dspark-kit preflight -r {opts.output}   then   dspark-kit run {opts.output}"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dspark_kit.data.gguf_verifier import is_gguf
 from dspark_kit.findings import Finding
 from dspark_kit.recipe import RecipeError
 from dspark_kit.specdec.verifier_facts import has_tokenizer_files
@@ -127,6 +128,8 @@ def check_verifier(ctx: _Context) -> list[Finding]:
     where = Path(ctx.verifier_path).expanduser()
     if not where.is_dir() and not _looks_like_a_path(typed):
         return []  # a hub id (or the tiny verifier before its build)
+    if is_gguf(typed) and not where.is_dir():
+        return []  # a GGUF file (it is here: its path was resolved), converted on first use
     found: list[tuple[str, str]] = []
     relative = not typed.startswith("builtin:") and not Path(typed).is_absolute() and not _looks_like_a_path(typed)
     if relative and where.is_dir():

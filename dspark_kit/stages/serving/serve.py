@@ -51,10 +51,40 @@ def serve_check(res: Resolved, server: ServerPlan | None = None) -> dict:
               "num_speculative_tokens": res.k.value, "draft_window_size": res.window.value,
               "adaptive_verification": res.adaptive_verification.value,
               "warnings": sp.warnings, "decisions": sp.decisions}
-    if res.engine == "local":
+    if res.engine == "llama.cpp":
+        result["gguf"] = export_for_llamacpp(res)
+    if res.engine in ("local", "llama.cpp"):
         with running_server(res, "spec", plan=server) as url:
             result["smoke_reply"] = asyncio.run(smoke_reply(url))
     return result
+
+
+def export_command(res: Resolved) -> list[str]:
+    """The `dspark-kit export --layout gguf` the serve check runs for llama.cpp (as a line to print)."""
+    from dspark_kit.engines.servers import gguf_export_dir
+
+    argv = ["dspark-kit", "export", str(res.checkpoint), str(gguf_export_dir(res)), "--layout", "gguf",
+            "--verifier", res.verifier_path]
+    own = res.verifier_gguf
+    return argv + (["--verifier-gguf", own] if own else [])
+
+
+def export_for_llamacpp(res: Resolved) -> dict:
+    """The spec checkpoint as GGUF files for llama.cpp (DIR/serve/gguf-NAME), exported once per checkpoint."""
+    from pathlib import Path
+
+    from dspark_kit.engines.servers import gguf_export_dir
+    from dspark_kit.specdec.gguf_export import DRAFT_GGUF, GgufExportError, export_gguf
+    from dspark_kit.specdec.llamacpp_tree import LlamaCppMissing
+
+    out = gguf_export_dir(res)
+    if (out / DRAFT_GGUF).exists():
+        return {"draft": str(out / DRAFT_GGUF), "exported": "earlier"}
+    own = res.verifier_gguf
+    try:
+        return export_gguf(res.checkpoint, out, Path(res.verifier_path), Path(own) if own else None)
+    except (GgufExportError, LlamaCppMissing) as e:
+        raise ServeError(str(e)) from None
 
 
 # ---- `dspark-kit serve`: one server kept until Ctrl-C --------------------------------
@@ -85,7 +115,12 @@ def keep_serving(res: Resolved, checked: CheckedServer, role: str, *, ready, say
 
 def plan(res: Resolved) -> StagePlan:
     lines, procs = spec_server_lines(res, "serve check")
-    if res.engine != "local":  # nothing starts here: the command is written for the serving host
+    if res.engine == "llama.cpp":  # the draft (and verifier) as GGUF first, with llama.cpp's converter
+        from dspark_kit.engines import shell_line
+
+        lines.insert(0, shell_line(export_command(res), {}))
+        lines.insert(0, "# serve check: the checkpoint as GGUF for llama.cpp (once per checkpoint)")
+    elif res.engine != "local":  # nothing starts here: the command is written for the serving host
         lines.append(f"# written to {res.run.serve_command}; a non-local engine is not started by the serve check")
         procs = []
     return StagePlan.of(res, "serve", lines, procs, outputs={"command": str(res.run.serve_command)})

