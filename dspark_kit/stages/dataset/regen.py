@@ -350,7 +350,7 @@ def tools_line(summary: dict) -> str | None:
 def truncated_line(summary: dict) -> str | None:
     """The line that names regen.max_tokens when more than 5% of the replies were cut (None: fewer)."""
     t = summary.get("truncated") or {}
-    return truncation_line(t.get("replies", 0), t.get("of", 0), t.get("max_tokens", 0))
+    return truncation_line(t.get("replies", 0), t.get("of", 0), t.get("max_tokens", 0), t.get("looping", 0))
 
 
 def mode_line(summary: dict) -> str | None:
@@ -470,8 +470,8 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
 
     # judged over the whole output: a resumed run counts the rows earlier runs wrote
     summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else (), opts.reasoning).as_dict()
-    cut, replies = replies_cut(read_jsonl(outfile) if outfile.exists() else ())
-    summary["truncated"] = {"replies": cut, "of": replies, "max_tokens": opts.max_tokens}
+    cut, replies, looping = replies_cut(read_jsonl(outfile) if outfile.exists() else ())
+    summary["truncated"] = {"replies": cut, "of": replies, "looping": looping, "max_tokens": opts.max_tokens}
     summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
     summary.update({
         "outfile": str(outfile), "errors_file": str(errors_file),
