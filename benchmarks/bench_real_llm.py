@@ -74,13 +74,16 @@ def main() -> int:
         rows += [Row("real llm", "whole run, cold run folder (wall)", round(wall, 1), "s", "< 1200 s", wall < 1200),
                  Row("real llm", "whole run (CPU seconds, all processes)", round(cpu, 1), "s")]
     state = json.loads((wd / "state.json").read_text())
-    for name, st in (state.get("stages") or {}).items():
+    for name, st in state.items():
         if isinstance(st, dict) and st.get("seconds") is not None:
             rows.append(Row("real llm", f"stage {name}", st["seconds"], "s", notes=f"figure {st.get('figure')}"))
-    prepare = (state.get("stages") or {}).get("prepare", {}).get("summary") or {}
+    manifest = json.loads((wd / "manifest.json").read_text())
+    prepare = ((manifest.get("stages") or {}).get("prepare") or {}).get("summary") or {}
     if prepare:
-        rows.append(Row("real llm", "prepare: rows kept / dropped", f"{prepare.get('rows_out')} / "
-                        f"{sum((prepare.get('dropped') or {}).values())}", notes=json.dumps(prepare.get("dropped"))))
+        dropped = prepare.get("rejected") or {}
+        rows.append(Row("real llm", "prepare: conversations in / rows kept / dropped",
+                        f"{prepare.get('conversations_in')} / {prepare.get('rows_out')} / {sum(dropped.values())}",
+                        notes="; ".join(f"{n}: {why}" for why, n in dropped.items())))
     trained = wd / "checkpoints" / "checkpoint_best"
     fresh = untrained_copy(trained.resolve(), tmp / "untrained")
     for temperature in (0.0, 1.0):

@@ -146,6 +146,9 @@ def main() -> None:
                            tmp / "scale.json", "scale", 1200)
         peers = ["--rows", "48", "--hidden-rows", "8", "--prepare-rows", "100"] if q else []
         rows += run_script(["bench_peers.py", *peers], tmp / "peers.json", "peers", 2400)
+        # a real LLM end to end (SmolLM2-135M-Instruct's recipe, every stage) and its acceptance
+        rows += run_script(["bench_real_llm.py", "--prompts", "8" if q else "16"], tmp / "real_llm.json", "real llm",
+                           3600)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - t0
