@@ -39,8 +39,7 @@ NUMBER_RULES: dict[int, tuple[str, str, dict[str, str]]] = {
     128: ("vllm-ascend's KV block (specdec.window.ASCEND_KV_BLOCK_SIZE)", "specdec.window", {
         "resolved.memory_plan": "a head dimension", "data.tiny_builder": "the tiny verifier's hidden size",
         "processes": "the shell's exit code for a signal (128 + signum)",
-        "data.families": "gpt-oss's sliding window",
-        "stages.init.init_recipe": "the real-model CPU profile's max_anchors"}),
+        "data.families": "gpt-oss's sliding window"}),
     8000: ("the chat/spec server's default port (recipe.schema.DEFAULT_SERVE_PORT)", "recipe.schema", {}),
     9736: ("the hidden-state server's default port (recipe.schema.DEFAULT_HIDDEN_STATES_PORT)", "recipe.schema", {}),
     29500: ("torchrun's rendezvous port (recipe.schema.DEFAULT_RDZV_PORT)", "recipe.schema", {}),

@@ -51,7 +51,7 @@ REAL_CPU_PROFILE = {
     "draft": {"block_size": 4, "num_layers": 1, "target_layers": 3, "markov_rank": 64, "draft_vocab_size": 8192},
     "data": {"source": "builtin:instructions", "limit": 320, "num_workers": 1},
     "regen": {"concurrency": 16, "engine": "fastest"},
-    "train": {"epochs": 6, "lr": 0.002, "max_anchors": 128, "num_workers": 0, "train_data_ratio": 0.9},
+    "train": {"epochs": 2, "lr": 0.002, "max_anchors": 32, "num_workers": 0, "train_data_ratio": 0.9},
     "serve": {"port": FREE_PORT, "hidden_states_port": FREE_PORT},
     "bench": {"num_prompts": 8, "concurrency": 4, "max_tokens": 96},
     "eval": {"num_prompts": 16, "max_new_tokens": 96, "categories": ["humaneval"]},
