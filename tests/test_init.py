@@ -163,10 +163,10 @@ def test_init_cpu_profile_of_a_real_model_is_the_smollm2_recipe(tmp_path, tokeni
     got, real = load_recipe(out), load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml")
     for section, keys in {"draft": ("block_size", "num_layers", "markov_rank", "attention", "draft_vocab_size"),
                           "data": ("source", "limit"),
-                          "regen": ("concurrency", "max_tokens", "temperature"),
+                          "regen": ("concurrency", "max_tokens", "temperature", "engine"),
                           "train": ("epochs", "lr", "optimizer", "loss", "max_anchors", "train_data_ratio"),
                           "hidden_states": ("mode", "backend"), "bench": ("num_prompts", "concurrency", "max_tokens"),
-                          "eval": ("num_prompts", "max_new_tokens"),
+                          "eval": ("num_prompts", "max_new_tokens", "categories"),
                           "serve": ("engine", "port", "hidden_states_port")}.items():
         for key in keys:
             assert getattr(getattr(got, section), key) == getattr(getattr(real, section), key), f"{section}.{key}"

@@ -8,7 +8,7 @@ from collections import Counter
 
 from dspark_kit.data import instructions
 from dspark_kit.data.humaneval import humaneval_file, humaneval_rows
-from dspark_kit.data.lengths import replies_cut, truncation_line
+from dspark_kit.data.lengths import loops, replies_cut, truncation_line
 
 
 def test_the_instruction_set_is_varied_deterministic_and_held_out():
@@ -48,12 +48,29 @@ def test_humaneval_reads_164_prompts_from_the_installed_package():
 
 
 def test_regen_names_max_tokens_when_over_5_percent_are_cut():
-    def row(*reasons):
-        return {"metadata": {"finish_reasons": list(reasons)}}
+    def row(*reasons, text="A short answer."):
+        return {"conversations": [{"from": "human", "value": "q"}] + [{"from": "gpt", "value": text}] * len(reasons),
+                "metadata": {"finish_reasons": list(reasons)}}
 
     rows = [row("stop")] * 18 + [row("length"), row("stop", "length")]
-    assert replies_cut(rows) == (2, 21)
+    assert replies_cut(rows) == (2, 21, 0)
     line = truncation_line(2, 21, 64)
     assert line and "2 of 21" in line and "regen.max_tokens 64" in line and "regen.max_tokens=128" in line
     assert truncation_line(1, 21, 64) is None  # under 5%: nothing to say
     assert truncation_line(0, 0, 64) is None
+
+
+def test_cut_replies_that_loop_are_said_apart():
+    """A greedy loop runs to any max_tokens: the line counts those apart, and names the key only when
+    the other cut replies are more than 5%."""
+    looped = "Day 1: arrive. " + "* Local Market " * 60
+    long_answer = " ".join(f"point {i} is different" for i in range(80))
+    assert loops(looped) and not loops(long_answer)
+    rows = [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": t}],
+             "metadata": {"finish_reasons": [r]}} for t, r in
+            [(looped, "length")] * 3 + [(long_answer, "length")] + [("ok", "stop")] * 16]
+    cut, replies, looping = replies_cut(rows)
+    assert (cut, replies, looping) == (4, 20, 3)
+    line = truncation_line(cut, replies, 256, looping)
+    assert "3 of them end repeating themselves" in line and "regen.max_tokens=" not in line
+    assert "regen.max_tokens 256" in line  # the key is still named

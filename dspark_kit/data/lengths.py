@@ -65,22 +65,46 @@ def sample_lengths(source: str, tokenizer, thinking: bool, sample: int = 256) ->
 TRUNCATED_WARN = 0.05  # regen says so when more replies than this were cut at regen.max_tokens
 
 
-def replies_cut(rows) -> tuple[int, int]:
-    """(replies cut at max_tokens, replies) over regen rows: each reply's finish_reason as the
-    server gave it (metadata.finish_reasons, one per regenerated reply)."""
-    cut = replies = 0
+def loops(text: str, window: int = 600, probe: int = 30) -> bool:
+    """Whether a reply ends in a loop: its last `probe` characters occur 3+ times in its last `window`
+    (a greedy small model repeating a phrase until max_tokens)."""
+    tail = text[-window:]
+    return len(tail) >= 3 * probe and tail.count(tail[-probe:]) >= 3
+
+
+def replies_cut(rows) -> tuple[int, int, int]:
+    """(replies cut at max_tokens, replies, cut replies that end in a loop) over regen rows: each
+    reply's finish_reason as the server gave it (metadata.finish_reasons, one per regenerated reply,
+    in the order of the row's assistant turns)."""
+    cut = replies = looping = 0
     for row in rows:
-        reasons = ((row.get("metadata") or {}).get("finish_reasons") if isinstance(row, dict) else None) or []
+        if not isinstance(row, dict):
+            continue
+        reasons = (row.get("metadata") or {}).get("finish_reasons") or []
+        turns = [t for t in row.get("conversations") or [] if isinstance(t, dict) and t.get("from") == "gpt"]
         replies += len(reasons)
-        cut += sum(r == "length" for r in reasons)
-    return cut, replies
+        for i, reason in enumerate(reasons):
+            if reason == "length":
+                cut += 1
+                text = turns[i].get("value") if i < len(turns) else None
+                looping += isinstance(text, str) and loops(text)
+    return cut, replies, looping
 
 
-def truncation_line(cut: int, replies: int, max_tokens: int) -> str | None:
+def truncation_line(cut: int, replies: int, max_tokens: int, looping: int = 0) -> str | None:
     """regen's closing line when more than TRUNCATED_WARN of the replies were cut (None otherwise):
-    prepare drops a cut reply's row (a reply with no end teaches the draft nothing true)."""
+    prepare drops a cut reply's row (a reply with no end teaches the draft nothing true). Cut replies
+    that end in a loop are counted apart: more tokens would not end them."""
     if not replies or cut / replies <= TRUNCATED_WARN:
         return None
-    return (f"{cut} of {replies} replies ({cut / replies:.0%}) were cut at regen.max_tokens {max_tokens} "
-            "(finish_reason length), and prepare drops their rows; raise regen.max_tokens (and data.seq_length "
-            "to hold them), e.g. --set regen.max_tokens=" + str(max_tokens * 2))
+    line = (f"{cut} of {replies} replies ({cut / replies:.0%}) were cut at regen.max_tokens {max_tokens} "
+            "(finish_reason length), and prepare drops their rows")
+    if looping:
+        line += (f"; {looping} of them end repeating themselves (a greedy loop: more tokens would not end "
+                 "those)")
+    if cut - looping > TRUNCATED_WARN * replies:
+        line += (f"; raise regen.max_tokens (and data.seq_length to hold the replies), e.g. --set "
+                 f"regen.max_tokens={max_tokens * 2}")
+    else:
+        line += "; the rest are few: regen.max_tokens is not what cuts them"
+    return line

@@ -50,11 +50,11 @@ CPU_PROFILE = {
 REAL_CPU_PROFILE = {
     "draft": {"block_size": 4, "num_layers": 1, "target_layers": 3, "markov_rank": 64, "draft_vocab_size": 8192},
     "data": {"source": "builtin:instructions", "limit": 320, "num_workers": 1},
-    "regen": {"concurrency": 16},
-    "train": {"epochs": 6, "lr": 0.002, "max_anchors": 128, "num_workers": 0, "train_data_ratio": 0.9},
+    "regen": {"concurrency": 16, "engine": "fastest"},
+    "train": {"epochs": 2, "lr": 0.002, "max_anchors": 32, "num_workers": 0, "train_data_ratio": 0.9},
     "serve": {"port": FREE_PORT, "hidden_states_port": FREE_PORT},
     "bench": {"num_prompts": 8, "concurrency": 4, "max_tokens": 96},
-    "eval": {"num_prompts": 16, "max_new_tokens": 96},
+    "eval": {"num_prompts": 16, "max_new_tokens": 96, "categories": ["humaneval"]},
 }
 # An instruct model's reply to the kit's instructions (length hints up to "two short paragraphs"):
 # SmolLM2-135M-Instruct's greedy replies, measured (docs/PERFORMANCE.md), fit 256 tokens but for a few
@@ -279,10 +279,14 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
     w.key("source", source, "--data" if opts.data else "no --data: the profile's chats (pass --data FILE.jsonl)")
     w.key("limit", profile["data"]["limit"], "rows regenerated and trained (profile)")
     shown = "p99 of the data" + ("; unusable rows skipped (see its comment)" if "skipped" in d.seq_from else "")
-    w.key("seq_length", d.seq, d.seq_from, show=shown if opts.data else "profile (no --data)")
+    real = "prompts' p99 + regen.max_tokens" if profile is REAL_CPU_PROFILE else "profile (no --data)"
+    w.key("seq_length", d.seq, d.seq_from, show=shown if opts.data else real)
     w.key("num_workers", profile["data"]["num_workers"])
     w.section("regen", "on-policy replies from the verifier itself (docs/PITFALLS.md, pitfall 3)")
     w.key("endpoints", [], "empty: the run starts a chat server; list several servers to shard")
+    if "engine" in profile["regen"]:
+        w.key("engine", profile["regen"]["engine"], "vLLM's CPU build when installed (it batches requests), else "
+                                                    "serve.engine; the stage says which ran")
     w.key("concurrency", profile["regen"]["concurrency"])
     real = profile is REAL_CPU_PROFILE and opts.data is None
     wanted = REAL_REPLY_TOKENS if real else profile["regen"].get("max_tokens", d.seq)
