@@ -116,6 +116,39 @@ def test_imports_only_point_down():
     assert not upward, "\n".join(upward)
 
 
+# Below stages/, code takes plain values or small frozen records, never the resolver (issue 57): each
+# stage asks `Resolved` at its start and passes down what it decided. These modules still take it and
+# are being moved off it; the list only shrinks (a module leaving it fails the test until removed here).
+BELOW_STAGES = ("engines", "measure", "specdec", "data")
+STILL_TAKE_THE_RESOLVER = frozenset({
+    "engines.local.plan", "engines.ports", "engines.servers", "engines.vllm", "engines.vllm_contract",
+    "measure.eval_prompts",
+})
+
+
+def resolver_importers() -> set[str]:
+    """Modules below stages/ that import dspark_kit.resolved (module- or function-level)."""
+    return {module_of(f) for top in BELOW_STAGES for f in (PKG / top).rglob("*.py")
+            if any(d == "resolved" or d.startswith("resolved.") for d in imported(f))}
+
+
+def test_nothing_new_below_stages_imports_the_resolver():
+    found = resolver_importers()
+    new, moved = sorted(found - STILL_TAKE_THE_RESOLVER), sorted(STILL_TAKE_THE_RESOLVER - found)
+    assert not new, (f"{new} import dspark_kit.resolved: below stages/ take plain values or a small frozen "
+                     "record; the stage asks the resolver and passes them (docs/CONTRIBUTING.md)")
+    assert not moved, f"{moved} no longer import the resolver: remove them from STILL_TAKE_THE_RESOLVER"
+
+
+def test_the_resolver_rule_sees_an_import(tmp_path, monkeypatch):
+    fake = tmp_path / "dspark_kit"
+    (fake / "measure").mkdir(parents=True)
+    (fake / "measure" / "gate.py").write_text("def f():\n    from dspark_kit.resolved import Resolved\n")
+    (fake / "measure" / "table.py").write_text("from dspark_kit.specdec import window\n")
+    monkeypatch.setitem(globals(), "PKG", fake)
+    assert resolver_importers() == {"measure.gate"}
+
+
 def _known_module(name: str, known: set[str]) -> str | None:
     """`specdec.decoder.SpecGenerator` -> `specdec.decoder`: the longest prefix that is a module."""
     while name and name not in known:
