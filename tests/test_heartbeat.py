@@ -32,12 +32,16 @@ def test_the_heartbeat_names_what_runs_and_how_far_the_suite_is():
 def test_it_prints_while_nothing_else_does_and_stops():
     reporter = Reporter()
     beat = Heartbeat(reporter, every_s=0.05)
+    t0 = time.monotonic()
     beat.start()
-    time.sleep(0.3)
+    deadline = t0 + 30  # waits on the heartbeat's own lines, not on wall time (a loaded machine wakes it late)
+    while len(reporter.lines) < 2:
+        assert time.monotonic() < deadline, "no two heartbeat lines in 30 s"
+        time.sleep(0.01)
     beat.stop()
-    time.sleep(0.1)
+    beat._thread.join(30)  # a line being written as it was stopped is in before counting
     n = len(reporter.lines)
-    assert 1 <= n <= 7, reporter.lines  # at most one per 0.05 s (a loaded machine may wake it late)
+    assert 2 <= n <= (time.monotonic() - t0) / 0.05 + 1, reporter.lines  # at most one per 0.05 s
     time.sleep(0.15)
     assert len(reporter.lines) == n  # stopped
 

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 from conftest import TINY_RECIPE, TRAINED_RUN_SETS, set_args
 
-from dspark_kit.measure.served_gate import checkpoint_identity, compare, side_by_side
+from dspark_kit.measure.served_gate import (
+    Served,
+    ServedGateError,
+    checkpoint_identity,
+    compare,
+    enforce,
+    side_by_side,
+)
 
 
 def bench(al, k=4, n=8):
@@ -71,6 +78,32 @@ def _run(wd: Path, stages: str, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY_RECIPE), "--stages", stages, "--workdir", str(wd),
            *set_args(sets), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_the_gate_diagnoses_against_what_the_stage_served_and_asks_only_when_it_fails(tmp_path: Path):
+    """enforce takes plain values and the served record (measure/ reads no resolver): a passing bench
+    never asks for it; a failing one names each difference from eval's record."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"block_size": 4}))
+    (ckpt / "model.safetensors").write_bytes(b"w")
+    eval_json = tmp_path / "eval.json"
+    eval_json.write_text(json.dumps({"acceptance_length": 3.0, "num_speculative_tokens": 4, "draft_window_size": 256,
+                                     "checkpoint": str(ckpt), "checkpoint_identity": checkpoint_identity(ckpt)}))
+    asked = []
+
+    def served():
+        asked.append(1)
+        return Served(ckpt, 128, "serve.draft_window_size", ("warning k: planted",), "the engine's layout verdict")
+
+    assert enforce(bench(2.9), eval_json, 0.8, served)["passed"] and not asked
+    (ckpt / "model.safetensors").write_bytes(b"other")
+    with pytest.raises(ServedGateError) as e:
+        enforce(bench(1.0), eval_json, 0.8, served)
+    why = str(e.value)
+    assert asked == [1] and "0.33x" in why
+    assert "weights changed since eval" in why and "draft window: eval 256, served 128 (serve.draft_window_size)" in why
+    assert "checkpoint warning k: planted" in why and "the engine's layout verdict" in why and "dspark-kit contract" in why
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """`dspark-kit` command line: thin Typer wrappers over library functions.
 
-Each module listed in COMMAND_MODULES defines `register(app)`; keep the list
-in pipeline order so `--help` reads like the pipeline.
+Each module in COMMAND_MODULES defines `register(app)`; they are imported by name (an editor,
+a reader and tests/test_layers.py see each arrow); keep the tuple in pipeline order so `--help`
+reads like the pipeline.
 
 Layer 7, the top: may import every layer; nothing imports cli/. A command module parses its
 options, calls one library function (a stage's plan or run, a tool) and prints.
@@ -9,11 +10,24 @@ options, calls one library function (a stage's plan or run, a tool) and prints.
 
 from __future__ import annotations
 
-import importlib
-
 import typer
 
-from dspark_kit.cli import vocabulary
+from dspark_kit.cli import (
+    bench,
+    contract,
+    doctor,
+    drafts,
+    eval,
+    init_cmd,
+    preflight,
+    recipe_cmd,
+    regen,
+    report,
+    serve,
+    stages,
+    vocabulary,
+    window,
+)
 
 app = typer.Typer(
     name="dspark-kit",
@@ -28,24 +42,24 @@ app = typer.Typer(
     add_completion=False,
 )
 
-COMMAND_MODULES = [
-    "init_cmd",  # a recipe for your own verifier
-    "regen",
-    "stages",  # prepare, hidden-states, train, run
-    "eval",
-    "window",
-    "serve",
-    "bench",
-    "report",
-    "preflight",
-    "contract",  # vLLM's own loader judges the checkpoint
-    "drafts",  # import / export: DSpark's own draft layout <-> speculators'
-    "doctor",
-    "recipe_cmd",
-]
+COMMAND_MODULES = (
+    init_cmd,  # a recipe for your own verifier
+    regen,
+    stages,  # prepare, hidden-states, train, run
+    eval,
+    window,
+    serve,
+    bench,
+    report,
+    preflight,
+    contract,  # vLLM's own loader judges the checkpoint
+    drafts,  # import / export: DSpark's own draft layout <-> speculators'
+    doctor,
+    recipe_cmd,
+)
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"dspark_kit.cli.{_name}").register(app)
+for _module in COMMAND_MODULES:
+    _module.register(app)
 
 # after every command is registered: each one also parses its options' old spellings (hidden, one release)
 vocabulary.install(app)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from dspark_kit.resolved import Resolved
 
 # what an eval recorded about its checkpoint, compared when a served figure falls short
 IDENTITY_KEYS = ("aux_hidden_state_layer_ids", "block_size", "mask_token_id", "sample_from_anchor",
@@ -24,6 +24,17 @@ IDENTITY_KEYS = ("aux_hidden_state_layer_ids", "block_size", "mask_token_id", "s
 
 class ServedGateError(RuntimeError):
     """Served acceptance far below in-process: the headline, then the diagnosis (one item a line)."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the bench served, as its stage decided it: what the diagnosis holds eval's record against."""
+
+    checkpoint: Path
+    window: int | None
+    window_source: str
+    findings: tuple[str, ...] = ()  # the checkpoint's findings, one line each ("<level> <code>: <message>")
+    engine_gate: str | None = None  # a vLLM engine's verdict on the checkpoint's layout; None: the local engine
 
 
 def checkpoint_identity(ckpt: Path) -> dict[str, Any]:
@@ -58,29 +69,28 @@ def compare(bench: dict, ev: dict | None, minimum: float | None) -> dict[str, An
     return out | {"comparable": True, "passed": minimum is None or out["fraction"] >= minimum}
 
 
-def diagnose(res: Resolved, bench: dict, ev: dict) -> list[str]:
+def diagnose(served: Served, bench: dict, ev: dict) -> list[str]:
     """Every contract check that could explain a served figure far below eval's (empty: none fired)."""
     lines: list[str] = []
     then = ev.get("checkpoint_identity") or {}
     try:
-        now = checkpoint_identity(res.checkpoint)
+        now = checkpoint_identity(served.checkpoint)
     except OSError as e:
         now = {}
-        lines.append(f"the served checkpoint {res.checkpoint} cannot be read ({e})")
+        lines.append(f"the served checkpoint {served.checkpoint} cannot be read ({e})")
     changed = [f"{k} {then['config'].get(k)!r} at eval, {now['config'].get(k)!r} served"
                for k in IDENTITY_KEYS if then.get("config") and now and then["config"].get(k) != now["config"].get(k)]
     if changed:
         lines.append("checkpoint config changed since eval: " + "; ".join(changed))
     if then.get("weights_sha256") and now and then["weights_sha256"] != now.get("weights_sha256"):
         lines.append("checkpoint weights changed since eval (model.safetensors sha256 differs): rerun eval")
-    if ev.get("checkpoint") and ev["checkpoint"] != str(res.checkpoint):
-        lines.append(f"eval measured {ev['checkpoint']}, the server loaded {res.checkpoint}")
-    if ev.get("draft_window_size") != res.window.value:
-        lines.append(f"draft window: eval {ev.get('draft_window_size')}, served {res.window.value} ({res.window.source})")
-    for f in res.checkpoint_findings():
-        lines.append(f"checkpoint {f.level} {f.code}: {f.message}")
-    if res.engine in ("vllm", "vllm-ascend"):
-        lines.append(res.engine_gate.message)
+    if ev.get("checkpoint") and ev["checkpoint"] != str(served.checkpoint):
+        lines.append(f"eval measured {ev['checkpoint']}, the server loaded {served.checkpoint}")
+    if ev.get("draft_window_size") != served.window:
+        lines.append(f"draft window: eval {ev.get('draft_window_size')}, served {served.window} ({served.window_source})")
+    lines += [f"checkpoint {f}" for f in served.findings]
+    if served.engine_gate is not None:
+        lines.append(served.engine_gate)
         lines.append("vLLM's own loader: `dspark-kit contract` loads the checkpoint as the server does")
     if bench.get("num_prompts") != (ev.get("prompts") or {}).get("count", bench.get("num_prompts")):
         lines.append(f"prompts: bench sent {bench.get('num_prompts')}, eval measured "
@@ -88,13 +98,14 @@ def diagnose(res: Resolved, bench: dict, ev: dict) -> list[str]:
     return lines
 
 
-def enforce(res: Resolved, bench: dict) -> dict[str, Any]:
-    """The comparison for the bench result; raises ServedGateError below the recipe's fraction."""
-    path = res.run.eval_json
-    ev = json.loads(path.read_text()) if path.is_file() else None
-    verdict = compare(bench, ev, res.recipe.bench.min_served_fraction)
+def enforce(bench: dict, eval_json: Path, minimum: float | None, served: Callable[[], Served]) -> dict[str, Any]:
+    """The comparison for the bench result (`eval_json`: the run's eval.json; `minimum`:
+    bench.min_served_fraction); raises ServedGateError below it, with the diagnosis against
+    `served()` (asked only then: it reads the checkpoint)."""
+    ev = json.loads(eval_json.read_text()) if eval_json.is_file() else None
+    verdict = compare(bench, ev, minimum)
     if verdict.get("comparable") and not verdict.get("passed"):
-        why = diagnose(res, bench, ev) or ["no contract check fired: compare eval.md with the bench report"]
+        why = diagnose(served(), bench, ev) or ["no contract check fired: compare eval.md with the bench report"]
         raise ServedGateError(
             f"served acceptance length {verdict['served_acceptance_length']:.3f} is "
             f"{verdict['fraction']:.2f}x the in-process eval's {verdict['in_process_acceptance_length']:.3f} "

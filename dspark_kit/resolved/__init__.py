@@ -35,8 +35,9 @@ bench and the CLI ask a `Resolved` instead of re-deriving it.
     device_env         the device layer's env, the user's own values winning
 
 A command builds one `Resolved` at its entry point and passes it down; the
-pipeline builds one for the whole run (training re-reads the checkpoint
-decisions through `checkpoints_changed`). `planning=True` never builds or
+pipeline builds one for the run and, after each stage that ran, resolves afresh
+(`afresh()`: a stage that wrote a checkpoint or a tune changes what the next one
+reads, with no list of cached names to keep). `planning=True` never builds or
 trains anything: the tiny verifier is named by its cache path, not built.
 
 Layer 3 (beside distributed/): may import core, data/, specdec/, compat/ and distributed/; never
@@ -251,10 +252,12 @@ class Resolved(SpecDecisions, Placement):
     def checkpoint_exists(self) -> bool:
         return (self.checkpoint / "config.json").is_file()
 
-    def checkpoints_changed(self) -> None:
-        """Training wrote new checkpoints: forget the decisions read from the old ones."""
-        for name in ("checkpoint", "checkpoint_config", "trained_slots", "k", "adaptive_verification", "engine_gate"):
-            self.__dict__.pop(name, None)
+    def afresh(self) -> Resolved:
+        """The same recipe, run folder and command choices, decided again from what is there now
+        (the pipeline asks for one after each stage: a checkpoint or tune it wrote is read anew)."""
+        return Resolved(self.recipe, self.run, engine=self.engine, checkpoint=self.checkpoint_choice,
+                        window=self.window_choice, eval_device=self.eval_device_choice, planning=self.planning,
+                        installed=self._installed, window_support=self._window_support)
 
     @cached_property
     def checkpoint_config(self) -> dict | None:

@@ -1,6 +1,6 @@
 """Stages as library functions, and `run`: a resumable pipeline over them.
 
-Each stage takes the run's one `Resolved` and returns a summary dict with one key
+Each stage takes a `Resolved` (the pipeline's, afresh after each stage) and returns a summary dict with one key
 figure. `run` records a fingerprint per finished stage (hash of the recipe
 sections it reads + upstream fingerprints) in `<workdir>/state.json`; a rerun
 skips unchanged stages, reruns changed ones and everything downstream, and
@@ -162,15 +162,16 @@ def run_one_stage(res: Resolved, name: str, reporter=None) -> dict:
     try:
         summary = execute(REGISTRY[name], res, reporter or STANDALONE)
     except BaseException:
-        record_stage(res, state, name, fp, None, 0.0)
+        record_stage(res.afresh(), state, name, fp, None, 0.0)
         raise
-    record_stage(res, state, name, fp, summary, round(time.time() - t0, 1))
+    # recorded with what the stage left (a checkpoint, a tune) decided afresh
+    record_stage(res.afresh(), state, name, fp, summary, round(time.time() - t0, 1))
     return summary
 
 
 def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | None = None,
                  force: bool = False, display: StageDisplay | None = None) -> list[dict]:
-    """Run stages in order, each with the run's one `res`, shown by `display` (one line per stage;
+    """Run stages in order, each with `res` resolved afresh after the stage before it, shown by `display` (one line per stage;
     default: everything streamed); returns one row per stage for the summary table."""
     if display is None:
         with StageDisplay(verbose=True) as streamed:
@@ -195,8 +196,10 @@ def run_pipeline(res: Resolved, stages: list[str] | None = None, start: str | No
             with display.stage(name, res.run.stage_log(name)):
                 summary = execute(stage, res, display.reporter)
         except BaseException:
-            record_stage(res, state, name, fp, None, 0.0)
+            record_stage(res.afresh(), state, name, fp, None, 0.0)
             raise
+        # what the stage wrote (a checkpoint, a tune) changes what the next one reads: it resolves afresh
+        res = res.afresh()
         secs = round(time.time() - t0, 1)
         record_stage(res, state, name, fp, summary, secs)
         rows.append({"stage": name, "status": "done", "seconds": secs, "figure": summary.get(stage.key)})

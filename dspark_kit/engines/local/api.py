@@ -190,13 +190,24 @@ class Guard:
             return message
 
         started = False
+        counted = scope["method"] == "POST"
+
+        def leave() -> None:
+            """The request is done: it leaves `in_flight` once, before its last byte is sent, so a
+            client that has the whole reply never sees it still counted."""
+            nonlocal counted
+            if counted:
+                counted = False
+                engine.in_flight -= 1
+                engine.metrics.running.set(engine.in_flight)
 
         async def tracked_send(message):
             nonlocal started
             started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                leave()
             await send(message)
 
-        counted = scope["method"] == "POST"
         if counted:
             if engine.in_flight >= args.max_concurrency:
                 return await error_response(503, f"server busy: {args.max_concurrency} requests in flight "
@@ -207,11 +218,10 @@ class Guard:
             await self.app(scope, counted_receive, tracked_send)
         except _BodyTooLarge:
             if not started:
+                leave()
                 await error_response(413, too_large, ERROR_KINDS[413])(scope, receive, send)
         finally:
-            if counted:
-                engine.in_flight -= 1
-                engine.metrics.running.set(engine.in_flight)
+            leave()
 
 
 def install_error_handlers(app: FastAPI) -> None:

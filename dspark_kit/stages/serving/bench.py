@@ -194,6 +194,16 @@ def write_result(result: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
+def served_as_decided(res: Resolved):
+    """What the spec server served, as the resolver decided it: the served gate's diagnosis reads it."""
+    from dspark_kit.measure.served_gate import Served
+
+    vllm = res.engine in ("vllm", "vllm-ascend")
+    return Served(res.checkpoint, res.window.value, res.window.source,
+                  tuple(f"{f.level} {f.code}: {f.message}" for f in res.checkpoint_findings()),
+                  res.engine_gate.message if vllm else None)
+
+
 def bench_spec_server(res: Resolved, server: ServerPlan | None = None) -> dict[str, Any]:
     """Serve verifier + draft (role spec; `server`: the stage plan's), benchmark it, stop it."""
     import re
@@ -205,7 +215,7 @@ def bench_spec_server(res: Resolved, server: ServerPlan | None = None) -> dict[s
     with running_server(res, "spec", plan=server) as url:
         r = bench_endpoint(res, url, label=f"spec-{label}", write=False)  # written once, with the gate's verdict
     try:
-        verdict = enforce(res, r)
+        verdict = enforce(r, res.run.eval_json, res.recipe.bench.min_served_fraction, lambda: served_as_decided(res))
     except ServedGateError as e:
         write_result(r | {"in_process": {"passed": False, "error": str(e)}}, res.run.bench)
         raise BenchError(f"bench: {e}") from None

@@ -439,7 +439,6 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         watches = [w for w in (endpoint.gone if endpoint else None, store.gone if store and store.active else None)
                    if w is not None]
         code, gone = run_training(trainer, log, watch=_first_reason(watches) if watches else None, reporter=reporter)
-    res.checkpoints_changed()
     if gone and store is not None and store.silent_since is not None:
         raise RuntimeError(gone)  # names the lost master and the fix
     if gone:
