@@ -46,7 +46,7 @@ def main() -> None:
     # same masks as the per-prefix reference (on a subset: the reference is slow by design)
     P._init_worker(vp, False)
     sample = rows[:1000]
-    ours = [r for res in P._work((sample, False, 10**9, False, None)) for r in res["rows"]]
+    ours = [r for res in P._work((sample, False, 10**9, False, None, "train")) for r in res["rows"]]
     ref = [r for row in sample for r in reference_rows(tok, row["messages"], False)]
     same = [(r["input_ids"], r["loss_mask"]) for r in ours] == ref
 
@@ -64,7 +64,7 @@ def main() -> None:
         return run
 
     def tokenize_path():
-        return [P._work((rows[i : i + 64], False, 10**9, False, None)) for i in range(0, len(rows), 64)]
+        return [P._work((rows[i : i + 64], False, 10**9, False, None, "train")) for i in range(0, len(rows), 64)]
 
     pr = paired_ratios(timed(raw), timed(tokenize_path), 3)
     raw_s, ours_s, ratio = pr["baseline_s"], pr["subject_s"], pr["ratio"]

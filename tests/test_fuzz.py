@@ -82,7 +82,7 @@ def tokenizer_ready(tiny_verifier):
 @given(st.lists(row, min_size=1, max_size=6), st.booleans())
 @pytest.mark.slow
 def test_every_row_of_a_chunk_is_converted_or_rejected(tokenizer_ready, rows, thinking):
-    results = tokenizer_ready._work((rows, thinking, 64, False, None))
+    results = tokenizer_ready._work((rows, thinking, 64, False, None, "train"))
     assert len(results) == len(rows)
     for res in results:
         if "error" in res:
