@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import shutil
 
 import pytest
@@ -132,6 +133,7 @@ def test_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, tiny_ve
     with pytest.raises(kind, match="interrupted"):
         P.prepare(rows, str(tiny_verifier), out, seq_length=128, thinking=False)
     assert not out.exists()
+    # nor an errors file: it is published with the dataset, or with a verdict that failed the run
     assert [p.name for p in tmp_path.iterdir()] == [], "temp work dirs left behind"
 
 
@@ -153,3 +155,14 @@ def test_interrupted_prepare_keeps_the_previous_complete_output(prepared, tmp_pa
     assert sorted(p.name for p in out.iterdir()) == before
     assert len(_row_ids(out)) == len(_row_ids(prepared))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]
+
+
+def test_a_prepare_that_fails_its_verdict_leaves_the_errors_file_that_says_why(tmp_path, tiny_verifier):
+    from dspark_kit.stages.dataset import prepare as P
+
+    rows = [{"messages": [{"role": "user", "content": "q"}]}, {"nonsense": 1}]  # nothing to train
+    with pytest.raises(ValueError, match="no trainable rows"):
+        P.prepare(rows, str(tiny_verifier), tmp_path / "prepared", seq_length=128, thinking=False)
+    entries = [json.loads(x) for x in (tmp_path / "prepared.errors.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in entries] == ["dropped", "dropped"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared.errors.jsonl"]

@@ -24,7 +24,8 @@ def test_prepared_dataset_is_speculators_own(tmp_path, tiny_verifier):
 
     rows = [{"messages": m} for m in conversations(40, seed=5, max_turns=3)]
     ours = tmp_path / "ours"
-    prepare(rows, str(tiny_verifier), ours, seq_length=64, thinking=False, seed=3)
+    prepare(rows, str(tiny_verifier), ours, seq_length=64, thinking=False, seed=3,
+            cut_replies="train")  # as speculators does: a row cut at seq_length trains what is left
 
     # the same rows through speculators: tokenized the same way, handed to its pre-tokenized path
     tok = AutoTokenizer.from_pretrained(tiny_verifier)

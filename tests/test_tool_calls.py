@@ -41,9 +41,9 @@ def openai_row(reasoning: bool) -> dict:
 
 def sharegpt_row() -> dict:
     """LLaMA-Factory's ShareGPT tool shape: tools (bare function schemas) and calls as JSON text,
-    results as `observation`."""
-    return {"tools": json.dumps([t["function"] for t in TOOLS]), "system": "ignored by the reader", "conversations": [
-        {"from": "system", "value": "Be brief."},
+    results as `observation`, the system prompt as a top-level `system` (it becomes the system turn;
+    a row with both that and a system turn is refused, test_data_formats.py)."""
+    return {"tools": json.dumps([t["function"] for t in TOOLS]), "system": "Be brief.", "conversations": [
         {"from": "human", "value": "Weather in Paris?"},
         {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": json.loads(CALL)})},
         {"from": "observation", "value": "sunny, 21C"},

@@ -302,7 +302,8 @@ def prepare(
     this stage decides by data/mode_rule.py that may be dropped before it fails. `cut_replies`
     (data.cut_replies): a reply seq_length cuts is masked (`mask`) or trained as cut (`train`).
     `errors_file` (default `<out_dir>.errors.jsonl`): one entry per dropped or changed row, replaced
-    whole when the run ends (also when it fails)."""
+    with the dataset, or when a verdict fails the run (it says why); a run interrupted or crashed
+    leaves the previous file as it was, beside the dataset it describes."""
     summary = PrepareSummary()
     summary.mode_rule.always_reasons = getattr(of_files(str(tokenizer_path)), "always", False)  # (mode_rule.py)
     t0 = time.time()
@@ -318,7 +319,7 @@ def prepare(
                                  **({"detail": res["detail"]} if res.get("detail") else {})},
                                 ensure_ascii=False) + "\n")
 
-    writer = None
+    writer, publish = None, False
     try:
         writer = DatasetWriter(work)
         chunks = ((c, thinking, seq_length, keep_truncated, mixture_seed, cut_replies) for c in _chunks(rows, 64))
@@ -377,6 +378,7 @@ def prepare(
             summary.reject(reason, n)
             entry({}, "dropped", f"{reason} ({n} rows, read before prepare)")
         summary.log(reporter.note)
+        publish = True  # every row is accounted for: a verdict below fails with the file that says why
         if verdict := summary.mode_rule.verdict(mode_budget, "prepare"):
             raise ValueError(verdict)
         if summary.rows_out == 0:
@@ -385,6 +387,7 @@ def prepare(
                 f"(rejected: {dict(summary.rejected)}; rows without assistant tokens: "
                 f"{summary.no_trainable_tokens}); check data.source and data.seq_length"
             )
+        publish = False  # from here the file goes with the dataset it describes, never beside an older one
         staged = work / "dataset"
         writer.save(staged, seed)
         summary.seconds = time.time() - t0
@@ -393,11 +396,13 @@ def prepare(
                         "tokenizer": tokenizer_path, "summary": summary.as_dict()}, indent=2)
         )
         _replace_dir(staged, out_dir)
+        publish = True
     finally:
         if writer is not None:
             writer.close()
         errors.close()
-        (work / "errors.jsonl").replace(errors_path)  # whole, also when the run failed: it says why
+        if publish:  # with the dataset, or with a verdict that failed the run; not after a crash
+            (work / "errors.jsonl").replace(errors_path)
         shutil.rmtree(work, ignore_errors=True)
     return summary
 
