@@ -35,12 +35,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("llamacpp")]
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "smollm2-135m-cpu.yaml"
-SETS = ["serve.engine=llama.cpp", "draft.arch=qwen3", "data.limit=64", "train.epochs=6"]
 MIN_FRACTION = 0.7
 QUESTIONS = ["What is the capital of France? Answer in one sentence.", "Why is the sky blue?",
              "List the planets of the solar system in order.", "How do I make a cup of tea?",
              "Give three tips for staying focused while studying.", "What is photosynthesis? Explain it simply."]
 MAX_NEW = 48
+# The draft learns the verifier's own greedy replies to QUESTIONS (64 tokens each, kept when cut) for
+# 40 epochs and the last epoch serves: a draft fitted to the measured continuations accepts enough
+# (1.48 in-process, K 3) for a layout fault to show; 64 general rows for 6 epochs accepted 1.08,
+# where a flipped anchor layout still passed the gate at 0.77x. What is compared is the layout
+# llama.cpp reads, not how the draft generalizes (eval and bench measure that).
+SETS = ["serve.engine=llama.cpp", "draft.arch=qwen3", f"data.limit={len(QUESTIONS)}", "regen.max_tokens=64",
+        "data.seq_length=192", "data.keep_truncated=true", "train.epochs=40", "train.max_anchors=64",
+        "train.checkpoint_freq=20", "serve.checkpoint=latest"]
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +60,14 @@ def trained(tmp_path_factory):
     from dspark_kit.resolved import Resolved
 
     wd = tmp_path_factory.mktemp("smollm2-llamacpp")
+    source = wd / "questions.jsonl"
+    source.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS))
+    sets = [*SETS, f"data.source={source}"]
     argv = [sys.executable, "-m", "dspark_kit", "run", str(RECIPE), "-w", str(wd), "--stages",
-            "regen,prepare,hidden-states,train", *(x for s in SETS for x in ("--set", s))]
+            "regen,prepare,hidden-states,train", *(x for s in sets for x in ("--set", s))]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = Resolved(load_recipe(RECIPE, SETS), wd)
+    res = Resolved(load_recipe(RECIPE, sets), wd)
     return wd, res.checkpoint, Path(res.verifier_path), Path(res.verifier_gguf)
 
 

@@ -247,7 +247,9 @@ class TrainCfg(_Section):
     seed: int = 42
     checkpoint_freq: float = Field(1, gt=0)
     num_workers: int = Field(0, ge=0)
-    train_data_ratio: float = Field(0.9, gt=0, le=1)
+    # speculators 0.9.0 needs a validation split: its loader refuses 1.0 (train/dataloader.py)
+    train_data_ratio: float = Field(0.9, gt=0, lt=1, description="share of prepared rows trained on; the rest "
+                                    "validates (speculators needs both: below 1)")
     max_steps: int | None = Field(None, ge=1)
     init_from: str | None = Field(
         None, description="start from this draft's weights (speculators layout: `dspark-kit import` of a released "
