@@ -25,9 +25,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dspark_kit.devices import device_env
 from dspark_kit.engines import Role, ServerPlan, tool_call_flags
 from dspark_kit.recipe import ROLES
-from dspark_kit.resolved import Resolved, device_env
+from dspark_kit.resolved import Resolved
 
 VLLM_ENGINES = ("vllm", "vllm-ascend")
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
