@@ -53,7 +53,10 @@ def _sweep(wd: Path, **kw) -> dict:
 @pytest.fixture(scope="module")
 def swept(run) -> tuple[dict, dict]:
     """(the first sweep, whose K 4 / window 64 server cannot start; the resumed one)."""
-    from dspark_kit.engines import ServerPlan, servers
+    from dspark_kit.engines import ServerPlan
+    from dspark_kit.stages import (
+        server_plan as servers,  # the stage asks the resolver, then the engine
+    )
 
     real = servers.server_plan
 

@@ -90,8 +90,9 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
     Returns the seconds the server took to become healthy (None: it did not)."""
     from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
     from dspark_kit.engines.prom import MetricsError
-    from dspark_kit.engines.servers import server_plan, start_checks
+    from dspark_kit.engines.servers import start_checks
     from dspark_kit.logs import quoted_tail
+    from dspark_kit.stages.server_plan import server_plan
 
     recipe = point_recipe(res.recipe, res.checkpoint, server.k, server.window, max_model_len)
     point_res = Resolved(recipe, res.run, engine=res.engine)

@@ -208,8 +208,8 @@ def bench_spec_server(res: Resolved, server: ServerPlan | None = None) -> dict[s
     """Serve verifier + draft (role spec; `server`: the stage plan's), benchmark it, stop it."""
     import re
 
-    from dspark_kit.engines.servers import running_server
     from dspark_kit.measure.served_gate import ServedGateError, enforce, side_by_side
+    from dspark_kit.stages.server_plan import running_server
 
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(res.recipe.serve.checkpoint).name) or "spec"
     with running_server(res, "spec", plan=server) as url:
