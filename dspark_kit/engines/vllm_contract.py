@@ -142,7 +142,7 @@ def check(verifier: str, checkpoints: list[Path], want: Expected, k: int,
           kit_findings: dict[Path, list[Finding]], python: Path | None = None) -> dict:
     """Judge the checkpoints with vLLM's code, served with `verifier` (its loadable path) and K `k`:
     per checkpoint its findings and what vLLM made of it. `kit_findings`: each checkpoint's own
-    findings (the resolver's checkpoint check, by its resolved path), of which the weight checks count."""
+    findings (the resolver's checkpoint check, keyed by its absolute path), of which the weight checks count."""
     from dspark_kit.specdec.checkpoints import WEIGHT_CODES
 
     ckpts = [Path(c).resolve() for c in checkpoints]

@@ -9,6 +9,7 @@ from pathlib import Path
 from dspark_kit.engines import vllm_decode_contract as dc
 from dspark_kit.measure.eval_prompts import build_prompts, eval_sizes, load_eval_prompts
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.prompts import prompt_source
 
 DTYPE = "float32"  # what vLLM's CPU build decodes in here; the kit decodes in it too
 CHECK_TOPK = 8  # sampled drafting is checked with this top-k when serve.draft_topk is unset
@@ -38,9 +39,9 @@ def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: 
     from transformers import AutoTokenizer
 
     ckpt = Path(checkpoint or res.checkpoint).resolve()
-    sizes = eval_sizes(res, num_prompts, max_new_tokens)
+    sizes = eval_sizes(res.recipe, num_prompts, max_new_tokens)
     tok = AutoTokenizer.from_pretrained(res.verifier_path)
-    found = load_eval_prompts(res, tok, limit=max(sizes.num_prompts, 16))
+    found = load_eval_prompts(prompt_source(res), tok, limit=max(sizes.num_prompts, 16))
     prompts = build_prompts(tok, found.chats, sizes.num_prompts, res.recipe.measured_thinking)
     stop = frozenset(t for t in [tok.eos_token_id] if t is not None)
     k = res.k.value
