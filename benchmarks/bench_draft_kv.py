@@ -107,6 +107,7 @@ def main() -> None:
     from dspark_kit.specdec.decoder import ReferenceDecoder, SpecGenerator
     from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
     from dspark_kit.stages.evaluation.evaluate import EvalSession
+    from dspark_kit.stages.prompts import prompt_source
 
     torch.set_num_threads(1)  # the local engine's default, and the least disturbed on a shared box
     recipe = load_recipe(RECIPE, ["train.device=cpu"])
@@ -117,7 +118,7 @@ def main() -> None:
         session = EvalSession(res, sweep=True)
         k, tw = session.draft.block_size, recipe.training_window
         window, window_src = (args.window, "--window") if args.window else tuned_window(wd, 64)
-        chats = load_eval_prompts(res, session.tokenizer, write_eval_prompts(tmp / "prompts.jsonl", 32), limit=32).chats
+        chats = load_eval_prompts(prompt_source(res), session.tokenizer, write_eval_prompts(tmp / "prompts.jsonl", 32), limit=32).chats
         n, m = args.num_prompts, args.max_new_tokens
         alone = ReferenceDecoder(session.verifier)
 

@@ -56,8 +56,8 @@ def untrained_copy(checkpoint: Path, dest: Path) -> Path:
 def bench_al(recipe, wd: Path, prompts: Path, n: int, max_tokens: int, out: Path) -> float | None:
     """AL of the local spec engine serving recipe.serve.checkpoint, from bench's /metrics deltas."""
     from dspark_kit.engines.ports import free_port
-    from dspark_kit.engines.servers import running_server
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import running_server
     from dspark_kit.stages.serving.bench import bench_endpoint
 
     resolved = Resolved(recipe, wd, window="off")  # as the eval it is compared with (a tuned window would differ)

@@ -146,9 +146,9 @@ def sets(*overrides: str) -> list[str]:
 def start_server(root: Path, tiny: Path):
     from dspark_kit.engines.lifecycle import ManagedServer
     from dspark_kit.engines.ports import free_port
-    from dspark_kit.engines.servers import server_plan
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import server_plan
 
     r = load_recipe(TINY, ["serve.engine=vllm", "train.device=cpu", f"hidden_states.storage_path={root / 'storage'}",
                            'serve.extra_args=["--enable-scale-out"]'])

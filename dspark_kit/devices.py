@@ -127,6 +127,13 @@ def npu_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {key: environ.get(key, default) for key, default in NPU_ENV_DEFAULTS.items()}
 
 
+def device_env(device: str, ids: str | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Env a process on `device` needs (training and serving alike): NPU defaults (HCCL etc.)
+    unless the user's environment sets them, plus the visible-device variable the recipe names."""
+    env = npu_env(os.environ if environ is None else environ) if device == "npu" else {}
+    return {**env, **visible_devices_env(device, ids)}
+
+
 def triton_available() -> bool:
     return _installed("triton")
 

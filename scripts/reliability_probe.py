@@ -58,9 +58,9 @@ async def main(args) -> dict:
     import httpx
 
     from dspark_kit.engines.lifecycle import ManagedServer
-    from dspark_kit.engines.servers import server_plan
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import server_plan
 
     recipe = load_recipe(REPO / "recipes/tiny-cpu.yaml")
     recipe.serve.extra_args = ["--max-concurrency", str(args.max_concurrency)]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dspark_kit.engines import vllm as vllm_engine
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.server_plan import server_plan
 
 
 def resolved(r, engine="vllm", checkpoint=None, installed_versions=None, *, num_hidden_layers=None,
@@ -20,7 +20,8 @@ def resolved(r, engine="vllm", checkpoint=None, installed_versions=None, *, num_
 
 
 def plan_vllm(r, role, engine="vllm", port=None, checkpoint=None, installed_versions=None, **kw):
-    return vllm_engine.plan_vllm(resolved(r, engine, checkpoint, installed_versions, **kw), role, port=port)
+    """The vLLM engine's plan, through the stage that asks the resolver for its inputs."""
+    return server_plan(resolved(r, engine, checkpoint, installed_versions, **kw), role, port=port)
 
 
 def runs_on_cpu(r, engine: str) -> bool:

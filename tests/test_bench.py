@@ -207,13 +207,14 @@ def test_builtin_prompts_are_evals_held_out_prompts(tmp_path):
     builtin dataset is eval's default (held-out) prompt set for the tiny recipe, in eval's order."""
     from dspark_kit.measure.eval_prompts import load_eval_prompts, until_last_user
     from dspark_kit.recipe import load_recipe
+    from dspark_kit.stages.prompts import prompt_source
 
     recipe = load_recipe(REPO / "recipes" / "tiny-cpu.yaml", [f"workdir={tmp_path / 'run'}"])
     res = Resolved(recipe, planning=True)
     n = recipe.eval.num_prompts
     assert recipe.bench.num_prompts == n and recipe.bench.max_tokens == recipe.eval.max_new_tokens
     # no DIR/prepared: nothing to compare prompts with, so no tokenizer is needed either
-    evals = load_eval_prompts(res, tokenizer=None, limit=max(n, 16))  # what evaluate_checkpoint asks for
+    evals = load_eval_prompts(prompt_source(res), tokenizer=None, limit=max(n, 16))  # what evaluate_checkpoint asks for
     assert evals.held_out is True and evals.ids[:n] == [f"tiny-heldout-{i}" for i in range(n)]
     bench = load_prompts("builtin", n, res)
     assert bench == [until_last_user(c) for c in evals.chats[:n]]

@@ -118,12 +118,13 @@ def test_tiny_category_prompts_group_the_held_out_set(tmp_path):
     from dspark_kit.measure.eval_prompts import category_prompts, tiny_held_out
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.prompts import prompt_source
 
     tiny = Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
     res = Resolved(load_recipe(tiny, [f"workdir={tmp_path / 'run'}"]), planning=True)
-    sets = category_prompts(res, ["tiny"], 3)
+    sets = category_prompts(prompt_source(res), ["tiny"], 3)
     assert [s.name for s in sets] == [f"tiny/{k}" for k in TASK_KINDS]
-    held = dict(zip(tiny_held_out(res, 64).ids, tiny_held_out(res, 64).chats, strict=True))
+    held = dict(zip(tiny_held_out(prompt_source(res), 64).ids, tiny_held_out(prompt_source(res), 64).chats, strict=True))
     for s in sets:
         assert len(s.chats) == 3 and all(task_kind(c[0]["content"]) == s.name[5:] for c in s.chats)
         assert all(held[i][:1] == c for i, c in zip(s.ids, s.chats, strict=True))  # held-out rows, prompt only

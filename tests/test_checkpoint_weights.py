@@ -115,15 +115,17 @@ def test_contract_adds_the_weight_checks_vllm_dropped(tmp_path: Path, monkeypatc
     word (its probe reports nothing wrong), the kit's own check names it."""
     from dspark_kit.engines import vllm_contract
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.evaluation.decode_contract import contract_check
 
     res = Resolved(recipe(), tmp_path / "run", planning=True)
     vocab = res.verifier_config["vocab_size"]  # a full-vocabulary draft of the tiny verifier
     path = ckpt(tmp_path, BODY, vocab=vocab, draft_vocab=vocab, head=True)
-    want = vllm_contract.expected_for(res)
+    want = vllm_contract.expected_for(res.recipe, res.num_hidden_layers,
+                                      res.checkpoint_config if res.checkpoint_exists else None)
     clean = {"config": {"architectures": [vllm_contract.ARCHITECTURE], "sample_from_anchor": True,
                         "dspark_bonus_anchor": False, "block_size": want.block_size,
                         "eagle_aux_hidden_state_layer_ids": want.aux_layer_ids, "mask_token_id": 5},
              "load_weights": {"missing": []}}
     monkeypatch.setattr(vllm_contract, "run_probe", lambda *a, **k: {"vllm": "0.34.0", "results": [clean]})
-    (found,) = vllm_contract.check(res, [path])["checkpoints"]
+    (found,) = contract_check(res, [path])["checkpoints"]
     assert [f["code"] for f in found["findings"]] == ["confidence-head-missing"]

@@ -266,8 +266,8 @@ def test_regen_with_reasoning_parser_keeps_reasoning_into_prepared_rows(tmp_path
     from transformers import AutoTokenizer
 
     from dspark_kit.data.tiny_corpus import thinking_reply
-    from dspark_kit.engines.servers import regen_server_plan
     from dspark_kit.stages.dataset.regen import run_regen
+    from dspark_kit.stages.server_plan import regen_server_plan
     from dspark_kit.stages.steps import run_stage
 
     rng = random.Random(5)

@@ -9,6 +9,7 @@ import pytest
 from plan_helpers import plan_vllm
 
 from dspark_kit.engines import vllm as vllm_engine
+from dspark_kit.engines.serve_inputs import ServeInputs
 from dspark_kit.engines.vllm import PlanError
 from dspark_kit.recipe import recipe_from_dict
 from dspark_kit.resolved import Resolved
@@ -355,7 +356,7 @@ def test_spec_plan_without_a_trained_checkpoint_says_so_and_valid_names():
     with pytest.raises(ResolveError, match="--engine"):
         plan_vllm(seed_recipe(), "chat", engine="sglang")
     with pytest.raises(PlanError, match="--engine"):
-        vllm_engine.plan_vllm(Resolved(seed_recipe(), "/nonexistent/run", engine="local"), "chat")
+        vllm_engine.plan_vllm(ServeInputs(seed_recipe(), "local"), "chat", port=8000)
 
 
 def test_k_is_noted_as_assumed_only_when_it_was():

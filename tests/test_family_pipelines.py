@@ -95,12 +95,12 @@ def test_preflight_passes_the_run_and_refuses_a_mask_token_the_verifier_emitted(
 @pytest.mark.vllm_real
 def test_the_familys_draft_loads_whole_through_vllm(family_run, vllm_cpu_build):
     """`contract`: vLLM's DSpark config loader, engine config and load_weights, the family as target."""
-    from dspark_kit.engines import vllm_contract
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.evaluation.decode_contract import contract_check
 
     name, wd = family_run
     res = Resolved(_recipe(name), wd)
-    [c] = vllm_contract.check(res)["checkpoints"]
+    [c] = contract_check(res)["checkpoints"]
     assert c["findings"] == [], c["findings"]
     cfg, loaded = c["vllm_view"]["config"], c["vllm_view"]["load_weights"]
     assert cfg["eagle_aux_hidden_state_layer_ids"] == res.recipe.target_layer_ids(res.num_hidden_layers)

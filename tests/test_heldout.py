@@ -12,6 +12,7 @@ from dspark_kit.data.tiny_corpus import conversations
 from dspark_kit.measure.eval_prompts import EvalError, load_eval_prompts, until_last_user
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.prompts import prompt_source
 
 pytestmark = pytest.mark.slow  # the tiny verifier's tokenizer, and prepare
 
@@ -57,7 +58,7 @@ def _split_texts(res: Resolved, tok) -> tuple[list[str], list[str]]:
 
 def test_validation_split_prompts_are_held_out(prepared_run, tok):
     res = prepared_run
-    found = load_eval_prompts(res, tok, limit=64)
+    found = load_eval_prompts(prompt_source(res), tok, limit=64)
     train, val = _split_texts(res, tok)
     assert found.held_out is True and "validation split" in found.source
     assert len(found.chats) >= 3
@@ -74,17 +75,17 @@ def test_validation_split_prompts_are_held_out(prepared_run, tok):
 
 def test_from_data_and_files_are_taken_as_given_and_counted(prepared_run, tmp_path, tok):
     res = prepared_run
-    found = load_eval_prompts(res, tok, from_data=True, limit=12)
+    found = load_eval_prompts(prompt_source(res), tok, from_data=True, limit=12)
     assert found.held_out is False and found.trained is not None and found.trained > 0  # first rows: trained on
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "Describe the big cat."}) + "\nCount from 3 to 9.\n")
-    mine = load_eval_prompts(res, tok, prompts_file=f)
+    mine = load_eval_prompts(prompt_source(res), tok, prompts_file=f)
     assert mine.held_out is None and mine.ids == ["row-0", "row-1"] and len(mine.chats) == 2
 
 
 def test_tiny_data_uses_its_held_out_set(tmp_path, tok):
     recipe = load_recipe(TINY, [f"workdir={tmp_path / 'run'}"])
-    found = load_eval_prompts(Resolved(recipe), tok, limit=8)
+    found = load_eval_prompts(prompt_source(Resolved(recipe)), tok, limit=8)
     assert found.ids == [f"tiny-heldout-{i}" for i in range(8)] and found.held_out is True
     assert "not checked" in found.source  # no DIR/prepared to compare with
 
@@ -92,5 +93,5 @@ def test_tiny_data_uses_its_held_out_set(tmp_path, tok):
 def test_other_data_without_a_validation_split_is_one_line(tmp_path, tok):
     recipe = load_recipe(TINY, [f"workdir={tmp_path / 'run'}", f"data.source={tmp_path / 'x.jsonl'}"])
     with pytest.raises(EvalError, match=r"no prepared data .* pass --prompts FILE") as e:
-        load_eval_prompts(Resolved(recipe), tok)
+        load_eval_prompts(prompt_source(Resolved(recipe)), tok)
     assert "\n" not in str(e.value)

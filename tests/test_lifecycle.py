@@ -152,9 +152,9 @@ def test_impostor_on_the_port_the_kit_picked_is_refused(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from dspark_kit.engines.servers import managed_server, server_plan
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import managed_server, server_plan
 
     tiny = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
     res = Resolved(load_recipe(tiny, ["serve.hidden_states_port=0"]), tmp_path / "run")

@@ -58,7 +58,7 @@ def test_chat_plan_has_no_draft_and_hidden_states_is_refused():
 
 
 def test_planned_from_a_recipe_k_and_adaptive():
-    from dspark_kit.engines.servers import server_plan
+    from dspark_kit.stages.server_plan import server_plan
 
     r = load_recipe(TINY, ["serve.num_speculative_tokens=2", "serve.adaptive_verification=on",
                            "eval.confidence_threshold=0.3", "serve.draft_window_size=off"])
@@ -70,14 +70,14 @@ def test_planned_from_a_recipe_k_and_adaptive():
 
 
 def test_a_non_qwen3_draft_is_refused_at_plan_time():
-    from dspark_kit.engines.servers import server_plan
+    from dspark_kit.stages.server_plan import server_plan
 
     with pytest.raises(LlamaCppPlanError, match="draft.arch is 'llama'"):
         server_plan(resolved(load_recipe(TINY, ["draft.arch=llama"]), engine="llama.cpp"), "spec", port=9000)
 
 
 def test_chat_role_needs_a_gguf_verifier():
-    from dspark_kit.engines.servers import server_plan
+    from dspark_kit.stages.server_plan import server_plan
 
     with pytest.raises(LlamaCppPlanError, match="verifier.path"):
         server_plan(resolved(load_recipe(TINY), engine="llama.cpp"), "chat", port=9000)
@@ -159,7 +159,7 @@ def test_a_failed_build_fails_the_llamacpp_tests_in_one_line(tmp_path):
 
 
 def test_slots_follow_the_client_and_share_the_context():
-    from dspark_kit.engines.servers import server_plan
+    from dspark_kit.stages.server_plan import server_plan
 
     r = load_recipe(TINY, ["bench.concurrency=3", "serve.max_model_len=512", "serve.cpu_threads=1"])
     a = server_plan(resolved(r, engine="llama.cpp"), "spec", port=9000).argv

@@ -247,17 +247,17 @@ def test_local_plan_enforces_max_model_len_and_vets_extra_args(tiny_recipe):
     from typer.testing import CliRunner
 
     from dspark_kit.cli import app
-    from dspark_kit.engines.local.plan import plan_local
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import server_plan
 
     tiny_recipe.serve.max_model_len = 300
     tiny_recipe.serve.extra_args = ["--max-concurrency", "4"]
-    argv = plan_local(Resolved(tiny_recipe), "chat", port=8123).argv
+    argv = server_plan(Resolved(tiny_recipe), "chat", port=8123).argv
     assert argv[argv.index("--max-model-len") + 1] == "300" and argv[-2:] == ["--max-concurrency", "4"]
     assert parse_args(["--model", "m", *argv[argv.index("--role"):]]).max_model_len == 300
     tiny_recipe.serve.extra_args = ["--enforce-eager"]  # a vLLM flag the local engine does not have
     with pytest.raises(ValueError, match="not options of the local engine"):
-        plan_local(Resolved(tiny_recipe), "chat", port=8123)
+        server_plan(Resolved(tiny_recipe), "chat", port=8123)
     r = CliRunner().invoke(app, ["serve", "--role", "chat", "--dry-run", "--set",
                                  'serve.extra_args=["--enforce-eager"]'])
     assert r.exit_code == 2 and "--enforce-eager" in r.output and len(r.output.strip().splitlines()) == 1

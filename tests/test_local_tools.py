@@ -82,9 +82,9 @@ def test_requests_with_tools_are_refused_as_vllm_refuses_them():
 
 
 def test_serve_tool_call_parser_reaches_the_chat_servers(tmp_path, vllm_cpu_stub):
-    from dspark_kit.engines.servers import server_plan
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import server_plan
     from tests.conftest import TINY_RECIPE
 
     flags = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]

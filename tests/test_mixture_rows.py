@@ -245,6 +245,7 @@ def test_eval_finds_validation_conversations_of_both_modes(tmp_path, tiny_verifi
     from dspark_kit.data.chat import render
     from dspark_kit.data.tiny_corpus import conversations
     from dspark_kit.measure.eval_prompts import load_eval_prompts, until_last_user
+    from dspark_kit.stages.prompts import prompt_source
     from dspark_kit.stages.steps import run_stage
 
     src = tmp_path / "data.jsonl"
@@ -254,7 +255,7 @@ def test_eval_finds_validation_conversations_of_both_modes(tmp_path, tiny_verifi
     res = Resolved(recipe, tmp_path / "run")
     run_stage("prepare", res)
     tok = AutoTokenizer.from_pretrained(tiny_verifier)
-    found = load_eval_prompts(res, tok, limit=64)
+    found = load_eval_prompts(prompt_source(res), tok, limit=64)
     texts = [tok.decode(ids) for ids in load_from_disk(str(res.run.prepared))["input_ids"]]
     train, val = texts[: len(texts) // 2], texts[len(texts) // 2:]
     modes = [recipe.row_thinking(int(i.rsplit("#", 1)[1])) for i in found.ids]

@@ -11,10 +11,10 @@ from planting_proxy import PlantingProxy, stray_reasoning
 
 from dspark_kit.data import mode_rule
 from dspark_kit.engines.lifecycle import ManagedServer
-from dspark_kit.engines.local.plan import plan_local
 from dspark_kit.recipe import Recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.dataset.regen import failure_verdict, mode_line, run_regen
+from dspark_kit.stages.server_plan import server_plan
 
 pytestmark = pytest.mark.slow
 RECIPE = {"regen": {"max_tokens": 24, "concurrency": 4, "request_timeout": 60},
@@ -23,7 +23,7 @@ RECIPE = {"regen": {"max_tokens": 24, "concurrency": 4, "request_timeout": 60},
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, tiny_verifier):
-    server = ManagedServer(plan_local(Resolved(Recipe.model_validate(RECIPE)), "chat"),
+    server = ManagedServer(server_plan(Resolved(Recipe.model_validate(RECIPE)), "chat"),
                            tmp_path_factory.mktemp("logs") / "chat.log")
     server.start()
     try:

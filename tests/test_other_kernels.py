@@ -27,14 +27,14 @@ ROWS = 128  # half the demo's 256: every stage runs on them, in half the suite t
 
 def test_the_trained_pipeline_on_other_kernels_with_one_stray_reply(tmp_path, tiny_verifier, monkeypatch):
     from dspark_kit.engines.lifecycle import ManagedServer
-    from dspark_kit.engines.local.plan import plan_local
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import server_plan
 
     for k, v in OTHER_KERNELS.items():
         monkeypatch.setenv(k, v)  # the engine below inherits it, as does the CLI
     recipe = load_recipe(TINY_RECIPE, ["serve.port=0"])
-    server = ManagedServer(plan_local(Resolved(recipe, tmp_path / "engine"), "chat"), tmp_path / "engine.log")
+    server = ManagedServer(server_plan(Resolved(recipe, tmp_path / "engine"), "chat"), tmp_path / "engine.log")
     server.start()
     try:
         server.wait_healthy(120)

@@ -35,21 +35,21 @@ def _res(tmp_path, *sets):
 
 def test_a_configured_port_is_the_port_and_zero_is_chosen_at_start(tmp_path):
     res = _res(tmp_path, "serve.port=8123", "serve.hidden_states_port=0")
-    spec = decide_port(res, "spec")
+    spec = decide_port(res.recipe.serve, "spec")
     assert (spec.number, spec.key, spec.chosen_at_start) == (8123, "serve.port", False)
-    assert decide_port(res, "chat") == spec  # chat and spec share serve.port
-    hs = decide_port(res, "hidden-states")
+    assert decide_port(res.recipe.serve, "chat") == spec  # chat and spec share serve.port
+    hs = decide_port(res.recipe.serve, "hidden-states")
     assert hs.key == "serve.hidden_states_port" and hs.chosen_at_start and hs.number > 0
     assert "0: a free port" in hs.source and port_in_use("127.0.0.1", hs.number) is None
 
 
 def test_a_busy_configured_port_is_refused_naming_the_key_and_the_fix(tmp_path, listening):
-    port = decide_port(_res(tmp_path, f"serve.port={listening}"), "spec")
+    port = decide_port(_res(tmp_path, f"serve.port={listening}").recipe.serve, "spec")
     with pytest.raises(PortBusy) as e:
         ensure_free(port, "127.0.0.1")
     assert str(e.value) == (f"serve.port {listening} on 127.0.0.1 is in use: stop what listens there, or set "
                             "serve.port: 0 to take a free port when the run starts")
-    ensure_free(decide_port(_res(tmp_path, "serve.port=0"), "spec"), "127.0.0.1")  # never refused
+    ensure_free(decide_port(_res(tmp_path, "serve.port=0").recipe.serve, "spec"), "127.0.0.1")  # never refused
 
 
 def _verifier_recipe(tmp_path: Path, port: int) -> Path:

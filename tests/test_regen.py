@@ -17,10 +17,10 @@ import pytest
 
 from dspark_kit.data.sources import iter_source
 from dspark_kit.engines.lifecycle import ManagedServer
-from dspark_kit.engines.local.plan import plan_local
 from dspark_kit.recipe import Recipe, dump_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.dataset.regen import run_regen
+from dspark_kit.stages.server_plan import server_plan
 
 pytestmark = pytest.mark.slow
 RECIPE = {"regen": {"max_tokens": 16, "concurrency": 8, "request_timeout": 60},
@@ -32,8 +32,8 @@ def engines(tmp_path_factory, tiny_verifier):
     """Two local engines; the second one slowed so a SIGKILL lands mid-run."""
     logs = tmp_path_factory.mktemp("logs")
     recipe = Recipe.model_validate(RECIPE)
-    servers = [ManagedServer(plan_local(Resolved(recipe), "chat"), logs / "a.log"),
-               ManagedServer(plan_local(Resolved(recipe), "chat", extra_args=["--token-delay-ms", "8"]), logs / "b.log")]
+    servers = [ManagedServer(server_plan(Resolved(recipe), "chat"), logs / "a.log"),
+               ManagedServer(server_plan(Resolved(recipe), "chat", extra_args=["--token-delay-ms", "8"]), logs / "b.log")]
     for s in servers:
         s.start()
     try:

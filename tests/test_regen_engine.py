@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dspark_kit.engines.servers import regen_engine, regen_server_plan
 from dspark_kit.recipe import RecipeError, load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.dataset.regen import plan as regen_plan
+from dspark_kit.stages.server_plan import regen_engine, regen_server_plan
 
 TINY = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
 

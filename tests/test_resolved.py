@@ -72,14 +72,14 @@ def test_k_explicit_wins_and_tune_beats_the_checkpoint(tmp_path):
 
 def test_bench_records_the_k_the_server_got(tmp_path):
     """Bench records the K the server got, read back from its metrics, not the recipe's."""
-    from dspark_kit.engines.vllm import plan_vllm
+    from dspark_kit.stages.server_plan import server_plan
     from dspark_kit.stages.serving.bench import served_k
 
     recipe, verifier = seed_like(tmp_path, engine="vllm", num_speculative_tokens=7)
     recipe.train.device = "cuda"  # planned for the GPU box (here it would be vLLM's CPU build: no spec)
     ckpt = write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
     res = Resolved(recipe, installed={"vllm": "0.30.0"})
-    argv = plan_vllm(res, "spec").argv
+    argv = server_plan(res, "spec").argv
     served = json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
     assert served == res.k.value == 7 and ckpt.exists()
     # bench reads K back from the server's per-position series (vLLM exports one per drafted slot)
@@ -95,22 +95,21 @@ def test_bench_records_the_k_the_server_got(tmp_path):
 def test_null_tune_means_no_window_for_eval_and_every_engine(tmp_path, tiny_verifier):
     """Reproduced: with {"recommended_window": null} eval ran without a window while the Ascend command
     got 8192. Now eval, the local engine and vllm-ascend agree: no window."""
-    from dspark_kit.engines.local.plan import plan_local
-    from dspark_kit.engines.vllm import plan_vllm
+    from dspark_kit.stages.server_plan import server_plan
 
     recipe, verifier = seed_like(tmp_path)
     write_ckpt(tmp_path / "run" / "checkpoints" / "checkpoint_best", str(verifier))
     write_tune(tmp_path / "run", recommended_window=None)
     ascend = Resolved(recipe, window_support="yes", installed={"vllm-ascend": "0.27.1rc1"})
     assert ascend.window.value is None
-    assert "--additional-config" not in plan_vllm(ascend, "spec").argv
+    assert "--additional-config" not in server_plan(ascend, "spec").argv
     assert Resolved(recipe).window.value is None
     local = recipe.model_copy(deep=True)
     local.serve.engine = "local"
-    assert "--draft-window-size" not in plan_local(Resolved(local), "spec").argv
+    assert "--draft-window-size" not in server_plan(Resolved(local), "spec").argv
     write_tune(tmp_path / "run", recommended_window=8192)
     assert Resolved(recipe, window_support="yes").window.value == Resolved(local).window.value == 8192
-    argv = plan_local(Resolved(local), "spec").argv
+    argv = server_plan(Resolved(local), "spec").argv
     assert argv[argv.index("--draft-window-size") + 1] == "8192"
 
 
@@ -204,12 +203,12 @@ def test_preflight_and_serve_judge_a_checkpoint_alike(tmp_path):
 
 def test_the_users_hccl_env_survives_serving_and_training(tmp_path, monkeypatch):
     """Reproduced: a user's HCCL_SOCKET_IFNAME=eth0 became lo when serving but stayed eth0 in training."""
-    from dspark_kit.engines.vllm import plan_vllm
+    from dspark_kit.stages.server_plan import server_plan
     from dspark_kit.stages.training.train import launch_plan
 
     monkeypatch.setenv("HCCL_SOCKET_IFNAME", "eth0")
     recipe, _ = seed_like(tmp_path, devices="0,1")
-    serve = plan_vllm(Resolved(recipe, installed={}), "chat")
+    serve = server_plan(Resolved(recipe, installed={}), "chat")
     train = launch_plan(recipe, [], "npu")
     assert serve.env["HCCL_SOCKET_IFNAME"] == train.env["HCCL_SOCKET_IFNAME"] == "eth0"
     assert serve.env["GLOO_SOCKET_IFNAME"] == "lo"  # defaults still fill what the user left unset

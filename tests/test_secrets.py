@@ -81,8 +81,8 @@ def test_planted_key_reaches_no_output_of_a_run(tmp_path, vllm_cpu_stub):
 
 
 def test_serve_api_key_travels_in_env_never_argv(tiny_recipe):
-    from dspark_kit.engines.servers import server_plan
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import server_plan
 
     local = server_plan(Resolved(tiny_recipe, planning=True), "chat", port=8123, api_key=TOKEN)  # no build
     assert TOKEN not in " ".join(local.argv) and local.env["DSPARK_KIT_API_KEY"] == TOKEN

@@ -76,31 +76,31 @@ def test_no_shell_strings_in_the_package():
 
 @pytest.mark.slow
 def test_servers_bind_loopback_by_default(tiny_recipe, tiny_verifier):
-    from dspark_kit.engines.local.plan import plan_local
     from dspark_kit.engines.local.server import parse_args
+    from dspark_kit.stages.server_plan import server_plan
 
     assert tiny_recipe.serve.host == "127.0.0.1"
     from dspark_kit.recipe import Recipe
 
     assert Recipe().serve.host == "127.0.0.1"  # the schema default, not just the shipped recipe
     for role in ("chat", "hidden-states"):
-        argv = plan_local(Resolved(tiny_recipe), role, port=8123).argv
+        argv = server_plan(Resolved(tiny_recipe), role, port=8123).argv
         assert argv[argv.index("--host") + 1] == "127.0.0.1", role
     assert parse_args(["--model", "m"]).host == "127.0.0.1"
 
 
 @pytest.mark.slow
 def test_vllm_plans_bind_the_recipe_host(tiny_recipe, tiny_verifier, vllm_cpu_stub):
-    from dspark_kit.engines.vllm import plan_vllm
+    from dspark_kit.stages.server_plan import server_plan
 
-    argv = plan_vllm(Resolved(tiny_recipe, engine="vllm", installed={}), "chat", port=8001).argv
+    argv = server_plan(Resolved(tiny_recipe, engine="vllm", installed={}), "chat", port=8001).argv
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
 
 
 @pytest.mark.parametrize("trust", [False, True])
 @pytest.mark.slow
 def test_trust_remote_code_only_when_the_recipe_says_so(tiny_recipe, tiny_verifier, tmp_path, trust):
-    from dspark_kit.engines.vllm import plan_vllm
+    from dspark_kit.stages.server_plan import server_plan
     from dspark_kit.stages.training.train import build_train_args
 
     tiny_recipe.verifier.trust_remote_code = trust
@@ -109,7 +109,7 @@ def test_trust_remote_code_only_when_the_recipe_says_so(tiny_recipe, tiny_verifi
                              hidden_states_dtype="bfloat16")
     assert ("--trust-remote-code" in train) is trust
     for role in ("chat", "hidden-states"):
-        argv = plan_vllm(Resolved(tiny_recipe, engine="vllm", installed={}), role, port=8001).argv
+        argv = server_plan(Resolved(tiny_recipe, engine="vllm", installed={}), role, port=8001).argv
         assert ("--trust-remote-code" in argv) is trust, role
 
 
@@ -128,9 +128,9 @@ def test_api_keys_are_redacted_from_argv_and_manifest(tiny_recipe, tmp_path):
 
 @pytest.mark.slow
 def test_local_plan_passes_the_key_in_env_not_argv(tiny_recipe, tiny_verifier):
-    from dspark_kit.engines.local.plan import plan_local
+    from dspark_kit.stages.server_plan import server_plan
 
-    plan = plan_local(Resolved(tiny_recipe), "chat", port=8123, api_key="sk-abc")
+    plan = server_plan(Resolved(tiny_recipe), "chat", port=8123, api_key="sk-abc")
     assert "sk-abc" not in " ".join(plan.argv)
     assert plan.env == {"DSPARK_KIT_API_KEY": "sk-abc"}
 

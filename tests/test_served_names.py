@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 
 from dspark_kit.engines.local.api import ApiError, CompletionRequest
 from dspark_kit.engines.local.server import Engine, create_app, parse_args
-from dspark_kit.engines.servers import server_plan
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.stages.hidden.hidden_states_vllm import offline_command
+from dspark_kit.stages.server_plan import server_plan
 from dspark_kit.stages.training.train import plan as plan_train
 
 REPO = Path(__file__).resolve().parent.parent

@@ -53,7 +53,10 @@ def _sweep(wd: Path, **kw) -> dict:
 @pytest.fixture(scope="module")
 def swept(run) -> tuple[dict, dict]:
     """(the first sweep, whose K 4 / window 64 server cannot start; the resumed one)."""
-    from dspark_kit.engines import ServerPlan, servers
+    from dspark_kit.engines import ServerPlan
+    from dspark_kit.stages import (
+        server_plan as servers,  # the stage asks the resolver, then the engine
+    )
 
     real = servers.server_plan
 
@@ -113,11 +116,12 @@ def test_served_acceptance_equals_in_process_eval(swept, run):
     from dspark_kit.measure.eval_prompts import build_prompts, load_eval_prompts
     from dspark_kit.stages.evaluation.evaluate import EvalSession
     from dspark_kit.stages.evaluation.window_tune import tune_window
+    from dspark_kit.stages.prompts import prompt_source
 
     _, served = swept
     res = Resolved(_recipe(run), run)
     session = EvalSession(res, sweep=True)
-    chats = load_eval_prompts(res, session.tokenizer, run / "prompts.jsonl", limit=16).chats
+    chats = load_eval_prompts(prompt_source(res), session.tokenizer, run / "prompts.jsonl", limit=16).chats
     for n in (0, CTX):
         prompts = build_prompts(session.tokenizer, chats, N, False, n)
         for window in (None, WINDOW):
@@ -182,8 +186,9 @@ def test_run_evaluates_through_the_engine_when_the_verifier_does_not_fit(swept, 
     assert all(c["completed"] == c["count"] > 0 and c["acceptance_length"] >= 1.0 for c in cats), cats
     monkeypatch.undo()
     from dspark_kit.measure.eval_prompts import load_eval_prompts
+    from dspark_kit.stages.prompts import prompt_source
 
     session = EvalSession(res, sweep=True)
-    chats = load_eval_prompts(res, session.tokenizer, limit=16).chats
+    chats = load_eval_prompts(prompt_source(res), session.tokenizer, limit=16).chats
     ours = session.measure(build_prompts(session.tokenizer, chats, N, False), NEW, res.window.value, k=res.k.value)
     assert abs(summary["acceptance_length"] - ours["acceptance_length"]) <= 0.05, (summary, ours)

@@ -7,8 +7,8 @@ import pytest
 
 from dspark_kit.engines.ports import free_port
 from dspark_kit.engines.prom import spec_decode_delta
-from dspark_kit.engines.servers import running_server
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.server_plan import running_server
 
 pytestmark = pytest.mark.slow
 

@@ -55,12 +55,12 @@ def planting_engine(tmp_path, tiny_verifier):
     """The real local chat engine for these sets (tool parser on), behind a proxy that plants a call
     in every other first reply of a row (requests are numbered; a row's first reply answers a user)."""
     from dspark_kit.engines.lifecycle import ManagedServer
-    from dspark_kit.engines.local.plan import plan_local
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import server_plan
 
     recipe = load_recipe(TINY_RECIPE, [*SETS, "serve.port=0"])
-    server = ManagedServer(plan_local(Resolved(recipe, tmp_path / "engine"), "chat"), tmp_path / "engine.log")
+    server = ManagedServer(server_plan(Resolved(recipe, tmp_path / "engine"), "chat"), tmp_path / "engine.log")
     server.start()
     firsts = [0]
 

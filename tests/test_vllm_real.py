@@ -305,8 +305,8 @@ def _events(url: str, path: str, body: dict) -> list:
 @pytest.fixture(scope="module")
 def local_chat_url(tmp_path_factory, tiny_verifier):
     """The local engine, role chat, from the kit's own plan (the same served name vLLM gets)."""
-    from dspark_kit.engines.servers import server_plan
     from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.server_plan import server_plan
 
     plan = server_plan(Resolved(load_recipe(TINY, ["train.device=cpu"])), "chat", port=free_port())
     with ManagedServer(plan, tmp_path_factory.mktemp("local-chat") / "server.log") as server:

@@ -18,10 +18,10 @@ from conftest import TINY_RECIPE, set_args
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
-from dspark_kit.engines import vllm_contract
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.checkpoints import resolve_checkpoint
+from dspark_kit.stages.evaluation.decode_contract import contract_check
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow, pytest.mark.usefixtures("vllm_cpu_build")]
 OTHER_BLOCK = 6  # the demo trains block 4
@@ -46,7 +46,7 @@ def resolved(workdir: Path, *sets: str) -> Resolved:
 def test_every_trained_checkpoint_loads_whole_through_vllm(trained_run, other_block_run):
     cases = [(resolved(trained_run), 4), (resolved(other_block_run, f"draft.block_size={OTHER_BLOCK}"), OTHER_BLOCK)]
     for res, block in cases:
-        report = vllm_contract.check(res)
+        report = contract_check(res)
         [c] = report["checkpoints"]
         assert c["findings"] == [], c["findings"]
         view = c["vllm_view"]
@@ -91,7 +91,7 @@ def test_planted_faults_fail_with_one_named_line_each(trained_run, tmp_path):
     tensors["fc.weight_renamed"] = tensors.pop("fc.weight")
     save_file(tensors, str(renamed / "model.safetensors"), metadata={"format": "pt"})
 
-    report = vllm_contract.check(resolved(trained_run), [no_anchor, layers, renamed])  # one vLLM process
+    report = contract_check(resolved(trained_run), [no_anchor, layers, renamed])  # one vLLM process
     got = {Path(c["checkpoint"]).name: c["findings"] for c in report["checkpoints"]}
     expect = {"no-anchor": ("contract-anchor", "sample_from_anchor"),
               "layers": ("contract-layer-ids", "aux_hidden_state_layer_ids"),

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 from dspark_kit.cli import app
 from dspark_kit.engines.lifecycle import ManagedServer
 from dspark_kit.engines.ports import free_port
-from dspark_kit.engines.servers import server_plan
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.server_plan import server_plan
 from dspark_kit.stages.steps import run_stage
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow]

@@ -30,10 +30,10 @@ from safetensors.torch import load_file
 from test_vllm_real import _stop, start_served
 
 from dspark_kit.engines.ports import free_port
-from dspark_kit.engines.servers import server_plan
 from dspark_kit.engines.vllm import CPU_FP8_CONNECTOR, VLLM_CPU_ENTRYPOINT
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.server_plan import server_plan
 from dspark_kit.stages.steps import run_stage
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow]

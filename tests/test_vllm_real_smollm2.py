@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 from dspark_kit.cli import app
 from dspark_kit.engines.lifecycle import ManagedServer
 from dspark_kit.engines.ports import free_port
-from dspark_kit.engines.servers import server_plan
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.server_plan import server_plan
 from dspark_kit.stages.steps import run_stage
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow]
@@ -165,10 +165,10 @@ def untrained_run(smol, prepared, smollm2_verifier) -> Path:
 
 
 def test_contract_vllm_loads_the_draft_whole_with_a_llama_verifier(untrained_run):
-    from dspark_kit.engines import vllm_contract
+    from dspark_kit.stages.evaluation.decode_contract import contract_check
 
     res = Resolved(recipe("regen.enabled=false"), untrained_run)
-    [c] = vllm_contract.check(res)["checkpoints"]
+    [c] = contract_check(res)["checkpoints"]
     assert c["findings"] == [], c["findings"]
     cfg, loaded = c["vllm_view"]["config"], c["vllm_view"]["load_weights"]
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 14, 27] and cfg["mask_token_id"] == 16

@@ -107,9 +107,10 @@ def show_plan(plan, json_out: bool) -> None:
 
 
 def prompt_categories(res, given: str | None, section: str) -> list[str]:
-    """--categories, else `<section>.categories` (measure.eval_prompts.chosen_categories): a
+    """--categories, else `<section>.categories` (stages.prompts.chosen_categories): a
     misspelt name fails before anything loads."""
-    from dspark_kit.measure.eval_prompts import EvalError, chosen_categories
+    from dspark_kit.measure.eval_prompts import EvalError
+    from dspark_kit.stages.prompts import chosen_categories
 
     try:
         return chosen_categories(res, given, section)

@@ -41,13 +41,14 @@ def contract(
 
       dspark-kit contract -r recipes/tiny-cpu.yaml --checkpoint latest --decode
     """
-    from dspark_kit.engines.vllm_contract import ContractError, check
+    from dspark_kit.engines.vllm_contract import ContractError
     from dspark_kit.specdec.checkpoints import CheckpointError, resolve_checkpoint
+    from dspark_kit.stages.evaluation.decode_contract import contract_check
 
     res = common.resolve(common.load(recipe, set_), workdir)
     try:
         ckpts = [resolve_checkpoint(res.run.checkpoints, c) for c in checkpoint] if checkpoint else None
-        report = check(res, ckpts)
+        report = contract_check(res, ckpts)
         if decode:
             from dspark_kit.stages.evaluation.decode_contract import decode_contract
 

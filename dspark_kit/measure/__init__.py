@@ -8,7 +8,8 @@
 - vllm_bench.py: a `vllm bench serve --save-result` JSON read into the kit's bench result schema;
 - bench_tables.py and charts.py: the tables and PNG charts of their results.
 
-Layer 5 (above engines/, below stages/): may import core, data/, specdec/, compat/, resolved/,
-distributed/ and engines/; never stages/ or cli/. Each stage folder imports what it measures with
-from here, so no stage folder imports another.
+Layer 5 (above engines/, below stages/): may import core, data/, specdec/, compat/, distributed/
+and engines/; never the resolver package (a stage asks it and passes plain values or a small
+frozen record, such as eval_prompts.PromptSource), stages/ or cli/. Each stage folder imports what
+it measures with from here, so no stage folder imports another.
 """

@@ -20,14 +20,16 @@ rows start a reply from.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dspark_kit.data import instructions, tiny_corpus
 from dspark_kit.data.conversations import ConversationError, normalize, template_messages
 from dspark_kit.data.sources import INSTRUCTIONS, TINY_CHAT
-from dspark_kit.resolved import Resolved
+from dspark_kit.recipe import Recipe
+from dspark_kit.rundir import RunDir
 
 HELD_OUT_ROWS = 64  # the tiny corpus's held-out set: more than any eval asks for
 # builtin data sources with a held-out set of their own: (its chats, what it is, the ids' prefix)
@@ -37,6 +39,18 @@ HELD_OUT_SETS = {TINY_CHAT: (tiny_corpus.eval_conversations, "the tiny corpus's 
 
 class EvalError(ValueError):
     """One line naming the flag or file and the fix."""
+
+
+@dataclass(frozen=True)
+class PromptSource:
+    """What choosing eval's prompts reads, as the stage decided it (stages/prompts.py): the recipe,
+    the run folder (DIR/prepared, the rows prepare read), and how to get the verifier's tokenizer
+    when a prompt must be compared with the training rows and the caller has none (called only
+    then: the stage's loader may build or convert the verifier)."""
+
+    recipe: Recipe
+    run: RunDir
+    load_tokenizer: Callable[[], Any]
 
 
 @dataclass
@@ -73,17 +87,17 @@ def trained_on(tokenizer, chat: list[dict], recipe, trained: set[int]) -> bool:
     return any(hash(prompt_key(tokenizer, chat, mode)) in trained for mode in support(recipe.verifier.thinking))
 
 
-def split_prompt_keys(res: Resolved) -> tuple[set[int], set[int]] | None:
+def split_prompt_keys(src: PromptSource) -> tuple[set[int], set[int]] | None:
     """(train, validation) hashes of every context a prepared row starts a reply after; None
     without DIR/prepared."""
-    prepared = res.run.prepared
+    prepared = src.run.prepared
     if not (prepared / "dataset_info.json").is_file():
         return None
     import numpy as np
     from datasets import load_from_disk
 
     data = load_from_disk(str(prepared)).with_format(None)  # plain lists (the saved format is torch)
-    split = int(len(data) * res.recipe.train.train_data_ratio)  # speculators' ArrowDataset boundary
+    split = int(len(data) * src.recipe.train.train_data_ratio)  # speculators' ArrowDataset boundary
     keys: tuple[set[int], set[int]] = (set(), set())
     for i, (ids, mask) in enumerate(zip(data["input_ids"], data["loss_mask"], strict=True)):
         starts = np.flatnonzero(np.diff(np.asarray(mask, dtype=np.int8), prepend=0) == 1)
@@ -111,30 +125,30 @@ class EvalSizes:
     context_lengths: list[int]
 
 
-def eval_sizes(res: Resolved, num_prompts: int | None = None, max_new_tokens: int | None = None,
+def eval_sizes(recipe: Recipe, num_prompts: int | None = None, max_new_tokens: int | None = None,
                context_lengths: list[int] | None = None) -> EvalSizes:
     """The one rule for an eval's sizes: each an option given to the command, else the recipe's eval
     section (eval, its --dry-run, `tune` and the pipeline's served eval all ask it)."""
-    e = res.recipe.eval
+    e = recipe.eval
     lengths = context_lengths if context_lengths is not None else e.context_lengths
     return EvalSizes(num_prompts or e.num_prompts, max_new_tokens or e.max_new_tokens, sorted(set(lengths)))
 
 
-def chosen_categories(res: Resolved, given: str | None, section: str) -> list[str]:
+def chosen_categories(recipe: Recipe, given: str | None, section: str) -> list[str]:
     """The prompt categories a measure runs: --categories, else `<section>.categories` (eval, bench),
     parsed, so a misspelt name fails (EvalError naming the flag or key) before anything loads."""
     from dspark_kit.data.categories import CategoryError, parse_categories
 
     try:
-        return parse_categories(given if given is not None else getattr(res.recipe, section).categories)
+        return parse_categories(given if given is not None else getattr(recipe, section).categories)
     except CategoryError as e:
         raise EvalError(f"{'--categories' if given is not None else f'{section}.categories'}: {e}") from None
 
 
-def served_concurrency(res: Resolved, concurrency: int | None = None) -> int:
+def served_concurrency(recipe: Recipe, concurrency: int | None = None) -> int:
     """Requests in flight when a measure goes through a server (bench, `tune --served`, the served
     eval): the command's option, else bench.concurrency."""
-    return concurrency or res.recipe.bench.concurrency
+    return concurrency or recipe.bench.concurrency
 
 
 def check_prompts_file(path: Path) -> None:
@@ -155,13 +169,13 @@ def _file_rows(path: Path) -> list[dict]:
     return [{"prompt": r.text} if isinstance(r, BadLine) else r for r in rows]  # a plain text line is a prompt
 
 
-def load_eval_prompts(res: Resolved, tokenizer, prompts_file: Path | None = None, from_data: bool = False,
+def load_eval_prompts(src: PromptSource, tokenizer, prompts_file: Path | None = None, from_data: bool = False,
                       limit: int = 64) -> EvalPrompts:
     """Conversations to take eval prompts from (at most `limit`), held out by default."""
     from dspark_kit.data.sources import iter_source
 
-    recipe = res.recipe
-    keys = split_prompt_keys(res)
+    recipe = src.recipe
+    keys = split_prompt_keys(src)
     trained = keys[0] if keys else set()
 
     def count_trained(chats) -> int | None:
@@ -177,9 +191,9 @@ def load_eval_prompts(res: Resolved, tokenizer, prompts_file: Path | None = None
                             f"--from-data: the first rows of {recipe.data.source} (may be training rows)",
                             False, count_trained(chats))
     elif recipe.data.source in HELD_OUT_SETS:
-        found = tiny_held_out(res, limit, tokenizer, keys)
+        found = tiny_held_out(src, limit, tokenizer, keys)
     else:
-        found = _validation_prompts(res, tokenizer, keys, limit)
+        found = _validation_prompts(src, tokenizer, keys, limit)
     if not found.chats:
         raise EvalError(f"eval prompts: no usable conversation in {found.source} (pass --prompts FILE)")
     return found
@@ -188,7 +202,7 @@ def load_eval_prompts(res: Resolved, tokenizer, prompts_file: Path | None = None
 _ASK = object()  # tiny_held_out's `keys` when the caller has not read DIR/prepared
 
 
-def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalPrompts:
+def tiny_held_out(src: PromptSource, limit: int, tokenizer=None, keys=_ASK) -> EvalPrompts:
     """The builtin data's held-out chats (the tiny corpus's, or the kit's instructions' on
     builtin:instructions), at most `limit`: eval's default prompts on builtin:tiny-chat
     data and bench's `builtin` dataset, one decision, so a served bench measures acceptance on
@@ -196,23 +210,21 @@ def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalP
 
     When the recipe trains on the tiny corpus, a prompt a training row of DIR/prepared also
     starts a reply from is dropped (other data cannot share one); the check needs the
-    verifier's tokenizer (`tokenizer`, else loaded). `keys`: split_prompt_keys(res), when the
-    caller has read them already.
+    verifier's tokenizer (`tokenizer`, else src.load_tokenizer's). `keys`: split_prompt_keys(src),
+    when the caller has read them already.
     """
-    source = res.recipe.data.source
+    source = src.recipe.data.source
     trains_on_it = source in HELD_OUT_SETS
     held_out, label, prefix = HELD_OUT_SETS.get(source, HELD_OUT_SETS[TINY_CHAT])
     if keys is _ASK:
-        keys = split_prompt_keys(res) if trains_on_it else None
+        keys = split_prompt_keys(src) if trains_on_it else None
     trained = keys[0] if keys else set()
     # held_out(n) is a prefix of any longer set: more than HELD_OUT_ROWS only when asked
     pool = [(f"{prefix}-{i}", c) for i, c in enumerate(held_out(max(HELD_OUT_ROWS, limit)))]
     if trained:
         if tokenizer is None:
-            from dspark_kit.specdec.verifier import load_tokenizer
-
-            tokenizer = load_tokenizer(res.verifier_path, res.recipe.verifier.trust_remote_code)
-        pool = [(i, c) for i, c in pool if not trained_on(tokenizer, c, res.recipe, trained)]
+            tokenizer = src.load_tokenizer()
+        pool = [(i, c) for i, c in pool if not trained_on(tokenizer, c, src.recipe, trained)]
     chats = pool[:limit]
     if keys:
         checked = "minus any prompt a training row shares"
@@ -222,19 +234,19 @@ def tiny_held_out(res: Resolved, limit: int, tokenizer=None, keys=_ASK) -> EvalP
                        True, 0 if keys else None)
 
 
-def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPrompts:
+def _validation_prompts(src: PromptSource, tokenizer, keys, limit: int) -> EvalPrompts:
+    from dspark_kit.data.prepare_input import input_rows
     from dspark_kit.data.template_rows import row_thinking
-    from dspark_kit.resolved.prepare_input import prepare_input_rows
 
-    ratio = res.recipe.train.train_data_ratio
+    ratio = src.recipe.train.train_data_ratio
     if keys is None or not 0 < ratio < 1:
-        why = (f"no prepared data in {res.run.prepared} (run prepare)" if keys is None
+        why = (f"no prepared data in {src.run.prepared} (run prepare)" if keys is None
                else f"train.train_data_ratio {ratio} leaves no validation split")
         raise EvalError(f"eval prompts: {why}; pass --prompts FILE (chats the draft never trained on), or "
                         "--from-data (the data source's first rows: they may be training rows)")
     trained, held = keys
-    recipe = res.recipe
-    rows, _total, _unusable, source = prepare_input_rows(res)
+    recipe = src.recipe
+    rows, _total, _unusable, source = input_rows(recipe, src.run)
     chats = []
     for i, c, row in _chats(rows):
         try:  # the mode prepare rendered the row in: its validation rows start from that prompt
@@ -246,19 +258,19 @@ def _validation_prompts(res: Resolved, tokenizer, keys, limit: int) -> EvalPromp
             if len(chats) >= limit:
                 break
     return EvalPrompts([c for _, c in chats], [i for i, _ in chats],
-                       f"speculators' validation split of {res.run.prepared} (train.train_data_ratio {ratio}) "
+                       f"speculators' validation split of {src.run.prepared} (train.train_data_ratio {ratio}) "
                        f"in {source}", True, 0)
 
 
-def plan_line(res: Resolved) -> str:
+def plan_line(recipe: Recipe) -> str:
     """Which prompts the pipeline's eval will use, for dry runs."""
-    if res.recipe.data.source in HELD_OUT_SETS:
-        return f"prompts: {HELD_OUT_SETS[res.recipe.data.source][1]}"
+    if recipe.data.source in HELD_OUT_SETS:
+        return f"prompts: {HELD_OUT_SETS[recipe.data.source][1]}"
     return (f"prompts: speculators' validation split of DIR/prepared (train.train_data_ratio "
-            f"{res.recipe.train.train_data_ratio})")
+            f"{recipe.train.train_data_ratio})")
 
 
-def category_prompts(res: Resolved, specs: list[str], per_category: int, tokenizer=None,
+def category_prompts(src: PromptSource, specs: list[str], per_category: int, tokenizer=None,
                      where: str = "--categories") -> list:
     """Each category's prompts (data.categories.CategoryPrompts), at most `per_category` each, in
     the order asked; `tiny` stands for one category per task template of the tiny corpus's held-out
@@ -272,7 +284,7 @@ def category_prompts(res: Resolved, specs: list[str], per_category: int, tokeniz
             out.append(load_category(spec, per_category, where))
             continue
         # six templates drawn at random: twice the share of each keeps every kind filled
-        found = tiny_held_out(res, 2 * len(TASK_KINDS) * per_category, tokenizer)
+        found = tiny_held_out(src, 2 * len(TASK_KINDS) * per_category, tokenizer)
         by_kind: dict[str, CategoryPrompts] = {
             k: CategoryPrompts(f"tiny/{k}", found.source, [], []) for k in TASK_KINDS}
         for i, chat in zip(found.ids, found.chats, strict=True):

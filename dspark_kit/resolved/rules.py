@@ -4,12 +4,11 @@ the tune result it reads."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from dspark_kit.devices import npu_env, visible_devices_env
+from dspark_kit.devices import device_env  # noqa: F401 - re-exported: it lives in devices.py (pure)
 from dspark_kit.recipe import DTYPE_BYTES, Recipe
 from dspark_kit.specdec.verifier_facts import language_model_config
 
@@ -48,13 +47,6 @@ def is_deepseek_v4(verifier_config: dict | None) -> bool:
         return False
     kinds = [verifier_config.get("model_type"), language_model_config(verifier_config).get("model_type")]
     return any(isinstance(k, str) and k.startswith("deepseek_v4") for k in kinds)
-
-
-def device_env(device: str, ids: str | None, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Env a process on `device` needs (training and serving alike): NPU defaults (HCCL etc.)
-    unless the user's environment sets them, plus the visible-device variable the recipe names."""
-    env = npu_env(os.environ if environ is None else environ) if device == "npu" else {}
-    return {**env, **visible_devices_env(device, ids)}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,6 @@
   checkpoints.py (find and check a checkpoint), hidden_state_files.py (what a hidden-state file
   holds and costs).
 
-Layer 2: may import the core modules (layer 0), data/ and compat/ (its floor-mate); never
-resolved/, engines/, stages/ or cli/.
+Layer 2: may import the core modules (layer 0), data/ and compat/ (its floor-mate); never the
+resolver package, engines/, stages/ or cli/.
 """

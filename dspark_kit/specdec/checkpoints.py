@@ -63,7 +63,7 @@ def _available(save_path: Path) -> str:
 
 
 def resolve_checkpoint(checkpoints: str | Path, which: str | int | Path = BEST_CHECKPOINT) -> Path:
-    """Absolute checkpoint directory (symlinks resolved) for a serve.checkpoint value.
+    """Absolute checkpoint directory (symlinks followed) for a serve.checkpoint value.
 
     `which`: "checkpoint_best" / "epochN_end" (speculators symlinks), "latest"
     (highest complete epoch), an epoch number, or a path. `checkpoints` is the
@@ -158,7 +158,7 @@ def validate_checkpoint(path: str | Path, recipe: Recipe, verifier_num_layers: i
                         verifier_path: str | None, k: int, target_vocab_size: int | None = None) -> list[Finding]:
     """Everything that makes this checkpoint wrong for this recipe; [] = fine.
 
-    Called through `Resolved.checkpoint_findings`, which supplies the resolved
+    Called through `Resolved.checkpoint_findings`, which supplies the loadable
     verifier path, layer count, K and vocabulary; `verifier_num_layers` None skips the
     layer-id check with a warning; `target_vocab_size` None judges a reduced vocabulary
     against the draft's own input vocabulary and skips the expanded-vocabulary check.

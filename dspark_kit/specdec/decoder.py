@@ -205,7 +205,7 @@ class SpecGenerator:
         self.draft_topk = draft_topk
         self.verifier, self.draft = verifier, draft
         self.draft_kv_cache = draft_kv_cache
-        self.k = num_speculative_tokens  # decided by resolved.Resolved.k, never defaulted here
+        self.k = num_speculative_tokens  # decided by the resolver (Resolved.k), never defaulted here
         if ks_outside_slots([self.k], draft.slots):
             raise ValueError(slots_error("num_speculative_tokens", [self.k], draft.slots))
         self.window = draft_window_size

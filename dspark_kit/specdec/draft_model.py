@@ -57,7 +57,7 @@ def chain_prev_tokens(anchor: int, chosen: list[int]) -> list[int]:
 
 def load_dspark_model(checkpoint: str | Path, verifier_path: str | Path, device: str = "cpu",
                       sample_from_anchor: bool | None = None):
-    """speculators' DSparkDraftModel in float32, its verifier path resolved, in the anchor layout
+    """speculators' DSparkDraftModel in float32, its verifier path made loadable, in the anchor layout
     specdec/anchor.py decides (`sample_from_anchor` forces one: `dspark-kit import` measures both)."""
     from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
 

@@ -29,7 +29,7 @@ def resolve_device(device: str) -> str:
 
 
 def load_verifier(path, device: str = "auto", dtype: str = "float32", trust_remote_code: bool = False):
-    """The causal LM in eval mode on `device` (resolved by devices.detect_device)."""
+    """The causal LM in eval mode on `device` (decided by devices.detect_device)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(

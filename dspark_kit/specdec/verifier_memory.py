@@ -1,6 +1,6 @@
 """What a vLLM server holding the verifier needs on each of its devices, from config.json alone:
-its weights, its KV cache and a runtime margin (plain values in, terms out; resolved/memory_plan.py
-compares them with the device).
+its weights, its KV cache and a runtime margin (plain values in, terms out; the resolver's memory
+plan compares them with the device).
 
 - **Weights per device.** Every parameter is loaded (every expert of an MoE). Tensor parallelism
   splits the attention heads, the MLP, the experts (tensor or expert parallel: either way over the

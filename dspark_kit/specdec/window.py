@@ -26,8 +26,8 @@ if TYPE_CHECKING:  # imported where tensors are made: plans (dry runs) read the 
 
 WINDOWED_METHODS = ("dspark", "dflash", "eagle3")
 # The local engine and eval window at this KV-block granularity; vllm-ascend at its own KV cache
-# block, ASCEND_KV_BLOCK_SIZE unless serve.extra_args passes --block-size (resolved.kv_block_size
-# decides which; `window plan --kv-block-size` shows either).
+# block, ASCEND_KV_BLOCK_SIZE unless serve.extra_args passes --block-size (the resolver's
+# kv_block_size decides which; `window plan --kv-block-size` shows either).
 LOCAL_KV_BLOCK_SIZE = 16
 ASCEND_KV_BLOCK_SIZE = 128
 

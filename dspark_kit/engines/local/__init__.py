@@ -6,5 +6,6 @@ and NPU, for the roles vLLM cannot take here (spec decoding on CPU) and for test
   engine.py the generation loop; stream.py streamed text; tools.py tool-call parsing as vLLM's.
 
 Part of engines/ (layer 4): may import the layers below (core, data/, specdec/, compat/,
-resolved/, distributed/) and the rest of engines/; never stages/ or cli/.
+distributed/) and the rest of engines/; never the resolver package (its plan takes the stage's
+plain values), stages/ or cli/.
 """

@@ -2,8 +2,8 @@
 
 The served model ids matter: speculators' online trainer refuses a server whose
 first /v1/models id differs from the verifier path it was given, so the server
-answers to the names Resolved.served_names decides for its role (hidden-states:
-the resolved verifier path first, then verifier.served_name).
+answers to the names the stage decided for its role (`ServeInputs.served_names`;
+hidden-states: the loadable verifier path first, then verifier.served_name).
 """
 
 from __future__ import annotations
@@ -11,42 +11,40 @@ from __future__ import annotations
 import sys
 
 from dspark_kit.engines import API_KEY_ENV, Role, ServerPlan, tool_call_flags
-from dspark_kit.resolved import Resolved
+from dspark_kit.engines.serve_inputs import ServeInputs
 
 
 def plan_local(
-    res: Resolved,
+    inputs: ServeInputs,
     role: Role,
-    port: int | None = None,
+    port: int,
     host: str | None = None,
     api_key: str | None = None,
     extra_args: list[str] | None = None,
 ) -> ServerPlan:
-    recipe = res.recipe
+    """The local server's command for `role` on `port` (`host`: in place of serve.host)."""
+    recipe = inputs.recipe
     host = host or recipe.serve.host
-    if port is None:
-        from dspark_kit.engines.ports import decide_port
-
-        port = decide_port(res, role, host).number
     argv = [
         sys.executable, "-m", "dspark_kit.engines.local.server",
-        "--model", res.verifier_path, "--role", role, "--host", host, "--port", str(port),
-        "--served-model-name", *res.served_names(role),
-        "--device", res.serve_device.value, "--dtype", res.serve_dtype.value,
+        "--model", inputs.verifier_path, "--role", role, "--host", host, "--port", str(port),
+        "--served-model-name", *inputs.served_names,
+        "--device", inputs.device, "--dtype", inputs.dtype,
     ]
     notes: list[str] = []  # warnings
     decisions: list[str] = []  # what was decided and why
     if role == "hidden-states":
-        argv += ["--layer-ids", ",".join(map(str, res.exported_layer_ids)),
+        argv += ["--layer-ids", ",".join(map(str, inputs.exported_layer_ids)),
                  "--storage-path", recipe.hidden_states.storage_path,
-                 "--hidden-states-dtype", res.hidden_states_out_dtype.value]
+                 "--hidden-states-dtype", inputs.hidden_states_dtype]
     if role == "spec":
-        k, window = res.k, res.window
-        argv += ["--draft", str(res.checkpoint), "--num-speculative-tokens", str(k.value)]
+        spec = inputs.spec
+        k, window = spec.k, spec.window
+        argv += ["--draft", str(spec.checkpoint), "--num-speculative-tokens", str(k.value)]
         if window.value is not None:
             argv += ["--draft-window-size", str(window.value)]
         notes += [*k.notes, *window.notes]
-        decisions += res.spec_decision_lines()
+        decisions += spec.decision_lines
     parser = recipe.serve.tool_call_parser
     if parser and role != "hidden-states":
         from dspark_kit.engines.local.tools import PARSERS

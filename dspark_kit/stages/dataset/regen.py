@@ -416,7 +416,8 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     server = None
     if not endpoints:
         from dspark_kit.engines.lifecycle import ManagedServer
-        from dspark_kit.engines.servers import regen_server_plan, start_checks
+        from dspark_kit.engines.servers import start_checks
+        from dspark_kit.stages.server_plan import regen_server_plan
 
         plan = server_plan or regen_server_plan(res, api_key=opts.api_key)
         start_checks(plan)
@@ -459,7 +460,7 @@ def regen_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Path 
     recipe engine's chat server it starts when there is none (the run starts exactly that one)."""
     from urllib.parse import urlparse
 
-    from dspark_kit.engines.servers import regen_engine, regen_server_plan, server_plan
+    from dspark_kit.stages.server_plan import regen_engine, regen_server_plan, server_plan
 
     recipe = res.recipe
     outfile = Path(outfile or res.run.regen_jsonl)

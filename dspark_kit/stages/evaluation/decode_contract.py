@@ -1,5 +1,6 @@
-"""`contract --decode`: vLLM's own DSpark code decodes eval's held-out prompts with the checkpoint,
-and the kit's decoder decodes them too; engines.vllm_decode_contract compares the two."""
+"""`contract`: vLLM's own code judges the checkpoints (`contract_check`: engines.vllm_contract, from
+what the resolver decided), and with --decode vLLM's DSpark code decodes eval's held-out prompts with
+the checkpoint, and the kit's decoder decodes them too; engines.vllm_decode_contract compares the two."""
 
 from __future__ import annotations
 
@@ -8,9 +9,24 @@ from pathlib import Path
 from dspark_kit.engines import vllm_decode_contract as dc
 from dspark_kit.measure.eval_prompts import build_prompts, eval_sizes, load_eval_prompts
 from dspark_kit.resolved import Resolved
+from dspark_kit.stages.prompts import prompt_source
 
 DTYPE = "float32"  # what vLLM's CPU build decodes in here; the kit decodes in it too
 CHECK_TOPK = 8  # sampled drafting is checked with this top-k when serve.draft_topk is unset
+
+
+def contract_check(res: Resolved, checkpoints: list[Path] | None = None, python: Path | None = None) -> dict:
+    """Judge the checkpoints (default: the one serve would load) with vLLM's code: per checkpoint its
+    findings (vLLM's view, and the kit's own weight checks) and what vLLM made of it."""
+    from dspark_kit.engines import vllm_contract
+
+    ckpts = [Path(c).resolve() for c in (checkpoints or [res.checkpoint])]
+    cfg = res.checkpoint_config if res.checkpoint_exists else None
+    want = vllm_contract.expected_for(res.recipe, res.num_hidden_layers, cfg)
+    k = res.k.value
+    verifier = res.verifier_path
+    kit = {c: res.checkpoint_findings(c) for c in ckpts}
+    return vllm_contract.check(verifier, ckpts, want, k, kit, python)
 
 
 def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: int | None = None,
@@ -23,9 +39,9 @@ def decode_contract(res: Resolved, checkpoint: Path | None = None, num_prompts: 
     from transformers import AutoTokenizer
 
     ckpt = Path(checkpoint or res.checkpoint).resolve()
-    sizes = eval_sizes(res, num_prompts, max_new_tokens)
+    sizes = eval_sizes(res.recipe, num_prompts, max_new_tokens)
     tok = AutoTokenizer.from_pretrained(res.verifier_path)
-    found = load_eval_prompts(res, tok, limit=max(sizes.num_prompts, 16))
+    found = load_eval_prompts(prompt_source(res), tok, limit=max(sizes.num_prompts, 16))
     prompts = build_prompts(tok, found.chats, sizes.num_prompts, res.recipe.measured_thinking)
     stop = frozenset(t for t in [tok.eos_token_id] if t is not None)
     k = res.k.value

@@ -30,6 +30,7 @@ from dspark_kit.specdec.checkpoints import ks_outside_slots, slots_error
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
 from dspark_kit.stages.evaluation.eval_outputs import write_outputs
 from dspark_kit.stages.plan import StagePlan
+from dspark_kit.stages.prompts import prompt_source
 from dspark_kit.stages.server_plan import spec_server_lines
 
 # ---- running ----------------------------------------------------------------
@@ -141,11 +142,11 @@ def evaluate_checkpoint(res: Resolved, *, prompts_file: Path | None = None, from
     source and ids), eval.md and plots under out_dir (default <workdir>/eval). `categories`
     (default eval.categories): named prompt sets measured one by one, num_prompts each."""
     recipe = res.recipe
-    sizes = eval_sizes(res, num_prompts, max_new_tokens, context_lengths)
+    sizes = eval_sizes(res.recipe, num_prompts, max_new_tokens, context_lengths)
     num_prompts, max_new, ctx_lens = sizes.num_prompts, sizes.max_new_tokens, sizes.context_lengths
     session = EvalSession(res)
     window = res.window.value
-    found = load_eval_prompts(res, session.tokenizer, prompts_file, from_data, limit=max(num_prompts, 16))
+    found = load_eval_prompts(prompt_source(res), session.tokenizer, prompts_file, from_data, limit=max(num_prompts, 16))
     chats = found.chats
     thinking = recipe.measured_thinking
     thr = recipe.eval.confidence_threshold
@@ -198,7 +199,7 @@ def measure_categories(session: EvalSession, res: Resolved, specs: list[str], nu
     from dspark_kit.measure.eval_prompts import category_prompts
 
     try:
-        sets = category_prompts(res, parse_categories(specs), num_prompts, session.tokenizer,
+        sets = category_prompts(prompt_source(res), parse_categories(specs), num_prompts, session.tokenizer,
                                 where="eval.categories / --categories")
     except CategoryError as e:
         raise EvalError(str(e)) from None
@@ -233,7 +234,7 @@ def plan(res: Resolved) -> StagePlan:
     """In-process when the verifier fits the eval device, else through the serving engine (Resolved.eval_mode)."""
     t = res.recipe.measured_temperature
     at = "greedy" if t == 0 else f"sampled at temperature {t:g} (eval.temperature)"
-    mode, where = res.eval_mode, f"{plan_line(res)}, {at} -> {res.run.eval}"
+    mode, where = res.eval_mode, f"{plan_line(res.recipe)}, {at} -> {res.run.eval}"
     device = f"{res.eval_device.value} ({res.eval_dtype.value})"
     outputs = {"eval": str(res.run.eval_json)}
     if mode.value == "served":  # the server is sized at start for the longest eval prompt (its max_model_len)
@@ -259,7 +260,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
             s = served_eval(res)
     else:
         with reporter.doing("eval", f"in-process: loading the verifier and draft, then decoding "
-                                    f"{eval_sizes(res).num_prompts} prompts with speculation"):
+                                    f"{eval_sizes(res.recipe).num_prompts} prompts with speculation"):
             s = evaluate_checkpoint(res)
     return {k: s[k] for k in STAGE_SUMMARY}
 
@@ -301,7 +302,7 @@ def checkpoint_plan(res: Resolved, prompts: Path | None, from_data: bool, num_pr
         staged.inputs["prompts"] = res.recipe.data.source
         staged.lines.append(f"# --from-data: prompts from the first rows of {res.recipe.data.source} instead "
                             "(they may be training rows)")
-    sizes = eval_sizes(res, num_prompts, max_new_tokens, lengths)
+    sizes = eval_sizes(res.recipe, num_prompts, max_new_tokens, lengths)
     n, new, lengths = sizes.num_prompts, sizes.max_new_tokens, sizes.context_lengths
     staged.details.update(num_prompts=n, max_new_tokens=new, context_lengths=lengths, categories=categories)
     staged.lines.append(f"# checkpoint {res.checkpoint}: K {res.k.value}, window {res.window.value} "

@@ -30,6 +30,7 @@ from dspark_kit.recipe import Recipe, apply_overrides, recipe_from_dict
 from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.verifier_facts import language_model_config
 from dspark_kit.stages.evaluation import served_sweep as sweep
+from dspark_kit.stages.prompts import prompt_source
 
 REQUEST_TIMEOUT_S = 600.0  # one streamed request's wait for its next bytes: a hang, not a slow machine
 
@@ -90,8 +91,9 @@ def run_server_point(res: Resolved, server: sweep.ServerPoint, prompt_sets: dict
     Returns the seconds the server took to become healthy (None: it did not)."""
     from dspark_kit.engines.lifecycle import ManagedServer, ServerStartError
     from dspark_kit.engines.prom import MetricsError
-    from dspark_kit.engines.servers import server_plan, start_checks
+    from dspark_kit.engines.servers import start_checks
     from dspark_kit.logs import quoted_tail
+    from dspark_kit.stages.server_plan import server_plan
 
     recipe = point_recipe(res.recipe, res.checkpoint, server.k, server.window, max_model_len)
     point_res = Resolved(recipe, res.run, engine=res.engine)
@@ -144,7 +146,7 @@ def prompt_sets(res: Resolved, context_lengths: list[int], num_prompts: int,
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(res.verifier_path)
-    found = load_eval_prompts(res, tok, prompts_file, limit=max(num_prompts, 16))
+    found = load_eval_prompts(prompt_source(res), tok, prompts_file, limit=max(num_prompts, 16))
     thinking = res.recipe.measured_thinking
     return {n: build_prompts(tok, found.chats, num_prompts, thinking, n) for n in [0, *context_lengths]}, found
 
@@ -160,9 +162,9 @@ def served_tune(res: Resolved, *, ks: list[int] | None = None, windows: list[int
 
     k_list, w_list, ctx = sweep_inputs(res, ks=ks, windows=windows, context_lengths=context_lengths,
                                        allow_below=allow_below, what="tune --served", served=True)
-    sizes = eval_sizes(res, num_prompts, max_new_tokens, ctx)
+    sizes = eval_sizes(res.recipe, num_prompts, max_new_tokens, ctx)
     sets, found = prompt_sets(res, ctx, sizes.num_prompts, prompts_file)
-    return run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=served_concurrency(res, concurrency),
+    return run_served_tune(res, sets, ks=k_list, windows=w_list, concurrency=served_concurrency(res.recipe, concurrency),
                            max_new_tokens=sizes.max_new_tokens, dry_run=dry_run, log=log, prompts_source=found.source)
 
 
@@ -249,7 +251,7 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
     from dspark_kit.stages.evaluation.eval_outputs import write_outputs
 
     recipe = res.recipe
-    sizes = eval_sizes(res)
+    sizes = eval_sizes(res.recipe)
     n, new = sizes.num_prompts, sizes.max_new_tokens
     sets, found = prompt_sets(res, sizes.context_lengths, n)
     categories = served_categories(res, n)
@@ -257,7 +259,7 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
     k, window = res.k.value, res.window.value
     longest = max(len(p) for ps in sets.values() for p in ps)
     points: list[dict] = []
-    run_server_point(res, sweep.ServerPoint(k, window), sets, served_concurrency(res), new,
+    run_server_point(res, sweep.ServerPoint(k, window), sets, served_concurrency(res.recipe), new,
                      max(recipe.serve.max_model_len or 0, longest + new + 1), log, points.append)
     # prompts go as token ids here: a later turn (MT-Bench's second) needs the reply's text, which
     # `eval` in-process and `bench` have; served eval says it asked the first turn only
@@ -279,7 +281,7 @@ def served_eval(res: Resolved, log=lambda _m: None) -> dict:
                "checkpoint": str(res.checkpoint), "verifier": res.verifier_path, "num_speculative_tokens": k,
                "num_speculative_tokens_source": res.k.source, "max_new_tokens": new,
                "temperature": recipe.measured_temperature, "draft_window_size": window,
-               "draft_window_size_source": res.window.source, "concurrency": served_concurrency(res),
+               "draft_window_size_source": res.window.source, "concurrency": served_concurrency(res.recipe),
                "prompts": found.record(n), "acceptance_length": head["acceptance_length"],
                "per_position_acceptance": head["per_position_acceptance"], "tokens_per_verifier_forward": None,
                "num_drafts": None, "runs": runs, "categories": per_category}
@@ -298,7 +300,7 @@ def served_categories(res: Resolved, num_prompts: int) -> list[tuple]:
         return []
     tok = AutoTokenizer.from_pretrained(res.verifier_path)
     try:
-        found = category_prompts(res, parse_categories(res.recipe.eval.categories), num_prompts, tok,
+        found = category_prompts(prompt_source(res), parse_categories(res.recipe.eval.categories), num_prompts, tok,
                                  where="eval.categories")
     except CategoryError as e:
         raise EvalError(str(e)) from None

@@ -18,6 +18,7 @@ from dspark_kit.resolved import Resolved
 from dspark_kit.specdec.window import LOCAL_KV_BLOCK_SIZE
 from dspark_kit.stages.evaluation.evaluate import EvalSession, verify_budget
 from dspark_kit.stages.evaluation.sweep_rules import pick_window, sweep_inputs
+from dspark_kit.stages.prompts import prompt_source
 
 
 def local_threshold_curve(session: EvalSession, prompts: list[list[int]], max_new: int, window: int | None, k: int,
@@ -49,9 +50,9 @@ def tune_window(res: Resolved, *, candidates: list[int] | None = None, context_l
     ks, cands, ctx_lens = sweep_inputs(res, ks=ks, windows=candidates, context_lengths=context_lengths,
                                        allow_below=allow_below)
     session = EvalSession(res, sweep=True)
-    sizes = eval_sizes(res, num_prompts, max_new_tokens)
+    sizes = eval_sizes(res.recipe, num_prompts, max_new_tokens)
     num_prompts, max_new = sizes.num_prompts, sizes.max_new_tokens
-    found = load_eval_prompts(res, session.tokenizer, prompts_file, limit=max(num_prompts, 16))
+    found = load_eval_prompts(prompt_source(res), session.tokenizer, prompts_file, limit=max(num_prompts, 16))
     chats = found.chats
     thinking = recipe.measured_thinking
     prompt_sets = {0: build_prompts(session.tokenizer, chats, num_prompts, thinking)}

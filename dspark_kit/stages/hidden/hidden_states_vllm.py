@@ -74,8 +74,8 @@ def offline_processes(res: Resolved) -> tuple[list[str], list[Process]]:
     """The extraction server (unless hidden_states.endpoint) and generate-offline-data, one per node
     (train.nnodes): the dry run's lines, and the processes this node's run starts."""
     from dspark_kit.engines import LaunchPlan
-    from dspark_kit.engines.servers import server_plan
     from dspark_kit.stages.plan import Process
+    from dspark_kit.stages.server_plan import server_plan
 
     recipe = res.recipe
     hs, n = recipe.hidden_states, recipe.train.nnodes
@@ -150,8 +150,8 @@ def run_offline_vllm(res: Resolved, plan: StagePlan, reporter: Reporter = STANDA
     import os
 
     from dspark_kit import processes
-    from dspark_kit.engines.servers import hidden_state_server
     from dspark_kit.logs import failed_row, log_since
+    from dspark_kit.stages.server_plan import hidden_state_server
 
     recipe, t0 = res.recipe, time.time()
     world, rank = recipe.train.nnodes, recipe.train.node_rank

@@ -95,7 +95,7 @@ def check_ports(ctx: _Context) -> list[Finding]:
     if hs.mode == "online" or hs.backend != "local":
         roles += [] if hs.endpoint else ["hidden-states"]
     out = []
-    for port in (decide_port(ctx.res, role) for role in roles):  # spec: serve.port; hidden-states: its own key
+    for port in (decide_port(r.serve, role) for role in roles):  # spec: serve.port; hidden-states: its own key
         why = None if port.chosen_at_start else port_in_use(r.serve.host, port.number)
         if why:
             out.append(Finding("warning", "port", busy_message(port, r.serve.host, why)))

@@ -27,6 +27,7 @@ from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
 from dspark_kit.rundir import bench_result_file
 from dspark_kit.stages.plan import StagePlan
+from dspark_kit.stages.prompts import prompt_source
 from dspark_kit.stages.server_plan import spec_server_lines
 
 SCHEMA = "dspark-kit.bench/1"
@@ -56,7 +57,7 @@ def bench_load(res: Resolved, base_url: str | None = None, label: str | None = N
     if not label.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise BenchError(f"--label {label!r}: use letters, digits, '-', '_' or '.' (it names the output file)")
     return BenchLoad(base_url=(base_url or f"http://{r.serve.host}:{r.serve.port}").rstrip("/"), label=label,
-                     num_prompts=num_prompts or b.num_prompts, concurrency=served_concurrency(res, concurrency),
+                     num_prompts=num_prompts or b.num_prompts, concurrency=served_concurrency(res.recipe, concurrency),
                      max_tokens=max_tokens or b.max_tokens)
 
 
@@ -80,7 +81,7 @@ def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -
     if dataset == BUILTIN_DATASET:
         from dspark_kit.measure.eval_prompts import tiny_held_out, until_last_user
 
-        return [until_last_user(c) for c in tiny_held_out(res, num_prompts).chats]
+        return [until_last_user(c) for c in tiny_held_out(prompt_source(res), num_prompts).chats]
     path = Path(dataset)
     if not path.is_file():
         raise BenchError(f"--prompts {dataset}: file not found (pass a regen .jsonl or 'builtin')")
@@ -152,7 +153,7 @@ def _category_sets(res: Resolved, specs: str | list[str], n: int, where: str) ->
     from dspark_kit.measure.eval_prompts import category_prompts
 
     try:
-        return category_prompts(res, parse_categories(specs), n, where=where)
+        return category_prompts(prompt_source(res), parse_categories(specs), n, where=where)
     except CategoryError as e:
         raise BenchError(str(e)) from None
 
@@ -208,8 +209,8 @@ def bench_spec_server(res: Resolved, server: ServerPlan | None = None) -> dict[s
     """Serve verifier + draft (role spec; `server`: the stage plan's), benchmark it, stop it."""
     import re
 
-    from dspark_kit.engines.servers import running_server
     from dspark_kit.measure.served_gate import ServedGateError, enforce, side_by_side
+    from dspark_kit.stages.server_plan import running_server
 
     label = re.sub(r"[^A-Za-z0-9._-]", "_", Path(res.recipe.serve.checkpoint).name) or "spec"
     with running_server(res, "spec", plan=server) as url:

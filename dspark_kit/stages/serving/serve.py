@@ -41,7 +41,7 @@ def serve_check(res: Resolved, server: ServerPlan | None = None) -> dict:
     that server (`server`: the stage plan's) and get one reply from it."""
     import asyncio
 
-    from dspark_kit.engines.servers import running_server
+    from dspark_kit.stages.server_plan import running_server
 
     run = res.run
     sp = checked_server(res, "spec")  # its findings, warnings and decisions
@@ -63,7 +63,7 @@ def export_command(res: Resolved) -> list[str]:
     """The `dspark-kit export --layout gguf` the serve check runs for llama.cpp (as a line to print)."""
     from dspark_kit.engines.servers import gguf_export_dir
 
-    argv = ["dspark-kit", "export", str(res.checkpoint), str(gguf_export_dir(res)), "--layout", "gguf",
+    argv = ["dspark-kit", "export", str(res.checkpoint), str(gguf_export_dir(res.run.serve, res.checkpoint)), "--layout", "gguf",
             "--verifier", res.verifier_path]
     own = res.verifier_gguf
     return argv + (["--verifier-gguf", own] if own else [])
@@ -77,7 +77,7 @@ def export_for_llamacpp(res: Resolved) -> dict:
     from dspark_kit.specdec.gguf_export import DRAFT_GGUF, GgufExportError, export_gguf
     from dspark_kit.specdec.llamacpp_tree import LlamaCppMissing
 
-    out = gguf_export_dir(res)
+    out = gguf_export_dir(res.run.serve, res.checkpoint)
     if (out / DRAFT_GGUF).exists():
         return {"draft": str(out / DRAFT_GGUF), "exported": "earlier"}
     own = res.verifier_gguf

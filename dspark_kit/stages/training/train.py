@@ -344,7 +344,7 @@ def plan(res: Resolved) -> StagePlan:
     processes: list[Process] = []
     endpoint = hs.endpoint
     if hs.mode == "online" and not hs.endpoint:  # train starts the extraction server itself
-        from dspark_kit.engines.servers import server_plan
+        from dspark_kit.stages.server_plan import server_plan
 
         server = server_plan(res, "hidden-states")
         endpoint = server.base_url
@@ -427,7 +427,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
 
             stack.enter_context(started(master.server, run.mooncake_log, recipe.serve.startup_timeout))
         if server is not None or (recipe.hidden_states.mode == "online" and recipe.hidden_states.endpoint):
-            from dspark_kit.engines.servers import hidden_state_server
+            from dspark_kit.stages.server_plan import hidden_state_server
 
             # the one started here, or the recipe's endpoint: both watched while training uses them
             endpoint = stack.enter_context(hidden_state_server(res, server.server if server else None))
