@@ -4,19 +4,19 @@ in-process decoder accepts; a flipped anchor layout fails the gate in one line, 
 head accepts less (slow).
 
 The draft: recipes/smollm2-135m-cpu.yaml run with serve.engine llama.cpp (regen on llama-server,
-the verifier's Q4_1 GGUF; hidden states and training in-process on the dequantized HF folder), a
-few dozen rows, once per session. The comparison decodes the same token-id prompts, greedy, at the
-same K, against an F16 GGUF of the same HF folder (llama.cpp's converter), the target closest to the
-in-process float32 verifier.
+the verifier's Q4_1 GGUF; hidden states and training in-process on the dequantized HF folder) on
+the six questions below, fitted to the verifier's replies (SETS says why), about two minutes. The
+comparison decodes the same token-id prompts, greedy, at the same K, against an F16 GGUF of the
+same HF folder (llama.cpp's converter), the target closest to the in-process float32 verifier.
 
 Tolerance (MIN_FRACTION), on the tokens accepted per verification step (acceptance length - 1;
 the length itself has a floor of 1, so a fault would hide in it for a weak draft): llama.cpp
 computes in its own kernels (F16 weights, its own accumulation order), so the greedy target text
 drifts from float32 transformers' after some tokens and both sides then measure acceptance on
-slightly different continuations; with a few dozen accepted tokens that moves the figure by
-several percent either way. Measured on a draft of this recipe (77 rows, K 3, these prompts): 0.142
-accepted per step in-process, 0.148 served (1.04x); sample_from_anchor flipped 0.069 (0.49x, caught);
-Markov head zeroed 0.130 (0.92x: not caught by the gate for a draft this weak, see the test).
+slightly different continuations, which moves the figure by tens of percent either way at this
+size. Measured on this fixture's draft (K 3): 0.394 accepted per step in-process, 0.507 served
+(1.29x); sample_from_anchor flipped 0.185 (0.47x, caught); Markov head zeroed 0.476 (1.21x of
+in-process, 0.94x of served: not caught by the gate, see the test).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ QUESTIONS = ["What is the capital of France? Answer in one sentence.", "Why is t
 MAX_NEW = 48
 # The draft learns the verifier's own greedy replies to QUESTIONS (64 tokens each, kept when cut) for
 # 40 epochs and the last epoch serves: a draft fitted to the measured continuations accepts enough
-# (1.48 in-process, K 3) for a layout fault to show; 64 general rows for 6 epochs accepted 1.08,
+# (1.39 to 1.48 in-process, K 3) for a layout fault to show; 64 general rows for 6 epochs accepted 1.08,
 # where a flipped anchor layout still passed the gate at 0.77x. What is compared is the layout
 # llama.cpp reads, not how the draft generalizes (eval and bench measure that).
 SETS = ["serve.engine=llama.cpp", "draft.arch=qwen3", f"data.limit={len(QUESTIONS)}", "regen.max_tokens=64",
@@ -143,9 +143,8 @@ def test_served_acceptance_matches_in_process_and_planted_faults_fail_the_gate(t
     line = gate_line(flipped, ref, MIN_FRACTION, "sample_from_anchor flipped")
     assert line is not None and "\n" not in line, (flipped, ref, good)
     # The zeroed Markov head: llama.cpp must read it (greedy serving is deterministic, so the same prompts
-    # accept differently without it). Measured on this recipe's 77-row draft: 0.130 accepted per step
-    # against 0.148 with the head (0.92x of in-process): the head adds too little to a draft this weak
-    # for the gate to catch it; a stronger draft's gap is the gate's (not asserted here).
+    # accept differently without it). Measured on this fixture's draft: 0.476 accepted per step against
+    # 0.507 with the head: the head adds too little here for the gate to catch its loss (not asserted).
     zeroed = served_al(variant(ckpt, tmp_path / "zero" / "ckpt", zero_markov=True), verifier_dir, f16_target, k,
                        tmp_path / "zero", prompts)
     assert zeroed != good and zeroed < good, (zeroed, good, ref)
