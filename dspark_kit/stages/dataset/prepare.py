@@ -378,16 +378,13 @@ def prepare(
             summary.reject(reason, n)
             entry({}, "dropped", f"{reason} ({n} rows, read before prepare)")
         summary.log(reporter.note)
-        publish = True  # every row is accounted for: a verdict below fails with the file that says why
-        if verdict := summary.mode_rule.verdict(mode_budget, "prepare"):
+        verdict = summary.mode_rule.verdict(mode_budget, "prepare") or (None if summary.rows_out else (
+            f"prepare: no trainable rows out of {summary.conversations_in} conversations "
+            f"(rejected: {dict(summary.rejected)}; rows without assistant tokens: "
+            f"{summary.no_trainable_tokens}); check data.source and data.seq_length"))
+        if verdict:
+            publish = True  # every row is accounted for: the run fails with the file that says why
             raise ValueError(verdict)
-        if summary.rows_out == 0:
-            raise ValueError(
-                f"prepare: no trainable rows out of {summary.conversations_in} conversations "
-                f"(rejected: {dict(summary.rejected)}; rows without assistant tokens: "
-                f"{summary.no_trainable_tokens}); check data.source and data.seq_length"
-            )
-        publish = False  # from here the file goes with the dataset it describes, never beside an older one
         staged = work / "dataset"
         writer.save(staged, seed)
         summary.seconds = time.time() - t0
@@ -396,7 +393,7 @@ def prepare(
                         "tokenizer": tokenizer_path, "summary": summary.as_dict()}, indent=2)
         )
         _replace_dir(staged, out_dir)
-        publish = True
+        publish = True  # with the dataset it describes, never beside an older one
     finally:
         if writer is not None:
             writer.close()
