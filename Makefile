@@ -150,9 +150,10 @@ test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm f
 	$(PYTEST) --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier: tests not marked slow. tests/tiers.py fails any of them that builds or loads
-# the tiny verifier, trains, or starts a process, so it stays about a minute on 2 cores.
+# the tiny verifier, trains, or starts a process, so it stays about a minute on 2 cores. It runs on
+# the same two workers as `make test` (its tests are CPU-bound: one process used one core of two).
 test-fast: install ## the tests that need no model build, training or server (about a minute)
-	$(PYTEST) -m "not slow" --durations=5 $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" --durations=5 $(XDIST) $(PYTEST_ARGS)
 
 # The engine-compatibility table: every vLLM (>= 0.24.0) / vllm-ascend (>= 0.23.0) release the package
 # index lists, its source package fetched into $DSPARK_KIT_CACHE/engine-src and read by the kit's

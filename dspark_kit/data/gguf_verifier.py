@@ -143,9 +143,23 @@ def _unsupported(src: Path, e: Exception) -> RecipeError | None:
                        "use the model's Hugging Face (safetensors) release instead")
 
 
+_CONFIGS: dict[tuple, dict] = {}  # (path, size, mtime, inode) -> hf_config: transformers parses the
+# whole metadata (the tokenizer's 49k strings included) for a config, ~3 s for SmolLM2, and one dry
+# run plans several stages from it
+
+
 def hf_config(src: Path) -> dict:
     """config.json for `src`, read from the GGUF's metadata alone (no tensor): `architectures` from
-    model_type (transformers leaves it null), no quantization_config (the folder holds floats)."""
+    model_type (transformers leaves it null), no quantization_config (the folder holds floats).
+    Read once per process for a given file (a rewritten file is read again)."""
+    st = src.stat()
+    key = (str(src.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _CONFIGS:
+        _CONFIGS[key] = _read_hf_config(src)
+    return json.loads(json.dumps(_CONFIGS[key]))  # a copy: callers may edit theirs
+
+
+def _read_hf_config(src: Path) -> dict:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
