@@ -56,6 +56,9 @@ def test_regen_names_max_tokens_when_over_5_percent_are_cut():
     assert replies_cut(rows) == (2, 21, 0)
     line = truncation_line(2, 21, 64)
     assert line and "2 of 21" in line and "regen.max_tokens 64" in line and "regen.max_tokens=128" in line
+    assert "prepare drops their rows" in line
+    kept = truncation_line(2, 21, 64, kept=True)  # data.keep_truncated: the line says what prepare will do
+    assert "prepare keeps their rows (data.keep_truncated" in kept and "drops" not in kept
     assert truncation_line(1, 21, 64) is None  # under 5%: nothing to say
     assert truncation_line(0, 0, 64) is None
 

@@ -91,14 +91,17 @@ def replies_cut(rows) -> tuple[int, int, int]:
     return cut, replies, looping
 
 
-def truncation_line(cut: int, replies: int, max_tokens: int, looping: int = 0) -> str | None:
+def truncation_line(cut: int, replies: int, max_tokens: int, looping: int = 0, kept: bool = False) -> str | None:
     """regen's closing line when more than TRUNCATED_WARN of the replies were cut (None otherwise):
-    prepare drops a cut reply's row (a reply with no end teaches the draft nothing true). Cut replies
-    that end in a loop are counted apart: more tokens would not end them."""
+    prepare drops a cut reply's row (a reply with no end teaches the draft nothing true), or, with
+    data.keep_truncated (`kept`), trains it as it is. Cut replies that end in a loop are counted
+    apart: more tokens would not end them."""
     if not replies or cut / replies <= TRUNCATED_WARN:
         return None
+    fate = ("prepare keeps their rows (data.keep_truncated: trained without an end)" if kept
+            else "prepare drops their rows")
     line = (f"{cut} of {replies} replies ({cut / replies:.0%}) were cut at regen.max_tokens {max_tokens} "
-            "(finish_reason length), and prepare drops their rows")
+            f"(finish_reason length), and {fate}")
     if looping:
         line += (f"; {looping} of them end repeating themselves (a greedy loop: more tokens would not end "
                  "those)")

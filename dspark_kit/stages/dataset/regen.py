@@ -437,7 +437,8 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     # judged over the whole output: a resumed run counts the rows earlier runs wrote
     summary["mode"] = mode_rule.counts_of(read_jsonl(outfile) if outfile.exists() else (), opts.reasoning).as_dict()
     cut, replies, looping = replies_cut(read_jsonl(outfile) if outfile.exists() else ())
-    summary["truncated"] = {"replies": cut, "of": replies, "looping": looping, "max_tokens": opts.max_tokens}
+    summary["truncated"] = {"replies": cut, "of": replies, "looping": looping, "max_tokens": opts.max_tokens,
+                            "kept": recipe.data.keep_truncated}
     summary["source_rows"] += sum(skipped.values())  # every row read: done, written, failed, not attempted or unusable
     listed = keys_in(errors_file, _error_idx) if dropped else set()
     if new := [d for d in dropped if d["idx"] not in listed]:  # once per row, also over resumes

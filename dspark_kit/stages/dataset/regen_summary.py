@@ -24,7 +24,8 @@ def tools_line(summary: dict) -> str | None:
 def truncated_line(summary: dict) -> str | None:
     """The line that names regen.max_tokens when more than 5% of the replies were cut (None: fewer)."""
     t = summary.get("truncated") or {}
-    return truncation_line(t.get("replies", 0), t.get("of", 0), t.get("max_tokens", 0), t.get("looping", 0))
+    return truncation_line(t.get("replies", 0), t.get("of", 0), t.get("max_tokens", 0), t.get("looping", 0),
+                           kept=t.get("kept", False))
 
 
 def mode_line(summary: dict) -> str | None:
