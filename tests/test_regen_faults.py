@@ -136,6 +136,20 @@ def test_resume_retries_only_failed_rows(tmp_path, stub):
     assert not _lines(errors)  # the retried failure succeeded: its entry is gone
 
 
+def test_a_resumed_regen_bar_counts_only_the_rows_left(tmp_path, stub):
+    """The progress bar's total is what this run has to do, so its ETA is not the whole set's: rows
+    a resumed output holds (and only those within the limit) are taken off."""
+    from dspark_kit.stages.dataset.regen import rows_to_regen
+
+    out = tmp_path / "out.jsonl"
+    recipe = _recipe(tmp_path, ["ok", "fail-once", "ok"], max_retries=0)
+    run_regen(Resolved(recipe), out, endpoints=[stub.url], backoff_base=0.01)  # rows 0 and 2 written
+    assert rows_to_regen(Resolved(recipe), 3, out) == 1
+    assert rows_to_regen(Resolved(recipe), 2, out) == 1  # row 2 is past a limit of 2: not counted
+    assert rows_to_regen(Resolved(recipe), 3, out, resume=False) == 3
+    assert rows_to_regen(Resolved(recipe), 3, tmp_path / "none.jsonl") == 3
+
+
 def test_refused_endpoint_leaves_rotation_and_others_take_its_rows(tmp_path, stub):
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "out.jsonl"

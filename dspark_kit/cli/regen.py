@@ -67,7 +67,7 @@ def regen(
     options = {"limit": limit, "dataset": dataset, "model": model, "concurrency": concurrency,
                "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
     try:
-        with progress_bar("regen", stage.rows_to_regen(res, limit), unit="row", enabled=not json_out) as bar:
+        with progress_bar("regen", stage.rows_to_regen(res, limit, outfile or res.run.regen_jsonl, resume), unit="row", enabled=not json_out) as bar:
             summary = stage.run_command(res, plan, outfile=outfile, endpoints=endpoint, on_row=stage.RowProgress(bar),
                                         resume=resume, overwrite=overwrite, **options)
     except (SourceError, stage.OutputExists) as e:

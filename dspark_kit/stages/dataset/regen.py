@@ -505,9 +505,14 @@ def command_plan(res: Resolved, endpoints: list[str] | None = None, outfile: Pat
     return regen_plan(res, endpoints, outfile or res.run.regen_jsonl, api_key=api_key_from_env())
 
 
-def rows_to_regen(res: Resolved, limit: int | None = None) -> int:
-    """How many source rows a regen reads: --limit, else data.limit (a progress bar's total)."""
-    return limit or res.recipe.data.limit
+def rows_to_regen(res: Resolved, limit: int | None = None, outfile: Path | None = None,
+                  resume: bool = True) -> int | None:
+    """How many rows a regen has left to do (a progress bar's total, so its rate and ETA are this
+    run's): --limit, else data.limit (None: unknown), less the rows a resumed output already holds."""
+    total = limit or res.recipe.data.limit
+    if total is None or not resume or outfile is None or not Path(outfile).exists():
+        return total
+    return max(total - sum(1 for k in keys_in(Path(outfile), _row_idx) if k < total), 0)
 
 
 def as_the_stage(res: Resolved, outfile: Path | None, resume: bool, options: dict[str, Any]) -> bool:
@@ -547,7 +552,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     """Regenerate into DIR/regen.jsonl (resuming), then judge the failures against the budgets."""
     note = reporter.note
     chat = plan.process("chat server")
-    with reporter.bar("regen", total=res.recipe.data.limit, unit="row") as bar:
+    with reporter.bar("regen", total=rows_to_regen(res, outfile=res.run.regen_jsonl), unit="row") as bar:
         s = run_regen(res, res.run.regen_jsonl, resume=True, on_row=lambda _row: bar.advance(),
                       engine_log=res.run.server_log("chat"), server_plan=chat.server if chat else None)
     s["engine"] = plan.details.get("engine")
