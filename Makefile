@@ -126,10 +126,11 @@ demo: install ## run the whole pipeline on the embedded tiny recipe (CPU, a few 
 # tests run against it. A failed install does not stop the suite: it leaves one line in
 # $(VLLM_FAILED), and every test that needs the build fails with that line (tests/vllm_build.py).
 VLLM_FAILED := $(VLLM_VENV).install-failed
-PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} DSPARK_KIT_LLAMACPP_DIR=$(LLAMACPP_DIR) $(BIN)/python -m pytest -q
+PYTEST := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} DSPARK_KIT_LLAMACPP_DIR=$(LLAMACPP_DIR) $(BIN)/python -m pytest -q
 
 # Two pytest-xdist workers: most slow tests wait on a server or a process start, so two share 2
-# cores well. Groups (tests/conftest.py) keep a module's fixtures, and the session's trained
+# cores well, once OpenMP threads sleep instead of spinning while they wait (OMP_WAIT_POLICY=PASSIVE
+# above: two tiny trainings side by side took 345 s spinning, 29 s passive; tests/conftest.py). Groups (tests/conftest.py) keep a module's fixtures, and the session's trained
 # run, on one worker; TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 # The tiny verifier ships built; on a machine that has not yet checked it, its builder rebuilds it

@@ -23,6 +23,12 @@ from tiers import (  # noqa: F401 (hooks: the fast tier's guards)
     pytest_sessionfinish,
 )
 
+# Two xdist workers share the 2 cores, and the trainings, extractions and evals they start each spin
+# their OpenMP threads while waiting (libgomp's default): two tiny trainings at once took 345 s where
+# one alone takes 20 s; with PASSIVE both finished in 29 s. Set before torch loads libgomp, which reads
+# it once; processes the tests start inherit it. `make test` sets it too (Makefile, PYTEST).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 REPO = Path(__file__).resolve().parent.parent
 TINY_RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 # The session's trained tiny run: the demo recipe with the pre-issue-13 data size, so the

@@ -67,6 +67,8 @@ def test_a_failed_vllm_install_leaves_one_line_and_the_suite_still_runs(clone):
 def test_make_test_runs_two_workers_grouped_unless_told_otherwise(clone):
     line = next(x for x in make(clone, "-n", "test").stdout.splitlines() if " -m pytest " in x)
     assert "-n 2 --dist loadgroup --no-loadscope-reorder" in line, line  # groups: tests/conftest.py
+    # two workers' torch processes share the cores only with OpenMP waits that sleep (Makefile's comment)
+    assert "OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} " in line, line
     line = next(x for x in make(clone, "-n", "test", "TEST_WORKERS=0").stdout.splitlines() if " -m pytest " in x)
     assert " -n " not in line and "--dist" not in line, line
 
