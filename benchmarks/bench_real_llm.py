@@ -44,15 +44,15 @@ def run_recipe(wd: Path) -> tuple[float, float]:
 
 
 def acceptance(wd: Path, checkpoint: Path | None, category: str | None, temperature: float, n: int,
-               out: Path) -> float:
+               out: Path, max_new: int = 96) -> float:
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.evaluation.evaluate import evaluate_checkpoint
 
     recipe = load_recipe(RECIPE, [f"eval.temperature={temperature}"])
     res = Resolved(recipe, wd, checkpoint=str(checkpoint) if checkpoint else None, window="off")
-    got = evaluate_checkpoint(res, num_prompts=n, context_lengths=[], categories=[category] if category else [],
-                              out_dir=out)
+    got = evaluate_checkpoint(res, num_prompts=n, max_new_tokens=max_new, context_lengths=[],
+                              categories=[category] if category else [], out_dir=out)
     if category is None:
         return float(got["acceptance_length"])
     [cat] = got["categories"]
@@ -63,6 +63,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, help="a finished run of the recipe (default: run it now)")
     ap.add_argument("--prompts", type=int, default=16, help="prompts per set (HumanEval has 164)")
+    ap.add_argument("--max-new", type=int, default=96, help="new tokens per prompt (the recipe's eval is sized for the demo)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     rows: list[Row] = []
@@ -88,12 +89,13 @@ def main() -> int:
     fresh = untrained_copy(trained.resolve(), tmp / "untrained")
     for temperature in (0.0, 1.0):
         for category, label in ((None, "held-out instructions"), ("humaneval", "HumanEval")):
-            al = {which: acceptance(wd, ckpt, category, temperature, a.prompts, tmp / f"{which}-{label}-{temperature}")
+            al = {which: acceptance(wd, ckpt, category, temperature, a.prompts, tmp / f"{which}-{label}-{temperature}",
+                                        a.max_new)
                   for which, ckpt in (("trained", None), ("untrained", fresh))}
             greedy_held = temperature == 0 and category is None
             rows.append(Row("real llm", f"AL trained, {label}, T={temperature:g}", round(al["trained"], 3),
                             goal=">= 2.0" if greedy_held else "", met=al["trained"] >= 2.0 if greedy_held else None,
-                            notes=f"K = block 4; {a.prompts} prompts"))
+                            notes=f"K = block 4; {a.prompts} prompts x {a.max_new} tokens"))
             ratio = al["trained"] / al["untrained"]
             human_greedy = temperature == 0 and category == "humaneval"
             rows.append(Row("real llm", f"AL untrained, {label}, T={temperature:g}", round(al["untrained"], 3)))
