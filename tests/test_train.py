@@ -298,3 +298,23 @@ def test_the_run_waits_on_the_plans_rendezvous(ascend, tmp_path):
     recorded = json.loads(json.dumps(rdzv.as_dict()))  # as DIR/plans/train.json holds it
     assert Rendezvous.from_dict(recorded) == rdzv
     assert "rendezvous_for" not in inspect.getsource(train.run) and 'details.get("rendezvous")' in inspect.getsource(train.run)
+
+
+def test_an_interrupted_save_written_by_this_run_means_the_training_is_unfinished(tmp_path):
+    """speculators saves `interrupted` and exits 0 on a SIGINT/SIGTERM from outside the kit (seen:
+    a SmolLM2 run stopped in epoch 4 of 8 was recorded as done); only a save from this run counts."""
+    import os
+    import time
+
+    from dspark_kit.stages.training.train import stopped_from_outside
+
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / "2").mkdir(parents=True)
+    began = time.time()
+    assert stopped_from_outside(ckpts, began) is None  # whole epochs only: a finished training
+    (ckpts / "interrupted").mkdir()
+    line = stopped_from_outside(ckpts, began)
+    assert line is not None and "interrupted" in line and "Rerun the same command to resume" in line
+    old = began - 3600  # left by an earlier run (the next run adopts it before training): not this run's
+    os.utime(ckpts / "interrupted", (old, old))
+    assert stopped_from_outside(ckpts, began) is None
