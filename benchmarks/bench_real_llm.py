@@ -44,7 +44,7 @@ def run_recipe(wd: Path) -> tuple[float, float]:
 
 
 def acceptance(wd: Path, checkpoint: Path | None, category: str | None, temperature: float, n: int,
-               out: Path, max_new: int = 96) -> float:
+               out: Path, max_new: int) -> float:
     from dspark_kit.recipe import load_recipe
     from dspark_kit.resolved import Resolved
     from dspark_kit.stages.evaluation.evaluate import evaluate_checkpoint

@@ -302,19 +302,17 @@ def test_the_run_waits_on_the_plans_rendezvous(ascend, tmp_path):
 
 def test_an_interrupted_save_written_by_this_run_means_the_training_is_unfinished(tmp_path):
     """speculators saves `interrupted` and exits 0 on a SIGINT/SIGTERM from outside the kit (seen:
-    a SmolLM2 run stopped in epoch 4 of 8 was recorded as done); only a save from this run counts."""
-    import os
-    import time
-
+    a SmolLM2 run stopped in epoch 4 of 8 was recorded as done); only a save from this run counts:
+    one an earlier run left is adopted or set aside (adopt_interrupted) before training starts."""
+    from dspark_kit.specdec.checkpoints import adopt_interrupted
     from dspark_kit.stages.training.train import stopped_from_outside
 
     ckpts = tmp_path / "checkpoints"
     (ckpts / "2").mkdir(parents=True)
-    began = time.time()
-    assert stopped_from_outside(ckpts, began) is None  # whole epochs only: a finished training
+    assert stopped_from_outside(ckpts) is None  # whole epochs only: a finished training
     (ckpts / "interrupted").mkdir()
-    line = stopped_from_outside(ckpts, began)
+    line = stopped_from_outside(ckpts)
     assert line is not None and "interrupted" in line and "Rerun the same command to resume" in line
-    old = began - 3600  # left by an earlier run (the next run adopts it before training): not this run's
-    os.utime(ckpts / "interrupted", (old, old))
-    assert stopped_from_outside(ckpts, began) is None
+    assert adopt_interrupted(ckpts) is not None  # what run() does first: an earlier run's save moves away
+    assert not (ckpts / "interrupted").exists()
+    assert stopped_from_outside(ckpts) is None

@@ -447,22 +447,21 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     if code != 0:
         lost = store_failure(log_since(log, since), rdzv) if rdzv is not None else None
         raise RuntimeError(lost or training_failure(code, log, since, endpoint.url if endpoint else None))
-    if (stopped := stopped_from_outside(run.checkpoints, t0)) is not None:
+    if (stopped := stopped_from_outside(run.checkpoints)) is not None:
         raise RuntimeError(stopped)
     metrics = read_val_metrics(run.checkpoints) or {}
     return {"seconds": round(time.time() - t0, 1), **metrics}
 
 
-def stopped_from_outside(checkpoints: Path, since: float) -> str | None:
+def stopped_from_outside(checkpoints: Path) -> str | None:
     """Why a trainer that exited 0 did not finish, or None: speculators answers a SIGINT or SIGTERM
     from outside the kit (a `kill`, a scheduler's pre-emption) by saving `interrupted` and exiting 0,
-    so exit 0 alone would record an unfinished training as done, and a rerun would skip it. A save
-    of that name written since this run began (`since`, epoch seconds) says it stopped early."""
+    so exit 0 alone would record an unfinished training as done, and a rerun would skip it. Any
+    `interrupted` save there is this run's: run() adopts or sets aside an earlier one before training."""
     from dspark_kit.specdec.checkpoints import INTERRUPTED
 
     saved = Path(checkpoints) / INTERRUPTED
-    # (a file system's clock is coarser than time.time(): a save in the run's first second still counts)
-    if not saved.is_dir() or saved.is_symlink() or saved.stat().st_mtime < since - 2:
+    if not saved.is_dir() or saved.is_symlink():
         return None
     return (f"the trainer was stopped by a signal before its last epoch and exited 0 (speculators saved "
             f"{saved}); training is unfinished. Rerun the same command to resume from that save")
