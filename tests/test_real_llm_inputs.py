@@ -77,3 +77,40 @@ def test_cut_replies_that_loop_are_said_apart():
     line = truncation_line(cut, replies, 256, looping)
     assert "3 of them end repeating themselves" in line and "regen.max_tokens=" not in line
     assert "regen.max_tokens 256" in line  # the key is still named
+
+
+def test_the_code_set_is_code_with_right_examples_and_none_of_humaneval():
+    import doctest
+
+    from dspark_kit.data import code_prompts
+
+    rows = code_prompts.code_conversations(400)
+    assert rows[:50] == code_prompts.code_conversations(50)  # a longer draw extends a shorter one: regen resumes
+    prompts = [r[0]["content"] for r in rows]
+    assert all(len(r) == 1 and r[0]["role"] == "user" for r in rows)
+    assert len(set(prompts)) > 250
+    stubs = [p for p in prompts if ">>> " in p]
+    assert len(stubs) > 120  # HumanEval's shape is the most common
+    specs = {s.name: s for s in code_prompts.SPECS}
+    for p in stubs:  # every docstring example holds for the spec's own implementation
+        name = p.split("def ", 1)[1].split("(", 1)[0]
+        scope: dict = {}
+        exec(specs[name].source(), scope)
+        test = doctest.DocTestParser().get_doctest(p.split('"""')[1], scope, name, None, 0)
+        runner = doctest.DocTestRunner(verbose=False)
+        runner.run(test, out=lambda _: None)
+        assert test.examples and runner.failures == 0, p
+    entry_points = {r["entry_point"] for r in humaneval_rows()}
+    assert not specs.keys() & entry_points  # eval's HumanEval prompts are held out by construction
+    assert not any(r["prompt"].strip() in p for r in humaneval_rows() for p in stubs[:20])
+
+
+def test_builtin_code_is_a_data_source():
+    from dspark_kit.data import code_prompts
+    from dspark_kit.data.sources import CODE, iter_source, source_size
+    from dspark_kit.recipe import DataCfg
+
+    cfg = DataCfg(source=CODE, limit=12)
+    got = list(iter_source(cfg))
+    assert len(got) == 12 == source_size(cfg)
+    assert [m for _, m in got] == code_prompts.code_conversations(12)

@@ -50,6 +50,7 @@ TINY_CHAT = "builtin:tiny-chat"
 TINY_CHAT_ROWS = 512
 TINY_TOOLS = "builtin:tiny-tools"  # tool-calling chats over the same words (data/tiny_tools.py)
 INSTRUCTIONS = "builtin:instructions"  # varied prompts for a real instruct model (data/instructions.py)
+CODE = "builtin:code"  # Python tasks for a real instruct model, HumanEval's shape among them (data/code_prompts.py)
 
 # name -> (hub id, subset, default split); `ultrachat_200k` is the hub's own name (the reference
 # run's `ultrachat_200k:train_sft`)
@@ -116,8 +117,14 @@ def _records(cfg: DataCfg, seed: int) -> tuple[str | None, Iterable[Record]]:
 
         rows = instruction_conversations(cfg.limit or TINY_CHAT_ROWS, seed=seed)
         return None, (Record(f"{src} row {i + 1}", {"messages": m}) for i, m in enumerate(rows))
+    if src == CODE:
+        from dspark_kit.data.code_prompts import code_conversations
+
+        rows = code_conversations(cfg.limit or TINY_CHAT_ROWS, seed=seed)
+        return None, (Record(f"{src} row {i + 1}", {"messages": m}) for i, m in enumerate(rows))
     if src.startswith("builtin:"):
-        raise SourceError(f"data.source {src!r}: unknown builtin (only {TINY_CHAT}, {TINY_TOOLS} and {INSTRUCTIONS})")
+        raise SourceError(f"data.source {src!r}: unknown builtin (only {TINY_CHAT}, {TINY_TOOLS}, {INSTRUCTIONS} "
+                          f"and {CODE})")
     path = Path(src).expanduser()
     if not path.exists() and (hub := hub_source(src, cfg)):  # a file of that name wins
         preset, name, config, split = hub
@@ -132,7 +139,7 @@ def source_size(cfg: DataCfg) -> int | None:
     """How many rows iter_source reads at most, when that is cheap to know (the builtin corpus,
     a jsonl file's lines), for a progress bar; None otherwise."""
     src, n = cfg.source, None
-    if src in (TINY_CHAT, TINY_TOOLS, INSTRUCTIONS):
+    if src in (TINY_CHAT, TINY_TOOLS, INSTRUCTIONS, CODE):
         n = cfg.limit or TINY_CHAT_ROWS
     elif not src.startswith("builtin:"):
         path = Path(src).expanduser()

@@ -109,6 +109,7 @@ class VerifierCfg(_Section):
 
 class DataCfg(_Section):
     source: str = Field("builtin:tiny-chat", description="builtin:tiny-chat, builtin:tiny-tools (tool calls), "
+                        "builtin:instructions or builtin:code (prompts for a real instruct model; regen writes the replies), "
                         "ultrachat, ultrachat_200k, magpie or gsm8k (each [:SPLIT]), hf:NAME[:CONFIG]:SPLIT (a hub dataset, "
                         "through `datasets`), a .jsonl/.json/.parquet file (.jsonl.gz, .jsonl.zst too) or a "
                         "`save_to_disk` folder (relative: from the recipe file's folder); formats: docs/DATA.md")
