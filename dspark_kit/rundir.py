@@ -139,6 +139,11 @@ class RunDir:
         return self.checkpoints / BEST_CHECKPOINT
 
     @property
+    def init_vocab(self) -> Path:
+        """train.init_from's own draft vocabulary mapping (d2t.npy, t2d.npy), from its weights."""
+        return self.root / "init-vocab"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -319,6 +319,40 @@ def test_init_from_a_draft_that_does_not_fit_is_one_line(tmp_path: Path, over, w
     assert "\n" not in str(e.value) and str(e.value).startswith("train.init_from")
 
 
+def test_init_from_a_reduced_vocabulary_draft_keeps_its_own_token_mapping(tmp_path: Path):
+    """speculators' --from-pretrained replaces the draft's d2t/t2d with the data's (built from the new
+    rows' token counts) after loading its weights, so its lm_head rows would stand for other tokens:
+    the kit passes the draft's own mapping, which run() writes from its weights."""
+    import numpy as np
+    import torch
+    from speculators.train.cli import parse_vocab_mappings
+
+    from dspark_kit.rundir import RunDir
+    from dspark_kit.specdec.checkpoints import write_init_vocab
+
+    kit = kit_checkpoint(tmp_path / "kit")
+    d2t = torch.tensor([3, 0, 7, 1], dtype=torch.int64)  # draft row -> target id offset, as speculators saves
+    t2d = torch.zeros(300, dtype=torch.bool)
+    t2d[[0, 3, 7, 11]] = True
+    save_file({**tensors(), "d2t": d2t, "t2d": t2d}, str(kit / "model.safetensors"), metadata={"format": "pt"})
+    args = train_args(init_recipe(kit), tmp_path)
+    vocab = RunDir.at(tmp_path / "run").init_vocab
+    assert args[args.index("--d2t-path") + 1] == str(vocab / "d2t.npy")
+    assert args[args.index("--t2d-path") + 1] == str(vocab / "t2d.npy")
+    write_init_vocab(kit, vocab)
+    assert np.array_equal(np.load(vocab / "d2t.npy"), d2t.numpy()) and np.load(vocab / "t2d.npy").dtype == bool
+
+    class Args:  # what speculators' CLI reads these files with: its own loader, not the data's cache
+        d2t_path, t2d_path, draft_vocab_size = str(vocab / "d2t.npy"), str(vocab / "t2d.npy"), 4
+        data_path = str(tmp_path / "no-data")
+    got_d2t, got_t2d, size = parse_vocab_mappings(Args)
+    assert size == 4 and got_d2t.equal(d2t) and got_t2d.equal(t2d)
+    with pytest.raises(ValueError, match=r"its draft vocabulary has 256 tokens != draft.draft_vocab_size 128; "
+                                         r"set draft.draft_vocab_size: 256"):
+        train_args(init_recipe(kit, draft_vocab_size=128), tmp_path)
+    assert "--d2t-path" not in train_args(init_recipe(kit_checkpoint(tmp_path / "full")), tmp_path)  # none in weights
+
+
 def test_init_from_a_native_draft_says_import_it_first(tmp_path: Path):
     with pytest.raises(ValueError, match="dspark-kit import"):
         train_args(init_recipe(native_draft(tmp_path / "d")), tmp_path)

@@ -260,7 +260,46 @@ def init_from_problem(path: str | Path, recipe: Recipe, target_layer_ids: list[i
     mask = recipe.draft.mask_token_id
     if mask is not None and cfg.get("mask_token_id") != mask:
         return f"{name}: mask_token_id {cfg.get('mask_token_id')} != draft.mask_token_id {mask}"
+    vocab, wanted = cfg.get("draft_vocab_size"), recipe.draft.draft_vocab_size
+    if init_vocab_mapping(path) and wanted is not None and vocab != wanted:
+        return (f"{name}: its draft vocabulary has {vocab} tokens != draft.draft_vocab_size {wanted}; "
+                f"set draft.draft_vocab_size: {vocab}")
     return None
+
+
+VOCAB_MAPPING = ("d2t", "t2d")  # a reduced-vocabulary draft's token maps, in its weights
+
+
+def init_vocab_mapping(path: str | Path) -> bool:
+    """Whether a draft's weights hold a reduced vocabulary's mapping (d2t, t2d). speculators'
+    --from-pretrained loads them, then replaces them with the training data's mapping
+    (`load_vocab_mappings` after the weights, speculators 0.9.0 model.py): the draft's lm_head rows
+    would then stand for other tokens. The kit passes the draft's own mapping instead."""
+    weights = Path(path) / WEIGHTS
+    if not weights.is_file():
+        return False
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as f:
+        return all(k in f.keys() for k in VOCAB_MAPPING)
+
+
+def write_init_vocab(path: str | Path, out: Path) -> dict[str, Path]:
+    """The draft's own d2t and t2d as .npy files in `out` (speculators' --d2t-path/--t2d-path),
+    each written to a temp name and renamed; {name: file}."""
+    import numpy as np
+    from safetensors import safe_open
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    with safe_open(str(Path(path) / WEIGHTS), "pt") as f:
+        for name in VOCAB_MAPPING:
+            dest, tmp = out / f"{name}.npy", out / f".{name}.npy.tmp"
+            with open(tmp, "wb") as fh:
+                np.save(fh, f.get_tensor(name).numpy())
+            tmp.replace(dest)
+            files[name] = dest
+    return files
 
 
 # the findings of draft_weight_findings: `contract` adds them to vLLM's own judgement

@@ -129,7 +129,7 @@ def build_train_args(
         args += ["--max-steps", str(t.max_steps)]
     args += memory_flags(recipe)
     if t.init_from:
-        args = from_pretrained(args, recipe, t.init_from, num_hidden_layers)
+        args = from_pretrained(args, recipe, t.init_from, num_hidden_layers, paths.init_vocab)
     if recipe.verifier.trust_remote_code:
         args += ["--trust-remote-code"]
     if hidden_states_dtype == "fp8":  # hs-connectors' reader for fp8 files: dequantizes to bf16
@@ -156,10 +156,14 @@ def build_train_args(
 SHAPING_FLAGS = {"--draft-arch": 1, "--num-layers": 1, "--sliding-window": 1, "--full-attention-indices": None}
 
 
-def from_pretrained(args: list[str], recipe: Recipe, init_from: str, num_hidden_layers: int) -> list[str]:
+def from_pretrained(args: list[str], recipe: Recipe, init_from: str, num_hidden_layers: int,
+                    vocab_dir: Path) -> list[str]:
     """train.init_from: speculators' --from-pretrained (fine-tunes that draft's weights) in place
-    of the flags that shape a new draft; a draft that does not fit the recipe is a ValueError."""
-    from dspark_kit.specdec.checkpoints import init_from_problem
+    of the flags that shape a new draft; a draft that does not fit the recipe is a ValueError. A
+    reduced-vocabulary draft keeps its own token mapping (--d2t-path/--t2d-path into `vocab_dir`,
+    which run() writes from its weights): speculators would otherwise map its lm_head rows through
+    the mapping built from the new data's token counts."""
+    from dspark_kit.specdec.checkpoints import init_from_problem, init_vocab_mapping
 
     problem = init_from_problem(init_from, recipe, recipe.target_layer_ids(num_hidden_layers))
     if problem:
@@ -177,7 +181,10 @@ def from_pretrained(args: list[str], recipe: Recipe, init_from: str, num_hidden_
             continue
         out.append(args[i])
         i += 1
-    return [*out, "--from-pretrained", str(Path(init_from).expanduser())]
+    out += ["--from-pretrained", str(Path(init_from).expanduser())]
+    if init_vocab_mapping(Path(init_from).expanduser()):
+        out += ["--d2t-path", str(vocab_dir / "d2t.npy"), "--t2d-path", str(vocab_dir / "t2d.npy")]
+    return out
 
 
 def launch_plan(recipe: Recipe, train_args: list[str], device: str, rdzv=None) -> LaunchPlan:
@@ -403,7 +410,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         wait_for_store,
     )
     from dspark_kit.logs import log_since
-    from dspark_kit.specdec.checkpoints import adopt_interrupted
+    from dspark_kit.specdec.checkpoints import adopt_interrupted, init_vocab_mapping, write_init_vocab
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight.checks import enforce
 
@@ -413,6 +420,10 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         reporter.note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     if (adopted := adopt_interrupted(run.checkpoints)) is not None:
         reporter.note(f"train: {adopted}")
+    if recipe.train.init_from and init_vocab_mapping(Path(recipe.train.init_from).expanduser()):
+        write_init_vocab(Path(recipe.train.init_from).expanduser(), run.init_vocab)
+        reporter.note(f"train: train.init_from's own draft vocabulary mapping kept ({run.init_vocab}), not one "
+                      "built from this run's token counts")
     t0 = time.time()
     trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
     recorded = plan.details.get("rendezvous")
