@@ -15,8 +15,9 @@ docs/CONCEPTS.md). This set is all code, in four shapes:
 
 Every example in a docstring is computed by the spec's own implementation, so no prompt teaches a
 wrong answer. Rows are user turns only: regen writes the verifier's own replies (on-policy).
-`code_conversations(n, seed)` draws them from `seed`. The draw is stable: the first n rows of a
-longer draw are the n rows of a shorter one, so a regen of more rows resumes the earlier one.
+`code_conversations(n, seed)` draws them from `seed`, each prompt once. The draw is stable: the
+first n rows of a longer draw are the n rows of a shorter one, so a regen of more rows resumes the
+earlier one.
 
 Layer 1 (data/): imports nothing of the kit.
 """
@@ -220,7 +221,21 @@ def _task(r: random.Random) -> str:
     return f"Write one pytest test for this function:\n\n```python\n{spec.source()}```"
 
 
+MAX_DRAWS = 50  # per row: the set holds thousands of distinct prompts; a row that cannot be found is an error
+
+
 def code_conversations(n: int, seed: int = TRAIN_SEED) -> list[list[dict[str, str]]]:
-    """`n` single-turn chats (a user prompt, no reply: regen writes it) drawn from `seed`."""
-    rng = random.Random(seed)
-    return [[{"role": "user", "content": _task(rng)}] for _ in range(n)]
+    """`n` single-turn chats (a user prompt, no reply: regen writes it) drawn from `seed`, no prompt
+    twice: greedy regen answers a repeated prompt with the same reply, which trains twice on one row
+    and, when the copy lands in the validation split (speculators' last rows), inflates its figures."""
+    rng, seen, out = random.Random(seed), set(), []
+    for _ in range(n):
+        for _ in range(MAX_DRAWS):
+            prompt = _task(rng)
+            if prompt not in seen:
+                break
+        else:
+            raise ValueError(f"builtin:code: no new prompt in {MAX_DRAWS} draws after {len(out)} rows")
+        seen.add(prompt)
+        out.append([{"role": "user", "content": prompt}])
+    return out
