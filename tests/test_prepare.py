@@ -5,7 +5,7 @@ import pytest
 from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.data.template_rows import tokenize_conversation
 from dspark_kit.jsonl import read_jsonl
-from dspark_kit.stages.dataset.prepare import prepare
+from dspark_kit.stages.dataset.prepare import PrepareSummary, prepare
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +156,29 @@ def test_prepare_cli_prints_one_line_and_names_itself_once(tmp_path):
     assert "{" not in r.stdout
     r = CliRunner().invoke(app, [*base, "--set", f"data.source={tmp_path / 'missing.jsonl'}"])
     assert r.exit_code == 1 and r.output.count("prepare:") == 1 and "data.source" in r.output, r.output
+
+
+def test_rows_repeated_and_validation_rows_seen_in_training_are_counted_as_speculators_splits(tmp_path):
+    """Greedy regen answers a repeated prompt with the same reply: the row is trained twice, and a copy
+    in speculators' validation split (its last rows) inflates the trainer's validation acceptance.
+    The expected counts come from speculators' own split of the saved dataset."""
+    from speculators.train.data import ArrowDataset
+
+    from dspark_kit.data.speculators_dataset import DatasetWriter
+
+    (tmp_path / "work").mkdir()
+    w = DatasetWriter(tmp_path / "work")
+    rows = [([1, 2, i], [0, 1, 1]) for i in range(30)] + [([1, 2, i], [0, 1, 1]) for i in range(10)]
+    w.add(rows)
+    out = tmp_path / "out"
+    w.save(out, seed=0)
+    repeated, val_rows, val_seen = DatasetWriter.repeats(out, 0.75)
+
+    def split(name):
+        return [tuple(r.tolist()) for r in ArrowDataset(datapath=str(out), max_len=8, train_ratio=0.75,
+                                                         split=name).data["input_ids"]]
+    train, val = split("train"), split("val")
+    assert repeated == 10 and val_rows == len(val) == 10
+    assert val_seen == sum(v in set(train) for v in val) and 0 < val_seen < 10
+    s = PrepareSummary(repeated_rows=repeated, val_rows=val_rows, val_rows_seen=val_seen)
+    assert f"{val_seen} of the 10 validation rows" in s.repeats_line() and "runs high" in s.repeats_line()

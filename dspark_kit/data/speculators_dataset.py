@@ -64,6 +64,36 @@ class DatasetWriter:
                 datasets.enable_progress_bars()
         torch.save(dict(sorted(self.token_freq.items())), Path(out) / "token_freq.pt")
 
+    @staticmethod
+    def repeats(out: Path, train_ratio: float) -> tuple[int, int, int]:
+        """(rows that repeat an earlier row token for token, rows of the validation split, of those the
+        ones that repeat a training row) of a saved dataset. speculators validates on its last rows
+        (split at int(n * train_ratio), speculators 0.9.0 ArrowDataset): a copy of a training row there
+        measures what the draft has seen. Read back from the saved file, as the trainer reads it."""
+        import hashlib
+
+        import pyarrow as pa
+
+        import datasets
+
+        data = datasets.load_from_disk(str(out)).with_format("arrow")
+        n = len(data)
+        split = int(n * train_ratio)
+        seen_train, seen, repeated, val_seen, i = set(), set(), 0, 0, 0
+        for batch in data.iter(batch_size=4096):
+            col = batch["input_ids"].combine_chunks() if isinstance(batch["input_ids"], pa.ChunkedArray) else batch["input_ids"]
+            offsets, values = col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False)
+            for k in range(len(col)):
+                h = hashlib.blake2b(values[offsets[k]:offsets[k + 1]].tobytes(), digest_size=16).digest()
+                repeated += h in seen
+                seen.add(h)
+                if i < split:
+                    seen_train.add(h)
+                else:
+                    val_seen += h in seen_train
+                i += 1
+        return repeated, n - split, val_seen
+
     def close(self) -> None:
         """Release the file when the run stops before save() (safe to call twice)."""
         self._writer.close()

@@ -123,6 +123,9 @@ class PrepareSummary:
     tokens: int = 0
     trainable_tokens: int = 0
     seconds: float = 0.0
+    repeated_rows: int = 0  # rows equal token for token to an earlier one (greedy regen of a repeated prompt)
+    val_rows: int = 0  # the rows speculators validates on: its split's last ones (train.train_data_ratio)
+    val_rows_seen: int = 0  # of those, rows equal to a training row: validation figures run high on them
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -163,6 +166,16 @@ class PrepareSummary:
             note(warning)
         if self.mode_dropped_by_regen:
             note(f"  {self.mode_dropped_by_regen} rows regen dropped for their thinking mode: skipped as it decided")
+
+    def repeats_line(self) -> str | None:
+        if not self.repeated_rows:
+            return None
+        line = f"  {self.repeated_rows} rows repeat an earlier row token for token (kept: they weigh as many rows)"
+        if self.val_rows_seen:
+            line += (f"; {self.val_rows_seen} of the {self.val_rows} validation rows (the split's last, "
+                     "train.train_data_ratio) repeat a training row, so the trainer's validation acceptance runs "
+                     "high: `dspark-kit eval` measures held-out prompts")
+        return line
 
 
 MODE_BUDGET = DataCfg.model_fields["max_mode_mismatch_fraction"].default  # the recipe's default, not a second one
@@ -291,6 +304,7 @@ def prepare(
     mode_budget: float = MODE_BUDGET,
     cut_replies: str = "mask",
     errors_file: Path | None = None,
+    train_ratio: float | None = None,
 ) -> PrepareSummary:
     """Tokenize `rows` and write the speculators dataset atomically to `out_dir`.
 
@@ -303,7 +317,9 @@ def prepare(
     (data.cut_replies): a reply seq_length cuts is masked (`mask`) or trained as cut (`train`).
     `errors_file` (default `<out_dir>.errors.jsonl`): one entry per dropped or changed row, replaced
     with the dataset, or when a verdict fails the run (it says why); a run interrupted or crashed
-    leaves the previous file as it was, beside the dataset it describes."""
+    leaves the previous file as it was, beside the dataset it describes. `train_ratio`
+    (train.train_data_ratio): count the rows that repeat another and the validation rows that repeat
+    a training row, and say so."""
     summary = PrepareSummary()
     summary.mode_rule.always_reasons = getattr(of_files(str(tokenizer_path)), "always", False)  # (mode_rule.py)
     t0 = time.time()
@@ -387,6 +403,10 @@ def prepare(
             raise ValueError(verdict)
         staged = work / "dataset"
         writer.save(staged, seed)
+        if train_ratio is not None:
+            summary.repeated_rows, summary.val_rows, summary.val_rows_seen = DatasetWriter.repeats(staged, train_ratio)
+            if line := summary.repeats_line():
+                reporter.note(line)
         summary.seconds = time.time() - t0
         (staged / "prepare_meta.json").write_text(
             json.dumps({**(meta or {}), "thinking": thinking, "seq_length": seq_length,
@@ -437,6 +457,6 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         trust_remote_code=recipe.verifier.trust_remote_code, total=total,
         keep_truncated=recipe.data.keep_truncated, pre_rejected=unusable, cut_replies=recipe.data.cut_replies,
         meta={"verifier": recipe.verifier.path, "source": source}, reporter=reporter, mixture_seed=recipe.mixture_seed,
-        mode_budget=recipe.data.max_mode_mismatch_fraction,
+        mode_budget=recipe.data.max_mode_mismatch_fraction, train_ratio=recipe.train.train_data_ratio,
     )
     return s.as_dict()
