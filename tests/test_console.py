@@ -139,6 +139,32 @@ def test_the_train_line_follows_the_trainers_records():
                          ("describe", "epoch 2/8"), ("advance", 1), ("describe", "epoch 2/8")]
 
 
+def test_a_resumed_trainings_steps_per_epoch_come_from_the_global_step_not_its_partial_first_epoch():
+    """Resumed 84 steps into epoch 4 of 10 (878 steps each): the first epoch completed here ran 794 steps,
+    and the bar's total read 7,940 while the count passed 8,400."""
+    from dspark_kit.stages.training.train import TrainProgress
+
+    class Bar:
+        total_set = None
+
+        def advance(self, n=1):
+            pass
+
+        def total(self, t):
+            self.total_set = t
+
+        def describe(self, text):
+            pass
+
+    bar = Bar()
+    feed = TrainProgress(bar).feed
+    for line in ["INFO     Resuming mid-epoch from epoch=3 local_step=84", "INFO     Training epoch 4/10 started",
+                 "epoch=3, lr=0.001, global_step=2718", "epoch=3, lr=0.001, global_step=3511",
+                 "INFO     Training epoch 4/10 completed"]:
+        feed(line)
+    assert bar.total_set == 8780
+
+
 def test_the_train_eta_comes_from_steps_and_holds_steady_between_epochs():
     """Before: completed epochs / time, so the ETA grew every second no epoch completed."""
     from dspark_kit.stages.training.train import TrainProgress

@@ -249,7 +249,9 @@ class TrainProgress:
             if m.group(3) == "started":
                 self.epoch_start = self.done
             elif self.per_epoch is None and self.done > self.epoch_start:
-                self._per_epoch(self.done - self.epoch_start)
+                # global steps at the end of epoch N are N epochs' worth: right for a resumed run too,
+                # whose first epoch here is partial (counted from its start it gave 794 of 878 steps)
+                self._per_epoch(self.done // self.epoch)
         elif m := _STEP.search(line):
             step = int(m.group(1)) + 1
             if step > self.done:
