@@ -225,7 +225,8 @@ def test_trained_draft_beats_untrained_by_a_wide_margin(workdir, tmp_path, tiny_
     prompts = write_eval_prompts(tmp_path / "prompts.jsonl", 8)
     untrained = save_draft(fresh_draft(tiny_verifier), tmp_path / "untrained")
     r = recipe(workdir, "serve.num_speculative_tokens=4")
-    kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": 4, "max_new_tokens": 24, "categories": []}
+    kw = {"prompts_file": prompts, "context_lengths": [], "num_prompts": 4, "max_new_tokens": 24, "categories": [],
+          "budget_thresholds": ()}  # the fixed K alone: the confidence cut-offs compare nothing here
     trained_al = evaluate_checkpoint(Resolved(r, workdir, window="off"), out_dir=tmp_path / "t", **kw)["acceptance_length"]
     untrained = Resolved(r, workdir, checkpoint=untrained, window="off")
     untrained_al = evaluate_checkpoint(untrained, out_dir=tmp_path / "u", **kw)["acceptance_length"]

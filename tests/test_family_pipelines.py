@@ -62,7 +62,8 @@ def test_the_familys_trained_draft_beats_an_untrained_one(family_run, tmp_path):
     recipe = _recipe(name)
     untrained_ckpt = save_draft(fresh_draft(Resolved(recipe, wd).verifier_path, draft_arch=recipe.draft.arch,
                                             mask_token_id=recipe.draft.mask_token_id), tmp_path / "untrained")
-    kw = {"num_prompts": 8, "max_new_tokens": 32, "context_lengths": [], "categories": []}
+    # the fixed K alone: the confidence cut-offs' decodes (three more per draft) compare nothing here
+    kw = {"num_prompts": 8, "max_new_tokens": 32, "context_lengths": [], "categories": [], "budget_thresholds": ()}
     al = {which: evaluate_checkpoint(Resolved(recipe, wd, checkpoint=ckpt, window="off"), out_dir=tmp_path / which,
                                      **kw)["acceptance_length"]
           for which, ckpt in (("trained", None), ("untrained", untrained_ckpt))}

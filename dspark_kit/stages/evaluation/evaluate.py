@@ -137,10 +137,13 @@ def verify_budget(session: EvalSession, prompts: list[list[int]], max_new_tokens
 def evaluate_checkpoint(res: Resolved, *, prompts_file: Path | None = None, from_data: bool = False,
              num_prompts: int | None = None, max_new_tokens: int | None = None,
              context_lengths: list[int] | None = None, out_dir: Path | None = None,
-             categories: list[str] | None = None, log=lambda _msg: None) -> dict:
+             categories: list[str] | None = None, budget_thresholds: tuple[float, ...] = BUDGET_THRESHOLDS,
+             log=lambda _msg: None) -> dict:
     """Measure acceptance on held-out prompts (stages.heldout); write eval.json (with the prompts'
     source and ids), eval.md and plots under out_dir (default <workdir>/eval). `categories`
-    (default eval.categories): named prompt sets measured one by one, num_prompts each."""
+    (default eval.categories): named prompt sets measured one by one, num_prompts each.
+    `budget_thresholds`: the confidence cut-offs verify_budget decodes the prompts again at, one
+    decode each (empty: the fixed K alone, as a caller comparing two drafts' acceptance needs)."""
     recipe = res.recipe
     sizes = eval_sizes(res.recipe, num_prompts, max_new_tokens, context_lengths)
     num_prompts, max_new, ctx_lens = sizes.num_prompts, sizes.max_new_tokens, sizes.context_lengths
@@ -164,7 +167,8 @@ def evaluate_checkpoint(res: Resolved, *, prompts_file: Path | None = None, from
             for w in dict.fromkeys([None, window]):
                 log(f"eval: context {length} window {w}")
                 runs.append({"context_length": length, **session.measure(prompts, max_new, w, thr)})
-    budget = verify_budget(session, short, max_new, window, session.k, fixed=headline if thr is None else None)
+    budget = verify_budget(session, short, max_new, window, session.k, thresholds=tuple(budget_thresholds),
+                           fixed=headline if thr is None else None)
     per_category = measure_categories(session, res, recipe.eval.categories if categories is None else categories,
                                       num_prompts, max_new, window, thr, log)
     summary = {
