@@ -10,10 +10,9 @@ fix, except on CI. Mirrors tests/vllm_build.py.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import fcntl
 import time
+from pathlib import Path
 
 import pytest
 

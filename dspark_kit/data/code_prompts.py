@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 CODE = "builtin:code"
 TRAIN_SEED = 0
@@ -42,10 +43,6 @@ def _ints(r: random.Random, lo: int = -9, hi: int = 20, n: tuple[int, int] = (3,
     return [r.randint(lo, hi) for _ in range(r.randint(*n))]
 
 
-def _pos(r: random.Random) -> list[int]:
-    return _ints(r, 1, 30)
-
-
 @dataclass(frozen=True)
 class Spec:
     """One function: its name, parameters (name: type), return type, what it does (a sentence
@@ -59,10 +56,15 @@ class Spec:
     body: str  # the implementation's body, indented four spaces
     args: Callable[[random.Random], tuple]
 
-    def call(self, *args):
+    @cached_property
+    def function(self) -> Callable:
+        """The implementation, compiled once from source(): the source is what prompts show."""
         scope: dict = {}
-        exec(self.source(), scope)  # the kit's own literal source above, never user input
-        return scope[self.name](*args)
+        exec(self.source(), scope)  # noqa: S102 - the kit's own literal source in SPECS, never user input
+        return scope[self.name]
+
+    def call(self, *args):
+        return self.function(*args)
 
     def source(self) -> str:
         return f"def {self.name}({self.params}) -> {self.returns}:\n{self.body}\n"

@@ -72,9 +72,8 @@ class DatasetWriter:
         measures what the draft has seen. Read back from the saved file, as the trainer reads it."""
         import hashlib
 
-        import pyarrow as pa
-
         import datasets
+        import pyarrow as pa
 
         data = datasets.load_from_disk(str(out)).with_format("arrow")
         n = len(data)

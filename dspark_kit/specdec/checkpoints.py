@@ -275,13 +275,8 @@ def init_vocab_mapping(path: str | Path) -> bool:
     --from-pretrained loads them, then replaces them with the training data's mapping
     (`load_vocab_mappings` after the weights, speculators 0.9.0 model.py): the draft's lm_head rows
     would then stand for other tokens. The kit passes the draft's own mapping instead."""
-    weights = Path(path) / WEIGHTS
-    if not weights.is_file():
-        return False
-    from safetensors import safe_open
-
-    with safe_open(str(weights), "pt") as f:
-        return all(k in f.keys() for k in VOCAB_MAPPING)
+    names = _check_weights(Path(path))  # its tensor names, or a finding (missing, unreadable)
+    return isinstance(names, list) and all(k in names for k in VOCAB_MAPPING)
 
 
 def write_init_vocab(path: str | Path, out: Path) -> dict[str, Path]:

@@ -412,7 +412,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         wait_for_store,
     )
     from dspark_kit.logs import log_since
-    from dspark_kit.specdec.checkpoints import adopt_interrupted, init_vocab_mapping, write_init_vocab
+    from dspark_kit.specdec.checkpoints import adopt_interrupted, write_init_vocab
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight.checks import enforce
 
@@ -422,12 +422,13 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         reporter.note(f"train: {d.name} was cut off mid-save by an earlier run; kept aside, resuming from the last whole epoch")
     if (adopted := adopt_interrupted(run.checkpoints)) is not None:
         reporter.note(f"train: {adopted}")
-    if recipe.train.init_from and init_vocab_mapping(Path(recipe.train.init_from).expanduser()):
+    t0 = time.time()
+    trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
+    # the plan's decision (from_pretrained): a reduced-vocabulary draft's own mapping, in the files it names
+    if recipe.train.init_from and str(run.init_vocab / "d2t.npy") in trainer.argv:
         write_init_vocab(Path(recipe.train.init_from).expanduser(), run.init_vocab)
         reporter.note(f"train: train.init_from's own draft vocabulary mapping kept ({run.init_vocab}), not one "
                       "built from this run's token counts")
-    t0 = time.time()
-    trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
     recorded = plan.details.get("rendezvous")
     rdzv = Rendezvous.from_dict(recorded) if recorded else None  # the plan's decision: the host is not re-read
     if rdzv is not None:
