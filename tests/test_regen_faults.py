@@ -136,6 +136,26 @@ def test_resume_retries_only_failed_rows(tmp_path, stub):
     assert not _lines(errors)  # the retried failure succeeded: its entry is gone
 
 
+def test_repeated_prompts_are_dropped_by_reason_and_resume_keeps_each_rows_index(tmp_path, stub):
+    """regen.repeated_prompts: drop sends a prompt once (greedy regen would write its reply again);
+    the repeats are counted and listed once, and the rows sent keep their source index."""
+    from dspark_kit.data.sources import REPEATED_PROMPT
+
+    out = tmp_path / "out.jsonl"
+    kinds = ["a", "b", "a", "c", "b"]
+    recipe = _recipe(tmp_path, kinds, repeated_prompts="drop")
+    first = run_regen(Resolved(recipe), out, endpoints=[stub.url], backoff_base=0.01)
+    rows = {r["metadata"]["idx"]: r["conversations"][1]["value"] for r in _lines(out)}
+    assert rows == {0: "re:a", 1: "re:b", 3: "re:c"} and stub.attempts == Counter(a=1, b=1, c=1)
+    assert first["skipped_rows"] == {REPEATED_PROMPT: 2} and first["source_rows"] == 5
+    errors = tmp_path / "out.jsonl.errors.jsonl"
+    assert [(e["idx"], e["reason"]) for e in _lines(errors)] == [(2, REPEATED_PROMPT), (4, REPEATED_PROMPT)]
+    second = run_regen(Resolved(recipe), out, endpoints=[stub.url], backoff_base=0.01)
+    assert (second["written"], second["skipped_already_done"]) == (0, 3) and len(_lines(errors)) == 2
+    kept = run_regen(Resolved(_recipe(tmp_path, kinds)), out, endpoints=[stub.url], backoff_base=0.01)
+    assert kept["written"] == 2 and sorted(r["metadata"]["idx"] for r in _lines(out)) == [0, 1, 2, 3, 4]
+
+
 def test_a_resumed_regen_bar_counts_only_the_rows_left(tmp_path, stub):
     """The progress bar's total is what this run has to do, so its ETA is not the whole set's: rows
     a resumed output holds (and only those within the limit) are taken off."""

@@ -107,7 +107,7 @@ def _show(summary: dict) -> None:
     if summary["not_attempted"]:
         say(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
     if summary["skipped_rows"]:
-        say(f"  unusable source rows: {summary['skipped_rows']}")
+        say(f"  source rows not sent: {summary['skipped_rows']}")
     for line in (tools_line(summary), mode_line(summary), truncated_line(summary)):
         if line:
             say(f"  {line}")

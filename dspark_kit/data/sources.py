@@ -21,6 +21,7 @@ else is a local path. A path that exists is always read from disk, whatever it i
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -196,19 +197,41 @@ def iter_chats(
     formats: Counter | None = None,
     changed: Counter | None = None,
     on_drop: Callable[[int, str, str], None] | None = None,
+    drop_repeated_prompts: bool = False,
 ) -> Iterator[tuple[int, list[dict[str, Any]], list[dict[str, Any]] | None]]:
     """(idx, messages, tools or None) for each usable row, at most `limit` (or data.limit) rows read;
-    `on_drop(idx, where, reason)` hears of each row dropped (where: file:line)."""
+    `on_drop(idx, where, reason)` hears of each row dropped (where: file:line). drop_repeated_prompts
+    (regen.repeated_prompts: drop): a row whose prompt repeats an earlier row's is dropped too; the
+    others keep their index, so a resumed regen pairs every row with its own reply either way."""
     skipped = skipped if skipped is not None else Counter()
     tell = on_drop or (lambda *_: None)
+    prompts: set[str] = set()
     for idx, (row, where) in iter_rows(cfg, skipped, limit, seed, changed, tell):
         if formats is not None:
             formats[row_format(row) or "unknown"] += 1
         try:
-            yield idx, normalize(row), row_tools(row)
+            messages, tools = normalize(row), row_tools(row)
         except ConversationError as e:
             skipped[str(e)] += 1
             tell(idx, where, str(e))
+            continue
+        if drop_repeated_prompts:
+            if (key := prompt_of(messages, tools)) in prompts:
+                skipped[REPEATED_PROMPT] += 1
+                tell(idx, where, REPEATED_PROMPT)
+                continue
+            prompts.add(key)
+        yield idx, messages, tools
+
+
+REPEATED_PROMPT = "repeats an earlier row's prompt (regen.repeated_prompts: drop)"
+
+
+def prompt_of(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    """What regen sends of a row: every turn but the assistant's replies (regen writes those), and
+    the tools; two rows with the same prompt get the same greedy replies."""
+    asked = [m for m in messages if m.get("role") != "assistant"]
+    return json.dumps([asked, tools], sort_keys=True, ensure_ascii=False, default=str)
 
 
 def iter_source(

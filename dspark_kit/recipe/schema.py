@@ -149,6 +149,10 @@ class RegenCfg(_Section):
         0.0, description="sampling temperature, or weights per row, e.g. {0.0: 0.5, 0.7: 0.5} (drawn as "
                          "verifier.thinking's, recorded in the row's metadata)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    repeated_prompts: Literal["keep", "drop"] = Field(
+        "keep", description="drop: a source row whose prompt (its turns but the replies, and its tools) repeats an "
+                            "earlier row's is not sent, counted and listed in the errors file (greedy regen would "
+                            "write the same reply again: a duplicate row that inflates validation); keep: send it")
     seed: int | None = Field(42, description="request seeds, and the seed of each row's draw from a mixture "
                                              "(verifier.thinking, regen.temperature)")
     request_timeout: float = Field(600.0, gt=0)

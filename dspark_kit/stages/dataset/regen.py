@@ -402,7 +402,8 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
     dropped: list[dict[str, Any]] = []  # source rows no request can be made of: into the errors file, by line
     source = iter_chats(data, skipped=skipped, limit=limit, changed=changed,
                         on_drop=lambda idx, where, reason: dropped.append({"idx": idx, "where": where,
-                                                                           "reason": reason, "source_row": True}))
+                                                                           "reason": reason, "source_row": True}),
+                        drop_repeated_prompts=cfg.repeated_prompts == "drop")
     first = next(source, None)  # a missing file / unknown preset fails here: before any output is touched
     rows = itertools.chain([first] if first else [], source)
     if not resume and not overwrite and outfile.exists() and outfile.stat().st_size:
@@ -557,7 +558,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
                       engine_log=res.run.server_log("chat"), server_plan=chat.server if chat else None)
     s["engine"] = plan.details.get("engine")
     note(f"regen: {s['written']} written, {s['failed']} failed, {s['not_attempted']} not attempted, "
-         f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} unusable "
+         f"{s['skipped_already_done']} already done, {sum(s['skipped_rows'].values())} not sent "
          f"of {s['source_rows']} source rows" + (f" (engine {s['engine']})" if s["engine"] else ""))
     for reason, n in {**s["failed_reasons"], **s["skipped_rows"]}.items():
         note(f"  {n}: {reason}")
