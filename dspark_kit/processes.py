@@ -58,11 +58,21 @@ def signal_exit_code(signum: int) -> int:
     return 128 + signum
 
 
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP reached the kit (`scancel`, a scheduler's preemption, `timeout`, a closed
+    terminal): raised as Ctrl-C's KeyboardInterrupt is, so the callers' `finally` blocks stop what
+    the kit started, and told as a stop, not a failure; exits with the status a shell gives."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal_exit_code(signum))
+        self.signal_name = signal.Signals(signum).name
+
+
 def _on_signal(signum, frame) -> None:
     _signal_live(signal.SIGTERM)  # at once: stop() in the callers' finally blocks then waits for them
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise SystemExit(signal_exit_code(signum))
+    raise Terminated(signum)
 
 
 def install_signal_handlers() -> None:

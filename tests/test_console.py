@@ -279,22 +279,52 @@ def test_a_failing_stage_shows_its_log_tail_and_verbose_streams(tmp_path, tiny_v
     assert "==> train" in streamed.stderr and "--no-such-flag" in streamed.stderr.split("==> train", 1)[1]
 
 
-def test_ctrl_c_in_run_ends_with_the_line_that_resumes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_in_run_ends_with_the_line_that_resumes(tmp_path, monkeypatch, stop):
+    """SIGTERM (scancel, a preemption, `timeout`) stops a run as Ctrl-C does: resumable, not failed."""
+    import signal
+
     from typer.testing import CliRunner
 
     from dspark_kit.cli import app
+    from dspark_kit.processes import Terminated
     from dspark_kit.stages import pipeline
 
     def interrupted(*_a, **_k):
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt if stop == "ctrl-c" else Terminated(signal.SIGTERM)
 
     monkeypatch.setattr(pipeline, "run_pipeline", interrupted)
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
     res = CliRunner().invoke(app, ["run", str(recipe), "-w", str(tmp_path), "--set", "train.epochs=2"])
-    assert res.exit_code == 130
+    assert res.exit_code == (130 if stop == "ctrl-c" else 143)
     [line] = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert line.startswith("error: interrupted: `dspark-kit run ") and "--set train.epochs=2" in line
+    how = "interrupted" if stop == "ctrl-c" else "stopped by SIGTERM"
+    assert line.startswith(f"error: {how}: `dspark-kit run ") and "--set train.epochs=2" in line
     assert f"-w {tmp_path}`" in line and "resumes" in line
+
+
+@pytest.mark.slow  # a python process (about a second): the kit's handler on a real signal
+def test_sigterm_to_the_kit_stops_its_stage_in_one_line(tmp_path):
+    """Reproduced: a regen stopped with SIGTERM after an hour said 'x regen failed' and printed the
+    chat server's last 20 lines, its rows all kept and resumable. The kit's own handler, a real signal."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from pathlib import Path
+        from dspark_kit.processes import install_signal_handlers
+        from dspark_kit.progress import StageDisplay
+        install_signal_handlers()
+        logs = Path({str(logs)!r})
+        with StageDisplay(sys.stdout, terminal=False) as d, d.stage("regen", logs / "stage-regen.log"):
+            (logs / "chat-server.log").write_text("server line\\n" * 30)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 143, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    assert lines[-1] == "x regen stopped by SIGTERM after 0:00" and "server line" not in r.stdout
 
 
 def test_a_silent_stage_still_says_what_it_does_in_a_pipe(tmp_path):
