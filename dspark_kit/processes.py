@@ -58,7 +58,7 @@ def signal_exit_code(signum: int) -> int:
     return 128 + signum
 
 
-class Terminated(SystemExit):
+class SignalStopped(SystemExit):
     """SIGTERM or SIGHUP reached the kit (`scancel`, a scheduler's preemption, `timeout`, a closed
     terminal): raised as Ctrl-C's KeyboardInterrupt is, so the callers' `finally` blocks stop what
     the kit started, and told as a stop, not a failure; exits with the status a shell gives."""
@@ -72,7 +72,7 @@ def _on_signal(signum, frame) -> None:
     _signal_live(signal.SIGTERM)  # at once: stop() in the callers' finally blocks then waits for them
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise Terminated(signum)
+    raise SignalStopped(signum)
 
 
 def install_signal_handlers() -> None:

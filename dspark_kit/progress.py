@@ -34,7 +34,7 @@ from rich.progress import (
 
 from dspark_kit.logs import log_tail
 from dspark_kit.output_capture import log_states, logs_written, redirected, tee_stderr
-from dspark_kit.processes import Terminated
+from dspark_kit.processes import SignalStopped
 
 PLAIN_EVERY_S = 20.0  # a plain (non-terminal) progress line at most this often, and at least (heartbeat)
 TAIL_LINES = 20  # log lines shown when a stage fails
@@ -298,9 +298,9 @@ class StageDisplay:
         except BaseException as e:  # the error itself is the command's last line; here: what led to it
             self._end_line()
             # the user (Ctrl-C) or a scheduler (SIGTERM) stopped it: the logs' tails are no news
-            stopped = isinstance(e, KeyboardInterrupt | Terminated)
+            stopped = isinstance(e, KeyboardInterrupt | SignalStopped)
             written = [] if stopped else logs_written(log.parent, before, first=log)
-            how = f"stopped by {e.signal_name}" if isinstance(e, Terminated) else "interrupted" if stopped else "failed"
+            how = f"stopped by {e.signal_name}" if isinstance(e, SignalStopped) else "interrupted" if stopped else "failed"
             self.say(f"x {name} {how} after {_fmt_s(line.clock() - line.started)}"
                      + ("; the last lines of its logs:" if written else ""))
             for path in written:

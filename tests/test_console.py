@@ -287,11 +287,11 @@ def test_ctrl_c_or_sigterm_in_run_ends_with_the_line_that_resumes(tmp_path, monk
     from typer.testing import CliRunner
 
     from dspark_kit.cli import app
-    from dspark_kit.processes import Terminated
+    from dspark_kit.processes import SignalStopped
     from dspark_kit.stages import pipeline
 
     def interrupted(*_a, **_k):
-        raise KeyboardInterrupt if stop == "ctrl-c" else Terminated(signal.SIGTERM)
+        raise KeyboardInterrupt if stop == "ctrl-c" else SignalStopped(signal.SIGTERM)
 
     monkeypatch.setattr(pipeline, "run_pipeline", interrupted)
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"

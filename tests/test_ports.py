@@ -93,15 +93,30 @@ def test_the_dry_run_and_serve_agree_on_a_configured_port(tmp_path):
     assert "--port 8123" in r.stdout
 
 
+def _held_port_after_a_free_one() -> socket.socket:
+    """A listening socket on a port P whose P - 1 is free at the time: in a parallel suite the port
+    below an ephemeral one is often another test's (a CI run once found it so, and the check named
+    the RPC port instead of the HTTP one)."""
+    for _ in range(100):
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", held.getsockname()[1] - 1))
+                return held
+            except OSError:
+                held.close()
+    raise AssertionError("no port P with P - 1 free in 100 tries")
+
+
 def test_mooncake_master_ports_are_checked_before_it_starts(tmp_path):
     """Both ports mooncake_master listens on (RPC, and HTTP next to it) are refused in one line
     naming the recipe key when something holds one, before anything starts."""
     from dspark_kit.engines.servers import start_checks
     from dspark_kit.stages.training.train import plan as plan_train
 
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
+    with _held_port_after_a_free_one() as held:
         rpc = held.getsockname()[1] - 1  # the HTTP port (rpc + 1) is the one held
         recipe = load_recipe(TINY, ["hidden_states.mode=online", "hidden_states.transport=mooncake",
                                     f"hidden_states.mooncake.master_port={rpc}"])

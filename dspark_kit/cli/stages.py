@@ -167,7 +167,7 @@ def _pipeline_dry_run(res, wd: Path, chosen: list[str] | None, start: str | None
 def _pipeline(res, chosen: list[str] | None, start: str | None, force: bool, verbose: bool,
               again: list[str]) -> list[dict]:
     """The selected stages, one line each; Ctrl-C names the command that resumes (`run` + `again`)."""
-    from dspark_kit.processes import Terminated
+    from dspark_kit.processes import SignalStopped
     from dspark_kit.progress import StageDisplay
     from dspark_kit.stages.pipeline import run_pipeline
 
@@ -176,10 +176,10 @@ def _pipeline(res, chosen: list[str] | None, start: str | None, force: bool, ver
             return run_pipeline(res, chosen, start, force, display)
     except (ValueError, OSError, RuntimeError) as e:
         common.fail(str(e), 1)
-    except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, or scancel / timeout (SIGTERM): resumable alike
+    except (KeyboardInterrupt, SignalStopped) as e:  # Ctrl-C, or scancel / timeout (SIGTERM): resumable alike
         import shlex
 
-        how, code = (f"stopped by {e.signal_name}", e.code) if isinstance(e, Terminated) else ("interrupted", 130)
+        how, code = (f"stopped by {e.signal_name}", e.code) if isinstance(e, SignalStopped) else ("interrupted", 130)
         common.fail(f"{how}: `{shlex.join(['dspark-kit', 'run', *again])}` resumes (finished stages are "
                     "skipped; the interrupted one picks up where it stopped, training from its last whole epoch)",
                     code)
