@@ -21,6 +21,7 @@ else is a local path. A path that exists is always read from disk, whatever it i
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -205,7 +206,7 @@ def iter_chats(
     others keep their index, so a resumed regen pairs every row with its own reply either way."""
     skipped = skipped if skipped is not None else Counter()
     tell = on_drop or (lambda *_: None)
-    prompts: set[str] = set()
+    prompts: set[bytes] = set()  # digests: a 200k-row source's prompts are not held
     for idx, (row, where) in iter_rows(cfg, skipped, limit, seed, changed, tell):
         if formats is not None:
             formats[row_format(row) or "unknown"] += 1
@@ -227,11 +228,12 @@ def iter_chats(
 REPEATED_PROMPT = "repeats an earlier row's prompt (regen.repeated_prompts: drop)"
 
 
-def prompt_of(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    """What regen sends of a row: every turn but the assistant's replies (regen writes those), and
-    the tools; two rows with the same prompt get the same greedy replies."""
+def prompt_of(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bytes:
+    """A digest of what regen sends of a row: every turn but the assistant's replies (regen writes
+    those), and the tools; two rows with the same prompt get the same greedy replies."""
     asked = [m for m in messages if m.get("role") != "assistant"]
-    return json.dumps([asked, tools], sort_keys=True, ensure_ascii=False, default=str)
+    text = json.dumps([asked, tools], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def iter_source(
