@@ -279,6 +279,12 @@ def init_vocab_mapping(path: str | Path) -> bool:
     return isinstance(names, list) and all(k in names for k in VOCAB_MAPPING)
 
 
+def init_vocab_files(out: Path) -> dict[str, Path]:
+    """{d2t, t2d: the .npy file in `out`}: where write_init_vocab writes them and the trainer's
+    --d2t-path/--t2d-path read them, named here once."""
+    return {name: out / f"{name}.npy" for name in VOCAB_MAPPING}
+
+
 def write_init_vocab(path: str | Path, out: Path) -> dict[str, Path]:
     """The draft's own d2t and t2d as .npy files in `out` (speculators' --d2t-path/--t2d-path),
     each written to a temp name and renamed; {name: file}."""
@@ -286,14 +292,13 @@ def write_init_vocab(path: str | Path, out: Path) -> dict[str, Path]:
     from safetensors import safe_open
 
     out.mkdir(parents=True, exist_ok=True)
-    files = {}
+    files = init_vocab_files(out)
     with safe_open(str(Path(path) / WEIGHTS), "pt") as f:
-        for name in VOCAB_MAPPING:
-            dest, tmp = out / f"{name}.npy", out / f".{name}.npy.tmp"
+        for name, dest in files.items():
+            tmp = out / f".{name}.npy.tmp"
             with open(tmp, "wb") as fh:
                 np.save(fh, f.get_tensor(name).numpy())
             tmp.replace(dest)
-            files[name] = dest
     return files
 
 

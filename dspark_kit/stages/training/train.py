@@ -163,7 +163,11 @@ def from_pretrained(args: list[str], recipe: Recipe, init_from: str, num_hidden_
     reduced-vocabulary draft keeps its own token mapping (--d2t-path/--t2d-path into `vocab_dir`,
     which run() writes from its weights): speculators would otherwise map its lm_head rows through
     the mapping built from the new data's token counts."""
-    from dspark_kit.specdec.checkpoints import init_from_problem, init_vocab_mapping
+    from dspark_kit.specdec.checkpoints import (
+        init_from_problem,
+        init_vocab_files,
+        init_vocab_mapping,
+    )
 
     problem = init_from_problem(init_from, recipe, recipe.target_layer_ids(num_hidden_layers))
     if problem:
@@ -183,7 +187,8 @@ def from_pretrained(args: list[str], recipe: Recipe, init_from: str, num_hidden_
         i += 1
     out += ["--from-pretrained", str(Path(init_from).expanduser())]
     if init_vocab_mapping(Path(init_from).expanduser()):
-        out += ["--d2t-path", str(vocab_dir / "d2t.npy"), "--t2d-path", str(vocab_dir / "t2d.npy")]
+        files = init_vocab_files(vocab_dir)
+        out += ["--d2t-path", str(files["d2t"]), "--t2d-path", str(files["t2d"])]
     return out
 
 
@@ -412,7 +417,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
         wait_for_store,
     )
     from dspark_kit.logs import log_since
-    from dspark_kit.specdec.checkpoints import adopt_interrupted, write_init_vocab
+    from dspark_kit.specdec.checkpoints import adopt_interrupted, init_vocab_files, write_init_vocab
     from dspark_kit.stages.manifest import update_manifest
     from dspark_kit.stages.preflight.checks import enforce
 
@@ -425,7 +430,7 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     t0 = time.time()
     trainer = next(p for p in plan.processes if p.role == "trainer" and p.node == recipe.train.node_rank).launch
     # the plan's decision (from_pretrained): a reduced-vocabulary draft's own mapping, in the files it names
-    if recipe.train.init_from and str(run.init_vocab / "d2t.npy") in trainer.argv:
+    if recipe.train.init_from and str(init_vocab_files(run.init_vocab)["d2t"]) in trainer.argv:
         write_init_vocab(Path(recipe.train.init_from).expanduser(), run.init_vocab)
         reporter.note(f"train: train.init_from's own draft vocabulary mapping kept ({run.init_vocab}), not one "
                       "built from this run's token counts")
