@@ -22,7 +22,7 @@ from dspark_kit.data.mode_rule import REASONING_WITH_THINKING_OFF
 from dspark_kit.data.template_rows import tokenize_conversation
 from dspark_kit.jsonl import read_jsonl
 from dspark_kit.resolved import Resolved
-from dspark_kit.stages.dataset.prepare import prepare
+from dspark_kit.stages.dataset.prepare import UNFINISHED_TRAINED, prepare
 
 TURNS = [("What colour are bananas?", "Bananas are yellow.", "A banana."),
          ("And apples?", "Apples vary.", "Red or green."),
@@ -143,11 +143,24 @@ def test_truncated_replies_are_skipped_unless_kept(tok):
     cut_inline = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nno close"}]}
     cut_length = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "half a"}],
                   "metadata": {"finish_reasons": ["length"]}}
-    for row, why in ((cut_inline, "reasoning never closed"), (cut_length, "finish_reason: length")):
+    cut_thinking = {"messages": [{"role": "user", "content": "q"},
+                                 {"role": "assistant", "reasoning_content": "still thinking", "content": ""}],
+                    "metadata": {"finish_reasons": ["length"]}}
+    for row, why, last in ((cut_inline, "reasoning never closed", "no close"),
+                           (cut_length, "finish_reason: length", "half a"),
+                           (cut_thinking, "finish_reason: length", "still thinking")):
         with pytest.raises(ConversationError, match=why):
             tokenize_conversation(tok, normalize(row), thinking=True)
-        rows, _ = tokenize_conversation(tok, normalize(row), thinking=True, keep_truncated=True)
-        assert rows  # data.keep_truncated: kept as the template renders it
+        [(ids, mask)], _ = tokenize_conversation(tok, normalize(row), thinking=True, keep_truncated=True)
+        # data.keep_truncated: trained up to where the verifier stopped; the end-of-turn token (and the
+        # think block's close) that the template adds after it were never generated: no loss on them
+        trained = tok.decode([i for i, m in zip(ids, mask) if m])
+        assert trained.endswith(last) and "<|im_end|>" not in trained, trained
+        assert "<|im_end|>" in tok.decode(ids)  # the row itself is the template's render
+    finished = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "whole"}],
+                "metadata": {"finish_reasons": ["stop"]}}
+    [(ids, mask)], _ = tokenize_conversation(tok, normalize(finished), thinking=True, keep_truncated=True)
+    assert tok.decode([i for i, m in zip(ids, mask) if m]).endswith("whole<|im_end|>")
 
 
 # ---- every row in one bucket -----------------------------------------------------------------
@@ -197,6 +210,12 @@ def test_bad_rows_from_regen_jsonl_are_counted_per_full_reason(tmp_path, tiny_ve
     assert s.mode_rule.dropped == 1 and s.mode_rule.rows == 8
     saved = json.loads((tmp_path / "prepared" / "prepare_meta.json").read_text())["summary"]
     assert saved["rejected"] == dict(expected)
+    # data.keep_truncated: the two cut replies train (up to where they stop) and are counted as changed
+    kept = prepare(read_jsonl(src), str(tiny_verifier), tmp_path / "kept", seq_length=128, thinking=False,
+                   mode_budget=0.5, keep_truncated=True)
+    cut = [r for r in expected if r.startswith("truncated reply")]
+    assert len(cut) == 2 and kept.rejected == expected - Counter(cut)
+    assert kept.conversations_used == 6 and kept.changed[UNFINISHED_TRAINED] == 2
 
 
 @pytest.mark.slow

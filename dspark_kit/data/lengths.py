@@ -93,12 +93,12 @@ def replies_cut(rows) -> tuple[int, int, int]:
 
 def truncation_line(cut: int, replies: int, max_tokens: int, looping: int = 0, kept: bool = False) -> str | None:
     """regen's closing line when more than TRUNCATED_WARN of the replies were cut (None otherwise):
-    prepare drops a cut reply's row (a reply with no end teaches the draft nothing true), or, with
-    data.keep_truncated (`kept`), trains it as it is. Cut replies that end in a loop are counted
+    prepare drops a cut reply's row by default, or, with data.keep_truncated (`kept`), trains it up to
+    where the verifier stopped (not the end-of-turn the template adds). Cut replies that end in a loop are counted
     apart: more tokens would not end them."""
     if not replies or cut / replies <= TRUNCATED_WARN:
         return None
-    fate = ("prepare keeps their rows (data.keep_truncated: trained without an end)" if kept
+    fate = ("prepare keeps their rows (data.keep_truncated: trained up to where the verifier stopped)" if kept
             else "prepare drops their rows")
     line = (f"{cut} of {replies} replies ({cut / replies:.0%}) were cut at regen.max_tokens {max_tokens} "
             f"(finish_reason length), and {fate}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from dspark_kit.data import mode_rule
 from dspark_kit.data.chat import render
-from dspark_kit.data.conversations import ConversationError, template_messages, truncation
+from dspark_kit.data.conversations import UNCLOSED, ConversationError, template_messages, truncation
 from dspark_kit.data.piece_encoder import PieceEncoder
 from dspark_kit.data.reasoning_formats import of_tokenizer
 from dspark_kit.recipe.mixture import THINKING, choose
@@ -59,7 +59,8 @@ def reply_length_fn(tok):
 
 
 def rows_from_ids(ids: list[list[int]], reply_len=len, encode_suffix=None,
-                  generated: list[list[int] | None] | None = None) -> TurnRows:
+                  generated: list[list[int] | None] | None = None,
+                  cut: list[list[int] | None] | None = None) -> TurnRows:
     """Rows from the token ids of `conversation_texts` (prompt, upto per turn).
 
     One row when every prompt/turn render is a token prefix of the full render; else one row per
@@ -69,16 +70,24 @@ def rows_from_ids(ids: list[list[int]], reply_len=len, encode_suffix=None,
 
     `generated[k]`: the verifier's own ids for turn k (None: not recorded). When any differs from
     the re-tokenized reply, every turn gets its own row, prompt + the verifier's ids: a turn's
-    tokens cannot be both what the verifier generated and the re-rendered history it saw next."""
+    tokens cannot be both what the verifier generated and the re-rendered history it saw next.
+
+    `cut[k]`: for a turn the verifier did not finish, the ids of its render up to where the verifier
+    stopped (`cut_texts`); the turn trains only the tokens of its render that those ids share (a
+    token merged across the stop is not trained either)."""
     prompts, uptos = ids[0::2], ids[1::2]
     generated = generated or [None] * len(prompts)
+    cut = cut or [None] * len(prompts)
     replies = []
     for k, (p, u) in enumerate(zip(prompts, uptos)):
         if u[: len(p)] != p:
             if encode_suffix is None:
                 raise ConversationError(f"turn {k}: reply tokens do not follow the generation prompt's tokens")
             u = p + encode_suffix(k)
-        replies.append((u, reply_len(u[len(p):])))
+        n = reply_len(u[len(p):])
+        if cut[k] is not None:
+            n = min(n, max(_shared_prefix(cut[k], u) - len(p), 0))
+        replies.append((u, n))
     differs = sum(g is not None and g != u[len(p) : len(p) + n]
                   for g, p, (u, n) in zip(generated, prompts, replies))
     if differs:
@@ -89,12 +98,42 @@ def rows_from_ids(ids: list[list[int]], reply_len=len, encode_suffix=None,
     full = uptos[-1]
     if all(full[: len(p)] == p and full[: len(u)] == u for p, u in zip(prompts, uptos)):
         mask = [0] * len(full)
-        for p, u in zip(prompts, uptos):
-            n = reply_len(full[len(p) : len(u)])
+        for p, (_, n) in zip(prompts, replies):
             mask[len(p) : len(p) + n] = [1] * n
         return TurnRows([(full, mask)], False)
     rows = [(u, [0] * len(p) + [1] * n + [0] * (len(u) - len(p) - n)) for p, (u, n) in zip(prompts, replies)]
     return TurnRows(rows, True)
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cut_texts(msgs: list[dict], texts: list[str]) -> list[str | None]:
+    """Per assistant turn (conversation_texts' order): for a reply the verifier did not finish
+    (finish_reason length, or reasoning never closed), its render up to the end of the verifier's
+    own text; None for a finished reply. The render goes on with what the template adds (the
+    end-of-turn token, a think block's close) that the verifier never wrote."""
+    turns = [j for j, m in enumerate(msgs) if m["role"] == "assistant" and j > 0]
+    out: list[str | None] = []
+    for k, j in enumerate(turns):
+        m = msgs[j]
+        if m.get("finish_reason") != "length" and not m.get(UNCLOSED):
+            out.append(None)
+            continue
+        prompt, upto = texts[2 * k], texts[2 * k + 1]
+        content, reasoning = (m.get("content") or "").rstrip(), (m.get("reasoning_content") or "").rstrip()
+        # the verifier stopped in its reasoning (never closed) or in its reply: the last text it wrote
+        tail = reasoning if m.get(UNCLOSED) and reasoning else content or reasoning
+        at = upto.rfind(tail) if tail else -1
+        # not found (a template that rewrites the text): nothing of the turn is known to be the verifier's
+        out.append(upto[: at + len(tail)] if at >= len(prompt) else prompt)
+    return out
 
 
 NO_MODE_TO_DRAW = ("no recorded thinking mode (metadata.thinking) and no metadata.idx to draw one from the "
@@ -196,8 +235,15 @@ def turn_rows(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = Fals
               tools: list[dict] | None = None) -> TurnRows:
     """Rows of (input_ids, loss_mask) for one conversation (rows_from_ids)."""
     texts = conversation_texts(tok, msgs, thinking, keep_truncated, tools)
+    cut = encode_some(tok, cut_texts(msgs, texts))
     return rows_from_ids(encode_batch(tok, texts), reply_length_fn(tok), suffix_encoder(tok, texts),
-                         generated_ids(msgs))
+                         generated_ids(msgs), cut)
+
+
+def encode_some(tok, texts: list[str | None]) -> list[list[int] | None]:
+    """encode_batch of the texts that are not None, in place."""
+    got = iter(encode_batch(tok, [t for t in texts if t is not None]) if any(t is not None for t in texts) else [])
+    return [None if t is None else next(got) for t in texts]
 
 
 def tokenize_conversation(tok, msgs: list[dict], thinking: bool, keep_truncated: bool = False,

@@ -119,7 +119,9 @@ class DataCfg(_Section):
     seq_length: int = Field(2048, ge=1, description="prepare truncates to this; train total_seq_len")
     num_workers: int = Field(1, ge=1)
     keep_truncated: bool = Field(False, description="prepare keeps replies the verifier did not finish "
-                                 "(finish_reason length, think block never closed); default: skipped, counted")
+                                 "(finish_reason length, think block never closed), trained up to where the "
+                                 "verifier stopped (no loss on the end-of-turn the template adds), counted as "
+                                 "changed; default: skipped, counted")
     max_mode_mismatch_fraction: float = Field(
         0.02, ge=0, le=1, description="rows whose replies carry reasoning with their thinking mode off are "
         "dropped (counted) by the first stage that sees them (regen, else prepare); above this fraction of "

@@ -72,7 +72,9 @@ from dspark_kit.data.template_rows import (
     NOTHING_IN_SEQ_LENGTH,
     TurnRows,
     conversation_texts,
+    cut_texts,
     encode_batch,
+    encode_some,
     generated_ids,
     reply_length_fn,
     row_thinking,
@@ -190,6 +192,8 @@ def _init_worker(tokenizer_path: str, trust_remote_code: bool) -> None:
 
 CUT_MASKED = "a reply cut at data.seq_length carries no loss (data.cut_replies: train trains it as cut)"
 CUT_TRAINED = "a reply cut at data.seq_length trained as cut, without its end-of-turn token (data.cut_replies: train)"
+UNFINISHED_TRAINED = ("a reply the verifier did not finish (regen.max_tokens) trained up to where it stopped, "
+                      "without the end-of-turn the template adds (data.keep_truncated)")
 ONLY_CUT_REPLIES = ("no reply complete within data.seq_length (a cut reply carries no loss: raise data.seq_length, "
                     "or data.cut_replies: train)")
 
@@ -241,8 +245,10 @@ def _work(args: tuple[list, bool | dict, int, bool, int | None, str]) -> list[di
                 fmt["mode_rule"] = (mode, has_reasoning(msgs), decision)
             if decision != mode_rule.AGREES:
                 raise ConversationError(decision + (DROPPED_BY_REGEN if by == "regen" else ""))
-            planned.append((len(out), conversation_texts(_TOKENIZER, msgs, mode, keep_truncated, tools)))
+            texts = conversation_texts(_TOKENIZER, msgs, mode, keep_truncated, tools)
+            planned.append((len(out), texts))
             generated = generated_ids(msgs)
+            fmt["cuts"] = cut_texts(msgs, texts) if keep_truncated else None
             calls = sum(len(m.get("tool_calls", ())) for m in msgs)
             out.append({**fmt, "thinking": mode, "reasoning": has_reasoning(msgs), "generated": generated,
                         "with_ids": sum(g is not None for g in generated),
@@ -259,8 +265,11 @@ def _work(args: tuple[list, bool | dict, int, bool, int | None, str]) -> list[di
     for i, texts in planned:
         try:
             row_ids = ids[pos : pos + len(texts)] if ids is not None else encode_batch(_TOKENIZER, texts)
-            t = rows_from_ids(row_ids, _REPLY_LEN, suffix_encoder(_TOKENIZER, texts), out[i].pop("generated"))
-            out[i] = {**out[i], **_row_result(t, seq_length, cut_replies)}
+            cuts = out[i].pop("cuts")
+            t = rows_from_ids(row_ids, _REPLY_LEN, suffix_encoder(_TOKENIZER, texts), out[i].pop("generated"),
+                              encode_some(_TOKENIZER, cuts) if cuts else None)
+            unfinished = sum(c is not None for c in cuts or ())
+            out[i] = {**out[i], **_row_result(t, seq_length, cut_replies), "unfinished": unfinished}
         except ConversationError as e:
             out[i] = {**_judged(out[i]), "error": str(e)}
         except Exception as e:  # noqa: BLE001 - a row the tokenizer cannot take is a rejected row
@@ -367,7 +376,8 @@ def prepare(
                         entry(res, "dropped", why)
                         continue
                     changes = res["changes"] + ([CUT_MASKED if cut_replies == "mask" else CUT_TRAINED]
-                                                if res["cut_replies"] else [])
+                                                if res["cut_replies"] else []) + (
+                        [UNFINISHED_TRAINED] if res.get("unfinished") else [])
                     for why in changes:
                         summary.changed[why] += 1
                         entry(res, "changed", why)
