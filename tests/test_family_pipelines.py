@@ -1,7 +1,9 @@
 """One short pipeline per tiny verifier family beyond the dense Qwen3 (whose runs the rest of the
-suite covers): `dspark-kit run` of the family's recipe, regen to eval, on the CPU; then the trained
-draft's held-out acceptance against a freshly initialised draft's (greedy: deterministic), and the
-trained draft through vLLM's own DSpark loader with the family's verifier as the target."""
+suite covers): `dspark-kit run` of the family's recipe, regen to train, on the CPU; then the trained
+draft's held-out acceptance against a freshly initialised draft's (greedy: deterministic; eval's own
+function, so the eval stage's sweep of confidence cut-offs, which compares nothing here, is left to
+the dense Qwen3's runs), and the trained draft through vLLM's own DSpark loader with the family's
+verifier as the target."""
 
 from __future__ import annotations
 
@@ -14,9 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILIES = ["qwen3-moe", "llama3", "gpt-oss"]
-# lean: few rows, a short eval; the demo recipes train on more (the closing note's figures)
-SETS = ["data.limit=96", "train.max_anchors=32", "train.epochs=6", "eval.num_prompts=4", "eval.max_new_tokens=32",
-        "regen.max_tokens=48"]
+# lean: few rows; the demo recipes train on more (the closing note's figures)
+SETS = ["data.limit=96", "train.max_anchors=32", "train.epochs=6", "regen.max_tokens=48"]
 # a Harmony reply is its analysis channel and then its final one: room for both, or regen cuts it;
 # fewer rows and epochs (its draft still passes the margin twice over: 4.3 vs 1.07 at 96 rows, 6 epochs)
 FAMILY_SETS = {"gpt-oss": ["regen.max_tokens=96", "data.limit=64", "train.epochs=4"]}
@@ -25,7 +26,7 @@ FAMILY_SETS = {"gpt-oss": ["regen.max_tokens=96", "data.limit=64", "train.epochs
 def _sets(name: str) -> list[str]:
     return SETS + FAMILY_SETS.get(name, [])
 # serve and bench are the local engine's, the same for every family: the demos run them
-STAGES = "regen,prepare,hidden-states,train,eval"
+STAGES = "regen,prepare,hidden-states,train"
 MARGIN = 2.0
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def _recipe(name: str):
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_run(request, tmp_path_factory) -> tuple[str, Path]:
     """The family recipe's pipeline (`dspark-kit run`, the real CLI): regen through the local engine,
-    prepare, hidden states, train, eval."""
+    prepare, hidden states, train."""
     name = request.param
     wd = tmp_path_factory.mktemp(f"{name}-run")
     sets = [a for s in _sets(name) for a in ("--set", s)]
@@ -48,7 +49,7 @@ def family_run(request, tmp_path_factory) -> tuple[str, Path]:
                            "--stages", STAGES, "--workdir", str(wd), "--json", *sets], capture_output=True, text=True, timeout=3600,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (wd / "eval" / "eval.json").is_file(), proc.stdout[-2000:]
+    assert (wd / "checkpoints").is_dir(), proc.stdout[-2000:]
     return name, wd
 
 
