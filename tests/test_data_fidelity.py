@@ -156,7 +156,17 @@ def test_truncated_replies_are_skipped_unless_kept(tok):
         # think block's close) that the template adds after it were never generated: no loss on them
         trained = tok.decode([i for i, m in zip(ids, mask) if m])
         assert trained.endswith(last) and "<|im_end|>" not in trained, trained
-        assert "<|im_end|>" in tok.decode(ids)  # the row itself is the template's render
+        # the row ends where the verifier stopped: the template's close was never in its context
+        assert mask[-1] == 1 and tok.decode(ids).endswith(last), tok.decode(ids)
+    # a cut reply with a turn after it: the row keeps the close the verifier read before its next reply
+    two = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "half a"},
+                             {"from": "human", "value": "go on"}, {"from": "gpt", "value": "done"}],
+           "metadata": {"finish_reasons": ["length", "stop"]}}
+    rows, _ = tokenize_conversation(tok, normalize(two), thinking=False, keep_truncated=True)
+    text = "".join(tok.decode(ids) for ids, _ in rows)
+    assert "half a<|im_end|>" in text and text.rstrip().endswith("done<|im_end|>"), text
+    trained = ["".join(tok.decode([i]) for i, m in zip(ids, mask) if m) for ids, mask in rows]
+    assert "".join(trained).startswith("half a") and "half a<|im_end|>" not in "".join(trained), trained
     finished = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "whole"}],
                 "metadata": {"finish_reasons": ["stop"]}}
     [(ids, mask)], _ = tokenize_conversation(tok, normalize(finished), thinking=True, keep_truncated=True)

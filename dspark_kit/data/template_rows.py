@@ -74,7 +74,10 @@ def rows_from_ids(ids: list[list[int]], reply_len=len, encode_suffix=None,
 
     `cut[k]`: for a turn the verifier did not finish, the ids of its render up to where the verifier
     stopped (`cut_texts`); the turn trains only the tokens of its render that those ids share (a
-    token merged across the stop is not trained either)."""
+    token merged across the stop is not trained either). A row whose last turn is cut ends where the
+    verifier stopped: what the template adds after it (the end-of-turn token) was never in the
+    verifier's context, so it gets no hidden states; a cut turn with turns after it keeps the close,
+    which the verifier did read before its next reply."""
     prompts, uptos = ids[0::2], ids[1::2]
     generated = generated or [None] * len(prompts)
     cut = cut or [None] * len(prompts)
@@ -100,9 +103,11 @@ def rows_from_ids(ids: list[list[int]], reply_len=len, encode_suffix=None,
         mask = [0] * len(full)
         for p, (_, n) in zip(prompts, replies):
             mask[len(p) : len(p) + n] = [1] * n
-        return TurnRows([(full, mask)], False)
-    rows = [(u, [0] * len(p) + [1] * n + [0] * (len(u) - len(p) - n)) for p, (u, n) in zip(prompts, replies)]
-    return TurnRows(rows, True)
+        end = len(prompts[-1]) + replies[-1][1] if cut[-1] is not None else len(full)
+        return TurnRows([(full[:end], mask[:end])], False)
+    rows = [(u[: len(p) + n] if c is not None else u, [0] * len(p) + [1] * n + [0] * (len(u) - len(p) - n))
+            for p, (u, n), c in zip(prompts, replies, cut)]
+    return TurnRows([(ids, mask[: len(ids)]) for ids, mask in rows], True)
 
 
 def _shared_prefix(a: list[int], b: list[int]) -> int:
