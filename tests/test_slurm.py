@@ -67,9 +67,17 @@ def _kit(cluster, *argv: str, timeout: float = 600) -> subprocess.CompletedProce
                           env={**_env(), **cluster.env}, check=False)
 
 
+def _default_sigint() -> None:
+    # a terminal's Ctrl-C reaches a kit whose SIGINT is default. A suite started in the background by a
+    # shell without job control (`make test &` in a script, as CI may) inherits SIGINT ignored, and the kit
+    # rightly keeps an ignored SIGINT ignored: without this reset the Ctrl-C below is lost and the job runs on
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _popen(cluster, *argv: str, err: Path) -> subprocess.Popen:
     return subprocess.Popen(cluster.a.cmd([*KIT, *argv]), env={**_env(), **cluster.env}, stdout=subprocess.DEVNULL,
-                            stderr=err.open("w"), start_new_session=True)
+                            stderr=err.open("w"), start_new_session=True,
+                            preexec_fn=_default_sigint)  # noqa: PLW1509 - only resets one signal
 
 
 def _copy(prepared_run: Path, wd: Path) -> Path:
@@ -186,7 +194,8 @@ def test_a_killed_node_fails_the_job_in_one_line_ctrl_c_cancels_and_a_resubmissi
             os.killpg(kit.pid, signal.SIGKILL)
     err = (tmp_path / "second.err").read_text()
     errors = _errors(err)
-    assert code == 130 and len(errors) == 1 and f"cancelled Slurm job {second} (scancel)" in errors[0], err[-3000:]
+    assert code == 130 and len(errors) == 1 and f"cancelled Slurm job {second} (scancel)" in errors[0], \
+        (code, _scontrol(cluster, second).get("JobState"), err[-3000:])
     _wait(lambda: not cluster.client("squeue", "-h").stdout.strip(), "the cancelled job is still queued", 30)
     _wait(lambda: not any(_work_on(h) for h in cluster.hosts), lambda: [w for h in cluster.hosts for w in _work_on(h)], 30)
     left = [w for h in cluster.hosts for w in _work_on(h)]

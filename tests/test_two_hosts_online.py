@@ -64,7 +64,10 @@ class HostServer:
                str(self.port), *_args([*sets, f"serve.host={host.addr}"])]
         self.err = (workdir / "serve.stderr").open("w")
         self.proc = subprocess.Popen(host.cmd(cmd), env=_env(), stdout=subprocess.PIPE, stderr=self.err, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     # stop()'s Ctrl-C must reach serve even when the suite inherited SIGINT
+                                     # ignored (started with `&` by a shell without job control)
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
         t0 = time.monotonic()
         line = self.proc.stdout.readline().strip()  # the URL once healthy; "" when it exited
         assert line == self.url, self.stderr()
