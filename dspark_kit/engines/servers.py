@@ -62,7 +62,11 @@ def regen_engine(choice: str, engine: str, device: str) -> tuple[str, str]:
     """(the engine regen's chat server runs on, why): regen.engine (`choice`), where `serve` is
     serve.engine (`engine`) and `fastest` is vLLM's CPU build on a CPU machine (`device`: where the
     local engine runs) when it is installed (it batches the requests a regen sends at once; the local
-    engine decodes one at a time), else serve.engine."""
+    engine decodes one at a time), else serve.engine. llama-server is not picked though it was
+    faster (SmolLM2, 296 rows, one run: 1.79 rows/s vs vLLM's 1.26; benchmarks/bench_regen_engines.py):
+    it runs the GGUF's quantized weights, and its greedy replies equalled the dequantized verifier's
+    (the one hidden states are read from) in 67 of 296 rows; nor does its chat endpoint return token
+    ids. regen.engine llama.cpp names it."""
     if choice == "serve":
         return engine, f"regen.engine serve: serve.engine {engine}"
     if choice != "fastest":
