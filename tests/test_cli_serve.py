@@ -14,6 +14,7 @@ from test_checkpoints import write_ckpt
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
+from tests.ctrl_c import default_sigint
 
 runner = CliRunner()
 
@@ -181,12 +182,11 @@ def test_serve_starts_waits_healthy_and_stops_on_ctrl_c(setup, tmp_path: Path):
     # PYTHONFAULTHANDLER: if serve ever hangs on Ctrl-C, SIGABRT below makes it print every
     # thread's stack, and the failure shows where it was stuck.
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONFAULTHANDLER": "1"}
-    # Ctrl-C as in a terminal: a suite started in the background (`cmd &`, nohup) inherits SIGINT
-    # ignored, and serve rightly keeps ignoring it (that is how this test once hung on CI).
+    # Ctrl-C as in a terminal (tests/ctrl_c.py: a suite started with `&` inherits SIGINT ignored; this test once hung on CI)
     proc = subprocess.Popen([sys.executable, "-m", "dspark_kit", "serve", "-r", str(recipe), "--role", "chat",
                              "--port", str(port), "--set", "serve.startup_timeout=30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=Path(__file__).parents[1], text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+                            preexec_fn=default_sigint)  # noqa: PLW1509 - only resets SIGINT
     try:
         url = proc.stdout.readline().strip()
         assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() is not None else url

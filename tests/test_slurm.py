@@ -21,6 +21,7 @@ import pytest
 from dspark_kit.engines.ports import free_port
 from dspark_kit.launchers import slurm_job
 from tests import slurm_bed
+from tests.ctrl_c import default_sigint
 from tests.test_multinode import KIT, TINY, _env
 
 pytestmark = pytest.mark.slow
@@ -67,17 +68,10 @@ def _kit(cluster, *argv: str, timeout: float = 600) -> subprocess.CompletedProce
                           env={**_env(), **cluster.env}, check=False)
 
 
-def _default_sigint() -> None:
-    # a terminal's Ctrl-C reaches a kit whose SIGINT is default. A suite started in the background by a
-    # shell without job control (`make test &` in a script, as CI may) inherits SIGINT ignored, and the kit
-    # rightly keeps an ignored SIGINT ignored: without this reset the Ctrl-C below is lost and the job runs on
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _popen(cluster, *argv: str, err: Path) -> subprocess.Popen:
     return subprocess.Popen(cluster.a.cmd([*KIT, *argv]), env={**_env(), **cluster.env}, stdout=subprocess.DEVNULL,
                             stderr=err.open("w"), start_new_session=True,
-                            preexec_fn=_default_sigint)  # noqa: PLW1509 - only resets one signal
+                            preexec_fn=default_sigint)  # noqa: PLW1509 - only resets SIGINT (tests/ctrl_c.py)
 
 
 def _copy(prepared_run: Path, wd: Path) -> Path:

@@ -27,6 +27,7 @@ from test_vllm_real_mooncake import mooncake_cpu  # noqa: F401 - fixture
 
 from dspark_kit.engines.ports import free_port
 from tests import netns
+from tests.ctrl_c import default_sigint
 from tests.test_multinode import KIT, TINY, _env
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow]
@@ -65,9 +66,7 @@ class HostServer:
         self.err = (workdir / "serve.stderr").open("w")
         self.proc = subprocess.Popen(host.cmd(cmd), env=_env(), stdout=subprocess.PIPE, stderr=self.err, text=True,
                                      start_new_session=True,
-                                     # stop()'s Ctrl-C must reach serve even when the suite inherited SIGINT
-                                     # ignored (started with `&` by a shell without job control)
-                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+                                     preexec_fn=default_sigint)  # noqa: PLW1509 - stop()'s Ctrl-C must reach serve
         t0 = time.monotonic()
         line = self.proc.stdout.readline().strip()  # the URL once healthy; "" when it exited
         assert line == self.url, self.stderr()
