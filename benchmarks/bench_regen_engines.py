@@ -25,7 +25,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from common import REPO, Row, cli, emit, this_command
@@ -39,9 +38,7 @@ def regen(engine: str, wd: Path, rows: int, max_tokens: int) -> dict:
     argv = [sys.executable, "-m", "dspark_kit", "run", str(RECIPE), "-w", str(wd), "--stages", "regen",
             *(x for s in sets for x in ("--set", s))]
     print("regen: " + " ".join(argv), file=sys.stderr, flush=True)
-    t0 = time.monotonic()
     subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    wall = time.monotonic() - t0
     stage_s = json.loads((wd / "state.json").read_text())["regen"]["seconds"]
     replies, texts, tokens, cut = {}, {}, 0, 0
     for line in (wd / "regen.jsonl").read_text().splitlines():
@@ -51,7 +48,7 @@ def regen(engine: str, wd: Path, rows: int, max_tokens: int) -> dict:
         cut += meta["finish_reasons"][-1] == "length"
         replies[meta["idx"]] = row["conversations"][-1].get("token_ids")
         texts[meta["idx"]] = row["conversations"][-1]["value"]
-    return {"engine": engine, "wall_s": wall, "stage_s": stage_s, "rows": len(replies), "tokens": tokens,
+    return {"engine": engine, "stage_s": stage_s, "rows": len(replies), "tokens": tokens,
             "cut": cut, "replies": replies, "texts": texts}
 
 
