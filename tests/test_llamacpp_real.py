@@ -4,7 +4,7 @@ in-process decoder accepts; a flipped anchor layout fails the gate in one line, 
 head accepts less (slow).
 
 The draft: recipes/smollm2-135m-cpu.yaml run with serve.engine llama.cpp (regen on llama-server,
-the verifier's Q4_1 GGUF; hidden states and training in-process on the dequantized HF folder) on
+the verifier's Q4_1 GGUF, each reply keeping the server's own token ids; hidden states and training in-process on the dequantized HF folder) on
 the six questions below, fitted to the verifier's replies (SETS says why), about two minutes. The
 comparison decodes the same token-id prompts, greedy, at the same K, against an F16 GGUF of the
 same HF folder (llama.cpp's converter), the target closest to the in-process float32 verifier.
@@ -119,6 +119,32 @@ def served_al(ckpt: Path, verifier_dir: Path, target: Path, k: int, work: Path, 
     # the server's counters and the responses' timings agree on what was accepted
     assert got["acceptance"]["num_accepted_tokens"] == got["timings_draft_n_accepted"]
     return got["acceptance"]["acceptance_length"]
+
+
+def test_regen_on_llama_server_keeps_its_own_token_ids(trained):
+    """llama-server ignores vLLM's return_token_ids; regen asks it for logprobs, whose entries carry
+    each generated token's id: every reply keeps the ids the server generated (they decode to its
+    text, and a reply that stopped ends on <|im_end|>, as vLLM's do), and prepare trains them."""
+    from transformers import AutoTokenizer
+
+    from dspark_kit.jsonl import read_jsonl
+
+    wd, _ckpt, verifier_dir, _own = trained
+    tok = AutoTokenizer.from_pretrained(verifier_dir)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    rows = list(read_jsonl(wd / "regen.jsonl"))
+    assert len(rows) == len(QUESTIONS)
+    finishes = []
+    for row in rows:
+        reply, finish = row["conversations"][-1], row["metadata"]["finish_reasons"][-1]
+        ids = reply.get("token_ids")
+        assert ids, f"row {row['metadata']['idx']}: no token ids kept from llama-server"
+        assert tok.decode(ids, skip_special_tokens=True) == reply["value"]
+        assert (ids[-1] == end) == (finish == "stop"), (finish, ids[-3:])
+        finishes.append(finish)
+    assert "stop" in finishes, finishes  # the end-of-turn case was seen, not only cut replies
+    log = (wd / "logs" / "stage-prepare.log").read_text()
+    assert f"{len(QUESTIONS)} replies trained on the verifier's own token ids" in log, log[-2000:]
 
 
 def test_served_acceptance_matches_in_process_and_planted_faults_fail_the_gate(trained, f16_target, tmp_path):

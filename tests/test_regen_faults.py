@@ -27,7 +27,11 @@ ODD_BODIES = {"not-an-object": [1, 2], "choice-not-an-object": {"choices": ["x"]
 class Stub:
     """Answers by the last user message: the behaviour name is the content."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, owned_by: str | None = None):
+        # "vllm": replies carry return_token_ids' ids; "llamacpp": the ids only in logprobs, as
+        # llama-server's chat completions; None: no ids (a server that keeps them to itself)
+        self.owned_by = owned_by
+        self.bodies: list[dict] = []
         self.attempts: Counter = Counter()
         self.released = asyncio.Event()  # "slow" answers only after stop(): never within any timeout
         self.port = port or free_port()
@@ -49,10 +53,11 @@ class Stub:
         self.loop.run_forever()
 
     async def models(self, _request):
-        return web.json_response({"data": [{"id": "stub"}]})
+        return web.json_response({"data": [{"id": "stub", **({"owned_by": self.owned_by} if self.owned_by else {})}]})
 
     async def chat(self, request):
         body = await request.json()
+        self.bodies.append(body)
         kind = body["messages"][-1]["content"]
         self.attempts[kind] += 1
         ok = {"choices": [{"message": {"role": "assistant", "content": f"re:{kind}"}, "finish_reason": "stop"}],
@@ -79,6 +84,13 @@ class Stub:
         if kind == "cut":
             msg.update(reasoning_content="cut off mid", content=None)
             ok["choices"][0]["finish_reason"] = "length"
+        ids = [7, 8, 2]  # "re:", the kind, the end-of-turn token
+        if self.owned_by == "vllm" and body.get("return_token_ids"):
+            ok["choices"][0]["token_ids"] = ids
+        if self.owned_by == "llamacpp" and body.get("logprobs"):  # llama-server's shape
+            ok["choices"][0]["logprobs"] = {"content": [
+                {"id": i, "token": "t", "bytes": [116], "logprob": -0.1,
+                 "top_logprobs": [{"id": i, "token": "t", "bytes": [116], "logprob": -0.1}]} for i in ids]}
         return web.json_response(ok)
 
     def stop(self):
@@ -121,6 +133,37 @@ def test_retries_then_errors_file_and_run_finishes(tmp_path, stub):
     assert stub.attempts["fail-always"] == 3 and stub.attempts["slow"] == 3  # 1 + max_retries
     assert stub.attempts["reject"] == 1  # a 400 is not retried
     assert summary["written"] == 2 and summary["failed"] == 5 and not summary["all_endpoints_dead"]
+
+
+@pytest.mark.parametrize("owned_by", ["vllm", "llamacpp"])
+def test_each_reply_keeps_the_servers_own_token_ids_vllm_and_llama_server(tmp_path, owned_by):
+    """vLLM returns return_token_ids' ids; llama-server ignores that key and lists each generated
+    token's id in logprobs, which regen asks of it alone (GET /v1/models: owned_by "llamacpp"),
+    also when the endpoint's model is given."""
+    s = Stub(owned_by=owned_by)
+    try:
+        for model in (None, "stub"):
+            out = tmp_path / f"{model}.jsonl"
+            summary = run_regen(Resolved(_recipe(tmp_path, ["ok", "think"])), out, endpoints=[s.url], model=model)
+            assert summary["written"] == 2
+            assert [r["conversations"][1]["token_ids"] for r in _lines(out)] == [[7, 8, 2]] * 2
+        asked = {bool(b.get("logprobs")) for b in s.bodies}
+        assert asked == {owned_by == "llamacpp"}
+        assert all(b["return_token_ids"] for b in s.bodies)
+    finally:
+        s.stop()
+
+
+def test_logprobs_without_ids_are_not_token_ids():
+    """OpenAI's own logprobs name tokens by text only: no ids are made up from them."""
+    from dspark_kit.engines.chat_client import parse_chat_response
+
+    text_only = {"content": [{"token": "hi", "logprob": -0.1, "bytes": [104, 105], "top_logprobs": []}]}
+    out = parse_chat_response({"choices": [{"message": {"content": "hi"}, "logprobs": text_only}]})
+    assert out["token_ids"] is None
+    with pytest.raises(Exception, match="token_ids is not a list of token ids"):
+        parse_chat_response({"choices": [{"message": {"content": "hi"},
+                                          "logprobs": {"content": [{"id": "x", "token": "hi"}]}}]})
 
 
 def test_resume_retries_only_failed_rows(tmp_path, stub):

@@ -80,6 +80,9 @@ class Endpoint:
     refused_in_a_row: int = 0
     down_since: float | None = None  # monotonic time of the first refusal in the current run of them
     dead_reason: str | None = None
+    # llama-server (GET /v1/models says owned_by "llamacpp") ignores vLLM's return_token_ids; its
+    # chat completions carry each generated token's id in `logprobs` instead, when asked for them
+    ids_in_logprobs: bool = False
 
     def others_live(self, run_eps: list[Endpoint]) -> bool:
         return any(e is not self and not e.dead_reason and e.down_since is None for e in run_eps)
@@ -198,8 +201,9 @@ class ChatClient:
         except ValueError as e:  # a line that is not JSON (or too long for one event)
             raise _malformed(e) from None
 
-    async def model_ids(self) -> list[str]:
-        """The ids GET /v1/models lists."""
+    async def models(self) -> list[dict[str, Any]]:
+        """The models GET /v1/models lists (each with a string id; OpenAI's `owned_by` names the
+        server: vLLM's "vllm", llama-server's "llamacpp")."""
         raw = await self._answer(self.session.get(self.base + "/models"))
         try:
             data = _json_object(raw).get("data")
@@ -208,7 +212,11 @@ class ChatClient:
                 raise MalformedResponse("data: expected a list of models with string ids")
         except ValueError as e:
             raise _malformed(e) from None
-        return [m["id"] for m in data]
+        return data
+
+    async def model_ids(self) -> list[str]:
+        """The ids GET /v1/models lists."""
+        return [m["id"] for m in await self.models()]
 
     async def get_text(self, path: str) -> str | None:
         """GET a server path (e.g. /metrics) under the root URL: its text, None on any failure."""
@@ -239,10 +247,22 @@ def _add_tool_calls(calls: dict[int, dict[str, Any]], value: Any, streamed: bool
         call["function"]["arguments"] += args or ""
 
 
+def _logprob_ids(logprobs: Any) -> list[Any] | None:
+    """The generated ids a llama-server chat completion lists in `logprobs.content` (asked with
+    `logprobs: true`): one entry per generated token, its `id` beside its text, the end-of-turn
+    token included when the reply ended on it, as vLLM's return_token_ids. None when the entries
+    carry no ids (OpenAI's own logprobs name tokens by text only)."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not content or not all(isinstance(t, dict) and "id" in t for t in content):
+        return None
+    return [t["id"] for t in content]
+
+
 def parse_chat_response(data: Any) -> dict[str, Any]:
     """text, reasoning (None when the server gave none), tool_calls (OpenAI's shape, arguments as
     the JSON text the model wrote; None when it made none), finish_reason, usage and the generated
-    token_ids (None unless the server returned them) of a chat completion: one response body, or the list of chunks of a streamed one (`delta`s).
+    token_ids (None unless the server returned them: vLLM's `token_ids`, else the ids in llama-server's
+    `logprobs`) of a chat completion: one response body, or the list of chunks of a streamed one (`delta`s).
     Raises MalformedResponse when the body is not one."""
     chunks = data if isinstance(data, list) else [data]
     text = reasoning = finish = token_ids = None
@@ -277,6 +297,8 @@ def parse_chat_response(data: Any) -> dict[str, Any]:
         reasoning = reasoning if r is None else (reasoning or "") + r
         finish = choice.get("finish_reason") or finish
         ids = choice.get("token_ids")  # vLLM with return_token_ids: the generated ids
+        if ids is None:
+            ids = _logprob_ids(choice.get("logprobs"))
         if ids is not None:
             if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
                 raise MalformedResponse("token_ids is not a list of token ids")
@@ -332,18 +354,23 @@ async def chat_with_retries(ep: Endpoint, client: ChatClient, body: dict[str, An
 
 
 async def discover_model(ep: Endpoint, client: ChatClient, opts: ClientOptions) -> None:
-    """The served model id; a server still starting (refusing connections) is waited for up to
-    unavailable_timeout, other failures get max_retries."""
+    """The served model id (unless the endpoint names one) and which server it is; a server still
+    starting (refusing connections) is waited for up to unavailable_timeout, other failures get
+    max_retries. An endpoint given its model is asked once, and kept on any failure: only the
+    token ids' place (`ids_in_logprobs`) depends on the answer."""
     t0, attempt = time.monotonic(), 0
     while True:
         try:
-            ids = await client.model_ids()
-            if ids:
-                ep.model = ids[0]
+            models = await client.models()
+            if models:
+                ep.model = ep.model or models[0]["id"]
+                ep.ids_in_logprobs = models[0].get("owned_by") == "llamacpp"
                 return
             refused, reason = False, f"GET {ep.url}/models failed: the server lists no model"
         except RequestFailed as e:
             refused, reason = e.refused, f"GET {ep.url}/models failed: {e.reason[:120]}"
+        if ep.model:
+            return
         attempt += 1
         if attempt > opts.max_retries and not (refused and time.monotonic() - t0 < opts.unavailable_timeout):
             break

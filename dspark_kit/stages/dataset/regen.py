@@ -9,7 +9,8 @@ it explicitly as the turn's `reasoning_content` (conversations.to_sharegpt).
 History sent back holds role and content only: the Qwen3 template drops the
 reasoning of turns before the last user turn anyway. Each reply also keeps the
 verifier's own token ids (`return_token_ids`, as speculators' regenerate-responses
-does): prepare trains exactly those tokens rather than a re-tokenization of the text.
+does; llama-server, which ignores that key, lists them in `logprobs`, asked of it alone): prepare
+trains exactly those tokens rather than a re-tokenization of the text.
 Tool-calling rows: the request carries the row's `tools`; the verifier's calls are kept and the
 dataset's results spliced in under them (`regenerate` says how, and when a row ends early); the
 row keeps its `tools` so prepare renders the schema the verifier saw.
@@ -131,6 +132,8 @@ async def regenerate(ep: Endpoint, client, idx: int, messages: list[dict], opts:
                 "temperature": temperature, "top_p": opts.top_p,
                 "chat_template_kwargs": {"enable_thinking": thinking},
                 "return_token_ids": True}  # the verifier's own tokens: prepare trains exactly these
+        if ep.ids_in_logprobs:  # llama-server lists them in logprobs; the top 1 costs a partial sort
+            body.update(logprobs=True, top_logprobs=1)
         if tools:
             body["tools"] = tools
         if opts.seed is not None:
@@ -287,7 +290,7 @@ async def regen_rows(rows, endpoints: list[str], outfile: Path, opts: RegenOptio
     clients = {ep.url: ChatClient(ep.url, concurrency=opts.concurrency, timeout=opts.timeout, api_key=opts.api_key)
                for ep in eps}
     try:
-        await asyncio.gather(*(discover_model(ep, clients[ep.url], opts) for ep in eps if not ep.model))
+        await asyncio.gather(*(discover_model(ep, clients[ep.url], opts) for ep in eps))
         workers = [asyncio.create_task(run.worker(ep, clients[ep.url]))
                    for ep in run.live() for _ in range(opts.concurrency)]
 
