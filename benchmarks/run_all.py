@@ -7,7 +7,8 @@ Each benchmark runs as its own process (a crash or timeout becomes a
 and reused by the train and acceptance benchmarks, so the tiny recipe is trained
 once. Budget: under 15 minutes on 2 cores before bench_peers.py measured regen on 500
 conversations (issue 28); its 3 pairs of 500-conversation runs add several minutes on quiet
-cores (27 min for bench_peers.py alone on a heavily shared machine).
+cores (27 min for bench_peers.py alone on a heavily shared machine); bench_regen_engines.py adds
+about 7 (320 rows on each engine: 6:44 on 2 quiet cores).
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ def main() -> None:
         # llama.cpp serving a SmolLM2 draft trained here (regen on llama-server): the served speedup
         rows += run_script(["bench_llamacpp.py", "--rows", "48" if q else "96", "--rounds", "1" if q else "2"],
                            tmp / "llamacpp.json", "llama.cpp", 3600)
+        # regen of the same SmolLM2 rows on vLLM's CPU build and on llama-server: rate and agreement
+        rows += run_script(["bench_regen_engines.py", "--rows", "96" if q else "320"], tmp / "regen_engines.json",
+                           "regen engines", 1200)
         # a real LLM end to end (SmolLM2-135M-Instruct's recipe, every stage) and its acceptance
         rows += run_script(["bench_real_llm.py", "--prompts", "8" if q else "16"], tmp / "real_llm.json", "real llm",
                            3600)
