@@ -104,6 +104,13 @@ def test_a_plan_names_the_cache_folder_and_reads_the_config_from_metadata(tmp_pa
     assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (30, 576, 49152)
     assert res.num_hidden_layers == 30 and not folder.exists()
+    # preflight before any stage ran: the mask token waits for the conversion, and says so
+    from dspark_kit.stages.preflight.context import _Context
+    from dspark_kit.stages.preflight.draft_checks import check_mask
+
+    (warning,) = check_mask(_Context(res))
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf is converted into it by the first stage" in warning.message
+    assert not folder.exists()
 
 
 def test_an_unknown_builtin_lists_the_gguf_one():

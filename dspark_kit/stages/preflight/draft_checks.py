@@ -81,10 +81,19 @@ def check_layers(ctx: _Context) -> list[Finding]:
     return out
 
 
+def _not_here_why(ctx: _Context) -> str:
+    """Why a verifier folder is missing, in the words of what makes it."""
+    if gguf := ctx.res.verifier_gguf:
+        return f"{Path(gguf).name} is converted into it by the first stage that reads the verifier"
+    if ctx.recipe.verifier.path.startswith("builtin:"):
+        return f"{ctx.recipe.verifier.path} is built there by the first stage that needs it"
+    return "a hub id"
+
+
 def check_mask(ctx: _Context) -> list[Finding]:
     if not Path(ctx.verifier_path).is_dir():
-        return [pitfall(7, "warning", f"verifier {ctx.verifier_path} is not a local directory here (a hub id, "
-                                      "or the tiny verifier not built yet); mask token not checked")]  # fmt: skip
+        return [pitfall(7, "warning", f"verifier {ctx.verifier_path} is not a local directory here "
+                                      f"({_not_here_why(ctx)}); mask token not checked")]  # fmt: skip
     if not has_tokenizer_files(Path(ctx.verifier_path)):
         return []  # check_verifier says the tokenizer is missing
     from dspark_kit.specdec.verifier_facts import plan_tokenizer
