@@ -386,6 +386,33 @@ def test_cli_writes_into_the_run_folder_and_refuses_to_truncate(tmp_path, stub):
     assert again.exit_code != 0 and "--overwrite" in again.output and len(_lines(wd / "regen.jsonl")) == 2
 
 
+@pytest.mark.slow
+def test_a_stopped_run_names_the_command_that_resumes_its_own_stages(tmp_path, stub):
+    """SIGTERM (scancel, kill) during `run --stages regen`: the command it prints resumes regen alone,
+    not the whole pipeline (it once dropped --stages: pasted, it ran every stage after regen too)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from dspark_kit.recipe import dump_recipe
+
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(dump_recipe(_recipe(tmp_path, ["slow"], endpoints=[stub.url], request_timeout=600.0)))
+    cmd = [sys.executable, "-m", "dspark_kit", "run", str(recipe_file), "--stages", "regen", "-w", str(tmp_path / "w"),
+           "--set", "regen.concurrency=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while not stub.attempts["slow"] and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert stub.attempts["slow"], "regen never sent its request"
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    line = next(ln for ln in err.splitlines() if "resumes" in ln)
+    assert f"--set regen.concurrency=1 --stages regen -w {tmp_path / 'w'}` resumes" in line, line
+
+
 def test_server_still_starting_is_waited_for(tmp_path):
     """No --model: GET /models is retried while the server refuses connections (within the window)."""
     port, box = free_port(), {}

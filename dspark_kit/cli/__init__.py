@@ -66,4 +66,10 @@ vocabulary.install(app)
 
 
 def main() -> None:
+    # SIGTERM / SIGHUP (scancel, kill, `timeout`) stop any command as Ctrl-C does: its finally blocks
+    # run and a pipeline names the command that resumes. Installed here, not only when the kit
+    # starts a process: regen against running servers starts none, and died silently
+    from dspark_kit.processes import install_signal_handlers
+
+    install_signal_handlers()
     app()

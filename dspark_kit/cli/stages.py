@@ -127,8 +127,10 @@ def run(
     if dry_run:
         _pipeline_dry_run(res, wd, chosen, start, json_out)
         return
+    # the command that resumes: the same recipe, values and stages (--from and --force are not
+    # repeated: they would run again what this run finished)
     again = ["--replay", str(replay)] if replay is not None else [str(recipe_path), *(
-        w for s in (set_ or []) for w in ("--set", s))]
+        w for s in (set_ or []) for w in ("--set", s)), *(["--stages", stages] if stages else [])]
     rows = _pipeline(res, chosen, start, force, verbose, [*again, "-w", str(wd)])
     if json_out:
         common.emit_json({"workdir": str(wd), "stages": rows})
