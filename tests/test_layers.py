@@ -263,6 +263,7 @@ CLI_TOOLS = {
     "specdec.verifier": "drafts import: the verifier's config",
     "specdec.checkpoints": "contract: the checkpoints to judge",
     "engines.vllm_contract": "contract",
+    "processes.install_signal_handlers": "main: SIGTERM/SIGHUP stop every command as Ctrl-C does",
     "engines": "serve --api-key's environment variable",
     "compat.patches": "doctor",
     "data.categories": "the --categories parser",
