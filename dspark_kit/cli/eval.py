@@ -79,8 +79,9 @@ def eval_cmd(
     sampling at --temperature / eval.temperature, each prompt seeded by its index).
 
     Prompts, by default, are ones the draft never trained on: the tiny corpus's held-out set
-    for builtin:tiny-chat, else the conversations of speculators' validation split of
-    DIR/prepared (train.train_data_ratio); eval.json records their source and ids.
+    for builtin:tiny-chat, the kit's held-out instructions for builtin:instructions, else the
+    conversations of speculators' validation split of DIR/prepared (train.train_data_ratio);
+    a prompt a training row also asks is dropped; eval.json records their source and ids.
 
     Reports what a vLLM server's /metrics would: acceptance length
     (1 + accepted / drafts), per-position acceptance, tokens per verifier

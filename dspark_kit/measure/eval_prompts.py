@@ -4,6 +4,7 @@ Measured on the prompts a draft trained on, acceptance comes out high (one demo 
 AL 3.475 there, 3.356 on held-out prompts), so eval and tune default to held-out prompts:
 
 - data.source builtin:tiny-chat: the tiny corpus's held-out set (its own seed, never trained on);
+- data.source builtin:instructions: the kit's held-out instructions (their own seed);
 - any other data: the conversations behind speculators' validation split of DIR/prepared.
   speculators validates on the last rows, prepared[int(n * train.train_data_ratio):] (its
   ArrowDataset derives both splits from that one expression); a prepared row starts a reply

@@ -31,7 +31,7 @@ from dspark_kit.stages.prompts import prompt_source
 from dspark_kit.stages.server_plan import spec_server_lines
 
 SCHEMA = "dspark-kit.bench/1"
-BUILTIN_DATASET = "builtin"  # eval's held-out prompts of the tiny corpus (measure.eval_prompts.tiny_held_out)
+BUILTIN_DATASET = "builtin"  # eval's held-out prompts of the builtin data (measure.eval_prompts.tiny_held_out)
 
 
 class BenchError(RuntimeError):
