@@ -199,6 +199,40 @@ def test_repeated_prompts_are_dropped_by_reason_and_resume_keeps_each_rows_index
     assert kept["written"] == 2 and sorted(r["metadata"]["idx"] for r in _lines(out)) == [0, 1, 2, 3, 4]
 
 
+def test_assistant_turns_regen_folds_or_drops_are_counted_as_changed_rows(tmp_path, stub, capsys):
+    """Regen asks one reply per run of assistant turns after a prompt: two in a row become one
+    reply, an opening one is not regenerated. Each such row is counted by reason, in the summary
+    and the CLI's lines, over every row read (a resume counts them again, as the source's changes)."""
+    from dspark_kit.stages.dataset.regen import MERGED_REPLIES, OPENING_REPLY
+
+    def chat(*turns):
+        return {"messages": [{"role": r, "content": c} for r, c in turns]}
+
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in [
+        chat(("user", "a"), ("assistant", "x"), ("assistant", "y"), ("user", "b"), ("assistant", "z")),
+        chat(("assistant", "hello"), ("user", "c"), ("assistant", "w")),
+        chat(("system", "s"), ("user", "d"), ("assistant", "v"), ("user", "e"), ("assistant", "u")),
+    ]))
+    recipe = Recipe.model_validate({"data": {"source": str(src)}, "regen": {"request_timeout": 5.0}})
+    out = tmp_path / "out.jsonl"
+    summary = run_regen(Resolved(recipe), out, endpoints=[stub.url], backoff_base=0.01)
+    rows = {r["metadata"]["idx"]: [t["value"] for t in r["conversations"]] for r in _lines(out)}
+    assert rows == {0: ["a", "re:a", "b", "re:b"], 1: ["c", "re:c"], 2: ["s", "d", "re:d", "e", "re:e"]}
+    assert summary["changed_rows"] == {MERGED_REPLIES: 1, OPENING_REPLY: 1}
+
+    from typer.testing import CliRunner
+
+    from dspark_kit.cli import app
+    from dspark_kit.recipe import dump_recipe
+
+    (tmp_path / "r.yaml").write_text(dump_recipe(recipe))
+    res = CliRunner().invoke(app, ["regen", "-r", str(tmp_path / "r.yaml"), "-e", stub.url, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())  # the console wraps long lines
+    assert f"changed 1: {MERGED_REPLIES}" in said and f"changed 1: {OPENING_REPLY}" in said
+
+
 def test_a_resumed_regen_bar_counts_only_the_rows_left(tmp_path, stub):
     """The progress bar's total is what this run has to do, so its ETA is not the whole set's: rows
     a resumed output holds (and only those within the limit) are taken off."""

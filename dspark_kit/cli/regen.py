@@ -108,6 +108,8 @@ def _show(summary: dict) -> None:
         say(f"  {summary['not_attempted']} rows not attempted (no live endpoint): --resume does them")
     if summary["skipped_rows"]:
         say(f"  source rows not sent: {summary['skipped_rows']}")
+    for reason, n in summary["changed_rows"].items():
+        say(f"  changed {n}: {reason}")
     for line in (tools_line(summary), mode_line(summary), truncated_line(summary)):
         if line:
             say(f"  {line}")

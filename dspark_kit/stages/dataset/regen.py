@@ -105,6 +105,28 @@ TOOL_RESULT_MISSING = "the verifier called a tool the dataset has no result for 
 TOOL_RESULT_OTHER = "the verifier called another tool than the dataset's result answers (row cut after the call)"
 
 
+MERGED_REPLIES = ("two assistant turns in a row (no user or tool turn between): the verifier wrote one reply "
+                  "where the source had them")
+OPENING_REPLY = "an assistant turn before any prompt: not regenerated (nothing to reply to)"
+
+
+def reshaped(messages: list[dict[str, Any]]) -> list[str]:
+    """Why regenerate() will not give each of the row's assistant turns a reply of its own (its loop
+    asks one reply per run of assistant turns after a prompt), each reason once: counted as changed
+    rows, so a source whose turns regen folds or drops is said, not silently reshaped."""
+    reasons, prev, asked = set(), None, False
+    for m in messages:
+        if m["role"] == "assistant":
+            if not asked:
+                reasons.add(OPENING_REPLY)
+            elif prev == "assistant":
+                reasons.add(MERGED_REPLIES)
+        elif m["role"] != "tool":  # a system or user turn: what history holds, so a reply is asked after it
+            asked = True
+        prev = m["role"]
+    return sorted(reasons)
+
+
 def _sent(m: dict[str, Any]) -> dict[str, Any]:
     """A history message as the server gets it: role, content and the tool fields."""
     return {k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id", "name") if k in m}
@@ -408,7 +430,13 @@ def run_regen(res: Resolved, outfile: str | Path, endpoints: list[str] | None = 
                                                                            "reason": reason, "source_row": True}),
                         drop_repeated_prompts=cfg.repeated_prompts == "drop")
     first = next(source, None)  # a missing file / unknown preset fails here: before any output is touched
-    rows = itertools.chain([first] if first else [], source)
+
+    def counted(read):  # every row read, as the source's own changes are: done, sent or not attempted
+        for item in read:
+            changed.update(reshaped(item[1]))
+            yield item
+
+    rows = counted(itertools.chain([first] if first else [], source))
     if not resume and not overwrite and outfile.exists() and outfile.stat().st_size:
         raise OutputExists(f"{outfile} already holds rows: resume (the default) continues it, "
                            "--overwrite starts it over")
