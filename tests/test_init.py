@@ -162,8 +162,8 @@ def test_init_cpu_profile_of_a_real_model_is_the_smollm2_recipe(tmp_path, tokeni
     assert init("--verifier", str(verifier), "--target-device", "cpu", "-o", str(out)).exit_code == 0
     got, real = load_recipe(out), load_recipe(REPO / "recipes" / "smollm2-135m-cpu.yaml")
     for section, keys in {"draft": ("block_size", "num_layers", "markov_rank", "attention", "draft_vocab_size"),
-                          "data": ("source", "limit"),
-                          "regen": ("concurrency", "max_tokens", "temperature", "engine"),
+                          "data": ("source", "limit", "keep_truncated"),
+                          "regen": ("concurrency", "max_tokens", "temperature", "engine", "repeated_prompts"),
                           "train": ("epochs", "lr", "optimizer", "loss", "max_anchors", "train_data_ratio"),
                           "hidden_states": ("mode", "backend"), "bench": ("num_prompts", "concurrency", "max_tokens"),
                           "eval": ("num_prompts", "max_new_tokens", "categories"),

@@ -49,8 +49,8 @@ CPU_PROFILE = {
 # verifier layers, a reduced draft vocabulary (its head is most of a small draft's cost on CPU).
 REAL_CPU_PROFILE = {
     "draft": {"block_size": 4, "num_layers": 1, "target_layers": 3, "markov_rank": 64, "draft_vocab_size": 8192},
-    "data": {"source": "builtin:instructions", "limit": 320, "num_workers": 1},
-    "regen": {"concurrency": 16, "engine": "fastest"},
+    "data": {"source": "builtin:instructions", "limit": 320, "num_workers": 1, "keep_truncated": True},
+    "regen": {"concurrency": 16, "engine": "fastest", "repeated_prompts": "drop"},
     "train": {"epochs": 2, "lr": 0.002, "max_anchors": 32, "num_workers": 0, "train_data_ratio": 0.9},
     "serve": {"port": FREE_PORT, "hidden_states_port": FREE_PORT},
     # sized for a CPU check: a float32 step of a 135M model reads its 540 MB of weights (~0.1 s on 2
@@ -284,6 +284,10 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
     real = "prompts' p99 + regen.max_tokens" if profile is REAL_CPU_PROFILE else "profile (no --data)"
     w.key("seq_length", d.seq, d.seq_from, show=shown if opts.data else real)
     w.key("num_workers", profile["data"]["num_workers"])
+    if "keep_truncated" in profile["data"]:
+        w.key("keep_truncated", profile["data"]["keep_truncated"],
+              "a reply regen.max_tokens cut trains up to where the verifier stopped: the long answers are the "
+              "ones cut, and a draft trained without them drafts long answers worst (measured on SmolLM2)")
     w.section("regen", "on-policy replies from the verifier itself (docs/PITFALLS.md, pitfall 3)")
     w.key("endpoints", [], "empty: the run starts a chat server; list several servers to shard")
     if "engine" in profile["regen"]:
@@ -297,6 +301,10 @@ def _verifier_data_regen(w: CommentedYaml, d: _Decided) -> None:
            else "profile" if "max_tokens" in profile["regen"] else "= data.seq_length")
     w.key("max_tokens", max_tokens, capped or why)
     w.key("temperature", 0.0, "greedy: the draft learns what greedy serving accepts")
+    if "repeated_prompts" in profile["regen"]:
+        w.key("repeated_prompts", profile["regen"]["repeated_prompts"],
+              "a prompt asked twice is sent once: greedy regen would write the same reply again, a duplicate "
+              "row that makes validation read high")
     w.key("seed", 42)
 
 
