@@ -69,11 +69,14 @@ def test_planned_from_a_recipe_k_and_adaptive():
     assert plan.notes == []  # the window was switched off: no note
 
 
-def test_a_non_qwen3_draft_is_refused_at_plan_time():
+def test_either_draft_arch_is_planned_before_training():
+    """speculators' DSpark layers are Qwen3's for draft.arch qwen3 and llama alike, and llama.cpp's
+    converter writes the same GGUF for both (tests/test_llamacpp_real.py): neither is refused."""
     from dspark_kit.stages.server_plan import server_plan
 
-    with pytest.raises(LlamaCppPlanError, match="draft.arch is 'llama'"):
-        server_plan(resolved(load_recipe(TINY, ["draft.arch=llama"]), engine="llama.cpp"), "spec", port=9000)
+    for arch in ("qwen3", "llama"):
+        plan = server_plan(resolved(load_recipe(TINY, [f"draft.arch={arch}"]), engine="llama.cpp"), "spec", port=9000)
+        assert plan.argv[0].endswith("llama-server"), arch
 
 
 def test_chat_role_needs_a_gguf_verifier():
@@ -91,10 +94,12 @@ SPEC_CFG = {"speculators_model_type": "dspark", "block_size": 4, "mask_token_id"
 
 def test_a_servable_draft_passes():
     assert servable_problem(SPEC_CFG, "export X") is None
+    llama = {**SPEC_CFG, "transformer_layer_config": {"model_type": "llama", "vocab_size": 49152}}
+    assert servable_problem(llama, "export X") is None  # draft.arch llama: the same Qwen3 layers
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"transformer_layer_config": {"model_type": "llama", "vocab_size": 49152}}, "transformer_layer_config.model_type"),
+    ({"transformer_layer_config": {"model_type": "gemma3", "vocab_size": 49152}}, "transformer_layer_config.model_type"),
     ({"markov_head_type": "gated"}, "markov_head_type"),
     ({"block_size": None}, "block_size"),
     ({"draft_vocab_size": 60000}, "draft_vocab_size"),

@@ -174,3 +174,27 @@ def test_served_acceptance_matches_in_process_and_planted_faults_fail_the_gate(t
     zeroed = served_al(variant(ckpt, tmp_path / "zero" / "ckpt", zero_markov=True), verifier_dir, f16_target, k,
                        tmp_path / "zero", prompts)
     assert zeroed != good and zeroed < good, (zeroed, good, ref)
+
+
+def test_a_llama_draft_arch_converts_to_the_same_draft_gguf(trained, tmp_path):
+    """speculators' DSpark layers are Qwen3's for either draft.arch (the arch picks only the config
+    class carrying the verifier's sizes: the same seed trains the same weights): the checkpoint with
+    the layer config speculators writes for draft.arch llama converts, through llama.cpp's own
+    converter, to the same draft GGUF byte for byte, so the export refuses neither."""
+    from speculators.train.cli import create_transformer_layer_config
+
+    from dspark_kit.specdec.gguf_export import export_gguf
+
+    _wd, ckpt, verifier_dir, own = trained
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["transformer_layer_config"]["model_type"] == "qwen3"
+    n = cfg["transformer_layer_config"]["num_hidden_layers"]
+    # what speculators' DSpark config serializes (field_serializer: to_diff_dict)
+    layer = create_transformer_layer_config(str(verifier_dir), n, "llama", None, 2048, list(range(n))).to_diff_dict()
+    assert layer["model_type"] == "llama" and layer != cfg["transformer_layer_config"]
+    relabelled = tmp_path / "llama"
+    relabelled.mkdir()
+    (relabelled / "config.json").write_text(json.dumps({**cfg, "transformer_layer_config": layer}))
+    (relabelled / "model.safetensors").symlink_to(ckpt / "model.safetensors")
+    drafts = [Path(export_gguf(c, tmp_path / f"gguf-{c.name}", verifier_dir, own)["draft"]) for c in (ckpt, relabelled)]
+    assert drafts[0].read_bytes() == drafts[1].read_bytes()

@@ -115,7 +115,8 @@ def export_cmd(
 
     --layout gguf runs llama.cpp's own converter (`make llama-cpp` unpacks it) with
     --target-model-dir, writes sample_from_anchor explicitly, refuses in one line a draft llama.cpp
-    cannot serve (non-Qwen3 backbone, a Markov head other than vanilla), and reads the GGUF back to
+    cannot serve (a layer config other than speculators' qwen3 or llama, a Markov head other than
+    vanilla), and reads the GGUF back to
     check block size, mask token, target layers, sample_from_anchor, Markov rank and confidence
     head (docs/LLAMACPP.md). Examples:
 

@@ -212,7 +212,10 @@ class HiddenStatesCfg(_Section):
 
 
 class DraftCfg(_Section):
-    arch: Literal["qwen3", "llama"] = "qwen3"
+    arch: Literal["qwen3", "llama"] = Field("qwen3", description=(
+        "speculators' config class for the draft layers, which carries the verifier's sizes; the layers are "
+        "Qwen3's either way (q/k norms), so both train the same weights and serve on vLLM and llama.cpp alike "
+        "(init writes llama for a Llama verifier)"))
     block_size: int = Field(8, ge=2)
     num_layers: int = Field(5, ge=1)
     mask_token_id: int | None = Field(None, ge=0, description="None = resolve from the tokenizer")

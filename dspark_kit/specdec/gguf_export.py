@@ -12,8 +12,8 @@ What the export adds:
 - `sample_from_anchor` written explicitly (the kit's anchor rule, specdec/anchor.py): the converter
   reads a missing key as *false* for the speculators layout, the opposite of how the kit trains.
 - A draft the converter would refuse, or convert into something llama.cpp cannot serve, is refused
-  first in one line naming the key (a non-Qwen3 backbone, `markov_head_type` not vanilla, a reduced
-  vocabulary without its `d2t`).
+  first in one line naming the key (a layer config other than speculators' qwen3 or llama,
+  `markov_head_type` not vanilla, a reduced vocabulary without its `d2t`).
 - DEST/verifier.gguf beside DEST/draft.gguf: the verifier's GGUF file itself when it is one (a
   symlink), else converted from its HF folder by the same converter.
 - A round trip: the written draft GGUF read back with gguf-py's reader, every value the converter
@@ -47,15 +47,22 @@ class GgufExportError(ValueError):
     """One line naming the key (or file) and the fix."""
 
 
+# speculators 0.9.0's DSpark draft layers are Qwen3's (Qwen3DFlashDecoderLayer, q/k norms included) for
+# either draft.arch: the arch picks only the config class that carries the verifier's sizes. llama.cpp's
+# converter builds Qwen3 layers too and writes the same draft GGUF, byte for byte, for both
+# (tests/test_llamacpp_real.py); a layer config of another family is not a layout it knows.
+SPECULATORS_LAYER_CONFIGS = ("qwen3", "llama")
+
+
 def servable_problem(cfg: dict, where: str) -> str | None:
     """Why llama.cpp (b11434) cannot convert or serve this speculators-layout draft, in one line; None: it can."""
     if layout_of(cfg) != "speculators":
         return (f"{where}: speculators_model_type is {cfg.get('speculators_model_type')!r}, expected 'dspark' "
                 "(a checkpoint the kit trained or imported)")
     layer = cfg.get("transformer_layer_config") or {}
-    if layer.get("model_type") != "qwen3":
-        return (f"{where}: transformer_layer_config.model_type is {layer.get('model_type')!r}; llama.cpp serves "
-                "DSpark drafts with a Qwen3 backbone only (train the draft with draft.arch qwen3)")
+    if layer.get("model_type") not in SPECULATORS_LAYER_CONFIGS:
+        return (f"{where}: transformer_layer_config.model_type is {layer.get('model_type')!r}; llama.cpp's DSpark "
+                "converter builds Qwen3 layers, as speculators' DSpark drafts are (draft.arch qwen3 or llama)")
     if (mht := cfg.get("markov_head_type", "vanilla")) != "vanilla":
         return (f"{where}: markov_head_type is {mht!r}; llama.cpp's converter takes only 'vanilla' "
                 "(retrain with the vanilla Markov head)")

@@ -205,10 +205,8 @@ def llamacpp_serve(res: Resolved, role: str, port: int, host: str | None = None)
         cfg = res.checkpoint_config
     except ValueError:  # nothing trained yet: what the recipe will train
         cfg = None
-    why = (servable_problem(cfg, f"--engine llama.cpp: checkpoint {res.checkpoint}") if cfg else
-           None if res.recipe.draft.arch == "qwen3" else
-           f"--engine llama.cpp: draft.arch is {res.recipe.draft.arch!r}; llama.cpp serves DSpark drafts with a "
-           "Qwen3 backbone only (set draft.arch: qwen3 and train)")
+    # nothing trained yet: either draft.arch the recipe allows converts (gguf_export.SPECULATORS_LAYER_CONFIGS)
+    why = servable_problem(cfg, f"--engine llama.cpp: checkpoint {res.checkpoint}") if cfg else None
     if why:
         raise LlamaCppPlanError(why)
     out = gguf_export_dir(res.run.serve, res.checkpoint)
