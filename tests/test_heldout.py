@@ -95,3 +95,16 @@ def test_other_data_without_a_validation_split_is_one_line(tmp_path, tok):
     with pytest.raises(EvalError, match=r"no prepared data .* pass --prompts FILE") as e:
         load_eval_prompts(prompt_source(Resolved(recipe)), tok)
     assert "\n" not in str(e.value)
+
+
+def test_bench_builtin_prompts_are_evals_validation_prompts_on_other_data(prepared_run, tok):
+    """On data with no held-out set of its own, bench's `builtin` prompts are eval's default ones
+    (speculators' validation split, in eval's order), so the served gate compares acceptance on the
+    prompts eval measured; before, bench sent the tiny corpus's held-out set whatever the data."""
+    from dspark_kit.stages.serving.bench import prompt_set
+
+    res = prepared_run
+    evals = load_eval_prompts(prompt_source(res), tok, limit=16)  # what evaluate_checkpoint asks for
+    sent, source = prompt_set("builtin", 4, res)
+    assert sent == [until_last_user(c) for c in evals.chats[:4]] and "validation split" in source
+    assert prompt_set("builtin", 8, res)[0][:4] == sent  # more prompts extend the same list

@@ -24,8 +24,8 @@ def bench(
     concurrency: Annotated[int | None, option("concurrency", min=1, help="Requests in flight (default: bench.concurrency).")] = None,
     max_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Per request (default: bench.max_tokens).")] = None,
     dataset: Annotated[str, option(
-        "prompts", help="'builtin' (eval's held-out prompts of the builtin data: the kit's instructions on builtin:instructions, "
-        "else the tiny corpus's, in eval's order) "
+        "prompts", help="'builtin' (eval's default prompts, in eval's order: the builtin data's held-out set, else "
+        "speculators' validation split of DIR/prepared) "
         "or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
     categories: Annotated[str | None, option(
         "categories", help="Also benchmark these prompt sets one after another, acceptance per category from "

@@ -21,7 +21,7 @@ from dspark_kit.data.conversations import ConversationError, normalize
 from dspark_kit.engines import ServerPlan
 from dspark_kit.engines.prom import MetricsError
 from dspark_kit.jsonl import BadLine, read_jsonl
-from dspark_kit.measure.eval_prompts import served_concurrency
+from dspark_kit.measure.eval_prompts import EvalError, served_concurrency
 from dspark_kit.measure.served_load import LoadError, run_load, summarize
 from dspark_kit.progress import STANDALONE, Reporter
 from dspark_kit.resolved import Resolved
@@ -31,7 +31,7 @@ from dspark_kit.stages.prompts import prompt_source
 from dspark_kit.stages.server_plan import spec_server_lines
 
 SCHEMA = "dspark-kit.bench/1"
-BUILTIN_DATASET = "builtin"  # eval's held-out prompts of the builtin data (measure.eval_prompts.tiny_held_out)
+BUILTIN_DATASET = "builtin"  # eval's default prompts (prompt_set)
 
 
 class BenchError(RuntimeError):
@@ -75,13 +75,37 @@ def _first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]]:
 
 
 def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -> list[list[dict[str, str]]]:
-    """`builtin`: the first `num_prompts` of the tiny corpus's held-out prompts, the ones `eval`
-    measures by default on the tiny data (same order, each up to its user turn as eval sends it);
-    else a jsonl of chat rows (regen output, OpenAI messages), shuffled by `seed`."""
-    if dataset == BUILTIN_DATASET:
-        from dspark_kit.measure.eval_prompts import tiny_held_out, until_last_user
+    """The prompts bench sends (prompt_set's, without where they came from)."""
+    return prompt_set(dataset, num_prompts, res, seed)[0]
 
-        return [until_last_user(c) for c in tiny_held_out(prompt_source(res), num_prompts).chats]
+
+def prompt_set(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -> tuple[list[list[dict[str, str]]], str]:
+    """(prompts, where they came from). `builtin`: the first `num_prompts` of eval's default prompts,
+    in eval's order, each up to its user turn as eval sends it, so the served gate compares acceptance
+    on the prompts eval measured it on: the builtin data's held-out set, else the conversations of
+    speculators' validation split of DIR/prepared (the tiny corpus's held-out set when there is no
+    DIR/prepared yet to read them from, said in the result). Else a jsonl of chat rows (regen
+    output, OpenAI messages), shuffled by `seed`."""
+    if dataset == BUILTIN_DATASET:
+        from dspark_kit.measure.eval_prompts import (
+            HELD_OUT_SETS,
+            load_eval_prompts,
+            tiny_held_out,
+            until_last_user,
+        )
+
+        src = prompt_source(res)
+        if res.recipe.data.source in HELD_OUT_SETS or not res.run.prepared.is_dir():
+            found = tiny_held_out(src, num_prompts)
+            source = found.source + ("" if res.recipe.data.source in HELD_OUT_SETS else
+                                     f" (no {res.run.prepared} to take eval's validation prompts from)")
+        else:
+            try:
+                found = load_eval_prompts(src, src.load_tokenizer(), limit=num_prompts)
+            except EvalError as e:
+                raise BenchError(str(e)) from None
+            source = found.source
+        return [until_last_user(c) for c in found.chats[:num_prompts]], source
     path = Path(dataset)
     if not path.is_file():
         raise BenchError(f"--prompts {dataset}: file not found (pass a regen .jsonl or 'builtin')")
@@ -95,7 +119,7 @@ def load_prompts(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -
     if not prompts:
         raise BenchError(f"--prompts {dataset}: no usable chat rows (need conversations/messages/prompt)")
     random.Random(seed).shuffle(prompts)
-    return prompts[:num_prompts]
+    return prompts[:num_prompts], f"{dataset}, shuffled (seed {seed})"
 
 
 def bench_endpoint(res: Resolved, base_url: str | None = None, label: str | None = None,
@@ -113,7 +137,7 @@ def bench_endpoint(res: Resolved, base_url: str | None = None, label: str | None
     b = recipe.bench
     load = bench_load(res, base_url, label, num_prompts, concurrency, max_tokens)
     base_url, label, n, conc, max_tok = load.base_url, load.label, load.num_prompts, load.concurrency, load.max_tokens
-    prompts = load_prompts(dataset, n, res)
+    prompts, prompts_from = prompt_set(dataset, n, res)
     sets = _category_sets(res, b.categories if categories is None else categories, n,
                           "--categories" if categories is not None else "bench.categories")
 
@@ -129,7 +153,7 @@ def bench_endpoint(res: Resolved, base_url: str | None = None, label: str | None
     result: dict[str, Any] = {
         "schema": SCHEMA, "source": "dspark-kit", "label": label, "base_url": base_url,
         "model": load["model"], "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "dataset": dataset, "num_prompts": len(prompts), "concurrency": conc,
+        "dataset": dataset, "prompts_from": prompts_from, "num_prompts": len(prompts), "concurrency": conc,
         "max_tokens": max_tok, "temperature": recipe.measured_temperature, "thinking": recipe.measured_thinking,
         "metrics_available": load["metrics_available"], "spec_decode": load["spec_decode"],
         # the server's own view from /metrics (vLLM: tokens, TTFT, TPOT histograms); None without
