@@ -163,3 +163,19 @@ def test_each_family_has_its_recipe(name):
     recipe = yaml.safe_load(path.read_text())
     assert recipe["verifier"]["path"] == F.FAMILIES[name].builtin
     assert recipe["draft"]["arch"] == F.FAMILIES[name].draft_arch
+
+
+@pytest.mark.slow  # reads the shipped tiny Llama-3 verifier
+def test_preflight_names_the_mask_token_to_set_when_none_is_and_no_row_is_spare(tmp_path, tiny_verifier):
+    """A full vocabulary with draft.mask_token_id unset: preflight's error names the id init's rule
+    picks and why (Llama-3's first reserved token), not just "a reserved special id"."""
+    from dspark_kit.recipe import load_recipe
+    from dspark_kit.resolved import Resolved
+    from dspark_kit.stages.preflight.checks import run_preflight
+
+    recipe = load_recipe(ROOT / "recipes" / "tiny-llama3-cpu.yaml",
+                         ["draft.mask_token_id=null", f"workdir={tmp_path / 'run'}"])
+    [found] = [f for f in run_preflight(Resolved(recipe), probes=False) if f.code == "pitfall-7"]
+    want = load_recipe(ROOT / "recipes" / "tiny-llama3-cpu.yaml").draft.mask_token_id  # what init wrote there
+    assert found.level == "error" and f"set draft.mask_token_id: {want}, " in found.message, found.message
+    assert "<|reserved_special_token_0|>" in found.message and "\n" not in found.message

@@ -114,7 +114,7 @@ def check_mask(ctx: _Context) -> list[Finding]:
                                       "(an unused embedding row); set draft.mask_token_id to pin it")]  # fmt: skip
     if mask_id is None:
         return [pitfall(7, "error", "the tokenizer has no mask token, no unused vocabulary row, and "
-                                    "draft.mask_token_id is unset; set it to a reserved special id")]  # fmt: skip
+                                    f"draft.mask_token_id is unset; {_mask_suggestion(tok, vocab)}")]  # fmt: skip
     if not 0 <= mask_id < vocab:
         return [pitfall(7, "error", f"draft.mask_token_id {mask_id} outside the verifier vocabulary [0, {vocab})")]
     if mask_id < len(tok):
@@ -128,6 +128,21 @@ def check_mask(ctx: _Context) -> list[Finding]:
         return [pitfall(7, "error", f"checkpoint mask_token_id {stored} != resolved mask token id {mask_id}")]
     emitted = mask_emitted.refusal(ctx.run.regen_jsonl, mask_id, tok)  # a token the verifier generates
     return [pitfall(7, "error", emitted)] if emitted else []
+
+
+def _mask_suggestion(tok, vocab: int) -> str:
+    """What to set draft.mask_token_id to: init's rule (a reserved special token, else an added token the
+    chat template never writes), named with its token and why; or, with none, what to look for."""
+    from dspark_kit.specdec import verifier_facts as vf
+
+    template = getattr(tok, "chat_template", None)
+    template = template if isinstance(template, str) else None
+    try:
+        mask, why = vf.mask_token_choice(vocab, len(tok), None, vf.reserved_specials(tok, template),
+                                         vf.unused_specials(tok, template))
+    except vf.VerifierFactsError:
+        return "set it to a reserved special id the verifier never emits"
+    return f"set draft.mask_token_id: {mask}, {why} (what `dspark-kit init` picks)"
 
 
 def check_checkpoint(ctx: _Context) -> list[Finding]:
