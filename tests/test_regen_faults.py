@@ -203,7 +203,7 @@ def test_assistant_turns_regen_folds_or_drops_are_counted_as_changed_rows(tmp_pa
     """Regen asks one reply per run of assistant turns after a prompt: two in a row become one
     reply, an opening one is not regenerated. Each such row is counted by reason, in the summary
     and the CLI's lines, over every row read (a resume counts them again, as the source's changes)."""
-    from dspark_kit.stages.dataset.regen import MERGED_REPLIES, OPENING_REPLY
+    from dspark_kit.stages.dataset.regen_turns import MERGED_REPLIES, OPENING_REPLY
 
     def chat(*turns):
         return {"messages": [{"role": r, "content": c} for r, c in turns]}

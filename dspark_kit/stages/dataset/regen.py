@@ -72,6 +72,7 @@ from dspark_kit.stages.dataset.regen_summary import (
     tools_line,
     truncated_line,
 )
+from dspark_kit.stages.dataset.regen_turns import reshaped
 from dspark_kit.stages.plan import Process, StagePlan
 
 if TYPE_CHECKING:
@@ -103,28 +104,6 @@ def _error_idx(entry: dict[str, Any]) -> int:
 
 TOOL_RESULT_MISSING = "the verifier called a tool the dataset has no result for (row cut after the call)"
 TOOL_RESULT_OTHER = "the verifier called another tool than the dataset's result answers (row cut after the call)"
-
-
-MERGED_REPLIES = ("two assistant turns in a row (no user or tool turn between): the verifier wrote one reply "
-                  "where the source had them")
-OPENING_REPLY = "an assistant turn before any prompt: not regenerated (nothing to reply to)"
-
-
-def reshaped(messages: list[dict[str, Any]]) -> list[str]:
-    """Why regenerate() will not give each of the row's assistant turns a reply of its own (its loop
-    asks one reply per run of assistant turns after a prompt), each reason once: counted as changed
-    rows, so a source whose turns regen folds or drops is said, not silently reshaped."""
-    reasons, prev, asked = set(), None, False
-    for m in messages:
-        if m["role"] == "assistant":
-            if not asked:
-                reasons.add(OPENING_REPLY)
-            elif prev == "assistant":
-                reasons.add(MERGED_REPLIES)
-        elif m["role"] != "tool":  # a system or user turn: what history holds, so a reply is asked after it
-            asked = True
-        prev = m["role"]
-    return sorted(reasons)
 
 
 def _sent(m: dict[str, Any]) -> dict[str, Any]:
