@@ -63,7 +63,9 @@ def hidden_states(recipe: common.RecipeOpt = common.DEFAULT_RECIPE_PATH, set_: c
     Resumable: valid files are skipped, corrupt ones regenerated. Layer ids: the recipe's
     target_layer_ids plus the last layer N (vLLM convention, pre-norm). backend vllm: the
     recipe's engine serves extraction and speculators generate-offline-data writes the files
-    (--dry-run prints the server and one command per node).
+    (--dry-run prints the server and one command per node). A fine-tune on grown data:
+    --set hidden_states.reuse_from=EARLIER_DIR links that run's files for rows with the same
+    token ids first (same verifier, layers and dtypes, else one line), then computes the rest.
     """
     _stage_command("hidden-states", recipe, set_, workdir, dry_run, json_out, launcher)
 

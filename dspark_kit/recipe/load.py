@@ -131,7 +131,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 # Path keys, and what a relative value means. Inputs the recipe points at are read from the recipe
 # file's folder, so a recipe means the same from any shell directory; the run's outputs (workdir,
 # storage_path) are made where you run, as `-w` is. `~` is the home directory in all of them.
-INPUT_PATHS = (("verifier", "path"), ("data", "source"), ("serve", "checkpoint"), ("train", "init_from"))
+INPUT_PATHS = (("verifier", "path"), ("data", "source"), ("serve", "checkpoint"), ("train", "init_from"),
+               ("hidden_states", "reuse_from"))
 OUTPUT_PATHS = (("workdir",), ("hidden_states", "storage_path"))
 
 
@@ -146,7 +147,7 @@ def _is_input_path(key: tuple[str, ...], value: str, base: Path) -> bool:
         return not is_named_source(value) or (base / value).exists()
     if key == ("serve", "checkpoint"):
         return "/" in value  # a bare name is a folder under the run's checkpoints/
-    if key == ("train", "init_from"):
+    if key in (("train", "init_from"), ("hidden_states", "reuse_from")):
         return True  # always a folder
     return (base / value).exists()  # verifier.path: a folder beside the recipe, else a hub id
 

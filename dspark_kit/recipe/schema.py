@@ -209,6 +209,10 @@ class HiddenStatesCfg(_Section):
     transport: Literal["file", "mooncake"] = Field(
         "file", description="online: files on storage_path, or a Mooncake store (no shared storage across nodes)")
     mooncake: MooncakeCfg = Field(default_factory=MooncakeCfg)
+    reuse_from: str | None = Field(None, description=(
+        "offline: an earlier run folder whose hidden-state files are linked in for this run's rows with the "
+        "same token ids (a fine-tune on grown data computes only the new rows); its manifest must record the "
+        "same verifier.path, target_layer_ids and dtypes; the stage checks each linked file as its own"))
 
 
 class DraftCfg(_Section):
@@ -444,6 +448,9 @@ class Recipe(_Section):
                     f"draft.full_attention_indices: {bad} outside [0, {d.num_layers}) "
                     f"(draft.num_layers={d.num_layers})"
                 )
+        if self.hidden_states.reuse_from is not None and self.hidden_states.mode != "offline":
+            raise ValueError("hidden_states.reuse_from: only with hidden_states.mode offline (online writes no "
+                             "files to reuse); drop it or set mode: offline")
         ids = self.hidden_states.target_layer_ids
         if ids is not None and (not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids)):
             raise ValueError(

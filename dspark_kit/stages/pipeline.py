@@ -49,9 +49,14 @@ PLACEMENT_KEYS = {"train": ("node_rank", "master_addr"), "hidden_states": ("endp
                   "regen": ("endpoints",)}
 
 
+# How a stage gets its result, not what it is: files linked from an earlier run are the values this
+# run would compute (stages/hidden/reuse.py checks that), so naming one never reruns a finished stage.
+SAME_RESULT_KEYS = {"hidden_states": ("reuse_from",)}
+
+
 def fingerprint(recipe: Recipe, stage: Stage, upstream: str) -> str:
     dump = recipe.model_dump(mode="json")
-    for section, keys in PLACEMENT_KEYS.items():
+    for section, keys in (*PLACEMENT_KEYS.items(), *SAME_RESULT_KEYS.items()):
         for k in keys:
             dump[section].pop(k, None)
     dump["hidden_states"]["mooncake"].pop("master_host", None)

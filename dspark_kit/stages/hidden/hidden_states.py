@@ -193,6 +193,10 @@ def plan(res: Resolved) -> StagePlan:
     hs, lines, processes = res.recipe.hidden_states, plan_lines(res), []
     outputs = {"hidden_states": str(res.run.hidden_states)} if hs.mode == "offline" else {}
     inputs = {"prepared": str(res.run.prepared), "verifier": res.verifier_path}
+    if hs.reuse_from:
+        inputs["reuse_from"] = hs.reuse_from
+        lines.append(f"# first links {hs.reuse_from}'s hidden-state files for rows with the same token ids "
+                     "(hidden_states.reuse_from), then computes the rest")
     if hs.backend == "local" and hs.mode == "offline":
         lines += [*node_notes(res), (f"# nothing to launch: hidden_states backend=local runs in-process on "
                                      f"{res.train_device.value} in {res.hidden_states_dtype.value} (once; every "
@@ -209,13 +213,21 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     recipe = res.recipe
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
+    reused = {}
+    if recipe.hidden_states.reuse_from:
+        from dspark_kit.stages.hidden.reuse import HiddenStateMaker, link_reused
+
+        ids = recipe.hidden_states.target_layer_ids
+        maker = HiddenStateMaker(recipe.verifier.path, None if ids is None else tuple(ids),
+                                 res.hidden_states_dtype.value, res.hidden_states_out_dtype.value)
+        reused = link_reused(res.run.prepared, Path(recipe.hidden_states.reuse_from), maker, reporter.note)
     if recipe.hidden_states.backend != "local":
         from dspark_kit.stages.hidden.hidden_states_vllm import run_offline_vllm
 
-        return run_offline_vllm(res, plan, reporter)
+        return {**run_offline_vllm(res, plan, reporter), **reused}
     s = generate_offline(
         res.run.prepared, res.verifier_path, res.exported_layer_ids, device=res.train_device.value,
         dtype=res.hidden_states_dtype.value, out_dtype=res.hidden_states_out_dtype.value,
         trust_remote_code=recipe.verifier.trust_remote_code, reporter=reporter,
     )
-    return s.as_dict()
+    return {**s.as_dict(), **reused}

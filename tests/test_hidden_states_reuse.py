@@ -1,0 +1,71 @@
+"""hidden_states.reuse_from: an earlier run's files linked in for rows with the same token ids, the
+rest computed; a run made another way is refused in one line; the key never reruns a finished stage."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_kit.cli import app
+
+pytestmark = pytest.mark.slow  # prepare and hidden states on the tiny verifier
+
+TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
+
+
+def _run(wd: Path, *sets: str):
+    argv = ["run", str(TINY), "-w", str(wd), "--stages", "prepare,hidden-states", "--set", "regen.enabled=false"]
+    return CliRunner().invoke(app, [*argv, *(x for s in sets for x in ("--set", s))])
+
+
+def _ids(wd: Path) -> list[list[int]]:
+    from datasets import load_from_disk
+
+    return [[int(t) for t in x] for x in load_from_disk(str(wd / "prepared"))["input_ids"]]
+
+
+def _summary(wd: Path) -> dict:
+    return json.loads((wd / "manifest.json").read_text())["stages"]["hidden-states"]["summary"]
+
+
+def test_an_earlier_runs_files_are_linked_for_identical_rows_and_the_rest_computed(tmp_path, tiny_verifier):
+    """A run on 12 chats, then one on those and 8 more (a fine-tune on grown data)."""
+    from dspark_kit.data.tiny_corpus import conversations
+
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(20, seed=3)))
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _run(a, f"data.source={src}", "data.limit=12").exit_code == 0
+    got = _run(b, f"data.source={src}", "data.limit=20", f"hidden_states.reuse_from={a}")
+    assert got.exit_code == 0, got.output
+    theirs = {tuple(x): i for i, x in enumerate(_ids(a))}
+    mine = _ids(b)
+    shared = [(i, theirs[tuple(x)]) for i, x in enumerate(mine) if tuple(x) in theirs]
+    assert 0 < len(shared) < len(mine), "the larger run should share some rows and add others"
+    s = _summary(b)
+    assert s["rows_linked"] == len(shared) and s["generated"] == len(mine) - len(shared)
+    assert s["skipped"] == len(shared)  # each linked file checked as this run's own, and kept
+    for i, j in shared:
+        assert os.path.samefile(b / "prepared" / "hidden_states" / f"hs_{i}.safetensors",
+                                a / "prepared" / "hidden_states" / f"hs_{j}.safetensors")
+    # the key says how the files came, not what they are: dropping it reruns nothing
+    again = _run(b, f"data.source={src}", "data.limit=20")
+    assert again.exit_code == 0 and "hidden-states: skipped (unchanged)" in again.output, again.output
+
+    # files made another way are refused in one line naming the key that differs
+    c = _run(tmp_path / "c", f"data.source={src}", "data.limit=20", f"hidden_states.reuse_from={a}",
+             "hidden_states.dtype=float32")
+    said = " ".join(c.output.split())
+    assert c.exit_code != 0 and "hidden_states.dtype bfloat16, this run's is float32" in said, c.output
+    assert not list((tmp_path / "c" / "prepared" / "hidden_states").glob("*.safetensors"))
+
+
+def test_reuse_needs_offline_files():
+    from dspark_kit.recipe import RecipeError, load_recipe
+
+    with pytest.raises(RecipeError, match="hidden_states.reuse_from: only with hidden_states.mode offline"):
+        load_recipe(TINY, ["hidden_states.reuse_from=/tmp/x", "hidden_states.mode=online"])
