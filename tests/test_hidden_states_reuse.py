@@ -40,18 +40,23 @@ def test_an_earlier_runs_files_are_linked_for_identical_rows_and_the_rest_comput
     src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(20, seed=3)))
     a, b = tmp_path / "a", tmp_path / "b"
     assert _run(a, f"data.source={src}", "data.limit=12").exit_code == 0
+    assert _summary(a)["made_with"]["file_dtype"] == "bfloat16"  # what a later reuse checks against
+    theirs = {tuple(x): i for i, x in enumerate(_ids(a))}
+    # one of a's files no longer holds its row (as after a's prepare reran): it must not be linked
+    hs = a / "prepared" / "hidden_states"
+    (hs / "hs_1.safetensors").unlink()
+    (hs / "hs_0.safetensors").rename(hs / "hs_1.safetensors")
     got = _run(b, f"data.source={src}", "data.limit=20", f"hidden_states.reuse_from={a}")
     assert got.exit_code == 0, got.output
-    theirs = {tuple(x): i for i, x in enumerate(_ids(a))}
     mine = _ids(b)
-    shared = [(i, theirs[tuple(x)]) for i, x in enumerate(mine) if tuple(x) in theirs]
+    shared = [(i, theirs[tuple(x)]) for i, x in enumerate(mine) if tuple(x) in theirs and theirs[tuple(x)] != 0]
     assert 0 < len(shared) < len(mine), "the larger run should share some rows and add others"
     s = _summary(b)
-    assert s["rows_linked"] == len(shared) and s["generated"] == len(mine) - len(shared)
-    assert s["skipped"] == len(shared)  # each linked file checked as this run's own, and kept
+    assert s["rows_linked"] == len(shared) - 1 and s["rows_not_linked_unfit"] == 1  # a's misplaced hs_1
+    assert s["generated"] == len(mine) - s["rows_linked"] and s["skipped"] == s["rows_linked"]
     for i, j in shared:
-        assert os.path.samefile(b / "prepared" / "hidden_states" / f"hs_{i}.safetensors",
-                                a / "prepared" / "hidden_states" / f"hs_{j}.safetensors")
+        mine_f, theirs_f = b / "prepared" / "hidden_states" / f"hs_{i}.safetensors", hs / f"hs_{j}.safetensors"
+        assert os.path.samefile(mine_f, theirs_f) == (j != 1), (i, j)
     # the key says how the files came, not what they are: dropping it reruns nothing
     again = _run(b, f"data.source={src}", "data.limit=20")
     assert again.exit_code == 0 and "hidden-states: skipped (unchanged)" in again.output, again.output
@@ -62,6 +67,12 @@ def test_an_earlier_runs_files_are_linked_for_identical_rows_and_the_rest_comput
     said = " ".join(c.output.split())
     assert c.exit_code != 0 and "hidden_states.dtype bfloat16, this run's is float32" in said, c.output
     assert not list((tmp_path / "c" / "prepared" / "hidden_states").glob("*.safetensors"))
+    from dspark_kit.stages.hidden.reuse import HiddenStateMaker, ReuseError, link_reused
+
+    other = HiddenStateMaker(**{**_summary(a)["made_with"], "layer_ids": (1, 2)})
+    with pytest.raises(ReuseError, match=r"made with layers .* \[1, 2, 3, 4\], this run's is \[1, 2\]") as e:
+        link_reused(b / "prepared", a, other)
+    assert "\n" not in str(e.value)
 
 
 def test_reuse_needs_offline_files():

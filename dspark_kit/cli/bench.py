@@ -25,7 +25,8 @@ def bench(
     max_tokens: Annotated[int | None, option("max_new_tokens", min=1, help="Per request (default: bench.max_tokens).")] = None,
     dataset: Annotated[str, option(
         "prompts", help="'builtin' (eval's default prompts, in eval's order: the builtin data's held-out set, else "
-        "speculators' validation split of DIR/prepared) "
+        "speculators' validation split of DIR/prepared; the tiny corpus's held-out set when there is no "
+        "DIR/prepared) "
         "or a chat .jsonl (e.g. regen output); first user turn is sent.")] = "builtin",
     categories: Annotated[str | None, option(
         "categories", help="Also benchmark these prompt sets one after another, acceptance per category from "

@@ -88,11 +88,16 @@ def trained_on(tokenizer, chat: list[dict], recipe, trained: set[int]) -> bool:
     return any(hash(prompt_key(tokenizer, chat, mode)) in trained for mode in support(recipe.verifier.thinking))
 
 
+def has_prepared(src: PromptSource) -> bool:
+    """Whether DIR/prepared holds a saved dataset (a half-written folder does not)."""
+    return (src.run.prepared / "dataset_info.json").is_file()
+
+
 def split_prompt_keys(src: PromptSource) -> tuple[set[int], set[int]] | None:
     """(train, validation) hashes of every context a prepared row starts a reply after; None
     without DIR/prepared."""
     prepared = src.run.prepared
-    if not (prepared / "dataset_info.json").is_file():
+    if not has_prepared(src):
         return None
     import numpy as np
     from datasets import load_from_disk
@@ -205,9 +210,9 @@ _ASK = object()  # tiny_held_out's `keys` when the caller has not read DIR/prepa
 
 def tiny_held_out(src: PromptSource, limit: int, tokenizer=None, keys=_ASK) -> EvalPrompts:
     """The builtin data's held-out chats (the tiny corpus's, or the kit's instructions' on
-    builtin:instructions), at most `limit`: eval's default prompts on builtin:tiny-chat
-    data and bench's `builtin` dataset, one decision, so a served bench measures acceptance on
-    the prompts eval measures it on.
+    builtin:instructions), at most `limit`: eval's default prompts on that data, and so bench's
+    `builtin` prompts there (stages/serving/bench.prompt_set), so a served bench measures
+    acceptance on the prompts eval measures it on.
 
     When the recipe trains on the tiny corpus, a prompt a training row of DIR/prepared also
     starts a reply from is dropped (other data cannot share one); the check needs the

@@ -211,8 +211,8 @@ class HiddenStatesCfg(_Section):
     mooncake: MooncakeCfg = Field(default_factory=MooncakeCfg)
     reuse_from: str | None = Field(None, description=(
         "offline: an earlier run folder whose hidden-state files are linked in for this run's rows with the "
-        "same token ids (a fine-tune on grown data computes only the new rows); its manifest must record the "
-        "same verifier.path, target_layer_ids and dtypes; the stage checks each linked file as its own"))
+        "same token ids (a fine-tune on grown data computes only the new rows); its hidden-states stage must have "
+        "made them with the same verifier.path, layers and dtypes; the stage checks each linked file as its own"))
 
 
 class DraftCfg(_Section):

@@ -3,8 +3,9 @@
 regen.regenerate asks the verifier for one reply (or call chain) per run of assistant turns after a
 prompt: two assistant turns in a row get one reply, and an assistant turn before any system or
 user turn gets none (there is nothing to reply to). `reshaped` names those rows by reason, so a
-source whose turns regen folds or drops is counted, not silently reshaped (prepare, reading such a
-row without regen, refuses it: data/template_rows.py).
+source whose turns regen folds or drops is counted, not silently reshaped. (Prepare, reading such a
+row without regen, refuses two assistant turns in a row when the chat template merges them, and
+keeps an opening assistant turn as context: data/template_rows.py.)
 """
 
 from __future__ import annotations

@@ -213,14 +213,13 @@ def run(res: Resolved, plan: StagePlan, reporter: Reporter = STANDALONE) -> dict
     recipe = res.recipe
     if recipe.hidden_states.mode == "online":
         return {"skipped": "hidden_states.mode is online: the trainer asks a server"}
-    reused = {}
-    if recipe.hidden_states.reuse_from:
-        from dspark_kit.stages.hidden.reuse import HiddenStateMaker, link_reused
+    from dspark_kit.stages.hidden.reuse import HiddenStateMaker, link_reused
 
-        ids = recipe.hidden_states.target_layer_ids
-        maker = HiddenStateMaker(recipe.verifier.path, None if ids is None else tuple(ids),
-                                 res.hidden_states_dtype.value, res.hidden_states_out_dtype.value)
-        reused = link_reused(res.run.prepared, Path(recipe.hidden_states.reuse_from), maker, reporter.note)
+    maker = HiddenStateMaker(recipe.verifier.path, tuple(res.exported_layer_ids), res.hidden_states_dtype.value,
+                             res.hidden_states_out_dtype.value)
+    reused = {"made_with": maker.record()}  # what a later run's reuse_from checks against its own
+    if recipe.hidden_states.reuse_from:
+        reused |= link_reused(res.run.prepared, Path(recipe.hidden_states.reuse_from), maker, reporter.note)
     if recipe.hidden_states.backend != "local":
         from dspark_kit.stages.hidden.hidden_states_vllm import run_offline_vllm
 

@@ -89,13 +89,14 @@ def prompt_set(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -> 
     if dataset == BUILTIN_DATASET:
         from dspark_kit.measure.eval_prompts import (
             HELD_OUT_SETS,
+            has_prepared,
             load_eval_prompts,
             tiny_held_out,
             until_last_user,
         )
 
         src = prompt_source(res)
-        if res.recipe.data.source in HELD_OUT_SETS or not res.run.prepared.is_dir():
+        if res.recipe.data.source in HELD_OUT_SETS or not has_prepared(src):
             found = tiny_held_out(src, num_prompts)
             source = found.source + ("" if res.recipe.data.source in HELD_OUT_SETS else
                                      f" (no {res.run.prepared} to take eval's validation prompts from)")
