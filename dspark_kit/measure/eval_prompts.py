@@ -252,6 +252,7 @@ def _validation_prompts(src: PromptSource, tokenizer, keys, limit: int) -> EvalP
                         "--from-data (the data source's first rows: they may be training rows)")
     trained, held = keys
     recipe = src.recipe
+    tokenizer = tokenizer if tokenizer is not None else src.load_tokenizer()  # the caller may have none
     rows, _total, _unusable, source = input_rows(recipe, src.run)
     chats = []
     for i, c, row in _chats(rows):

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dspark_kit.rundir import RunDir, hidden_state_file, hidden_states_dir
+from dspark_kit.specdec.hidden_state_files import is_valid_file
 from dspark_kit.stages.manifest import load_manifest
 
 
@@ -106,8 +107,9 @@ def link_reused(prepared: Path, earlier: Path, maker: HiddenStateMaker,
     returns what it did (rows, linked, where from)."""
     earlier = Path(earlier)
     run = RunDir.at(earlier)
-    if not hidden_states_dir(run.prepared).is_dir():
-        raise ReuseError(f"hidden_states.reuse_from {earlier}: no hidden-state files in {hidden_states_dir(run.prepared)}"
+    src_dir, out = hidden_states_dir(run.prepared), hidden_states_dir(prepared)
+    if not src_dir.is_dir():
+        raise ReuseError(f"hidden_states.reuse_from {earlier}: no hidden-state files in {src_dir}"
                          " (name a run folder whose offline hidden-states stage ran)")
     theirs = maker_of(load_manifest(earlier), earlier)
     made, mine = theirs.record(), maker.record()
@@ -116,9 +118,6 @@ def link_reused(prepared: Path, earlier: Path, maker: HiddenStateMaker,
             raise ReuseError(f"hidden_states.reuse_from {earlier}: its files were made with {KEYS[field]} "
                              f"{made[field]}, this run's is {value}; their values would differ from this "
                              "run's own (drop reuse_from, or run with the same value)")
-    src_dir, out = hidden_states_dir(run.prepared), hidden_states_dir(prepared)
-    from dspark_kit.specdec.hidden_state_files import is_valid_file
-
     have = {}
     for j, key, _ids in _row_keys(run.prepared):
         if (f := hidden_state_file(src_dir, j)).exists():

@@ -135,8 +135,7 @@ def _mask_suggestion(tok, vocab: int) -> str:
     chat template never writes), named with its token and why; or, with none, what to look for."""
     from dspark_kit.specdec import verifier_facts as vf
 
-    template = getattr(tok, "chat_template", None)
-    template = template if isinstance(template, str) else None
+    template = vf.template_text(tok)
     try:
         mask, why = vf.mask_token_choice(vocab, len(tok), None, vf.reserved_specials(tok, template),
                                          vf.unused_specials(tok, template))

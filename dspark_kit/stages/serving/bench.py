@@ -96,13 +96,12 @@ def prompt_set(dataset: str, num_prompts: int, res: Resolved, seed: int = 0) -> 
         )
 
         src = prompt_source(res)
-        if res.recipe.data.source in HELD_OUT_SETS or not has_prepared(src):
-            found = tiny_held_out(src, num_prompts)
-            source = found.source + ("" if res.recipe.data.source in HELD_OUT_SETS else
-                                     f" (no {res.run.prepared} to take eval's validation prompts from)")
+        if res.recipe.data.source not in HELD_OUT_SETS and not has_prepared(src):
+            found = tiny_held_out(src, num_prompts)  # eval would refuse: nothing to take its prompts from yet
+            source = f"{found.source} (no {res.run.prepared} to take eval's validation prompts from)"
         else:
-            try:
-                found = load_eval_prompts(src, src.load_tokenizer(), limit=num_prompts)
+            try:  # eval's own choice (its tokenizer loaded only where a prompt must be compared with rows)
+                found = load_eval_prompts(src, None, limit=num_prompts)
             except EvalError as e:
                 raise BenchError(str(e)) from None
             source = found.source
