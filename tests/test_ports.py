@@ -12,7 +12,14 @@ import yaml
 from typer.testing import CliRunner
 
 from dspark_kit.cli import app
-from dspark_kit.engines.ports import PortBusy, decide_port, ensure_free, port_in_use
+from dspark_kit.engines import ports
+from dspark_kit.engines.ports import (
+    PortBusy,
+    decide_port,
+    ensure_free,
+    free_ports_in_a_row,
+    port_in_use,
+)
 from dspark_kit.recipe import load_recipe
 from dspark_kit.resolved import Resolved
 
@@ -128,3 +135,20 @@ def test_mooncake_master_ports_are_checked_before_it_starts(tmp_path):
     msg = str(e.value)
     assert msg.startswith(f"hidden_states.mooncake.master_port + 1 (its HTTP port) {rpc + 1} is in use")
     assert "set hidden_states.mooncake.master_port to a free port" in msg and "\n" not in msg
+
+
+def test_consecutive_free_ports_skip_a_run_with_one_held_and_stay_below_the_ephemeral_range(monkeypatch):
+    """mooncake_master listens on port and port + 1: a run with the second port held is passed over."""
+    low, _ = ports._ephemeral_range()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        for candidate in range(20000, low - 2):  # a port below the ephemeral range that we can hold
+            try:
+                held.bind(("127.0.0.1", candidate + 1))
+                break
+            except OSError:
+                continue
+        held.listen()
+        tries = iter([candidate, candidate + 7])  # the first run has its second port held
+        monkeypatch.setattr(ports.random.SystemRandom, "randrange", lambda self, a, b: next(tries))
+        first = free_ports_in_a_row(2)
+    assert first == candidate + 7 < low

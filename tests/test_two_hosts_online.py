@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from test_vllm_real_mooncake import mooncake_cpu  # noqa: F401 - fixture
 
-from dspark_kit.engines.ports import free_port
+from dspark_kit.engines.ports import free_port, free_ports_in_a_row
 from tests import netns
 from tests.ctrl_c import default_sigint
 from tests.test_multinode import KIT, TINY, _env
@@ -133,7 +133,7 @@ def test_trainer_on_host_b_reads_hidden_states_from_the_server_on_host_a(hosts, 
 def test_mooncake_master_and_store_on_host_a_trainer_on_host_b(hosts, mooncake_cpu, same_host, prepared,  # noqa: F811
                                                                tmp_path):
     """No shared files: storage_path is a folder only host A's server could write, and nothing is written."""
-    master_port = free_port()
+    master_port = free_ports_in_a_row(2)  # mooncake_master: RPC, HTTP
     storage = tmp_path / "unused-storage"
     sets = [*SETS, *MOONCAKE_SETS, f"hidden_states.mooncake.master_host={hosts.a.addr}",
             f"hidden_states.mooncake.master_port={master_port}", f"hidden_states.storage_path={storage}"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from vllm_build import on_ci
 
-from dspark_kit.engines.ports import free_port
+from dspark_kit.engines.ports import free_ports_in_a_row
 
 pytestmark = [pytest.mark.vllm_real, pytest.mark.slow]
 
@@ -42,7 +42,7 @@ def test_online_training_through_mooncake(mooncake_cpu, tmp_path, tiny_verifier)
     storage = tmp_path / "hs-storage"
     sets = ["serve.engine=vllm", "train.device=cpu", "regen.enabled=false", "data.limit=16", "train.epochs=1",
             "hidden_states.mode=online", "hidden_states.transport=mooncake", f"hidden_states.storage_path={storage}",
-            f"hidden_states.mooncake.master_port={free_port()}",
+            f"hidden_states.mooncake.master_port={free_ports_in_a_row(2)}",
             "hidden_states.mooncake.global_segment_gib=0.0625", "hidden_states.mooncake.local_buffer_gib=0.0625"]
     cmd = [sys.executable, "-m", "dspark_kit", "run", str(TINY), "-w", str(tmp_path), "--json",
            "--stages", "prepare,hidden-states,train", *[a for s in sets for a in ("--set", s)]]

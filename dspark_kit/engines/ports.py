@@ -9,8 +9,10 @@ it previews differ only there.
 from __future__ import annotations
 
 import errno
+import random
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from dspark_kit.recipe import ServeCfg
 
@@ -37,6 +39,29 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_ports_in_a_row(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive ports free right now, for a server that listens on several
+    (mooncake_master: its RPC port and the HTTP port next to it). Picked below the kernel's ephemeral
+    range, where no outgoing connection (and no `free_port`) takes one between the check and the
+    server's bind; two free ports from `free_port` are not a run, and port + 1 can be anybody's."""
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        first = rng.randrange(10000, low - count)
+        if not any(port_in_use(host, p) for p in range(first, first + count)):
+            return first
+    raise PortBusy(f"no {count} consecutive free ports found below {low}")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for port 0 and outgoing connections (Linux's default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def decide_port(serve: ServeCfg, role: str, host: str | None = None) -> Port:
