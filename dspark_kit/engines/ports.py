@@ -45,7 +45,8 @@ def free_ports_in_a_row(count: int, host: str = "127.0.0.1") -> int:
     """The first of `count` consecutive ports free right now, for a server that listens on several
     (mooncake_master: its RPC port and the HTTP port next to it). Picked below the kernel's ephemeral
     range, where no outgoing connection (and no `free_port`) takes one between the check and the
-    server's bind; two free ports from `free_port` are not a run, and port + 1 can be anybody's."""
+    server's bind. `free_port() + 1` is the worst choice: Linux gives bind(port 0) odd ports and
+    outgoing connections even ones, so the port after a free one is where connections land."""
     low, _ = _ephemeral_range()
     rng = random.SystemRandom()
     for _ in range(200):
