@@ -267,3 +267,57 @@ def test_the_cpu_attention_fix_runs_a_low_precision_call_in_float32(monkeypatch)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None, scaling=0.25)
     assert got.dtype == torch.bfloat16 and torch.allclose(got.float(), want, atol=1e-2)
+
+
+def test_a_sigterm_landing_in_a_rich_log_write_reaches_speculators_save(monkeypatch):
+    """speculators' own signal handler and the RichHandler its trainer logs with: a SIGTERM delivered
+    while a line is being written is swallowed by logging (training would run on, deaf to later
+    signals) until the stop-in-log-write patch lets it through to the save."""
+    import io
+    import logging
+    import os
+    import signal
+
+    from rich.console import Console
+    from rich.logging import RichHandler
+    from speculators.train.graceful_shutdown import (
+        GracefulShutdownHandler,
+        TrainingInterruptedError,
+    )
+
+    lines: list[str] = []
+
+    class SignalledWhileWriting(io.StringIO):
+        def write(self, text):
+            lines.append(text)
+            os.kill(os.getpid(), signal.SIGTERM)  # its Python handler runs before this write returns
+            return super().write(text)
+
+    logger = logging.getLogger("test.stop_in_log_write")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    monkeypatch.setattr(logging, "raiseExceptions", False)  # the swallowed case prints no traceback
+    logger.addHandler(handler := RichHandler(console=Console(file=SignalledWhileWriting(), width=80)))
+
+    def stop_during_a_log_line() -> str:
+        shutdown = GracefulShutdownHandler()
+        shutdown.install()
+        try:
+            logger.info("epoch=0, lr=0.003, global_step=1")
+            os.kill(os.getpid(), signal.SIGTERM)  # a second stop: speculators counts itself interrupted
+            return "training ran on"
+        except TrainingInterruptedError:
+            return "interrupted"
+        finally:
+            shutdown.restore()
+
+    try:
+        assert patches.probe("stop-in-log-write", "cpu").ok is False  # speculators 0.9.0 as installed
+        assert stop_during_a_log_line() == "training ran on"
+        assert "global_step=1" in "".join(lines)  # the stop landed in writing the line
+        for owner, attr, value in patches.patch_stop_in_log_write("cpu"):
+            monkeypatch.setattr(owner, attr, value)
+        assert patches.probe("stop-in-log-write", "cpu").ok
+        assert stop_during_a_log_line() == "interrupted"
+    finally:
+        logger.removeHandler(handler)

@@ -5,7 +5,8 @@ weight 1 under sample_from_anchor, (b) device adaptation, (c) Markov
 prev_token_ids = block_tokens (no shift), (d) slot-0 counted in the metrics.
 speculators 0.9.0 ships (a), (c), (d); (b) is still partial (docs/CONCEPTS.md#speculators-on-cpu-and-npu).
 The probes and patches live in dspark_fixes.py ((a), (c), (d)) and
-device_fixes.py ((b)); this module keeps the list, probes and applies them.
+device_fixes.py ((b)); stop_fixes.py keeps a stop from being lost in a log write. This
+module keeps the list, probes and applies them.
 Every fix here has a probe that runs the *installed* code on a tiny input and
 checks the result; the patch is applied only when the probe fails, so a newer
 speculators is used as is and an older tree gets exactly the missing fix.
@@ -53,6 +54,7 @@ from dspark_kit.compat.dspark_fixes import (
     probe_pos0_decay,
     probe_slot0_metrics,
 )
+from dspark_kit.compat.stop_fixes import patch_stop_in_log_write, probe_stop_in_log_write
 from dspark_kit.devices import detect_device
 
 ALL_DEVICES = ("cpu", "cuda", "npu")
@@ -114,6 +116,8 @@ FIXES: list[Fix] = [
         probe_distributed_setup, patch_distributed_setup, ("cpu",)),
     Fix("device-cpu-bf16-attention", "(b) the draft's bf16 attention runs where these CPU kernels run it",
         probe_cpu_bf16_attention, patch_cpu_bf16_attention, ("cpu",)),
+    Fix("stop-in-log-write", "a SIGTERM or Ctrl-C that lands in a log line still saves `interrupted`",
+        probe_stop_in_log_write, patch_stop_in_log_write),
 ]  # fmt: skip
 
 
