@@ -65,15 +65,13 @@ def test_probes_finish_uncompiled_on_an_emulated_cuda_machine():
     assert result["code"] in (0, None), tail
     report = json.loads(doctor_out)
     assert report["device"] == "cuda"
-    assert {p["name"] for p in report["probes"]} == {
-        "pos0-decay",
-        "markov-prev-token",
-        "slot0-metrics",
-    }
-    assert all(p["ok"] and not p["failed"] for p in report["probes"]), report["probes"]
-    assert (
-        result["applied"] == []
-    )  # speculators 0.9.0 needs no fix on cuda: nothing patched blindly
+    probes = {p["name"]: p for p in report["probes"]}
+    assert set(probes) == {"pos0-decay", "markov-prev-token", "slot0-metrics", "stop-in-log-write"}
+    assert not any(p["failed"] for p in probes.values()), report["probes"]
+    # speculators 0.9.0 needs no DSpark or device fix on cuda, only the one for a stop lost in a log
+    # write (every device): nothing else is patched blindly
+    assert [name for name, p in probes.items() if not p["ok"]] == ["stop-in-log-write"]
+    assert result["applied"] == ["stop-in-log-write"]
     assert result["graphs"] == 0, f"the probes compiled {result['graphs']} graph(s) with torch.compile"
 
 
