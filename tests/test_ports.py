@@ -148,7 +148,14 @@ def test_consecutive_free_ports_skip_a_run_with_one_held_and_stay_below_the_ephe
             except OSError:
                 continue
         held.listen()
-        tries = iter([candidate, candidate + 7])  # the first run has its second port held
-        monkeypatch.setattr(ports.random.SystemRandom, "randrange", lambda self, a, b: next(tries))
+        tries, asked = iter([candidate, candidate + 7]), []  # the first run has its second port held
+
+        def randrange(self, start, stop):
+            asked.append((start, stop))
+            return next(tries)
+
+        monkeypatch.setattr(ports.random.SystemRandom, "randrange", randrange)
         first = free_ports_in_a_row(2)
-    assert first == candidate + 7 < low
+    assert first == candidate + 7
+    # the highest run it could draw (first port stop - 1, two ports) ends below the ephemeral range
+    assert asked and all((stop - 1) + 1 < low for _, stop in asked)
