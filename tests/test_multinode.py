@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from dspark_kit.engines.ports import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
 KIT = [sys.executable, "-m", "dspark_kit"]
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict:
@@ -50,7 +45,7 @@ def _node_commands(workdir: Path, *sets: str) -> list[tuple[dict, list[str]]]:
     """The per-node lines `train --dry-run` prints, split into (env, argv)."""
     args = ["--set", "train.nnodes=2", "--set", "train.nproc=1", "--set", "train.nodes_same_host=true",
             "--set", "train.device=cpu", "--set", "train.logger=none", "--set", "data.limit=16", "--set", "regen.enabled=false",
-            "--set", f"train.master_port={_free_port()}", "--set", "train.rdzv_id=mn-test"]
+            "--set", f"train.master_port={free_port()}", "--set", "train.rdzv_id=mn-test"]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run([*KIT, "train", "-r", str(TINY), *args, "--workdir", str(workdir), "--dry-run"],

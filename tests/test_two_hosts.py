@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from dspark_kit.engines.ports import free_port
 from tests import netns
-from tests.test_multinode import KIT, TINY, _env, _free_port, _stop, prepared  # noqa: F401 - prepared: fixture
+from tests.test_multinode import KIT, TINY, _env, _stop, prepared  # noqa: F401 - prepared: fixture
 
 pytestmark = pytest.mark.slow
 # 16 rows (14 train, 2 val), 4 epochs: about 40 s a run on 2 loaded cores
@@ -78,7 +79,7 @@ def test_two_hosts_train_from_their_printed_lines_like_one_node(hosts, prepared,
     wd = tmp_path / "run"
     shutil.copytree(prepared, wd / "prepared")
     sets = ("train.nnodes=2", "train.nproc=1", f"train.master_addr={hosts.a.addr}",
-            f"train.master_port={_free_port()}", f"train.rdzv_backend={backend}", "train.rdzv_timeout=120")
+            f"train.master_port={free_port()}", f"train.rdzv_backend={backend}", "train.rdzv_timeout=120")
     nodes = []
     try:
         for rank, host in enumerate((hosts.a, hosts.b)):
@@ -117,7 +118,7 @@ def test_a_node_that_cannot_reach_the_master_fails_within_the_rdzv_timeout(hosts
     t0 = time.time()
     proc = _kit(hosts.b, "train", "-r", str(TINY), "--workdir", str(wd),
                 *_args("train.nnodes=2", "train.nproc=1", f"train.master_addr={hosts.a.addr}",
-                       f"train.master_port={_free_port()}", "train.node_rank=1", f"train.rdzv_timeout={timeout}"),
+                       f"train.master_port={free_port()}", "train.node_rank=1", f"train.rdzv_timeout={timeout}"),
                 timeout=300)
     took = time.time() - t0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
@@ -152,7 +153,7 @@ def _wait_for_epoch0(wd: Path, nodes) -> None:
 
 def _cross_host_sets(hosts, *sets: str) -> tuple[str, ...]:
     return ("train.nnodes=2", "train.nproc=1", f"train.master_addr={hosts.a.addr}",
-            f"train.master_port={_free_port()}", *sets)
+            f"train.master_port={free_port()}", *sets)
 
 
 def test_killing_node_1s_worker_restarts_both_hosts_from_the_last_whole_epoch(hosts, prepared, tmp_path):  # noqa: F811
